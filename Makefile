@@ -1,0 +1,45 @@
+# The README's two commands: `make lab` and `make test`. Everything is installed into .venv by this file.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CONSTRAINTS := -c constraints.txt
+# TorchRec's declared dependencies pull the CUDA fbgemm_gpu wheel, which breaks its import on CPU machines,
+# so it goes in without them; its light dependencies come from the `torchrec` extra.
+TORCHREC := torchrec==1.8.0
+
+.PHONY: lab test test-fast bench venv-base venv-dev clean
+
+$(VENV)/.base:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(CONSTRAINTS) torch==2.13.0
+	$(PIP) install -q $(CONSTRAINTS) -e ".[notebook]"
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base pyproject.toml constraints.txt
+	$(PIP) install -q $(CONSTRAINTS) -e ".[notebook,dev,fbgemm,torchrec]"
+	$(PIP) install -q $(CONSTRAINTS) --no-deps $(TORCHREC)
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
+	touch $@
+
+venv-base: $(VENV)/.base
+venv-dev: $(VENV)/.dev
+
+lab: $(VENV)/.base
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
+	$(PY) -m jupyter lab --no-browser --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q tests
+	RECTOOLKIT_DISABLE_FBGEMM=1 $(PY) -m pytest -q -m "not multiprocess and not browser and not notebooks" \
+		tests/sparse tests/kernels tests/modules tests/quant tests/planner tests/plan
+
+test-fast: $(VENV)/.dev
+	$(PY) -m pytest -q -x -m "not browser and not notebooks" tests
+
+bench: $(VENV)/.dev
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,214 @@
+"""Instrumented collectives: every byte a rank sends to every other rank, per collective, per step.
+
+All sharded modules talk through one `ShardingEnv` (TorchRec's name): rank, world size, ranks per host, the
+process group, and a `CommStats` that counts the bytes of every all-to-all this rank starts. Counts are
+logical payload bytes (the `rectoolkit.plan.traffic` protocol), the same on gloo and on NCCL.
+
+    >>> env = ShardingEnv.local()          # world size 1, no process group needed
+    >>> out = all_to_all(env, torch.arange(3), [3], [3], "input_dist")
+    >>> out.tolist(), env.stats.bytes_sent["input_dist"].tolist()
+    ([0, 1, 2], [24])
+
+`all_to_all` has no gradient (ids, lengths); `all_to_all_messages` sends several typed tensors per rank in one
+all-to-all (ids and lengths together); `all_to_all_with_grad` sends gradients back the transposed way and
+counts them under ``name + "_backward"``. gloo has no reduce-scatter, so reductions are written as an
+all-to-all followed by a local sum (row_wise.py, table_row_wise.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass
+class CommStats:
+    """Bytes this rank sent, per collective: name -> [world_size] vector indexed by destination rank."""
+
+    world_size: int
+    bytes_sent: Dict[str, np.ndarray] = field(default_factory=dict)
+    calls: Dict[str, int] = field(default_factory=dict)
+
+    def record(self, name: str, bytes_to: Sequence[int]) -> None:
+        row = self.bytes_sent.get(name)
+        if row is None:
+            row = self.bytes_sent[name] = np.zeros(self.world_size, dtype=np.int64)
+        row += np.asarray(bytes_to, dtype=np.int64)
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def reset(self) -> None:
+        self.bytes_sent.clear()
+        self.calls.clear()
+
+    def total_bytes(self) -> int:
+        return int(sum(int(row.sum()) for row in self.bytes_sent.values()))
+
+
+@dataclass
+class ShardingEnv:
+    """Where this process sits: rank, world size, ranks per host (local_world_size), process group, device.
+
+    `local_world_size` only decides the two-level collectives of TABLE_ROW_WISE and GRID_SHARD
+    (host(r) = r // local_world_size), so 4 processes on one machine can play 2 hosts of 2 ranks.
+    """
+
+    rank: int
+    world_size: int
+    local_world_size: int
+    pg: Optional[dist.ProcessGroup] = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    stats: CommStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.device = torch.device(self.device)
+        if self.local_world_size <= 0 or self.world_size % self.local_world_size:
+            raise ValueError(
+                f"ShardingEnv: world_size {self.world_size} is not a multiple of local_world_size "
+                f"{self.local_world_size}; pass local_world_size that divides the number of ranks"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"ShardingEnv: rank {self.rank} is not in 0..{self.world_size - 1}")
+        self.stats = CommStats(self.world_size)
+
+    @classmethod
+    def from_process_group(cls, pg: Optional[dist.ProcessGroup] = None, local_world_size: Optional[int] = None,
+                           device: Optional[torch.device] = None) -> "ShardingEnv":
+        """The env of an initialized torch.distributed group (default group when pg is None)."""
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized; call dist.init_process_group first "
+                               "(or use rectoolkit.launch, or ShardingEnv.local() for one process)")
+        world_size = dist.get_world_size(pg)
+        if local_world_size is None:
+            import os
+
+            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(pg) == "nccl" \
+                else torch.device("cpu")
+        return cls(dist.get_rank(pg), world_size, local_world_size, pg, device)
+
+    @classmethod
+    def local(cls, device: str = "cpu") -> "ShardingEnv":
+        """World size 1 without any process group (collectives become copies)."""
+        return cls(0, 1, 1, None, torch.device(device))
+
+    @property
+    def host(self) -> int:
+        return self.rank // self.local_world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.local_world_size
+
+    def gathered_bytes(self) -> Dict[str, np.ndarray]:
+        """name -> [W, W] bytes matrix (source, destination) over all ranks. Collective: every rank calls it."""
+        names = sorted(self.stats.bytes_sent)
+        rows = [(name, self.stats.bytes_sent[name].tolist()) for name in names]
+        if self.world_size == 1:
+            gathered = [rows]
+        else:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, rows, group=self.pg)
+        out: Dict[str, np.ndarray] = {}
+        for src, per_rank in enumerate(gathered):
+            for name, row in per_rank:
+                out.setdefault(name, np.zeros((self.world_size, self.world_size), dtype=np.int64))[src] = row
+        return out
+
+
+def _exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+              output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One counted all_to_all_single of a 1-D tensor (splits in elements), into `out` when given."""
+    if len(input_splits) != env.world_size or len(output_splits) != env.world_size:
+        raise ValueError(f"{name}: splits must have world_size={env.world_size} entries, got "
+                         f"{len(input_splits)} and {len(output_splits)}")
+    if tensor.numel() != sum(input_splits):
+        raise ValueError(f"{name}: rank {env.rank} sends {tensor.numel()} elements but its splits sum to "
+                         f"{sum(input_splits)}")
+    env.stats.record(name, [s * tensor.element_size() for s in input_splits])
+    if env.world_size == 1:
+        return out.copy_(tensor) if out is not None else tensor.clone()
+    output = out if out is not None else tensor.new_empty(int(sum(output_splits)))
+    dist.all_to_all_single(output, tensor.contiguous(), list(map(int, output_splits)), list(map(int, input_splits)),
+                           group=env.pg)
+    return output
+
+
+def all_reduce_sum(env: ShardingEnv, tensor: torch.Tensor, bytes_to: Sequence[int], name: str) -> None:
+    """Sum `tensor` over ranks in place (no gradient), counted as `bytes_to` per destination: the caller states
+    what its protocol sends (data_parallel.py uses it only where the backend's ring moves exactly that)."""
+    env.stats.record(name, bytes_to)
+    if env.world_size > 1:
+        dist.all_reduce(tensor, group=env.pg)
+
+
+def all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+               output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Send tensor[split j] to rank j; receive output_splits[i] elements from each rank i (no gradient)."""
+    return _exchange(env, tensor.detach(), input_splits, output_splits, name, out)
+
+
+class _AllToAllWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, env, input_splits, output_splits, name):
+        ctx.env, ctx.input_splits, ctx.output_splits, ctx.name = env, input_splits, output_splits, name
+        return _exchange(env, tensor, input_splits, output_splits, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = _exchange(ctx.env, grad.contiguous(), ctx.output_splits, ctx.input_splits, ctx.name + "_backward")
+        return back, None, None, None, None
+
+
+def all_to_all_with_grad(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+                         output_splits: Sequence[int], name: str) -> torch.Tensor:
+    """all_to_all whose backward sends the gradients the transposed way (counted as name + "_backward")."""
+    return _AllToAllWithGrad.apply(tensor, env, list(map(int, input_splits)), list(map(int, output_splits)), name)
+
+
+def all_to_all_messages(env: ShardingEnv, messages: Sequence[Sequence[torch.Tensor]],
+                        receive_numels: Sequence[Sequence[int]], name: str) -> List[torch.Tensor]:
+    """One all-to-all of typed messages (no gradient): messages[j], a list of 1-D tensors (e.g. int64 ids, int32
+    lengths), goes to rank j as one byte string; rank i's message to this rank has parts of receive_numels[i]
+    elements with the same dtypes. Returns part k of every rank's message, concatenated in rank order.
+
+    Counted bytes are the parts' own bytes, so sending lengths and ids together counts what sending them apart
+    would; one collective instead of several saves a round trip per step.
+    """
+    dtypes = [part.dtype for part in messages[0]]
+    send_bytes = [sum(part.numel() * part.element_size() for part in message) for message in messages]
+    piece_bytes = [n * dtype.itemsize for numels in receive_numels for n, dtype in zip(numels, dtypes)]
+    flat = [part.detach().contiguous().view(torch.uint8) for message in messages for part in message]
+    send = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=env.device)
+    received = _exchange(env, send, send_bytes, [sum(piece_bytes[k:k + len(dtypes)])
+                                                 for k in range(0, len(piece_bytes), len(dtypes))], name)
+    pieces = received.split(piece_bytes)
+    return [torch.cat(pieces[k::len(dtypes)]).view(dtype) for k, dtype in enumerate(dtypes)]
+
+
+def to_ragged(matrix: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int]) -> torch.Tensor:
+    """Flatten a [rows, B] matrix cut into row blocks (block k: block_rows[k] rows), keeping the first widths[k]
+    columns of block k: how blocks for ranks with different batch sizes are sent. Differentiable."""
+    B = matrix.shape[1]
+    if all(w == B for w in widths):
+        return matrix.reshape(-1)
+    blocks = matrix.split(list(block_rows))
+    return torch.cat([block[:, :w].reshape(-1) for block, w in zip(blocks, widths)])
+
+
+def from_ragged(flat: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int], B: int) -> torch.Tensor:
+    """The inverse of to_ragged: [sum(block_rows), B], each block's missing columns zero. Differentiable."""
+    if all(w == B for w in widths):
+        return flat.view(-1, B) if flat.numel() else flat.new_zeros(sum(block_rows), B)
+    pieces = flat.split([r * w for r, w in zip(block_rows, widths)])
+    return torch.cat([F.pad(piece.view(r, w), (0, B - w)) for piece, r, w in zip(pieces, block_rows, widths)])
+
+
+def barrier(env: ShardingEnv) -> None:
+    if env.world_size > 1:
+        dist.barrier(group=env.pg)

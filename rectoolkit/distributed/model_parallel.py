@@ -1,0 +1,329 @@
+"""DistributedModelParallel: shard the embedding collections of any model, replicate the rest with DDP.
+
+    model = DistributedModelParallel(DLRM(...), plan=plan)        # every rank, after dist.init_process_group
+    optimizer = CombinedOptimizer([model.fused_optimizer, ("dense", torch.optim.Adam(model.dense_parameters()))])
+    loss = loss_fn(model(batch)); loss.backward(); optimizer.step()  # embedding updates happen in backward
+
+What it does, in order (one plain function each, below):
+1. find the EmbeddingBagCollection / EmbeddingCollection modules (`find_collections`);
+2. plan them if no plan is given (`make_plan`: rectoolkit.planner when available, else table-wise by size),
+   the same plan on every rank (rank 0's is broadcast);
+3. replace each collection by its sharded version (`shard_collections`); each rank keeps only its shards,
+   taken from the collection's current weights (a meta-device collection gets freshly initialized shards);
+4. wrap the model in DDP for the dense parameters (`wrap_dense`), on a process group of its own so that DDP's
+   asynchronous all-reduces never interleave with the embedding all-to-alls. Dense gradients are averaged
+   (DDP); embedding gradients are summed over ranks (each table sees the global batch), as in TorchRec.
+
+`state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a
+collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
+from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
+from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
+from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from rectoolkit.optim.keyed import KeyedOptimizer
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+
+Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
+Sharded = Union[ShardedEmbeddingBagCollection, ShardedEmbeddingCollection]
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
+    """(path, module) of every embedding collection inside `module` ("" when `module` is one)."""
+    return [(path, m) for path, m in module.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+
+
+def make_plan(module: nn.Module, env: ShardingEnv) -> ShardingPlan:
+    """A plan for every collection: rectoolkit.planner's when it is available, else greedy table-wise.
+
+    Computed on rank 0 and broadcast, so every rank shards alike.
+    """
+    plan = None
+    if env.rank == 0:
+        try:
+            from rectoolkit.planner import EmbeddingShardingPlanner, Topology
+        except ImportError:
+            plan = greedy_table_wise_plan(module, env)
+        else:
+            topology = Topology(world_size=env.world_size, compute_device=env.device.type,
+                                local_world_size=env.local_world_size)
+            plan = EmbeddingShardingPlanner(topology=topology).plan(module)
+    if env.world_size > 1:
+        box = [plan]
+        dist.broadcast_object_list(box, src=0, group=env.pg)
+        plan = box[0]
+    return plan
+
+
+def greedy_table_wise_plan(module: nn.Module, env: ShardingEnv) -> ShardingPlan:
+    """Each table whole on the rank that holds the fewest bytes so far (largest tables first)."""
+    load = [0] * env.world_size
+    plan: Dict[str, Dict[str, ParameterSharding]] = {}
+    device = env.device.type
+    for path, collection in find_collections(module):
+        configs = list(collection.embedding_bag_configs() if hasattr(collection, "embedding_bag_configs")
+                       else collection.embedding_configs())
+        tables: Dict[str, ParameterSharding] = {}
+        for config in sorted(configs, key=lambda c: -c.num_embeddings * c.embedding_dim):
+            rank = min(range(env.world_size), key=lambda r: load[r])
+            load[rank] += config.num_embeddings * config.embedding_dim
+            tables[config.name] = ParameterSharding("table_wise", ranks=[rank], shards=[
+                ShardMetadata.on_rank(rank, 0, 0, config.num_embeddings, config.embedding_dim, device=device)])
+        plan[path] = {c.name: tables[c.name] for c in configs}
+    return ShardingPlan(plan)
+
+
+def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto"
+                      ) -> Dict[str, Sharded]:
+    """Replace every collection by its sharded version, in place; returns path -> sharded module."""
+    sharded: Dict[str, Sharded] = {}
+    for path, collection in find_collections(module):
+        module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
+        if module_plan is None:
+            raise ValueError(f"the plan has no entry for the collection at {path!r}; it has modules "
+                             f"{list(plan.plan if isinstance(plan, ShardingPlan) else plan)}")
+        if isinstance(collection, EmbeddingBagCollection):
+            new = shard_embedding_bag_collection(collection, module_plan, env, backend)
+        else:
+            new = shard_embedding_collection(collection, module_plan, env, backend)
+        sharded[path] = new
+        if path == "":
+            continue  # the caller holds the top-level collection itself
+        parent_path, _, name = path.rpartition(".")
+        setattr(module.get_submodule(parent_path) if parent_path else module, name, new)
+    return sharded
+
+
+def wrap_dense(module: nn.Module, sharded: Mapping[str, Sharded], env: ShardingEnv) -> nn.Module:
+    """DDP over the replicated parameters (the sharded tables are excluded), or the module as is on one rank."""
+    dense = [p for p in replicated_parameters(module, sharded) if p.requires_grad]
+    if env.world_size == 1 or not dense:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    ignore = [f"{path}.{name}" if path else name for path, sub in sharded.items()
+              for name, _ in list(sub.named_parameters()) + list(sub.named_buffers())]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
+    backend = dist.get_backend(env.pg)
+    dense_group = dist.new_group(ranks=list(range(env.world_size)), backend=backend)
+    device_ids = [env.device] if env.device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids, process_group=dense_group)
+
+
+def replicated_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[nn.Parameter]:
+    """The parameters outside the sharded collections (the same on every rank, kept equal by DDP)."""
+    shard_ids = {id(p) for sub in sharded.values() for p in sub.parameters()}
+    return [p for p in module.parameters() if id(p) not in shard_ids]
+
+
+def dense_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[nn.Parameter]:
+    """What a dense optimizer must update: the replicated parameters, then the embedding shards without a fused
+    optimizer (compute_kernel "dense", or a collection without one); TorchRec's in_backward_optimizer_filter."""
+    plain_shards = [p for sub in sharded.values() for p in sub.parameters() if not hasattr(p, "_in_backward_optimizers")]
+    return replicated_parameters(module, sharded) + plain_shards
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+class ShardedFusedOptimizer(KeyedOptimizer):
+    """The fused embedding optimizer of every local shard, keyed like TorchRec's DMP.fused_optimizer.
+
+    Updates happen in backward; step() pushes a changed lr (param_groups[0]["lr"]) into every shard.
+    Keys: "<collection path>.<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when a rank
+    holds several shards of one table).
+    """
+
+    def __init__(self, sharded: Mapping[str, Sharded]) -> None:
+        self._collections = [c for c in sharded.values() if c.fused_optimizer_config is not None]
+        params: Dict[str, torch.Tensor] = {}
+        states: Dict[Any, Any] = {}
+        for path, collection in sharded.items():
+            if collection.fused_optimizer_config is None:
+                continue
+            prefix = (path + "." if path else "") + collection_state_prefix(collection)
+            # only the shards whose optimizer is fused (compute_kernel "dense" shards belong to the dense one)
+            entries = [e for e in collection.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
+            per_table: Dict[str, int] = {}
+            for table, _, _, _ in entries:
+                per_table[table] = per_table.get(table, 0) + 1
+            for table, shard, weight, state in entries:
+                key = f"{prefix}{table}.weight"
+                if per_table[table] > 1:
+                    key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
+                params[key] = weight
+                if state:
+                    states[weight] = state
+        lr = self._collections[0].fused_optimizer_config.lr if self._collections else 0.0
+        super().__init__(params, states, [{"params": list(params.values()), "lr": lr}])
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        lr = float(self.param_groups[0]["lr"])
+        for collection in self._collections:
+            collection.set_learning_rate(lr)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear: fused updates never write .grad."""
+
+
+# ------------------------------------------------------------------------------------------------ the module
+class DistributedModelParallel(nn.Module):
+    """TorchRec's DistributedModelParallel: shard the embedding collections, DDP for the dense rest.
+
+    Args:
+        module: any nn.Module holding EmbeddingBagCollection / EmbeddingCollection modules (or being one).
+        env: a ShardingEnv, a process group, or None (the default group).
+        device: where the shards live (default: cuda:<local rank> under NCCL, else cpu).
+        plan: a ShardingPlan (module path -> table -> ParameterSharding); None: planned here.
+        sharders: accepted for TorchRec compatibility and ignored (every collection is sharded).
+        init_data_parallel: wrap the dense part in DDP (default True).
+        local_world_size: ranks per host (TABLE_ROW_WISE / GRID_SHARD gateways); default LOCAL_WORLD_SIZE env
+            variable, else all ranks on one host.
+        backend: kernel backend of the shards ("auto" | "torch" | "fbgemm").
+    """
+
+    def __init__(self, module: nn.Module, env: Union[ShardingEnv, dist.ProcessGroup, None] = None,
+                 device: Optional[torch.device] = None, plan: Optional[ShardingPlan] = None,
+                 sharders: Optional[List[Any]] = None, init_data_parallel: bool = True,
+                 init_parameters: bool = True, local_world_size: Optional[int] = None, backend: str = "auto") -> None:
+        super().__init__()
+        if not isinstance(env, ShardingEnv):
+            env = ShardingEnv.from_process_group(env, local_world_size=local_world_size,
+                                                 device=torch.device(device) if device is not None else None)
+        self.env = env
+        collections = find_collections(module)
+        if not collections:
+            raise ValueError(f"DistributedModelParallel: {type(module).__name__} holds no EmbeddingBagCollection or "
+                             "EmbeddingCollection; use torch's DistributedDataParallel for a dense-only model")
+        self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env)
+        if not isinstance(self.plan, ShardingPlan):
+            self.plan = ShardingPlan(dict(self.plan))
+        sharded = shard_collections(module, self.plan, env, backend)
+        if "" in sharded:  # the model IS a collection
+            module = sharded[""]
+        if env.device.type != "cpu":
+            module.to(env.device)  # the dense part (shards are already there)
+        self._sharded = sharded
+        self._plain_module = module
+        self._dmp_wrapped_module = wrap_dense(module, sharded, env) if init_data_parallel else module
+        self.fused_optimizer = ShardedFusedOptimizer(sharded)
+
+    # ------------------------------------------------------------------ running
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._dmp_wrapped_module(*args, **kwargs)
+
+    @property
+    def module(self) -> nn.Module:
+        """The model with its collections sharded (without the DDP wrapper)."""
+        return self._plain_module
+
+    @property
+    def sharded_modules(self) -> Dict[str, Sharded]:
+        return dict(self._sharded)
+
+    def dense_parameters(self) -> List[nn.Parameter]:
+        """Give these to the dense optimizer: the replicated parameters (DDP), then the embedding shards whose
+        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or summed over
+        ranks for DATA_PARALLEL, like any embedding gradient)."""
+        return dense_parameters(self._plain_module, self._sharded)
+
+    def named_dense_parameters(self) -> Iterator[Tuple[str, nn.Parameter]]:
+        ids = {id(p) for p in self.dense_parameters()}
+        return ((n, p) for n, p in self._plain_module.named_parameters() if id(p) in ids)
+
+    # ------------------------------------------------------------------ measurements
+    def bytes_sent(self) -> Dict[str, Any]:
+        """collective -> [W, W] bytes matrix since the last reset_bytes_sent() (collective call)."""
+        return self.env.gathered_bytes()
+
+    def reset_bytes_sent(self) -> None:
+        self.env.stats.reset()
+
+    def memory_usage(self) -> Dict[str, int]:
+        """This rank's bytes: embedding shard weights, their fused optimizer state, how much of that is in host
+        and in GPU memory, the replicated (dense) parameters, and on GPU the CUDA allocator's peak."""
+        usage = {"embedding_weights": 0, "embedding_optimizer": 0, "embedding_host": 0, "embedding_device": 0}
+        for collection in self._sharded.values():
+            held = collection.memory_bytes()
+            for kind in ("weights", "optimizer", "host", "device"):
+                usage["embedding_" + kind] += held[kind]
+        usage["dense_parameters"] = sum(p.numel() * p.element_size()
+                                        for p in replicated_parameters(self._plain_module, self._sharded))
+        if self.env.device.type == "cuda":
+            usage["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(self.env.device))
+        return usage
+
+    # ------------------------------------------------------------------ state
+    def _sharded_keys(self) -> Dict[str, Tuple[Sharded, str]]:
+        """Global state_dict key -> (sharded collection, table)."""
+        keys = {}
+        for path, collection in self._sharded.items():
+            prefix = (path + "." if path else "") + collection_state_prefix(collection)
+            for config in collection.embedding_configs():
+                keys[f"{prefix}{config.name}.weight"] = (collection, config.name)
+        return keys
+
+    def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, torch.Tensor]:
+        """The unsharded model's state_dict: same names, full-size tables (collective: every rank calls it)."""
+        plain = self._plain_module.state_dict(keep_vars=keep_vars) if "" not in self._sharded else {}
+        tables = self._sharded_keys()
+        by_collection: Dict[int, List[str]] = {}
+        for key, (collection, _) in tables.items():
+            by_collection.setdefault(id(collection), []).append(key)
+        out: Dict[str, torch.Tensor] = OrderedDict()
+
+        def visit(module: nn.Module, path: str) -> None:  # nn.Module.state_dict's order, tables in place
+            if id(module) in by_collection:
+                for key in by_collection[id(module)]:
+                    collection, table = tables[key]
+                    out[prefix + key] = gather_table(collection, table)
+                return
+            for name in list(module._parameters) + list(module._buffers):
+                key = path + name
+                if key in plain:
+                    out[prefix + key] = plain[key]
+            for name, child in module._modules.items():
+                if child is not None:
+                    visit(child, path + name + ".")
+
+        visit(self._plain_module, "")
+        if destination is not None:
+            destination.update(out)
+            return destination
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
+        """Load global tensors (the unsharded model's names and shapes); each rank copies its own slices."""
+        sharded_keys = self._sharded_keys()
+        missing = [k for k in sharded_keys if k not in state_dict]
+        dense_state = {k: v for k, v in state_dict.items() if k not in sharded_keys}
+        for key, (collection, table) in sharded_keys.items():
+            if key in state_dict:
+                load_table(collection, table, state_dict[key].to(self.env.device))
+        result = None
+        if "" not in self._sharded:
+            shard_prefixes = [p + "." for p in self._sharded]
+            result = self._plain_module.load_state_dict(dense_state, strict=False)
+            missing += [k for k in result.missing_keys if not any(k.startswith(sp) for sp in shard_prefixes)]
+            unexpected = list(result.unexpected_keys)
+        else:
+            unexpected = list(dense_state)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"DistributedModelParallel.load_state_dict: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
+        return {"missing_keys": missing, "unexpected_keys": unexpected}
+
+    def extra_repr(self) -> str:
+        return f"rank={self.env.rank}, world_size={self.env.world_size}, local_world_size={self.env.local_world_size}"

@@ -1,0 +1,227 @@
+"""Sharded EmbeddingBagCollection: one group per sharding type, assembled from a plan (sharded_ec.py: the
+sequence twin).
+
+    >>> import rectoolkit as rtk
+    >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
+    ...                                                           feature_names=["f"])])
+    >>> plan = {"t": rtk.ParameterSharding("table_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 4, 2)])}
+    >>> sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local())
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([1, 3]), torch.tensor([1, 1]))
+    >>> torch.equal(sharded(kjt).values(), ebc(kjt).values())
+    True
+
+Forward: the KJT is split per feature once; each group runs input_dist -> lookup -> output_dist and adds its
+block into the output at its columns (group.py explains the `index_add`); MEAN pooling divides by the local
+bag sizes at the end. Ranks may call forward with different local batch sizes (each owner learns them in
+input_dist, as TorchRec's variable batch per rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from rectoolkit.distributed.bags import FeatureBatch, check_ids_in_range
+from rectoolkit.distributed.column_wise import ColumnWiseSharding
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.data_parallel import DataParallelSharding
+from rectoolkit.distributed.grid import GridSharding
+from rectoolkit.distributed.row_wise import RowWiseSharding
+from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
+from rectoolkit.distributed.table_wise import TableWiseSharding
+from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
+from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
+from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
+from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
+from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
+
+GROUP_CLASSES = {
+    ShardingType.DATA_PARALLEL: DataParallelSharding,
+    ShardingType.TABLE_WISE: TableWiseSharding,
+    ShardingType.COLUMN_WISE: ColumnWiseSharding,
+    ShardingType.ROW_WISE: RowWiseSharding,
+    ShardingType.TABLE_ROW_WISE: TableRowWiseSharding,
+    ShardingType.GRID_SHARD: GridSharding,
+}
+
+
+def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
+                      optimizer: Optional[FusedOptimizerConfig]) -> bool:
+    """What the plan's compute_kernel means for one table's shards: True for plain autograd weights (.grad,
+    updated by your dense optimizer), False for the batched kernel with the collection's optimizer fused into
+    backward. Raises for kernels that cannot run here.
+
+    - "dense": plain weights, even if the collection has a fused optimizer (TorchRec's DENSE).
+    - "fused": the fused optimizer; a collection without one has nothing to fuse, so its shards get plain
+      gradients like "dense" (TorchRec's planner proposes fused kernels only for tables with an optimizer).
+    - "fused_uvm", "fused_uvm_caching": on CPU the same as "fused" (the tables are in host memory anyway:
+      memory_bytes() counts them as host bytes). On GPU they would need fbgemm's managed (UVM) memory,
+      which rectoolkit.kernels does not allocate yet: refused rather than silently placed in GPU memory.
+    - "quant*": inference kernels (rectoolkit.quant.sharding); refused for a collection that trains.
+    """
+    kernel = EmbeddingComputeKernel.parse(ps.compute_kernel)
+    if kernel in (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM,
+                  EmbeddingComputeKernel.QUANT_UVM_CACHING) and optimizer is not None:
+        raise ValueError(f"table {table!r} is planned with compute_kernel {kernel.value!r}, a quantized inference "
+                         "kernel, but its collection trains (it has a fused optimizer); plan 'fused' or 'dense' "
+                         "for training, or shard a QuantEmbeddingBagCollection (rectoolkit.quant.sharding)")
+    if kernel in (EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING) \
+            and env.device.type == "cuda":
+        raise ValueError(f"table {table!r} is planned with compute_kernel {kernel.value!r} on rank {env.rank} "
+                         f"({env.device}): tables in host memory read by the GPU (UVM) are not supported by "
+                         "rectoolkit's kernels yet; plan compute_kernel 'fused' (GPU memory) or add ranks")
+    return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
+
+
+class ShardedCollection(nn.Module):
+    """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
+
+    def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
+                 env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
+                 initial_weights: Mapping[str, torch.Tensor], backend: str, ids_out_of_range: str) -> None:
+        super().__init__()
+        self.env = env
+        self._tables = list(tables)
+        self._is_weighted = is_weighted
+        self._ids_out_of_range = ids_out_of_range
+        self._optimizer = optimizer
+        missing = [t.name for t in tables if t.name not in module_plan]
+        if missing:
+            raise ValueError(f"the sharding plan has no entry for table(s) {missing}; plan every table of the "
+                             f"collection (planned: {sorted(module_plan)})")
+        self.module_plan: Dict[str, ParameterSharding] = {t.name: module_plan[t.name] for t in tables}
+        self._embedding_names_by_table = get_embedding_names_by_table(tables)
+        self._features = [f for t in tables for f in t.feature_names]
+        self._embedding_names = [n for names in self._embedding_names_by_table for n in names]
+        self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
+        offsets, running = {}, 0
+        for name, dim in zip(self._embedding_names, self._dims):
+            offsets[name], running = running, running + (dim if pooled else 0)
+        self._key_offsets = offsets
+        self._output_width = running
+        dtypes = {torch.float16 if t.data_type == DataType.FP16 else torch.float32 for t in tables}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+        embedding_dim = tables[0].embedding_dim if tables else 0
+        dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer) for t in tables}
+        self.groups = nn.ModuleDict()
+        # one group per (sharding type, kernel), in a fixed order: every rank runs the groups alike
+        for (kind, group_class), dense_kernel in itertools.product(GROUP_CLASSES.items(), (False, True)):
+            chosen = [(t, keys) for t, keys in zip(tables, self._embedding_names_by_table)
+                      if ShardingType.parse(self.module_plan[t.name].sharding_type) == kind
+                      and dense[t.name] == dense_kernel]
+            if not chosen:
+                continue
+            group_tables = [t for t, _ in chosen]
+            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(
+                env, group_tables, [keys for _, keys in chosen], self.module_plan, offsets, pooled, is_weighted,
+                None if dense_kernel else optimizer,
+                {t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
+                backend, dtype, embedding_dim)
+
+    def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
+        batch = FeatureBatch.from_kjt(features, self._features, type(self).__name__, self.env.device)
+        if self._is_weighted and any(w is None for w in batch.weights.values()):
+            raise ValueError(f"{type(self).__name__}(is_weighted=True) needs a KeyedJaggedTensor with weights")
+        check_ids_in_range(batch, self._tables, self.env.rank, self._ids_out_of_range)
+        return batch
+
+    # ------------------------------------------------------------------ shards and state
+    def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
+        """(table, shard, weight, optimizer state) of every shard this rank holds (DATA_PARALLEL: its replica)."""
+        return [entry for group in self.groups.values() for entry in group.local_shards()]
+
+    def memory_bytes(self) -> Dict[str, int]:
+        """Bytes this rank holds: shard weights and fused optimizer state, and where they live ("device": GPU
+        memory; "host": CPU memory, all of it on CPU, where the fused_uvm kernels' tables live anyway)."""
+        total = {"weights": 0, "optimizer": 0}
+        for group in self.groups.values():
+            for key, value in group.shard_memory_bytes().items():
+                total[key] += value
+        held = total["weights"] + total["optimizer"]
+        on_gpu = self.env.device.type == "cuda"
+        total.update(device=held if on_gpu else 0, host=0 if on_gpu else held)
+        return total
+
+    def embedding_configs(self) -> List[BaseEmbeddingConfig]:
+        return self._tables
+
+    @property
+    def fused_optimizer_config(self) -> Optional[FusedOptimizerConfig]:
+        return self._optimizer
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the fused optimizer's lr in every shard (the shards share one config)."""
+        if self._optimizer is None:
+            raise ValueError("this sharded collection has no fused optimizer; set the lr of your dense optimizer")
+        self._optimizer.lr = float(lr)
+        for group in self.groups.values():
+            kernel = getattr(getattr(group, "local", None), "kernel", None)
+            if kernel is not None and getattr(kernel, "optimizer", None) is not None:  # not the dense-kernel groups
+                kernel.set_learning_rate(float(lr))
+
+    def extra_repr(self) -> str:
+        kinds = {k: [t.name for t in g.tables] for k, g in self.groups.items()}
+        return f"rank={self.env.rank}/{self.env.world_size}, groups={kinds}"
+
+
+class ShardedEmbeddingBagCollection(ShardedCollection):
+    """An EmbeddingBagCollection sharded by a plan: KJT (local batch) -> KeyedTensor [B, sum of dims]."""
+
+    def __init__(self, tables, module_plan, env: ShardingEnv, is_weighted: bool = False,
+                 optimizer: Optional[FusedOptimizerConfig] = None,
+                 initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
+                 ids_out_of_range: str = "error") -> None:
+        if any(t.pooling == PoolingType.NONE for t in tables):
+            raise ValueError("EmbeddingBagCollection tables need SUM or MEAN pooling")
+        super().__init__(tables, module_plan, env, True, is_weighted, optimizer, initial_weights or {}, backend,
+                         ids_out_of_range)
+        mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
+        self._mean_features = mean if any(mean) else None
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        batch = self._feature_batch(features)
+        B = batch.batch_size
+        # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient
+        out_t = torch.zeros(self._output_width, B, device=self.env.device)
+        for group in self.groups.values():
+            block_t, columns = group(batch)
+            out_t = out_t.index_add(0, columns, block_t)
+        out = out_t.t().contiguous()
+        if self._mean_features is not None:
+            scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
+                     for f, mean in zip(self._features, self._mean_features)]
+            out = out * torch.stack(scale, 1).repeat_interleave(torch.tensor(self._dims, device=out.device), dim=1)
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=out, key_dim=1)
+
+    def embedding_bag_configs(self):
+        return self._tables
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+
+def _initial_weights(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """The module's table weights, unless it lives on the meta device (then shards are initialized fresh)."""
+    tables = getattr(module, "embedding_bags", None) or getattr(module, "embeddings")
+    return {name: m.weight.detach() for name, m in tables.items() if m.weight.device.type != "meta"}
+
+
+def shard_embedding_bag_collection(module: EmbeddingBagCollection, module_plan: Mapping[str, ParameterSharding],
+                                   env: ShardingEnv, backend: str = "auto") -> ShardedEmbeddingBagCollection:
+    """Shard an EmbeddingBagCollection: each rank keeps the slices of `module`'s weights that the plan gives it.
+
+    The fused optimizer of the module (if any) is used by every shard; a module on the meta device gives
+    freshly initialized shards (each shard with its table's init_fn).
+    """
+    return ShardedEmbeddingBagCollection(
+        module.embedding_bag_configs(), module_plan, env, is_weighted=module.is_weighted(),
+        optimizer=_copy(module.kernel.optimizer), initial_weights=_initial_weights(module), backend=backend,
+        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"))
+
+
+def _copy(config: Optional[FusedOptimizerConfig]) -> Optional[FusedOptimizerConfig]:
+    return dataclasses.replace(config) if config is not None else None

@@ -1,0 +1,65 @@
+"""Sharded EmbeddingCollection (sequence embeddings: one row per id), the twin of sharded_ebc.py.
+
+    >>> import rectoolkit as rtk
+    >>> ec = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="t", num_embeddings=4, embedding_dim=2,
+    ...                                                   feature_names=["f"])])
+    >>> plan = {"t": rtk.ParameterSharding("row_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 4, 2)])}
+    >>> sharded = shard_embedding_collection(ec, plan, ShardingEnv.local())
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([1, 3, 3]), torch.tensor([1, 2]))
+    >>> torch.equal(sharded(kjt)["f"].values(), ec(kjt)["f"].values())
+    True
+
+Every id's row slice goes back to the rank that sent the id (one level, for every sharding type); groups
+return flat blocks and their flat positions in the [ids, dim] output, added into one zero tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharded_ebc import ShardedCollection, _copy, _initial_weights
+from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
+from rectoolkit.modules.embedding_modules import EmbeddingCollection
+from rectoolkit.plan.types import ParameterSharding
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+
+
+class ShardedEmbeddingCollection(ShardedCollection):
+    """An EmbeddingCollection sharded by a plan: KJT (local batch) -> {feature: JaggedTensor [ids, dim]}."""
+
+    def __init__(self, tables, module_plan, env: ShardingEnv, optimizer: Optional[FusedOptimizerConfig] = None,
+                 initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
+                 ids_out_of_range: str = "error", need_indices: bool = False) -> None:
+        if len({t.embedding_dim for t in tables}) > 1:
+            raise ValueError("all tables of an EmbeddingCollection need one embedding_dim")
+        super().__init__(tables, module_plan, env, False, False, optimizer, initial_weights or {}, backend,
+                         ids_out_of_range)
+        self._need_indices = need_indices
+        self._dim = tables[0].embedding_dim
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        batch = self._feature_batch(features)
+        counts = [batch.values[f].numel() for f in self._features]
+        out = torch.zeros(sum(counts) * self._dim, device=self.env.device)
+        for group in self.groups.values():
+            block, where = group(batch)
+            out = out.index_add(0, where, block)
+        rows = out.view(-1, self._dim).split(counts)
+        return {name: JaggedTensor(values=r, lengths=batch.lengths[f],
+                                   weights=batch.values[f] if self._need_indices else None)
+                for name, f, r in zip(self._embedding_names, self._features, rows)}
+
+    def embedding_dim(self) -> int:
+        return self._dim
+
+
+def shard_embedding_collection(module: EmbeddingCollection, module_plan: Mapping[str, ParameterSharding],
+                               env: ShardingEnv, backend: str = "auto") -> ShardedEmbeddingCollection:
+    """Shard an EmbeddingCollection (see shard_embedding_bag_collection)."""
+    return ShardedEmbeddingCollection(
+        module.embedding_configs(), module_plan, env, optimizer=_copy(module.kernel.optimizer),
+        initial_weights=_initial_weights(module), backend=backend,
+        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), need_indices=module.need_indices())

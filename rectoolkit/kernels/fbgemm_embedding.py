@@ -1,0 +1,154 @@
+"""The fbgemm backend: one SplitTableBatchedEmbeddingBagsCodegen (TBE) for all tables, optimizer fused.
+
+Imported only when fbgemm_gpu loads (see backend.fbgemm_available). Weights live in the TBE's own storage
+(`weights_host` on CPU, `weights_dev` on CUDA); the kernel's `table_weights` are Parameters viewing it.
+Ids are checked by BatchedEmbeddingKernel.prepare_ids before the TBE runs (an error naming the feature, table
+and id); the TBE's own bounds check is off: on CPU it is a slower single pass than the per-feature min/max, on
+CUDA a FATAL check would be a device assert that poisons the context.
+
+Any feature order works. fbgemm's TBE gives wrong updates (or raises, for row-wise Adagrad on CPU) when the
+features of one table are not next to each other in `feature_table_map`, so the TBE is built with the
+features sorted by table (stable) and each batch is permuted into that order on the way in (lengths, ids,
+weights: fbgemm's permute_2D_sparse_data) and back on the way out (output columns, or output rows with
+pooling "none"). When the map is already grouped by table, as in the collections, nothing is permuted.
+
+    >>> kernel = FbgemmBatchedEmbedding([TableSpec(8, 4)], optimizer=FusedOptimizerConfig("sgd", lr=1.0))
+    >>> out = kernel(torch.tensor([3, 3]), torch.tensor([0, 2]))
+    >>> out.shape
+    torch.Size([1, 4])
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+
+from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec  # noqa: F401 (doctest)
+from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, optimizer_state_names  # noqa: F401
+from rectoolkit.kernels.optimizer_state import EmbOptimType
+
+
+def _fbgemm_optim_type(optimizer: EmbOptimType):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType as FbgemmOptimType
+
+    return {
+        EmbOptimType.SGD: FbgemmOptimType.EXACT_SGD,
+        EmbOptimType.ADAGRAD: FbgemmOptimType.EXACT_ADAGRAD,
+        EmbOptimType.ROWWISE_ADAGRAD: FbgemmOptimType.EXACT_ROWWISE_ADAGRAD,
+        EmbOptimType.ADAM: FbgemmOptimType.ADAM,
+    }[optimizer]
+
+
+class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
+    """fbgemm TBE kernel (CPU or CUDA) with a fused SGD / Adagrad / row-wise Adagrad / Adam (CUDA only)."""
+
+    backend = "fbgemm"
+
+    def __init__(self, tables, feature_table_map=None, pooling="sum", optimizer=None, device=None,
+                 dtype=torch.float32, ids_out_of_range="error", feature_names=None) -> None:
+        super().__init__(tables, feature_table_map, pooling, optimizer, device, dtype, ids_out_of_range, feature_names)
+        if optimizer is None:
+            raise ValueError("the fbgemm kernel needs a fused optimizer; dense gradients use TorchBatchedEmbedding")
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            BoundsCheckMode,
+            EmbeddingLocation,
+            PoolingMode,
+        )
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        # The TBE's features, sorted by table (stable); kernel_order[k] is the caller's feature at TBE position k.
+        self.kernel_order = sorted(range(self.num_features), key=lambda f: self.feature_table_map[f])
+        self.permuted = self.kernel_order != list(range(self.num_features))
+        kernel_dims = [self.feature_dims[f] for f in self.kernel_order]
+        kernel_starts = [sum(kernel_dims[:k]) for k in range(self.num_features)]
+        position = {f: k for k, f in enumerate(self.kernel_order)}
+        self._kernel_order_int = torch.tensor(self.kernel_order, dtype=torch.int32, device=self.device)
+        self._output_columns = torch.cat([  # the caller's column c reads TBE output column _output_columns[c]
+            torch.arange(kernel_starts[position[f]], kernel_starts[position[f]] + self.feature_dims[f])
+            for f in range(self.num_features)]).to(self.device)
+        on_cuda = self.device.type == "cuda"
+        location = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
+        compute = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=[(t.num_embeddings, t.embedding_dim, location, compute) for t in self.tables],
+            feature_table_map=[self.feature_table_map[f] for f in self.kernel_order],
+            optimizer=_fbgemm_optim_type(optimizer.optimizer),
+            learning_rate=optimizer.lr,
+            eps=optimizer.eps,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            weight_decay=optimizer.weight_decay,
+            pooling_mode=PoolingMode.SUM if self.pooled else PoolingMode.NONE,
+            bounds_check_mode=BoundsCheckMode.NONE,
+            device=self.device,
+            table_names=[t.name or f"table_{i}" for i, t in enumerate(self.tables)],
+        )
+        self._tbe_lr = optimizer.lr
+        self.table_weights = [torch.nn.Parameter(view) for view in self.split_embedding_weights()]
+
+    def split_embedding_weights(self) -> List[torch.Tensor]:
+        return self.tbe.split_embedding_weights()
+
+    def split_optimizer_states(self) -> List[Dict[str, torch.Tensor]]:
+        names = optimizer_state_names(self.optimizer.optimizer)
+        if not names:
+            return [{} for _ in self.tables]
+        states = self.tbe.split_optimizer_states()
+        return [{name: tensor for name, tensor in zip(names, per_table)} for per_table in states]
+
+    def set_learning_rate(self, lr: float) -> None:
+        super().set_learning_rate(lr)
+        if lr != self._tbe_lr:
+            self.tbe.set_learning_rate(float(lr))
+            self._tbe_lr = float(lr)
+
+    @property
+    def num_updates(self) -> int:
+        return int(self.tbe.iter.item()) if hasattr(self, "tbe") else 0
+
+    @num_updates.setter
+    def num_updates(self, value: int) -> None:
+        pass  # the TBE counts its own steps (self.tbe.iter)
+
+    def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
+        ids, offsets, batch_size, _ = self.prepare_ids(indices, offsets)
+        if self.optimizer.lr != self._tbe_lr:  # someone changed optimizer.lr directly
+            self.set_learning_rate(self.optimizer.lr)
+        if per_sample_weights is not None:
+            if not self.pooled:
+                raise ValueError("per_sample_weights need pooling 'sum' (weighted bags)")
+            per_sample_weights = per_sample_weights.to(device=self.device, dtype=torch.float32)
+        kernel_ids, kernel_offsets, kernel_weights, positions = ids, offsets, per_sample_weights, None
+        if self.permuted:
+            kernel_ids, kernel_offsets, kernel_weights, positions = self._to_kernel_order(ids, offsets, per_sample_weights, batch_size)
+        out = self.tbe(kernel_ids, kernel_offsets, per_sample_weights=kernel_weights)
+        if not self.permuted:
+            return out
+        if self.pooled:
+            return out.index_select(1, self._output_columns)
+        inverse = torch.empty_like(positions)
+        inverse[positions] = torch.arange(positions.numel(), device=positions.device)
+        return out.index_select(0, inverse)
+
+    def _to_kernel_order(self, ids: torch.Tensor, offsets: torch.Tensor, per_sample_weights, batch_size: int):
+        """(ids, offsets, weights) permuted from the caller's feature order to the TBE's, and, when the output
+        rows or the weights' gradient need it, the caller's position of every permuted id (else None)."""
+        num_ids = ids.numel()
+        lengths = offsets.diff().view(self.num_features, batch_size)
+        need_positions = not self.pooled or (per_sample_weights is not None and per_sample_weights.requires_grad)
+        if need_positions:
+            positions = torch.arange(num_ids, device=ids.device)
+            kernel_lengths, positions, _ = torch.ops.fbgemm.permute_2D_sparse_data(
+                self._kernel_order_int, lengths, positions, None, num_ids)
+            kernel_ids = ids.index_select(0, positions)
+            kernel_weights = per_sample_weights.index_select(0, positions) if per_sample_weights is not None else None
+        else:
+            positions = None
+            kernel_lengths, kernel_ids, kernel_weights = torch.ops.fbgemm.permute_2D_sparse_data(
+                self._kernel_order_int, lengths, ids, per_sample_weights, num_ids)
+        kernel_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(kernel_lengths.reshape(-1))
+        return kernel_ids, kernel_offsets, kernel_weights, positions

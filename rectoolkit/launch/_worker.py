@@ -1,0 +1,106 @@
+"""The bootstrap every launched worker runs: `python -m rectoolkit.launch._worker FD`.
+
+It reads its spec from the socket FD that the launcher passed it (rank, world size, the rendezvous
+store's address, the cloudpickled worker function), sets up torch.distributed, calls `fn(ctx, *args)`, and
+sends back metrics, the return value or the formatted traceback. The function travels by value
+(cloudpickle), so a function defined in a notebook cell or a `__main__` script works. A watcher thread
+exits the process as soon as the launcher goes away, so no worker outlives its caller.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, Dict
+
+import cloudpickle
+
+
+def _watch_parent(conn: Connection, parent_pid: int, stop_event: threading.Event) -> None:
+    """Exit at once when the launcher dies (its socket end closes or our parent pid changes)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        try:
+            if conn.poll(0.5):
+                kind, _ = cloudpickle.loads(conn.recv_bytes())
+                if kind == "stop":
+                    stop_event.set()
+        except (EOFError, OSError):
+            os._exit(3)
+
+
+def _pick_device(backend: str, local_rank: int):
+    import torch
+
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def main(fd: int) -> None:
+    conn = Connection(fd)
+    spec: Dict[str, Any] = cloudpickle.loads(conn.recv_bytes())
+    for path in reversed(spec["sys_path"]):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    linecache.cache.update(spec["linecache"])  # notebook cells' source, for readable tracebacks
+    send_lock = threading.Lock()
+
+    def send(kind: str, payload: Any) -> None:
+        data = cloudpickle.dumps((kind, payload))
+        with send_lock:
+            conn.send_bytes(data)
+
+    stop_event = threading.Event()
+    threading.Thread(target=_watch_parent, args=(conn, spec["parent_pid"], stop_event), daemon=True).start()
+
+    rank = spec["rank"]
+    exit_code = 0
+    import torch
+    import torch.distributed as dist
+
+    from rectoolkit.launch.context import WorkerContext
+
+    try:
+        torch.set_num_threads(spec["num_threads"])
+        fn, args, kwargs = cloudpickle.loads(spec["payload"])
+        device = _pick_device(spec["backend"], spec["local_rank"])
+        timeout = timedelta(seconds=spec["collective_timeout_s"])
+        store = dist.TCPStore(spec["store_host"], spec["store_port"], is_master=False, timeout=timeout)
+        dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=spec["world_size"],
+                                timeout=timeout)
+        ctx = WorkerContext(rank=rank, world_size=spec["world_size"], local_rank=spec["local_rank"],
+                            local_world_size=spec["world_size"], device=device, backend=spec["backend"],
+                            _send=lambda metrics: send("metrics", metrics), _stop_event=stop_event)
+        send("started", {"pid": os.getpid()})
+        result = fn(ctx, *args, **kwargs)
+        try:
+            send("result", result)
+        except Exception as exc:  # an unpicklable return value is the worker's error, reported as such
+            raise TypeError(f"rank {rank}'s return value of type {type(result).__name__} cannot be "
+                            f"pickled back to the caller: {exc}") from exc
+    except BaseException as exc:  # ship every failure home, with its traceback
+        exit_code = 1
+        try:
+            send("error", {"exc_type": type(exc).__name__, "message": str(exc),
+                           "traceback": traceback.format_exc(), "time": time.time()})
+        except OSError:
+            pass
+    if exit_code == 0 and dist.is_initialized():
+        dist.destroy_process_group()  # only on success: after a failure a peer may be gone, so just exit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.close()
+    os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

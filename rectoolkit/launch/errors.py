@@ -1,0 +1,50 @@
+"""The errors a launched job raises in the caller: a worker failed, or the job ran out of time."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+
+class LaunchError(RuntimeError):
+    """Base class of everything `rectoolkit.launch` raises about a job."""
+
+
+class WorkerError(LaunchError):
+    """A worker raised (or died): names the rank and carries that worker's formatted traceback.
+
+    Attributes: `rank`, `exc_type` (e.g. "ValueError"), `exc_message`, `traceback` (the worker's text),
+    `other_errors` (errors other ranks reported while the job was being stopped, usually consequences).
+    """
+
+    def __init__(self, rank: int, exc_type: str, exc_message: str, traceback: str,
+                 other_errors: Optional[Sequence["WorkerError"]] = None) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.traceback = traceback
+        self.other_errors: List[WorkerError] = list(other_errors or [])
+        text = f"rank {rank} failed: {exc_type}: {exc_message}"
+        if traceback:
+            text += f"\n\n--- traceback from rank {rank} ---\n{traceback.rstrip()}"
+        if self.other_errors:
+            others = ", ".join(f"rank {e.rank} ({e.exc_type})" for e in self.other_errors)
+            text += f"\n\n(also failed while the job was stopped: {others}; see .other_errors)"
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (WorkerError, (self.rank, self.exc_type, self.exc_message, self.traceback, self.other_errors))
+
+
+class LaunchTimeout(LaunchError):
+    """The job (or some ranks) did not finish in time; `ranks` lists the ranks still running."""
+
+    def __init__(self, message: str, ranks: Sequence[int]) -> None:
+        self.ranks = list(ranks)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (LaunchTimeout, (self.args[0], self.ranks))
+
+
+class JobStopped(LaunchError):
+    """The job was stopped by the caller (`job.stop()` or an interrupt) before every rank finished."""

@@ -1,0 +1,136 @@
+"""Embedding table configs with TorchRec's names and fields.
+
+    >>> cfg = EmbeddingBagConfig(name="t_user", num_embeddings=100, embedding_dim=8, feature_names=["user"])
+    >>> cfg.pooling, cfg.num_features()
+    (<PoolingType.SUM: 'SUM'>, 1)
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, List, Optional
+
+import torch
+
+
+@enum.unique
+class PoolingType(enum.Enum):
+    """How the rows of one bag are combined: summed, averaged, or kept (sequence embeddings)."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+    NONE = "NONE"
+
+
+@enum.unique
+class DataType(enum.Enum):
+    """Storage type of an embedding table's weights (TorchRec's names and values)."""
+
+    FP32 = "FP32"
+    FP16 = "FP16"
+    BF16 = "BF16"
+    INT64 = "INT64"
+    INT32 = "INT32"
+    INT8 = "INT8"
+    UINT8 = "UINT8"
+    INT4 = "INT4"
+    INT2 = "INT2"
+
+
+DATA_TYPE_NUM_BITS = {
+    DataType.FP32: 32,
+    DataType.FP16: 16,
+    DataType.BF16: 16,
+    DataType.INT64: 64,
+    DataType.INT32: 32,
+    DataType.INT8: 8,
+    DataType.UINT8: 8,
+    DataType.INT4: 4,
+    DataType.INT2: 2,
+}
+
+_TORCH_DTYPES = {
+    DataType.FP32: torch.float32,
+    DataType.FP16: torch.float16,
+    DataType.BF16: torch.bfloat16,
+    DataType.INT64: torch.int64,
+    DataType.INT32: torch.int32,
+    DataType.INT8: torch.int8,
+    DataType.UINT8: torch.uint8,
+}
+
+
+def data_type_to_dtype(data_type: DataType) -> torch.dtype:
+    """The torch dtype that stores `data_type` (INT4/INT2 are packed into uint8)."""
+    return _TORCH_DTYPES.get(data_type, torch.uint8)
+
+
+def dtype_to_data_type(dtype: torch.dtype) -> DataType:
+    """The DataType for a torch dtype; raises ValueError for dtypes tables cannot use."""
+    for data_type, candidate in _TORCH_DTYPES.items():
+        if candidate == dtype:
+            return data_type
+    raise ValueError(f"no embedding DataType for torch dtype {dtype}; use one of {list(_TORCH_DTYPES.values())}")
+
+
+@dataclass
+class BaseEmbeddingConfig:
+    """Fields shared by bag (pooled) and sequence tables, named as in TorchRec."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    data_type: DataType = DataType.FP32
+    feature_names: List[str] = field(default_factory=list)
+    weight_init_max: Optional[float] = None
+    weight_init_min: Optional[float] = None
+    num_embeddings_post_pruning: Optional[int] = None
+    init_fn: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None
+    need_pos: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"table {self.name!r}" if self.name else "embedding config"
+        if not isinstance(self.num_embeddings, int) or self.num_embeddings <= 0:
+            raise ValueError(f"{where}: num_embeddings must be a positive int, got {self.num_embeddings!r}")
+        if not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:
+            raise ValueError(f"{where}: embedding_dim must be a positive int, got {self.embedding_dim!r}")
+        if isinstance(self.feature_names, str):
+            raise ValueError(f"{where}: feature_names must be a list of names, got the string {self.feature_names!r}")
+        self.feature_names = list(self.feature_names)
+        if len(set(self.feature_names)) != len(self.feature_names):
+            raise ValueError(f"{where}: feature_names has duplicates: {self.feature_names}")
+        if isinstance(self.data_type, str):
+            self.data_type = DataType(self.data_type.upper())
+        if self.init_fn is None:
+            self.init_fn = partial(
+                torch.nn.init.uniform_, a=self.get_weight_init_min(), b=self.get_weight_init_max()
+            )
+
+    def get_weight_init_max(self) -> float:
+        return math.sqrt(1 / self.num_embeddings) if self.weight_init_max is None else self.weight_init_max
+
+    def get_weight_init_min(self) -> float:
+        return -math.sqrt(1 / self.num_embeddings) if self.weight_init_min is None else self.weight_init_min
+
+    def num_features(self) -> int:
+        return len(self.feature_names)
+
+
+@dataclass
+class EmbeddingBagConfig(BaseEmbeddingConfig):
+    """A table whose rows are pooled per bag (SUM or MEAN), as used by EmbeddingBagCollection."""
+
+    pooling: PoolingType = PoolingType.SUM
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pooling, str):
+            self.pooling = PoolingType(self.pooling.upper())
+        super().__post_init__()
+
+
+@dataclass
+class EmbeddingConfig(BaseEmbeddingConfig):
+    """A table looked up one row per id (sequence embeddings), as used by EmbeddingCollection."""

@@ -1,0 +1,349 @@
+"""EmbeddingBagCollection and EmbeddingCollection: TorchRec's modules, backed by one batched kernel.
+
+    >>> import torch, rectoolkit as rtk
+    >>> tables = [rtk.EmbeddingBagConfig(name="t_user", num_embeddings=10, embedding_dim=4, feature_names=["user"]),
+    ...           rtk.EmbeddingBagConfig(name="t_item", num_embeddings=20, embedding_dim=8, feature_names=["item", "seen"])]
+    >>> ebc = rtk.EmbeddingBagCollection(tables, optimizer="row_wise_adagrad", lr=0.02)
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["user", "item", "seen"],
+    ...     values=torch.tensor([1, 2, 3, 4, 5, 6]), lengths=torch.tensor([1, 1, 2, 0, 1, 1]))
+    >>> pooled = ebc(kjt)                       # KeyedTensor [batch 2, 4 + 8 + 8]
+    >>> pooled.keys(), tuple(pooled.values().shape)
+    (['user', 'item', 'seen'], (2, 20))
+    >>> pooled.values().sum().backward()        # the touched rows are updated here (fused row-wise Adagrad)
+    >>> sorted(ebc.state_dict())
+    ['embedding_bags.t_item.weight', 'embedding_bags.t_user.weight']
+
+The tables live in one flat storage owned by the kernel (fbgemm's TBE or the pure-torch kernel, see
+rectoolkit.kernels.batched_embedding); `ebc.embedding_bags[<table>]` is an nn.EmbeddingBag whose `.weight` is
+a view of that storage, so reading, writing and load_state_dict work table by table as in TorchRec.
+Without an optimizer the collection gives ordinary dense gradients (like TorchRec's unsharded modules).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from rectoolkit.kernels.backend import fbgemm_available
+from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
+from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
+from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.optim.fused import EmbeddingFusedOptimizer
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+
+def get_embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> List[List[str]]:
+    """Output names per table: the feature name, or "feature@table" when a feature feeds several tables."""
+    counts = Counter(f for t in tables for f in t.feature_names)
+    return [[f if counts[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
+
+
+def _optimizer_config(optimizer: Any, lr: Optional[float], fused_params: Optional[Mapping[str, Any]],
+                      optimizer_kwargs: Mapping[str, Any]) -> Optional[FusedOptimizerConfig]:
+    if fused_params is not None:
+        if optimizer is not None:
+            raise ValueError("pass either optimizer=... or fused_params=..., not both")
+        return FusedOptimizerConfig.from_fused_params(fused_params)
+    if optimizer is None:
+        if lr is not None or optimizer_kwargs:
+            raise ValueError("lr / optimizer kwargs given without optimizer=...; e.g. optimizer='adagrad', lr=0.01")
+        return None
+    if isinstance(optimizer, FusedOptimizerConfig):
+        return optimizer
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return FusedOptimizerConfig.from_torch_optimizer(optimizer, {**({"lr": lr} if lr is not None else {}), **optimizer_kwargs})
+    return FusedOptimizerConfig(optimizer, **({"lr": lr} if lr is not None else {}), **optimizer_kwargs)
+
+
+class _BatchedCollection(nn.Module):
+    """What EmbeddingBagCollection and EmbeddingCollection share: tables, kernel, weights, fused optimizer."""
+
+    _dict_name = ""  # "embedding_bags" | "embeddings"
+
+    def __init__(self, tables: Sequence[BaseEmbeddingConfig], device: Union[str, torch.device, None], pooled: bool,
+                 optimizer: Any, lr: Optional[float], fused_params: Optional[Mapping[str, Any]], backend: str,
+                 ids_out_of_range: str, optimizer_kwargs: Mapping[str, Any]) -> None:
+        super().__init__()
+        names = [t.name for t in tables]
+        duplicates = sorted(n for n, c in Counter(names).items() if c > 1)
+        if duplicates:
+            raise ValueError(f"Duplicate table name {duplicates[0]!r}: table names must be unique")
+        if not tables:
+            raise ValueError(f"{type(self).__name__} needs at least one table config")
+        for table in tables:
+            if not table.feature_names:
+                table.feature_names = [table.name]  # TorchRec's convention
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._backend = backend
+        self._ids_out_of_range = ids_out_of_range
+        self._feature_names: List[List[str]] = [list(t.feature_names) for t in tables]
+        self._embedding_names_by_table = get_embedding_names_by_table(tables)
+        self._flat_features = [f for names in self._feature_names for f in names]
+        self._feature_table_map = [t for t, names in enumerate(self._feature_names) for _ in names]
+        dtypes = {torch.float32 if t.data_type == DataType.FP32 else torch.float16 for t in tables}
+        if len(dtypes) > 1:
+            raise ValueError("all tables of one collection must share a data_type (FP32 or FP16 here)")
+        self._dtype = dtypes.pop()
+        self._pooling = "sum" if pooled else "none"
+        self._kernel: BatchedEmbeddingKernel = self._make_kernel(_optimizer_config(optimizer, lr, fused_params, optimizer_kwargs))
+        modules = nn.ModuleDict()
+        for t, table in enumerate(tables):
+            modules[table.name] = self._table_module(table)
+            modules[table.name].weight = self._kernel.table_weights[t]
+        setattr(self, self._dict_name, modules)
+        self.fused_optimizer: Optional[EmbeddingFusedOptimizer] = None
+        self._mark_fused_parameters()
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ construction helpers
+    def _table_module(self, table: BaseEmbeddingConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def _configs(self) -> List[BaseEmbeddingConfig]:
+        raise NotImplementedError
+
+    def _make_kernel(self, optimizer: Optional[FusedOptimizerConfig], device: Optional[torch.device] = None) -> BatchedEmbeddingKernel:
+        return make_batched_embedding(
+            [TableSpec(t.num_embeddings, t.embedding_dim, t.name) for t in self._configs()],
+            feature_table_map=self._feature_table_map, pooling=self._pooling, optimizer=optimizer,
+            device=device or self._device, backend=self._backend, dtype=self._dtype,
+            ids_out_of_range=self._ids_out_of_range, feature_names=self._flat_features,
+        )
+
+    def _table_parameters(self) -> List[nn.Parameter]:
+        # _parameters directly: this runs every forward, and nn.Module.__getattr__ costs ~1 us per table
+        return [module._parameters["weight"] for module in getattr(self, self._dict_name)._modules.values()]
+
+    def _mark_fused_parameters(self) -> None:
+        params = self._table_parameters()
+        named = {f"{self._dict_name}.{name}.weight": p for name, p in zip(getattr(self, self._dict_name), params)}
+        for p in params:
+            if hasattr(p, "_in_backward_optimizers") and getattr(p, "_rectoolkit_fused", False):
+                del p._in_backward_optimizers
+        if self._kernel.optimizer is None:
+            self.fused_optimizer = None
+            return
+        self.fused_optimizer = EmbeddingFusedOptimizer(self, named)
+        for p in params:
+            p._in_backward_optimizers = [self.fused_optimizer]  # so in_backward_optimizer_filter skips them
+            p._rectoolkit_fused = True
+
+    def reset_parameters(self) -> None:
+        """Initialize every table with its config's init_fn (skipped on the meta device)."""
+        params = self._table_parameters()
+        if params[0].device.type == "meta":  # the weights' device: `to_empty` moves them, not self._device
+            return
+        with torch.no_grad():
+            for table, param in zip(self._configs(), params):
+                table.init_fn(param)
+
+    # ------------------------------------------------------------------ optimizer
+    def fuse_optimizer(self, optimizer: Any = None, lr: Optional[float] = None, *,
+                       fused_params: Optional[Mapping[str, Any]] = None, backend: Optional[str] = None,
+                       **optimizer_kwargs: Any) -> Optional[EmbeddingFusedOptimizer]:
+        """Fuse an optimizer into backward (or return to dense gradients with no arguments and no marks).
+
+        `optimizer` is a name ("sgd", "adagrad", "row_wise_adagrad", "adam", fbgemm's EXACT_* spellings), a
+        FusedOptimizerConfig or a torch optimizer class; with nothing given, the optimizer that
+        torch's `_apply_optimizer_in_backward` recorded on the weights is used, as TorchRec's sharder does.
+        Weights are kept; optimizer state starts at zero. Returns `self.fused_optimizer`.
+        """
+        if optimizer is None and fused_params is None:
+            recorded = [getattr(p, "_optimizer_classes", None) for p in self._table_parameters()]
+            if recorded[0]:
+                kwargs = self._table_parameters()[0]._optimizer_kwargs[0]
+                optimizer, optimizer_kwargs = recorded[0][0], {**kwargs, **optimizer_kwargs}
+        if backend is not None:
+            self._backend = backend
+        config = _optimizer_config(optimizer, lr, fused_params, optimizer_kwargs)
+        params = self._table_parameters()
+        kernel = self._make_kernel(config, device=params[0].device)
+        kernel.adopt_parameters(params)
+        self._kernel = kernel
+        self._mark_fused_parameters()
+        return self.fused_optimizer
+
+    @property
+    def kernel(self) -> BatchedEmbeddingKernel:
+        """The batched kernel running the lookups (backend, optimizer and storage)."""
+        return self._kernel
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # ------------------------------------------------------------------ forward helpers
+    def _sync_kernel(self) -> None:
+        """Keep the kernel's storage and the tables' Parameters the same memory (after deepcopy, .to(), assign)."""
+        params = self._table_parameters()
+        kernel = self._kernel
+        if params[0].device != kernel.device:
+            old_states = kernel.split_optimizer_states() if kernel.optimizer is not None else []
+            self._device = params[0].device
+            self._kernel = self._make_kernel(kernel.optimizer, device=params[0].device)
+            self._kernel.adopt_parameters(params)
+            if old_states and params[0].device.type != "meta" and kernel.device.type != "meta":
+                self._kernel.load_optimizer_states([{k: v.to(self._device) for k, v in s.items()} for s in old_states])
+            self._mark_fused_parameters()
+        elif any(p is not k for p, k in zip(params, kernel.table_weights)):
+            kernel.adopt_parameters(params)
+        else:
+            kernel.sync_parameters()
+        if self.fused_optimizer is not None:
+            self.fused_optimizer.sync_hyperparameters()
+
+    def _gather_features(self, features: KeyedJaggedTensor):
+        """(values, lengths, weights, batch size) of this collection's features, in table order."""
+        keys = features.keys()
+        stride = features.stride()
+        if list(keys) == self._flat_features:
+            return features.values(), features.lengths(), features.weights_or_none(), stride
+        position = {k: i for i, k in enumerate(keys)}
+        missing = [f for f in self._flat_features if f not in position]
+        if missing:
+            needed_by = {f: self._configs()[self._feature_table_map[self._flat_features.index(f)]].name for f in missing}
+            raise ValueError(
+                f"{type(self).__name__}: the KeyedJaggedTensor has no feature(s) {missing} "
+                f"(needed by tables {needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine)."
+            )
+        lengths = features.lengths()
+        if lengths.numel() != len(keys) * stride:
+            raise ValueError("variable batch sizes per feature are not supported by the collections; pad to one stride")
+        order = [position[f] for f in self._flat_features]
+        starts = features.offset_per_key()
+        values, weights = features.values(), features.weights_or_none()
+        segments = [values[starts[i]:starts[i + 1]] for i in order]
+        new_weights = torch.cat([weights[starts[i]:starts[i + 1]] for i in order]) if weights is not None else None
+        new_lengths = lengths.view(len(keys), stride)[order].reshape(-1)
+        return torch.cat(segments), new_lengths, new_weights, stride
+
+    @staticmethod
+    def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
+        """Offsets [0, l0, l0+l1, ...] as int64 (fbgemm's one-pass op when it is loaded)."""
+        lengths = lengths.to(torch.int64)
+        if lengths.device.type != "meta" and fbgemm_available():
+            return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
+        return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+
+
+class EmbeddingBagCollection(_BatchedCollection):
+    """Pooled embeddings of many features: KeyedJaggedTensor -> KeyedTensor [batch, sum of dims], as in TorchRec.
+
+    Args:
+        tables: EmbeddingBagConfig list (several features may share a table; SUM or MEAN pooling).
+        is_weighted: use the KJT's weights as per-id weights (weighted sum).
+        device: "cpu", "cuda", "meta" (shapes only, nothing allocated).
+        optimizer, lr, **optimizer_kwargs: fuse an optimizer into backward ("sgd", "adagrad", "row_wise_adagrad",
+            "adam"; eps, beta1, beta2, weight_decay); or fused_params={"optimizer": ..., "learning_rate": ...}.
+            None (default): dense .grad, for any torch optimizer.
+        backend: "auto" (fbgemm when available), "torch", or "fbgemm".
+        ids_out_of_range: "error" (default; names feature, table and id), "hash" (id % num_embeddings) or
+            "unchecked".
+    """
+
+    _dict_name = "embedding_bags"
+
+    def __init__(self, tables: List[EmbeddingBagConfig], is_weighted: bool = False,
+                 device: Union[str, torch.device, None] = None, optimizer: Any = None, lr: Optional[float] = None,
+                 fused_params: Optional[Mapping[str, Any]] = None, backend: str = "auto",
+                 ids_out_of_range: str = "error", **optimizer_kwargs: Any) -> None:
+        self._is_weighted = is_weighted
+        self._embedding_bag_configs = tables
+        super().__init__(tables, device, True, optimizer, lr, fused_params, backend, ids_out_of_range, optimizer_kwargs)
+        self._embedding_names: List[str] = [n for names in self._embedding_names_by_table for n in names]
+        self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
+        mean = [tables[t].pooling == PoolingType.MEAN for t in self._feature_table_map]
+        self._has_mean = any(mean)
+        self._mean_features = torch.tensor(mean)
+        if any(t.pooling == PoolingType.NONE for t in tables):
+            raise ValueError("EmbeddingBagCollection tables need SUM or MEAN pooling; use EmbeddingCollection for NONE")
+
+    def _table_module(self, table: EmbeddingBagConfig) -> nn.Module:
+        return nn.EmbeddingBag(table.num_embeddings, table.embedding_dim, mode=table.pooling.value.lower(),
+                               include_last_offset=True, device="meta", dtype=self._dtype)
+
+    def _configs(self) -> List[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pool each feature's ids with its table: KJT (B bags per feature) -> KeyedTensor [B, sum of dims]."""
+        self._sync_kernel()
+        values, lengths, weights, batch_size = self._gather_features(features)
+        if self._is_weighted and weights is None:
+            raise ValueError("EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights")
+        pooled = self._kernel(values, self._complete_cumsum(lengths), weights if self._is_weighted else None)
+        if self._has_mean:
+            counts = lengths.to(pooled.device).view(len(self._flat_features), batch_size).t().clamp(min=1).to(pooled.dtype)
+            scale = torch.where(self._mean_features.to(counts.device), 1.0 / counts, torch.ones_like(counts))
+            pooled = pooled * scale.repeat_interleave(
+                torch.tensor(self._lengths_per_embedding, device=counts.device), dim=1,
+                output_size=pooled.shape[1])
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=pooled, key_dim=1)
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+
+class EmbeddingCollection(_BatchedCollection):
+    """One embedding per id: KeyedJaggedTensor -> {feature: JaggedTensor of [num ids, dim]}, as in TorchRec.
+
+    All tables need one embedding_dim (TorchRec's rule). Arguments as EmbeddingBagCollection, plus
+    need_indices (the output JaggedTensors carry the ids as weights).
+    """
+
+    _dict_name = "embeddings"
+
+    def __init__(self, tables: List[EmbeddingConfig], device: Union[str, torch.device, None] = None,
+                 need_indices: bool = False, optimizer: Any = None, lr: Optional[float] = None,
+                 fused_params: Optional[Mapping[str, Any]] = None, backend: str = "auto",
+                 ids_out_of_range: str = "error", **optimizer_kwargs: Any) -> None:
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) > 1:
+            raise ValueError(
+                "All tables in a EmbeddingCollection are required to have same embedding dimension; got "
+                + ", ".join(f"{t.name}: {t.embedding_dim}" for t in tables))
+        self._embedding_configs = tables
+        self._need_indices = need_indices
+        self._embedding_dim = tables[0].embedding_dim if tables else -1
+        super().__init__(tables, device, False, optimizer, lr, fused_params, backend, ids_out_of_range, optimizer_kwargs)
+
+    def _table_module(self, table: EmbeddingConfig) -> nn.Module:
+        return nn.Embedding(table.num_embeddings, table.embedding_dim, device="meta", dtype=self._dtype)
+
+    def _configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
+        self._sync_kernel()
+        values, lengths, _, batch_size = self._gather_features(features)
+        rows = self._kernel(values, self._complete_cumsum(lengths))
+        per_feature_lengths = lengths.view(len(self._flat_features), batch_size)
+        counts = per_feature_lengths.sum(1).tolist() if rows.device.type != "meta" else None
+        if counts is None:
+            raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
+        names = [n for group in self._embedding_names_by_table for n in group]
+        value_chunks = values.split(counts)
+        return {
+            name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
+                               weights=value_chunks[f] if self._need_indices else None)
+            for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))
+        }
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_dim(self) -> int:
+        return self._embedding_dim
+
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def embedding_names_by_table(self) -> List[List[str]]:
+        return self._embedding_names_by_table

@@ -1,0 +1,9 @@
+"""Keyed optimizers (TorchRec's KeyedOptimizer, CombinedOptimizer) and the fused embedding optimizer."""
+
+from rectoolkit.optim.fused import EmbeddingFusedOptimizer
+from rectoolkit.optim.keyed import (
+    CombinedOptimizer,
+    KeyedOptimizer,
+    KeyedOptimizerWrapper,
+    in_backward_optimizer_filter,
+)

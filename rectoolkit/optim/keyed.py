@@ -1,0 +1,243 @@
+"""Optimizers whose parameters and state are keyed by parameter name (TorchRec's KeyedOptimizer family).
+
+A model with fused embeddings has two optimizers: the fused one (updates happen inside backward; its
+step() only pushes hyper-parameters such as lr) and an ordinary one for the dense part. CombinedOptimizer
+steps and zero_grads both, and its state_dict is keyed by "<optimizer key>.<parameter name>".
+
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> dense = KeyedOptimizerWrapper({"w": w}, lambda params: torch.optim.SGD(params, lr=0.5))
+    >>> combined = CombinedOptimizer([("dense", dense)])
+    >>> (w * w).sum().backward(); combined.step(); combined.zero_grad()
+    >>> w.tolist(), list(combined.params)
+    ([0.0, 0.0], ['dense.w'])
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from copy import deepcopy
+from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Tuple, Union
+
+import torch
+
+
+class KeyedOptimizer(torch.optim.Optimizer):
+    """A torch Optimizer view with `params` (name -> tensor), `state` (tensor -> dict) and `param_groups`.
+
+    state_dict() keys state by parameter name instead of position, so it survives re-sharding and
+    reordering. Subclasses implement step() and zero_grad().
+    """
+
+    def __init__(self, params: Mapping[str, torch.Tensor], state: Mapping[Any, Any],
+                 param_groups: Collection[Mapping[str, Any]]) -> None:
+        # torch.optim.Optimizer.__init__ would call add_param_group; set the members it would create instead.
+        self._optimizer_step_pre_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_step_post_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_state_dict_post_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: Dict[int, Callable] = OrderedDict()
+        self._keyed_state = state
+        self._keyed_param_groups = param_groups
+        self._keyed_params = dict(params)
+        self.defaults: Dict[str, Any] = {"_save_param_groups": False}
+        known = {id(p) for p in self._keyed_params.values()}
+        strangers = [k for k in state if id(k) not in known]
+        if strangers:
+            raise ValueError(f"KeyedOptimizer: {len(strangers)} state keys are not among the params {list(self._keyed_params)}")
+
+    # Properties so that subclasses (fused, combined) can compute them on demand.
+    @property
+    def params(self) -> Mapping[str, torch.Tensor]:
+        return self._keyed_params
+
+    @property
+    def state(self) -> Mapping[Any, Any]:
+        return self._keyed_state
+
+    @property
+    def param_groups(self) -> Collection[Mapping[str, Any]]:
+        return self._keyed_param_groups
+
+    def _key_of(self) -> Dict[int, str]:
+        return {id(param): key for key, param in self.params.items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """{"state": {param name: {state name: tensor}}, "param_groups": [...]} (groups if save_param_groups)."""
+        key_of = self._key_of()
+        result: Dict[str, Any] = {"state": {key_of[id(p)]: dict(s) for p, s in self.state.items()}}
+        if self.defaults.get("_save_param_groups"):
+            result["param_groups"] = [
+                {"params": sorted(key_of[id(p)] for p in group["params"]),
+                 **{k: deepcopy(v) for k, v in group.items() if k != "params"}}
+                for group in self.param_groups
+            ]
+        return result
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Copy saved state into this optimizer's tensors in place; names must match."""
+        key_of = self._key_of()
+        saved = state_dict["state"]
+        for param, param_state in self.state.items():
+            name = key_of[id(param)]
+            if name not in saved:
+                raise ValueError(f"optimizer state_dict has no state for parameter {name!r}; it has {sorted(saved)[:10]}")
+            for state_name, value in param_state.items():
+                if state_name not in saved[name]:
+                    raise ValueError(f"optimizer state_dict: parameter {name!r} lacks state {state_name!r}")
+                if isinstance(value, torch.Tensor):
+                    with torch.no_grad():
+                        value.copy_(saved[name][state_name])
+                else:
+                    param_state[state_name] = deepcopy(saved[name][state_name])
+        for group, saved_group in zip(self.param_groups, state_dict.get("param_groups", [])):
+            for k, v in saved_group.items():
+                if k != "params":
+                    group[k] = deepcopy(v)
+        self.post_load_state_dict()
+
+    def post_load_state_dict(self) -> None:
+        """Hook for subclasses (the fused optimizer pushes lr into its kernel)."""
+
+    def save_param_groups(self, save: bool) -> None:
+        self.defaults["_save_param_groups"] = save
+
+    def add_param_group(self, param_group: Any) -> None:
+        raise NotImplementedError("KeyedOptimizer: parameter groups are fixed at construction")
+
+    def init_state(self, sparse_grad_parameter_names: Iterable[str] = ()) -> None:
+        """Materialize lazy state by stepping once with zero grads (TorchRec's init_state, simplified)."""
+        for param in self.params.values():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
+        self.step()
+        self.zero_grad(set_to_none=True)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class KeyedOptimizerWrapper(KeyedOptimizer):
+    """Wraps an ordinary torch optimizer over named parameters: KeyedOptimizerWrapper(dict(named_params), factory)."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor],
+                 optim_factory: Callable[[List[torch.Tensor]], torch.optim.Optimizer]) -> None:
+        self._optimizer = optim_factory(list(params.values()))
+        super().__init__(params, self._optimizer.state, self._optimizer.param_groups)
+
+    @classmethod
+    def from_optimizer(cls, optimizer: torch.optim.Optimizer, names: Mapping[int, str] | None = None) -> "KeyedOptimizerWrapper":
+        """Wrap an existing torch optimizer; parameters are named by `names` (id -> name) or "group{i}.param{j}"."""
+        params = {}
+        for i, group in enumerate(optimizer.param_groups):
+            for j, p in enumerate(group["params"]):
+                params[(names or {}).get(id(p), f"group{i}.param{j}")] = p
+        return cls(params, lambda _: optimizer)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        return self._optimizer.step(closure=closure)
+
+    def __repr__(self) -> str:
+        return repr(self._optimizer)
+
+
+class CombinedOptimizer(KeyedOptimizer):
+    """Several keyed optimizers stepped as one: CombinedOptimizer([("dense", dense_opt), ("sparse", fused_opt)]).
+
+    Plain torch optimizers are accepted too (wrapped with KeyedOptimizerWrapper.from_optimizer).
+    """
+
+    def __init__(self, optims: List[Union[KeyedOptimizer, torch.optim.Optimizer,
+                                          Tuple[str, Union[KeyedOptimizer, torch.optim.Optimizer]]]]) -> None:
+        self._optims: List[Tuple[str, KeyedOptimizer]] = []
+        for entry in optims:
+            key, opt = entry if isinstance(entry, tuple) else ("", entry)
+            if not isinstance(opt, KeyedOptimizer):
+                if not isinstance(opt, torch.optim.Optimizer):
+                    raise TypeError(f"CombinedOptimizer: entry {key!r} is a {type(opt).__name__}, not an optimizer")
+                opt = KeyedOptimizerWrapper.from_optimizer(opt)
+            self._optims.append((key, opt))
+        seen: Dict[str, str] = {}
+        for key, opt in self._optims:
+            for name in opt.params:
+                full = self.prepend_opt_key(name, key)
+                if full in seen:
+                    raise ValueError(f"CombinedOptimizer: parameter key {full!r} appears twice; give the optimizers distinct keys")
+                seen[full] = key
+        super().__init__({}, {}, [])
+        self.defaults = {"_save_param_groups": any(o.defaults.get("_save_param_groups") for _, o in self._optims)}
+
+    @staticmethod
+    def prepend_opt_key(name: str, opt_key: str) -> str:
+        if not name:
+            return opt_key
+        return opt_key + ("." if opt_key else "") + name
+
+    @property
+    def optimizers(self) -> List[Tuple[str, KeyedOptimizer]]:
+        return self._optims
+
+    @property
+    def params(self) -> Mapping[str, torch.Tensor]:
+        return {self.prepend_opt_key(name, key): p for key, opt in getattr(self, "_optims", []) for name, p in opt.params.items()}
+
+    @property
+    def state(self) -> Mapping[Any, Any]:
+        return {p: s for _, opt in getattr(self, "_optims", []) for p, s in opt.state.items()}
+
+    @property
+    def param_groups(self) -> Collection[Mapping[str, Any]]:
+        return [group for _, opt in getattr(self, "_optims", []) for group in opt.param_groups]
+
+    def step(self, closure: Any = None) -> None:
+        for _, opt in self._optims:
+            opt.step(closure=closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, opt in self._optims:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> Dict[str, Any]:
+        result: Dict[str, Any] = {"state": {}}
+        groups = []
+        for key, opt in self._optims:
+            sub = opt.state_dict()
+            result["state"].update({self.prepend_opt_key(n, key): s for n, s in sub["state"].items()})
+            for group in sub.get("param_groups", []):
+                groups.append({**group, "params": [self.prepend_opt_key(n, key) for n in group["params"]]})
+        if self.defaults.get("_save_param_groups"):
+            result["param_groups"] = groups
+        return result
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        for key, opt in self._optims:
+            prefix = key + "." if key else ""
+            sub_state = {n[len(prefix):]: s for n, s in state_dict["state"].items() if n.startswith(prefix)}
+            sub = {"state": sub_state}
+            if "param_groups" in state_dict:
+                sub["param_groups"] = [
+                    {**g, "params": [n[len(prefix):] for n in g["params"]]}
+                    for g in state_dict["param_groups"] if g["params"] and g["params"][0].startswith(prefix)
+                ]
+            opt.load_state_dict(sub)
+
+    def save_param_groups(self, save: bool) -> None:
+        self.defaults["_save_param_groups"] = save
+        for _, opt in self._optims:
+            opt.save_param_groups(save)
+
+    def __repr__(self) -> str:
+        return ",".join(f"{key}: {opt!r}" for key, opt in self._optims)
+
+
+def in_backward_optimizer_filter(named_parameters: Iterable[Tuple[str, torch.Tensor]], include: bool = False):
+    """Yield (name, param) pairs NOT updated by a fused/in-backward optimizer (or only those, with include=True)."""
+    for name, param in named_parameters:
+        if hasattr(param, "_in_backward_optimizers") == include:
+            yield name, param

@@ -1,0 +1,97 @@
+"""Convert plans to and from TorchRec's ShardingPlan (TorchRec is imported only when these are called).
+
+`to_torchrec(plan)` gives a plan TorchRec's DistributedModelParallel accepts; `from_torchrec(plan)` reads
+one made by TorchRec's planner, so our reports can inspect it. The round trip is lossless. TorchRec keeps
+no shards for DATA_PARALLEL tables; from_torchrec rebuilds the replicas from `tables` (or leaves them out).
+
+    to_torchrec(plan)                      # -> torchrec.distributed.types.ShardingPlan
+    from_torchrec(torchrec_plan, tables)   # -> rectoolkit ShardingPlan
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
+
+
+def _torchrec():
+    try:
+        from torchrec.distributed import types as tr_types
+        from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+        from torch.distributed._shard.metadata import ShardMetadata as TorchShardMetadata
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("TorchRec interop needs torchrec: pip install 'rectoolkit[torchrec]' and torchrec") from error
+    return tr_types, EnumerableShardingSpec, TorchShardMetadata
+
+
+def to_torchrec(plan: ShardingPlan) -> Any:
+    """A torchrec.distributed.types.ShardingPlan with the same types, kernels, ranks, shards and cache load factors."""
+    tr_types, EnumerableShardingSpec, TorchShardMetadata = _torchrec()
+    from torchrec.distributed.types import CacheParams
+
+    modules: Dict[str, Any] = {}
+    for path, name, ps in plan.items():
+        spec = None
+        if ps.sharding_type != ShardingType.DATA_PARALLEL.value:
+            spec = EnumerableShardingSpec([
+                TorchShardMetadata(shard_offsets=list(s.shard_offsets), shard_sizes=list(s.shard_sizes),
+                                   placement=s.placement)
+                for s in ps.shards
+            ])
+        cache = CacheParams(load_factor=ps.cache_load_factor) if ps.cache_load_factor is not None else None
+        module = modules.setdefault(path, tr_types.EmbeddingModuleShardingPlan())
+        module[name] = tr_types.ParameterSharding(
+            sharding_type=ps.sharding_type, compute_kernel=ps.compute_kernel,
+            ranks=list(ps.ranks) if ps.ranks is not None else None, sharding_spec=spec, cache_params=cache)
+    return tr_types.ShardingPlan(modules)
+
+
+def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Optional[str] = None,
+                  local_world_size: Optional[int] = None) -> ShardingPlan:
+    """Our ShardingPlan from TorchRec's. DATA_PARALLEL replicas need the table shapes: pass `tables`
+    (configs, DataFrame, module, or {(path, name): (rows, cols)}); without them those tables get no shards.
+    Replica placements use `compute_device` (default: the device type of the plan's other shards, else cpu)
+    and `local_world_size` (default: all ranks on one host) for the local device index."""
+    shapes: Optional[Dict] = None
+    if tables is not None:
+        from rectoolkit.plan.serialization import _shapes
+
+        shapes = _shapes(tables)
+    if compute_device is None:
+        compute_device = _device_type_of(torchrec_plan)
+    modules: Dict[str, EmbeddingModuleShardingPlan] = {}
+    for path, module_plan in torchrec_plan.plan.items():
+        module = EmbeddingModuleShardingPlan()
+        for name, tr in module_plan.items():
+            spec = getattr(tr, "sharding_spec", None)
+            shards = []
+            if spec is not None and getattr(spec, "shards", None) is not None:
+                shards = [ShardMetadata(list(s.shard_offsets), list(s.shard_sizes), str(s.placement)) for s in spec.shards]
+            elif tr.sharding_type == ShardingType.DATA_PARALLEL.value and shapes is not None:
+                rows, cols = shapes[(path, name)]
+                ranks = list(tr.ranks or [])
+                local = local_world_size or (max(ranks) + 1 if ranks else 1)
+                shards = [ShardMetadata([0, 0], [rows, cols], _placement(compute_device, r, local)) for r in ranks]
+            cache = getattr(tr, "cache_params", None)
+            load_factor = getattr(cache, "load_factor", None) if cache is not None else None
+            module[name] = ParameterSharding(tr.sharding_type, tr.compute_kernel,
+                                             list(tr.ranks) if tr.ranks is not None else None, shards, load_factor)
+        modules[path] = module
+    return ShardingPlan(modules)
+
+
+def _device_type_of(torchrec_plan: Any) -> str:
+    for module_plan in torchrec_plan.plan.values():
+        for tr in module_plan.values():
+            spec = getattr(tr, "sharding_spec", None)
+            for shard in getattr(spec, "shards", None) or []:
+                device = str(shard.placement).split("/", 1)[-1]
+                return device.split(":")[0]
+    return "cpu"
+
+
+def _placement(device: str, rank: int, local_world_size: int) -> str:
+    if device in ("cuda", "mtia"):
+        return f"rank:{rank}/{device}:{rank % local_world_size}"
+    return f"rank:{rank}/{device}"

@@ -1,0 +1,198 @@
+"""Exact bytes that a sharding plan moves between ranks, per collective, for one training step.
+
+This module is the single definition of the wire protocol. The planner's cost model prices these bytes,
+and the sharded modules (rectoolkit.distributed) send exactly these bytes through their instrumented
+collectives, so the measured rank x rank matrices equal the ones computed here for the same batch.
+
+The protocol, for a table with shards s (rank(s), rows(s) = [r0, r1), cols(s) = [c0, c1)), feature f of
+that table, and source rank i with a local batch of B_i samples (every rank knows every B_i):
+
+* ``input_dist`` (all non-DATA_PARALLEL tables): for every shard s and feature f, rank i sends to rank(s)
+  the lengths of f in its batch restricted to rows(s) as int32 (4 * B_i bytes) and the ids of f that fall in
+  rows(s) as int64 (8 bytes each), plus one float32 weight per id if the collection is weighted (4 bytes
+  each). A TABLE_WISE/COLUMN_WISE shard covers all rows, so it gets every id; row-wise shards get the ids of
+  their row block. Column shards on one rank are still sent separately (one "bag" per shard).
+* pooled outputs (EmbeddingBagCollection), TABLE_WISE / COLUMN_WISE / ROW_WISE:
+  ``output_dist``: rank(s) sends to every rank i the [B_i, cols(s)] float32 pooled (for row-wise: partial)
+  sums of f: 4 * B_i * cols(s) bytes. Row-wise partial sums are added by the receiver (a reduce-scatter
+  done as an all-to-all, which gloo supports).
+* pooled outputs, TABLE_ROW_WISE / GRID_SHARD (two levels; L = local_world_size ranks per host,
+  host(r) = r // L, local(r) = r % L):
+  ``output_dist_intra``: rank(s) sends its partial [B_i, cols(s)] for destination i to the gateway
+  g = host(rank(s)) * L + local(i) (a rank in its own host); ``output_dist_inter``: for each column block
+  c of the table (on host h), gateway g = h * L + local(i) sends the reduced [B_i, cols(c)] to i.
+  Only reduced sums cross hosts.
+* sequence outputs (EmbeddingCollection, one row per id), every type but DATA_PARALLEL:
+  ``output_dist``: rank(s) sends to i one float32 row slice per id of f in rows(s): 4 * n_ids * cols(s).
+* backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
+  go back the same way). Input distribution has no backward (ids carry no gradient).
+* ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
+  all-reduced as a reduce-scatter then an all-gather over W ranks with chunk k holding
+  N // W + (1 if k < N % W else 0) values: rank i sends chunk j to each rank j, then its own chunk i to each
+  rank j, so bytes[i][j] = 4 * (chunk_j + chunk_i).
+
+Matrices are indexed [source rank, destination rank]; the diagonal is data a rank "sends" to itself (it
+crosses no link, and the time model ignores it).
+
+    >>> from rectoolkit.modules.configs import EmbeddingBagConfig
+    >>> from rectoolkit.plan.types import ParameterSharding, ShardMetadata
+    >>> t = EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])
+    >>> plan = {"t": ParameterSharding("table_wise", ranks=[1], shards=[ShardMetadata.on_rank(1, 0, 0, 10, 4)])}
+    >>> m = step_traffic(plan, [t], world_size=2, local_world_size=2, batch_sizes=[2, 2],
+    ...                  count_ids=lambda rank, feature, lo, hi: 3)
+    >>> m["input_dist"].tolist()  # each rank: 2 lengths * 4 B + 3 ids * 8 B to rank 1
+    [[0, 32], [0, 32]]
+    >>> m["output_dist"].tolist()  # rank 1 sends [2, 4] float32 back to each rank
+    [[0, 0], [32, 32]]
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Mapping, Sequence
+
+import numpy as np
+
+from rectoolkit.modules.configs import BaseEmbeddingConfig, EmbeddingBagConfig, PoolingType
+from rectoolkit.plan.types import ParameterSharding, ShardingType
+
+LENGTH_BYTES = 4  # int32 lengths
+ID_BYTES = 8  # int64 ids
+WEIGHT_BYTES = 4  # float32 per-id weights
+VALUE_BYTES = 4  # float32 embeddings and gradients
+
+FORWARD_COLLECTIVES = ("input_dist", "output_dist", "output_dist_intra", "output_dist_inter")
+BACKWARD_COLLECTIVES = ("output_dist_backward", "output_dist_intra_backward", "output_dist_inter_backward",
+                        "dp_allreduce")
+COLLECTIVES = FORWARD_COLLECTIVES + BACKWARD_COLLECTIVES
+
+# count_ids(source_rank, feature, row_start, row_end) -> ids of `feature` in that rank's batch with
+# row_start <= id < row_end (an exact count for a real batch, an expectation for a planner estimate).
+IdCounter = Callable[[int, str, int, int], float]
+
+TWO_LEVEL = (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+
+
+def is_pooled(table: BaseEmbeddingConfig) -> bool:
+    return isinstance(table, EmbeddingBagConfig) and table.pooling != PoolingType.NONE
+
+
+def step_traffic(
+    module_plan: Mapping[str, ParameterSharding],
+    tables: Sequence[BaseEmbeddingConfig],
+    world_size: int,
+    local_world_size: int,
+    batch_sizes: Sequence[int],
+    count_ids: IdCounter,
+    is_weighted: bool = False,
+) -> Dict[str, np.ndarray]:
+    """Bytes per collective for one forward+backward step: name -> [W, W] matrix (source, destination).
+
+    Tables missing from `module_plan` are skipped. Exact when `count_ids` counts a real batch.
+    """
+    if len(batch_sizes) != world_size:
+        raise ValueError(f"step_traffic: batch_sizes has {len(batch_sizes)} entries for world_size {world_size}")
+    if local_world_size <= 0 or world_size % local_world_size:
+        raise ValueError(f"step_traffic: world_size {world_size} is not a multiple of local_world_size {local_world_size}")
+    dtype = np.float64 if _counts_are_fractional(count_ids) else np.int64
+    out = {name: np.zeros((world_size, world_size), dtype=dtype) for name in COLLECTIVES}
+    id_bytes = ID_BYTES + (WEIGHT_BYTES if is_weighted else 0)
+    L = local_world_size
+    for table in tables:
+        ps = module_plan.get(table.name)
+        if ps is None:
+            continue
+        kind = ShardingType(ps.sharding_type)
+        if kind == ShardingType.DATA_PARALLEL:
+            _add_dp_allreduce(out["dp_allreduce"], table.num_embeddings * table.embedding_dim, world_size)
+            continue
+        pooled = is_pooled(table)
+        for feature in table.feature_names:
+            for shard in ps.shards:
+                owner = shard.rank
+                row_start, row_end = shard.rows
+                cols = shard.shard_sizes[1]
+                for src in range(world_size):
+                    n_ids = count_ids(src, feature, row_start, row_end)
+                    out["input_dist"][src, owner] += LENGTH_BYTES * batch_sizes[src] + id_bytes * n_ids
+                    if not pooled:  # sequence rows go straight back to the rank that asked
+                        out["output_dist"][owner, src] += VALUE_BYTES * cols * n_ids
+                    elif kind in TWO_LEVEL:
+                        gateway = (owner // L) * L + src % L
+                        out["output_dist_intra"][owner, gateway] += VALUE_BYTES * batch_sizes[src] * cols
+                    else:
+                        out["output_dist"][owner, src] += VALUE_BYTES * batch_sizes[src] * cols
+            if pooled and kind in TWO_LEVEL:
+                for (col_start, col_end), host in _column_blocks(ps, L).items():
+                    for dst in range(world_size):
+                        gateway = host * L + dst % L
+                        out["output_dist_inter"][gateway, dst] += VALUE_BYTES * batch_sizes[dst] * (col_end - col_start)
+    for name in ("output_dist", "output_dist_intra", "output_dist_inter"):
+        out[name + "_backward"] = out[name].T.copy()
+    return out
+
+
+def dp_chunk_sizes(num_values: int, world_size: int) -> list:
+    """Values in each rank's chunk when a gradient of num_values is reduce-scattered."""
+    base, extra = divmod(num_values, world_size)
+    return [base + (1 if k < extra else 0) for k in range(world_size)]
+
+
+def _add_dp_allreduce(matrix: np.ndarray, num_values: int, world_size: int) -> None:
+    chunks = dp_chunk_sizes(num_values, world_size)
+    for src in range(world_size):
+        for dst in range(world_size):
+            matrix[src, dst] += VALUE_BYTES * (chunks[dst] + chunks[src])
+
+
+def _column_blocks(ps: ParameterSharding, local_world_size: int) -> Dict[tuple, int]:
+    """(col_start, col_end) -> host, for a two-level table; each column block lives on exactly one host."""
+    blocks: Dict[tuple, int] = {}
+    for shard in ps.shards:
+        host = shard.rank // local_world_size
+        previous = blocks.setdefault(shard.columns, host)
+        if previous != host:
+            raise ValueError(
+                f"{ps.sharding_type} table has columns {shard.columns} on hosts {previous} and {host}; "
+                "each column block of a two-level table must stay inside one host"
+            )
+    return blocks
+
+
+def _counts_are_fractional(count_ids: IdCounter) -> bool:
+    return bool(getattr(count_ids, "fractional", False))
+
+
+def batch_id_counter(batches: Sequence[object]) -> IdCounter:
+    """An exact IdCounter over one KeyedJaggedTensor per rank (any object with TorchRec's KJT API)."""
+    ids_by_rank = []
+    for kjt in batches:
+        ids_by_rank.append({key: jt.values() for key, jt in kjt.to_dict().items()})
+
+    def count_ids(rank: int, feature: str, row_start: int, row_end: int) -> int:
+        ids = ids_by_rank[rank].get(feature)
+        if ids is None:
+            raise KeyError(f"rank {rank}'s batch has no feature {feature!r}")
+        return int(((ids >= row_start) & (ids < row_end)).sum())
+
+    return count_ids
+
+
+def expected_id_counter(
+    batch_sizes: Sequence[int], pooling_factors: Mapping[str, float], num_rows: Mapping[str, int]
+) -> IdCounter:
+    """An IdCounter for estimates: B * pooling_factor ids per feature, spread uniformly over the rows.
+
+    num_rows maps each feature to its table's row count.
+    """
+
+    def count_ids(rank: int, feature: str, row_start: int, row_end: int) -> float:
+        rows = num_rows[feature]
+        return batch_sizes[rank] * pooling_factors.get(feature, 1.0) * (row_end - row_start) / rows
+
+    count_ids.fractional = True  # type: ignore[attr-defined]
+    return count_ids
+
+
+def batch_sizes_of(batches: Sequence[object]) -> list:
+    """Local batch size of each rank's KJT."""
+    return [int(kjt.stride()) for kjt in batches]

@@ -1,0 +1,8 @@
+"""The sharding planner: topology, constraints, options, cost model, search, report."""
+
+from rectoolkit.planner.constraints import CacheParams, ParameterConstraints
+from rectoolkit.planner.cost import CostModel, PlanCost
+from rectoolkit.planner.planner import EmbeddingShardingPlanner, PlannerError
+from rectoolkit.planner.report import PlanReport
+from rectoolkit.planner.stats import WorkloadStats, measure_pooling_factors
+from rectoolkit.planner.topology import Topology

@@ -1,0 +1,106 @@
+"""Per-table constraints for the planner, with TorchRec's `ParameterConstraints` fields.
+
+    >>> c = ParameterConstraints(sharding_types=["row_wise", ShardingType.TABLE_WISE], pooling_factors=[4.0])
+    >>> [t.value for t in c.allowed_sharding_types()]
+    ['row_wise', 'table_wise']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Union
+
+from rectoolkit.plan.types import EmbeddingComputeKernel, ShardingType
+
+
+@dataclass
+class CacheParams:
+    """UVM caching settings (TorchRec's CacheParams, the part the planner uses)."""
+
+    load_factor: Optional[float] = None
+
+
+@dataclass
+class ParameterConstraints:
+    """What the planner may do with one table, and what it should assume about its features.
+
+    Args:
+        sharding_types: allowed types (ShardingType members or TorchRec's strings); None = all.
+        compute_kernels: allowed kernels ("fused", "fused_uvm", "fused_uvm_caching", "dense"); None = default.
+        min_partition: smallest column block for COLUMN_WISE / GRID_SHARD (TorchRec's meaning).
+        pooling_factors: mean ids per sample, one per feature of the table.
+        num_poolings: poolings per sample, one per feature (recorded; the cost model pools once per sample).
+        batch_sizes: samples per rank, one per feature (default: the topology's batch_size).
+        is_weighted: per-id weights travel with the ids (4 more bytes each).
+        cache_params / cache_load_factor: fraction of rows cached in HBM for fused_uvm_caching.
+        enforce_hbm, stochastic_rounding, bounds_check_mode, feature_names, output_dtype, device_group:
+            accepted for TorchRec compatibility.
+        ranks: restrict the table's shards to these ranks (TABLE_WISE / COLUMN_WISE blocks).
+    """
+
+    sharding_types: Optional[List[Union[str, ShardingType]]] = None
+    compute_kernels: Optional[List[Union[str, EmbeddingComputeKernel]]] = None
+    min_partition: Optional[int] = None
+    pooling_factors: List[float] = field(default_factory=list)
+    num_poolings: Optional[List[float]] = None
+    batch_sizes: Optional[List[int]] = None
+    is_weighted: bool = False
+    cache_params: Optional[Any] = None
+    cache_load_factor: Optional[float] = None
+    enforce_hbm: Optional[bool] = None
+    stochastic_rounding: Optional[bool] = None
+    bounds_check_mode: Optional[Any] = None
+    feature_names: Optional[List[str]] = None
+    output_dtype: Optional[Any] = None
+    device_group: Optional[str] = None
+    ranks: Optional[List[int]] = None
+
+    def __post_init__(self) -> None:
+        if self.sharding_types is not None:
+            if isinstance(self.sharding_types, (str, ShardingType)):
+                self.sharding_types = [self.sharding_types]
+            self.sharding_types = [ShardingType.parse(t).value for t in self.sharding_types]
+        if self.compute_kernels is not None:
+            if isinstance(self.compute_kernels, (str, EmbeddingComputeKernel)):
+                self.compute_kernels = [self.compute_kernels]
+            self.compute_kernels = [EmbeddingComputeKernel.parse(k).value for k in self.compute_kernels]
+        self.pooling_factors = [float(p) for p in (self.pooling_factors or [])]
+        if any(p < 0 for p in self.pooling_factors):
+            raise ValueError(f"ParameterConstraints: pooling_factors must be >= 0, got {self.pooling_factors}")
+        if self.batch_sizes is not None:
+            self.batch_sizes = [int(b) for b in self.batch_sizes]
+            if any(b <= 0 for b in self.batch_sizes):
+                raise ValueError(f"ParameterConstraints: batch_sizes must be positive, got {self.batch_sizes}")
+        if self.min_partition is not None and int(self.min_partition) <= 0:
+            raise ValueError(f"ParameterConstraints: min_partition must be positive, got {self.min_partition}")
+        if self.cache_load_factor is None and self.cache_params is not None:
+            self.cache_load_factor = getattr(self.cache_params, "load_factor", None)
+        if self.cache_load_factor is not None and not 0 < float(self.cache_load_factor) <= 1:
+            raise ValueError(f"ParameterConstraints: cache_load_factor must be in (0, 1], got {self.cache_load_factor}")
+
+    def allowed_sharding_types(self) -> Optional[List[ShardingType]]:
+        return None if self.sharding_types is None else [ShardingType(t) for t in self.sharding_types]
+
+    def allowed_compute_kernels(self) -> Optional[List[EmbeddingComputeKernel]]:
+        return None if self.compute_kernels is None else [EmbeddingComputeKernel(k) for k in self.compute_kernels]
+
+    def describe(self) -> str:
+        """The restricting fields, for error messages."""
+        parts = []
+        if self.sharding_types is not None:
+            parts.append(f"sharding_types={self.sharding_types}")
+        if self.compute_kernels is not None:
+            parts.append(f"compute_kernels={self.compute_kernels}")
+        if self.min_partition is not None:
+            parts.append(f"min_partition={self.min_partition}")
+        if self.ranks is not None:
+            parts.append(f"ranks={self.ranks}")
+        return ", ".join(parts) or "no restrictions"
+
+
+def check_per_feature(name: str, values: Optional[Sequence], num_features: int, table: str) -> None:
+    if values and len(values) != num_features:
+        raise ValueError(
+            f"ParameterConstraints for table {table!r}: {name} has {len(values)} entries but the table has "
+            f"{num_features} features; give one per feature"
+        )

@@ -1,0 +1,431 @@
+"""The cost model: per-rank memory (HBM and DDR) and per-rank step time of a sharding plan.
+
+Memory of a shard on its rank: weights + optimizer state (+ a dense gradient for the "dense" kernel) +
+input buffer (the lengths and ids it receives) + output buffer (the rows it produces). Where it lives:
+fused / dense -> HBM; fused_uvm -> DDR; fused_uvm_caching -> DDR plus cache_load_factor of the weights in
+HBM; buffers in HBM. On compute_device="cpu" everything is host memory (DDR). Dense replicas (the
+model's non-embedding parameters) sit on every rank.
+
+Time of a rank (ms) = lookups (forward: rows read / read bandwidth + output written / memory bandwidth;
+backward: bwd_compute_multiplier x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at a
+cache_load_factor mix) + communication. Communication is priced from rectoolkit.plan.traffic's matrices:
+for every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), with
+intra_host_bw between ranks of one host and inter_host_bw across hosts. The search uses closed forms
+of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
+
+Training only: every estimate includes optimizer state, gradients and the backward collectives. An
+inference plan for quantized tables (issue 8) is not modelled yet; when it is, weights should be sized by
+rectoolkit.quant.sizes.shard_bytes (per-row scale/bias and row alignment) instead of element_bytes.
+
+    >>> from rectoolkit.modules.configs import EmbeddingBagConfig
+    >>> from rectoolkit.planner.topology import Topology
+    >>> from rectoolkit.planner.tables import collect_tables
+    >>> topo = Topology(world_size=2, compute_device="cuda", intra_host_bw=1000.0)
+    >>> t = collect_tables([EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])], 4)[0]
+    >>> model = CostModel(topo, optimizer="sgd")
+    >>> model.shard_memory(t, 100, 8, "table_wise", "fused", None)["weights"]
+    3200.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from rectoolkit.kernels.optimizer_state import EmbOptimType, optimizer_state_bytes
+from rectoolkit.modules.configs import EmbeddingBagConfig, EmbeddingConfig
+from rectoolkit.plan.traffic import (COLLECTIVES, ID_BYTES, LENGTH_BYTES, VALUE_BYTES, WEIGHT_BYTES,
+                                     expected_id_counter, step_traffic)
+from rectoolkit.plan.types import EmbeddingComputeKernel as K
+from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, ShardingOption
+from rectoolkit.planner.tables import PlannerTable, tables_by_module
+from rectoolkit.planner.topology import Topology
+
+MEMORY_PARTS = ("weights", "optimizer", "gradients", "input_buffer", "output_buffer", "dense")
+
+
+@dataclass
+class PlanCost:
+    """Per-rank memory and time of a plan, with the byte matrices they came from (all arrays length W)."""
+
+    memory: Dict[str, np.ndarray]  # part -> bytes per rank (MEMORY_PARTS)
+    hbm_bytes: np.ndarray
+    ddr_bytes: np.ndarray
+    lookup_fwd_ms: np.ndarray
+    lookup_bwd_ms: np.ndarray
+    comm_ms: Dict[str, np.ndarray]  # collective -> ms per rank
+    traffic: Dict[str, np.ndarray]  # collective -> [W, W] bytes (source, destination)
+
+    @property
+    def time_ms(self) -> np.ndarray:
+        return self.lookup_fwd_ms + self.lookup_bwd_ms + sum(self.comm_ms.values())
+
+    @property
+    def max_time_ms(self) -> float:
+        return float(self.time_ms.max())
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(m.sum() - np.trace(m) for m in self.traffic.values()))
+
+
+class CostModel:
+    """Memory and time estimates for shards, options and whole plans on one topology."""
+
+    def __init__(self, topology: Topology, optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD,
+                 dense_bytes_per_rank: float = 0.0) -> None:
+        self.topology = topology
+        self.optimizer = EmbOptimType.parse(optimizer)
+        self.dense_bytes_per_rank = float(dense_bytes_per_rank)
+
+    # ---- one shard -------------------------------------------------------------------------------------
+    def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
+        """(ids, samples) one shard receives per step: from every rank, or (DP) from its own batch."""
+        senders = 1 if data_parallel else self.topology.world_size
+        fraction = rows / table.rows
+        ids = senders * sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors)) * fraction
+        return ids, senders * float(sum(table.batch_sizes))
+
+    def shard_memory(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
+                     cache_load_factor: Optional[float]) -> Dict[str, float]:
+        """Bytes by part for one shard on its rank, plus 'hbm' and 'ddr' totals."""
+        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
+        dp = sharding_type == ShardingType.DATA_PARALLEL
+        ids, samples = self._ids(table, rows, dp)
+        id_bytes = ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0)
+        weights = rows * cols * table.element_bytes
+        optimizer = float(optimizer_state_bytes(self.optimizer, rows, cols))
+        gradients = float(rows * cols * VALUE_BYTES) if kernel == K.DENSE else 0.0
+        input_buffer = LENGTH_BYTES * samples + id_bytes * ids
+        output_buffer = VALUE_BYTES * cols * (samples if table.pooled else ids)
+        parts = dict(weights=weights, optimizer=optimizer, gradients=gradients,
+                     input_buffer=input_buffer, output_buffer=output_buffer)
+        stored = weights + optimizer + gradients
+        buffers = input_buffer + output_buffer
+        if not self.topology.uses_hbm:
+            hbm, ddr = 0.0, stored + buffers
+        elif kernel in (K.FUSED_UVM, K.QUANT_UVM):
+            hbm, ddr = buffers, stored
+        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
+            hbm, ddr = buffers + _load_factor(cache_load_factor) * weights, stored
+        else:
+            hbm, ddr = stored + buffers, 0.0
+        parts.update(hbm=hbm, ddr=ddr)
+        return parts
+
+    def shard_lookup_ms(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
+                        cache_load_factor: Optional[float]) -> Tuple[float, float]:
+        """(forward, backward) ms of one shard's lookup per step."""
+        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
+        topo = self.topology
+        ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
+        read_bytes = ids * cols * table.element_bytes
+        write_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
+        local_bw = topo.hbm_mem_bw if topo.uses_hbm else topo.ddr_mem_bw
+        if kernel in (K.FUSED_UVM, K.QUANT_UVM):
+            read_ms = read_bytes / topo.hbm_to_ddr_mem_bw
+        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
+            hit = _load_factor(cache_load_factor)
+            read_ms = read_bytes * (hit / local_bw + (1 - hit) / topo.hbm_to_ddr_mem_bw)
+        else:
+            read_ms = read_bytes / local_bw
+        forward = read_ms + write_bytes / local_bw
+        backward = forward * topo.bwd_compute_multiplier
+        if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
+            backward += 3 * rows * cols * VALUE_BYTES / local_bw
+        return forward, backward
+
+    # ---- closed forms for the search, batched over options ------------------------------------------------
+    def fill_many(self, options: Sequence[ShardingOption], tables: Sequence[PlannerTable], chunk: int = 512) -> None:
+        """Fill many options at once (numpy over options); tables[i] is the table of options[i].
+
+        Per group of an option: kind "rank" -> time_ms = (owner, host-mate, other-host) ms, hbm/ddr = owner
+        bytes; "host" -> time_ms = (inside[L], other-host), hbm/ddr = inside[L]; "fixed" -> [W] vectors.
+        """
+        by_kind: Dict[str, list] = {}
+        for option, table in zip(options, tables):
+            by_kind.setdefault(option.kind, []).append((option, table))
+        for kind, pairs in by_kind.items():
+            size = chunk if kind == "fixed" else len(pairs)
+            for start in range(0, len(pairs), max(size, 1)):
+                self._fill_batch(kind, pairs[start:start + size])
+
+    def _fill_batch(self, kind: str, pairs) -> None:
+        topo = self.topology
+        W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
+        a, e = 1.0 / topo.intra_host_bw, 1.0 / topo.inter_host_bw
+        opts = [o for o, _ in pairs]
+        terms = [_table_terms(t) for _, t in pairs]
+        col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
+        samples = col([x.samples_per_rank for x in terms])
+        ids = col([x.ids_per_rank for x in terms])
+        id_bytes = col([x.id_bytes for x in terms])
+        pooled = col([t.pooled for _, t in pairs], bool)
+        table_rows = col([t.rows for _, t in pairs], np.int64)
+        dims = col([t.dim for _, t in pairs], np.int64)
+        block = col([o.block_columns for o in opts])
+        lengths_bytes = LENGTH_BYTES * samples
+        id_bytes_full = id_bytes * ids
+        if kind == "rank":
+            rows = table_rows.astype(float)
+            out = VALUE_BYTES * block * np.where(pooled, samples, ids)
+            unit = lengths_bytes + id_bytes_full + 2 * out  # input + output + its gradient
+            lookup, hbm, ddr = self._shard_costs(pairs, rows, block)
+            owner = (L - 1) * unit * a + (W - L) * unit * e + lookup
+            for i, option in enumerate(opts):
+                u = float(unit[i, 0])
+                option.time_ms = (float(owner[i, 0]), u * a, u * e)
+                option.hbm_bytes, option.ddr_bytes = float(hbm[i, 0]), float(ddr[i, 0])
+                option.peak_bytes = option.hbm_bytes + option.ddr_bytes
+                option.bytes_per_group = (W - 1) * u
+                option.total_time_ms = option.num_groups * (option.time_ms[0] + (L - 1) * u * a + (W - L) * u * e)
+                option.least_time_ms = option.num_groups * min(option.time_ms[0], u * a if L > 1 else np.inf,
+                                                               u * e if H > 1 else np.inf)
+            return
+        if kind == "host":
+            sizes = _row_block_sizes(table_rows, L)  # [N, L]
+            fractions = sizes / table_rows
+            m = lengths_bytes + id_bytes_full * fractions  # input message to each local shard
+            m_sum = m.sum(axis=1, keepdims=True)
+            intra = m * (L - 1) + (m_sum - m)
+            inter = m * (W - L)
+            outside = m_sum.copy()
+            q = VALUE_BYTES * block * samples  # pooled: two-level output
+            x = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
+            x_sum = x.sum(axis=1, keepdims=True)
+            intra = intra + np.where(pooled, 4 * (L - 1) * H * q, 2 * (x * (L - 1) + (x_sum - x)))
+            inter = inter + np.where(pooled, 2 * (H - 1) * q, 2 * x * (W - L))
+            outside = outside + np.where(pooled, 2 * q, 2 * x_sum)
+            lookup, hbm, ddr = self._shard_costs(pairs, sizes, block)
+            inside = intra * a + inter * e + lookup
+            outside_ms = outside[:, 0] * e
+            totals = 0.5 * ((intra + inter).sum(axis=1) + (W - L) * outside[:, 0])
+            for i, option in enumerate(opts):
+                option.time_ms = (inside[i], float(outside_ms[i]))
+                option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
+                option.peak_bytes = float(hbm[i].max() + ddr[i].max())
+                option.bytes_per_group = float(totals[i])
+                option.total_time_ms = option.num_groups * (float(inside[i].sum()) + (W - L) * float(outside_ms[i]))
+                option.least_time_ms = option.num_groups * min(float(inside[i].min()),
+                                                               float(outside_ms[i]) if H > 1 else np.inf)
+            return
+        # fixed: ROW_WISE (row blocks on every rank) or DATA_PARALLEL (replicas), [N, W] vectors
+        row_wise = col([o.sharding_type == ShardingType.ROW_WISE for o in opts], bool)
+        sizes_rw = _row_block_sizes(table_rows, W)
+        fractions = sizes_rw / table_rows
+        zeros = np.zeros_like(fractions)
+        in_intra, in_inter = xy_link_bytes(zeros, lengths_bytes + id_bytes_full * fractions, L)
+        x = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
+        out_intra, out_inter = xy_link_bytes(x, zeros, L)
+        values = table_rows * dims
+        chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
+        dp_intra, dp_inter = xy_link_bytes(chunks, chunks, L)
+        intra = np.where(row_wise, in_intra + 2 * out_intra, dp_intra)
+        inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
+        sizes = np.where(row_wise, sizes_rw, table_rows.astype(float))
+        lookup, hbm, ddr = self._shard_costs(pairs, sizes, dims.astype(float))
+        time = intra * a + inter * e + lookup
+        totals = 0.5 * (intra + inter).sum(axis=1)
+        for i, option in enumerate(opts):
+            option.time_ms = time[i]
+            option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
+            option.peak_bytes = float(hbm[i].max() + ddr[i].max())
+            option.bytes_per_group = float(totals[i])
+            option.total_time_ms = float(time[i].sum())
+            option.least_time_ms = float(time[i].min())
+
+    def _shard_costs(self, pairs, rows: np.ndarray, cols: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lookup fwd+bwd ms, HBM bytes, DDR bytes) of shards with `rows` x `cols` ([N, k] arrays, one row
+        per option). The same formulas as shard_memory / shard_lookup_ms (tests hold them equal)."""
+        topo = self.topology
+        opts = [o for o, _ in pairs]
+        col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
+        kernels = [o.compute_kernel for o in opts]
+        uvm = col([k in (K.FUSED_UVM, K.QUANT_UVM) for k in kernels], bool)
+        caching = col([k in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING) for k in kernels], bool)
+        dense = col([k == K.DENSE for k in kernels], bool)
+        clf = col([_load_factor(o.cache_load_factor) for o in opts])
+        senders = col([1 if o.sharding_type == ShardingType.DATA_PARALLEL else topo.world_size for o in opts])
+        terms = [_table_terms(t) for _, t in pairs]
+        table_rows = col([t.rows for _, t in pairs])
+        element = col([t.element_bytes for _, t in pairs])
+        pooled = col([t.pooled for _, t in pairs], bool)
+        id_bytes = col([x.id_bytes for x in terms])
+        state_floats = col([self._state_floats(int(c)) for c in np.asarray(cols).reshape(len(opts), -1)[:, 0]])
+        ids = senders * col([x.ids_per_rank for x in terms]) * rows / table_rows
+        samples = senders * col([x.samples_per_rank for x in terms])
+        weights = rows * cols * element
+        stored = weights + 4.0 * rows * state_floats + np.where(dense, rows * cols * VALUE_BYTES, 0.0)
+        output = VALUE_BYTES * cols * np.where(pooled, samples, ids)
+        buffers = LENGTH_BYTES * samples + id_bytes * ids + output
+        local_bw = topo.hbm_mem_bw if topo.uses_hbm else topo.ddr_mem_bw
+        if topo.uses_hbm:
+            hbm = np.where(uvm, buffers, np.where(caching, buffers + clf * weights, stored + buffers))
+            ddr = np.where(uvm | caching, stored, 0.0)
+        else:
+            hbm, ddr = np.zeros_like(stored), stored + buffers
+        read = ids * cols * element
+        read_ms = np.where(uvm, read / topo.hbm_to_ddr_mem_bw,
+                           np.where(caching, read * (clf / local_bw + (1 - clf) / topo.hbm_to_ddr_mem_bw),
+                                    read / local_bw))
+        lookup = (read_ms + output / local_bw) * (1 + topo.bwd_compute_multiplier)
+        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / local_bw, 0.0)
+        return lookup, hbm, ddr
+
+    def _state_floats(self, cols: int) -> int:
+        cache = self.__dict__.setdefault("_state_floats_cache", {})
+        if cols not in cache:
+            cache[cols] = optimizer_state_bytes(self.optimizer, 1, cols) // 4
+        return cache[cols]
+
+    # ---- whole plans ---------------------------------------------------------------------------------------
+    def evaluate(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes: Optional[Sequence[int]] = None,
+                 count_ids=None) -> PlanCost:
+        """Per-rank memory and time of a plan. Communication comes from step_traffic: expected ids from the
+        tables' pooling factors, or exact ones when `count_ids` counts a real batch (then `batch_sizes`
+        gives each rank's batch)."""
+        topo = self.topology
+        W = topo.world_size
+        memory = {part: np.zeros(W) for part in MEMORY_PARTS}
+        memory["dense"] += self.dense_bytes_per_rank
+        hbm = np.zeros(W) + (self.dense_bytes_per_rank if topo.uses_hbm else 0.0)
+        ddr = np.zeros(W) + (0.0 if topo.uses_hbm else self.dense_bytes_per_rank)
+        fwd, bwd = np.zeros(W), np.zeros(W)
+        by_key = {t.key: t for t in tables}
+        for path, name, ps in plan.items():
+            table = by_key.get((path, name))
+            if table is None:
+                raise ValueError(f"plan has table {name!r} in module {path!r} that is not among the planner's tables")
+            for shard in ps.shards:
+                rows, cols = shard.shard_sizes
+                parts = self.shard_memory(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
+                for part in MEMORY_PARTS[:-1]:
+                    memory[part][shard.rank] += parts[part]
+                hbm[shard.rank] += parts["hbm"]
+                ddr[shard.rank] += parts["ddr"]
+                f, b = self.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
+                fwd[shard.rank] += f
+                bwd[shard.rank] += b
+        traffic = self.traffic(plan, tables, batch_sizes, count_ids)
+        bandwidth = self.bandwidth_matrix()
+        comm = {}
+        for name, matrix in traffic.items():
+            per_link = (matrix + matrix.T) / bandwidth
+            np.fill_diagonal(per_link, 0.0)
+            comm[name] = per_link.sum(axis=1)
+        return PlanCost(memory, hbm, ddr, fwd, bwd, comm, traffic)
+
+    def traffic(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes=None,
+                count_ids=None) -> Dict[str, np.ndarray]:
+        """collective -> [W, W] bytes for one step, summed over the plan's modules (rectoolkit.plan.traffic)."""
+        topo = self.topology
+        W, L = topo.world_size, topo.local_world_size
+        total = {name: np.zeros((W, W)) for name in COLLECTIVES}
+        for path, module_tables in tables_by_module(tables).items():
+            module_plan = plan.plan.get(path, {})
+            if count_ids is not None:
+                configs = [t.config for t in module_tables if t.name in module_plan]
+                weighted = any(t.is_weighted for t in module_tables)
+                sizes = list(batch_sizes) if batch_sizes is not None else [topo.batch_size] * W
+                _add(total, step_traffic(module_plan, configs, W, L, sizes, count_ids, weighted))
+                continue
+            # expected ids: group features by (batch size, weighted) so each call has one batch per rank
+            groups: Dict[Tuple[int, bool], list] = {}
+            factors, rows_of = {}, {}
+            for t in module_tables:
+                if t.name not in module_plan:
+                    continue
+                for feature, batch, factor in zip(t.config.feature_names, t.batch_sizes, t.pooling_factors):
+                    groups.setdefault((batch, t.is_weighted), []).append((t, feature))
+                    factors[feature], rows_of[feature] = factor, t.rows
+            replicated_done = set()  # a data-parallel table's all-reduce counts once, not once per feature group
+            for (batch, weighted), members in groups.items():
+                members = [(t, f) for t, f in members if t.name not in replicated_done]
+                replicated_done |= {t.name for t, _ in members
+                                    if module_plan[t.name].sharding_type == ShardingType.DATA_PARALLEL.value}
+                if not members:
+                    continue
+                configs = _sub_configs(members)
+                sizes = [batch] * W
+                counter = expected_id_counter(sizes, factors, rows_of)
+                _add(total, step_traffic(module_plan, configs, W, L, sizes, counter, weighted))
+        return total
+
+    def bandwidth_matrix(self) -> np.ndarray:
+        topo = self.topology
+        hosts = np.arange(topo.world_size) // topo.local_world_size
+        same = hosts[:, None] == hosts[None, :]
+        return np.where(same, topo.intra_host_bw, topo.inter_host_bw).astype(float)
+
+
+def xy_link_bytes(x: np.ndarray, y: np.ndarray, local_world_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Bytes each rank sends plus receives over intra- and inter-host links for M[i, j] = x[i] + y[j], i != j.
+    x, y: [..., W] (a batch of matrices along the leading axes)."""
+    W, L = x.shape[-1], local_world_size
+    H = W // L
+    lead = x.shape[:-1]
+    host_x = np.repeat(x.reshape(lead + (H, L)).sum(axis=-1), L, axis=-1)
+    host_y = np.repeat(y.reshape(lead + (H, L)).sum(axis=-1), L, axis=-1)
+    total_x, total_y = x.sum(axis=-1, keepdims=True), y.sum(axis=-1, keepdims=True)
+    intra = (L - 1) * (x + y) + host_y - y + host_x - x
+    inter = (W - L) * (x + y) + total_y - host_y + total_x - host_x
+    return intra, inter
+
+
+def _load_factor(cache_load_factor: Optional[float]) -> float:
+    """A caching kernel's HBM fraction; TorchRec's default (0.2) when a plan gives none."""
+    return DEFAULT_CACHE_LOAD_FACTOR if cache_load_factor is None else float(cache_load_factor)
+
+
+def _row_block_sizes(rows, num_blocks: int) -> np.ndarray:
+    """Sizes of TorchRec's row blocks (see enumerate.row_blocks), as floats; rows may be an [N, 1] array."""
+    rows = np.asarray(rows, dtype=np.int64)
+    block = -(-rows // num_blocks)
+    return np.clip(rows - block * np.arange(num_blocks), 0, block).astype(float)
+
+
+def _sub_configs(members) -> list:
+    """One config per table holding only the given features (same name, rows, dim, pooling)."""
+    features: Dict[str, list] = {}
+    table_of = {}
+    for t, feature in members:
+        features.setdefault(t.name, []).append(feature)
+        table_of[t.name] = t
+    configs = []
+    for name, names in features.items():
+        c = table_of[name].config
+        if isinstance(c, EmbeddingBagConfig):
+            configs.append(EmbeddingBagConfig(name=name, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
+                                              feature_names=names, pooling=c.pooling, init_fn=c.init_fn))
+        else:
+            configs.append(EmbeddingConfig(name=name, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
+                                           feature_names=names, init_fn=c.init_fn))
+    return configs
+
+
+def _add(total: Dict[str, np.ndarray], part: Dict[str, np.ndarray]) -> None:
+    for name, matrix in part.items():
+        total[name] += matrix
+
+
+@dataclass
+class _TableTerms:
+    samples_per_rank: float  # sum over features of the batch size
+    ids_per_rank: float  # sum over features of batch size x pooling factor
+    id_bytes: int  # bytes per id on the wire (id + weight if weighted)
+
+
+def _table_terms(table: PlannerTable) -> _TableTerms:
+    terms = table.__dict__.get("_terms")
+    if terms is None:
+        terms = table.__dict__["_terms"] = _compute_table_terms(table)
+    return terms
+
+
+def _compute_table_terms(table: PlannerTable) -> _TableTerms:
+    return _TableTerms(float(sum(table.batch_sizes)),
+                       float(sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors))),
+                       ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0))

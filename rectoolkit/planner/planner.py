@@ -1,0 +1,260 @@
+"""EmbeddingShardingPlanner: tables + topology + constraints -> ShardingPlan, with a report and explanations.
+
+    >>> from rectoolkit.modules.configs import EmbeddingBagConfig
+    >>> tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000, embedding_dim=16, feature_names=[f"f{i}"])
+    ...           for i in range(4)]
+    >>> planner = EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu", ddr_cap=10**9))
+    >>> plan = planner.plan(tables)
+    >>> sorted(plan.plan[""])
+    ['t0', 't1', 't2', 't3']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from rectoolkit.kernels.optimizer_state import EmbOptimType
+from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan, ShardingType
+from rectoolkit.planner.constraints import ParameterConstraints
+from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_parameter_sharding
+from rectoolkit.planner.search import Searcher
+from rectoolkit.planner.state import Assignment, SearchState
+from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.tables import PlannerTable, collect_tables
+from rectoolkit.planner.topology import Topology
+
+_TORCHREC_ONLY_ARGS = ("enumerator", "storage_reservation", "proposer", "partitioner", "performance_model",
+                       "callbacks", "timeout_seconds", "heuristical_storage_reservation_percentage")
+
+
+class PlannerError(ValueError):
+    """No plan fits. `tables`: the tables that do not fit; `shortfall_bytes`: rank -> bytes over capacity when
+    they are forced in at their smallest; `suggestions`: what would make it fit."""
+
+    def __init__(self, message: str, tables: Sequence[str] = (), shortfall_bytes: Optional[Dict[int, float]] = None,
+                 suggestions: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tables = list(tables)
+        self.shortfall_bytes = dict(shortfall_bytes or {})
+        self.suggestions = list(suggestions)
+
+
+@dataclass
+class PlanningResult:
+    """Everything one plan() call worked out, for reports and explanations."""
+
+    tables: List[PlannerTable]
+    options: List[List[ShardingOption]]
+    assignments: Dict[int, Assignment]
+    state: SearchState
+    searcher: Searcher
+    cost_model: CostModel
+    plan: ShardingPlan
+    objective: str
+
+
+class EmbeddingShardingPlanner:
+    """Plans how to shard every embedding table (TorchRec's class name and calls).
+
+    Args:
+        topology: ranks, hosts, memory and bandwidths (default: this process group's world, cuda if available).
+        batch_size: samples per rank (default: the topology's batch_size).
+        constraints: table name -> ParameterConstraints.
+        objective: "time" (slowest rank's step time, default), "memory" (balance memory), "bytes" (total moved).
+        optimizer: embedding optimizer, for optimizer-state memory ("sgd", "adagrad", "row_wise_adagrad", "adam").
+        stats: WorkloadStats (pooling factors, batch size), e.g. WorkloadStats.from_batches(sample_kjts).
+        dense_bytes_per_rank: bytes of dense replicas per rank (default: a module's non-embedding parameters,
+            weights + gradients, fp32).
+        local_search: improve the greedy plan by moves and swaps (default True).
+    """
+
+    def __init__(self, topology: Optional[Topology] = None, batch_size: Optional[int] = None,
+                 constraints: Optional[Mapping[str, ParameterConstraints]] = None, *, objective: str = "time",
+                 optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD, stats: Optional[WorkloadStats] = None,
+                 dense_bytes_per_rank: Optional[float] = None, local_search: bool = True, debug: bool = False,
+                 **torchrec_args: Any) -> None:
+        unknown = set(torchrec_args) - set(_TORCHREC_ONLY_ARGS)
+        if unknown:
+            raise TypeError(f"EmbeddingShardingPlanner got unexpected arguments {sorted(unknown)}")
+        self.topology = topology if topology is not None else _default_topology()
+        self.batch_size = int(batch_size) if batch_size is not None else self.topology.batch_size
+        self.constraints = dict(constraints or {})
+        for name, c in self.constraints.items():
+            if not isinstance(c, ParameterConstraints):
+                raise TypeError(f"constraints[{name!r}] is a {type(c).__name__}, not a ParameterConstraints")
+        self.objective = objective
+        self.optimizer = EmbOptimType.parse(optimizer)
+        self.stats = stats
+        self.dense_bytes_per_rank = dense_bytes_per_rank
+        self.local_search = local_search
+        self.debug = debug
+        self.last: Optional[PlanningResult] = None
+
+    # ---- planning ---------------------------------------------------------------------------------------
+    def plan(self, module: Any, sharders: Optional[Sequence[Any]] = None) -> ShardingPlan:
+        """A ShardingPlan for every table of `module` (a model, a list of configs or a DataFrame of tables)."""
+        tables = collect_tables(module, self.batch_size, self.constraints, self.stats)
+        dense = self.dense_bytes_per_rank
+        if dense is None:
+            dense = _dense_parameter_bytes(module)
+        cost_model = CostModel(self.topology, self.optimizer, dense)
+        options = []
+        for index, table in enumerate(tables):
+            try:
+                options.append(enumerate_options(table, index, self.topology))
+            except ValueError as error:  # constraints that allow nothing: name the table and the constraint
+                raise PlannerError(str(error), [table.label]) from None
+
+        def fill(batch: List[ShardingOption]) -> None:
+            cost_model.fill_many(batch, [tables[o.table_index] for o in batch])
+
+        hbm_base = dense if self.topology.uses_hbm else 0.0
+        ddr_base = 0.0 if self.topology.uses_hbm else dense
+        allowed = [t.constraints.ranks if t.constraints is not None else None for t in tables]
+        searcher = Searcher(self.topology, options, self.objective, hbm_base, ddr_base, allowed, fill)
+        assignments, unplaced, state = searcher.run(local_search=self.local_search)
+        if unplaced:
+            raise _no_fit_error(tables, options, unplaced, assignments, searcher, self)
+        plan = build_plan(tables, assignments, self.topology)
+        self.last = PlanningResult(tables, options, assignments, state, searcher, cost_model, plan, self.objective)
+        return plan
+
+    def collective_plan(self, module: Any, sharders: Optional[Sequence[Any]] = None, pg: Any = None) -> ShardingPlan:
+        """TorchRec's collective_plan: the same plan on every rank (the search is deterministic)."""
+        return self.plan(module, sharders)
+
+    # ---- reports --------------------------------------------------------------------------------------------
+    def report(self, plan: Optional[ShardingPlan] = None, batches: Optional[Sequence[Any]] = None,
+               tables: Any = None, runner_ups: bool = True):
+        """A PlanReport of `plan` (default: the last plan). `batches`: one KJT per rank for exact bytes;
+        `tables`: the tables, for a plan that did not come from this planner (e.g. from TorchRec);
+        `runner_ups=False` leaves out each table's runner-up and reason (most of a report's time; they
+        exist only for the planner's own last plan)."""
+        from rectoolkit.planner.report import build_report
+
+        if plan is None and self.last is None:
+            raise ValueError("report(): no plan yet; call planner.plan(tables) first or pass a plan")
+        result = self.last
+        if tables is not None:
+            planner_tables = collect_tables(tables, self.batch_size, self.constraints, self.stats)
+            dense = self.dense_bytes_per_rank
+            cost_model = CostModel(self.topology, self.optimizer, _dense_parameter_bytes(tables) if dense is None else dense)
+            result = None
+        else:
+            if result is None:
+                raise ValueError("report(plan): pass tables=... too; this planner has not planned these tables")
+            planner_tables, cost_model = result.tables, result.cost_model
+        own_plan = plan is None or (result is not None and plan is result.plan)
+        return build_report(plan if plan is not None else result.plan, planner_tables, cost_model,
+                            result if own_plan and runner_ups else None, batches)
+
+    @property
+    def last_report(self):
+        return self.report() if self.last is not None else None
+
+    def explain(self, table: str, sharding_type: Union[str, ShardingType, None] = None) -> str:
+        """Why the last plan chose what it chose for `table`, or why not `sharding_type`."""
+        from rectoolkit.planner.report import explain_table
+
+        if self.last is None:
+            raise ValueError("explain(): no plan yet; call planner.plan(tables) first")
+        return explain_table(self.last, table, sharding_type)
+
+
+def build_plan(tables: Sequence[PlannerTable], assignments: Mapping[int, Assignment], topology: Topology) -> ShardingPlan:
+    modules: Dict[str, EmbeddingModuleShardingPlan] = {}
+    for index, table in enumerate(tables):
+        a = assignments[index]
+        modules.setdefault(table.module_path, EmbeddingModuleShardingPlan())[table.name] = to_parameter_sharding(
+            a.option, table, a.locations, topology)
+    return ShardingPlan(modules)
+
+
+def _default_topology() -> Topology:
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return Topology(world_size=world, compute_device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dense_parameter_bytes(module: Any) -> float:
+    """fp32 weights + gradients of a module's parameters outside its embedding collections."""
+    if not hasattr(module, "named_modules"):
+        return 0.0
+    embedding_params = set()
+    for _, sub in module.named_modules():
+        if callable(getattr(sub, "embedding_bag_configs", None)) or callable(getattr(sub, "embedding_configs", None)):
+            embedding_params.update(id(p) for p in sub.parameters())
+    dense = sum(p.numel() for p in module.parameters() if id(p) not in embedding_params)
+    return float(dense * 4 * 2)
+
+
+def format_bytes(num: float) -> str:
+    """'3.2 GiB'-style text."""
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _no_fit_error(tables, options, unplaced, assignments, searcher: Searcher, planner) -> PlannerError:
+    """Force the unplaced tables in at their smallest-memory option to measure each rank's shortfall."""
+    topo = planner.topology
+    state = searcher.new_state()
+    for a in assignments.values():
+        state.apply(a)
+    names = [tables[t].label for t in unplaced]
+    primary = "HBM" if topo.uses_hbm else "DDR"
+    for t in unplaced:
+        def footprint(o: ShardingOption) -> float:
+            return float(np.max(o.hbm_bytes if topo.uses_hbm else o.ddr_bytes))
+        for option in options[t]:
+            searcher.ensure_costs(option)
+        smallest = min(options[t], key=footprint)
+        used = state.hbm if topo.uses_hbm else state.ddr
+        if smallest.kind == "fixed":
+            state.apply(Assignment(smallest, (0,)))
+        elif smallest.kind == "rank":
+            locations = []
+            for _ in range(smallest.num_groups):
+                location = int(np.argmin(used))
+                state.apply(Assignment(smallest, (location,)))
+                locations.append(location)
+        else:
+            host = int(np.argmin(used.reshape(topo.num_hosts, -1).sum(axis=1)))
+            for _ in range(smallest.num_groups):
+                state.apply(Assignment(smallest, (host,)))
+    used, cap = (state.hbm, state.hbm_cap) if topo.uses_hbm else (state.ddr, state.ddr_cap)
+    over = {r: float(used[r] - cap[r]) for r in range(topo.world_size) if used[r] > cap[r]}
+    total_need = float(used.sum())
+    per_rank_cap = float(cap.max()) if len(cap) else 0.0
+    suggestions = []
+    if per_rank_cap > 0:
+        ranks_needed = int(np.ceil(total_need / per_rank_cap))
+        if ranks_needed > topo.world_size:
+            suggestions.append(f"use at least {ranks_needed} ranks (now {topo.world_size})")
+    if planner.optimizer != EmbOptimType.SGD:
+        suggestions.append(f"a lower-memory optimizer (row_wise_adagrad or sgd instead of {planner.optimizer.value})")
+    for t in unplaced:
+        c = tables[t].constraints
+        if c is not None and c.sharding_types is not None and "row_wise" not in c.sharding_types:
+            suggestions.append(f"allow row_wise for {tables[t].label}")
+        if topo.uses_hbm and (c is None or c.compute_kernels is None or "fused_uvm_caching" not in c.compute_kernels):
+            if c is not None and c.compute_kernels is not None:
+                suggestions.append(f"allow fused_uvm_caching for {tables[t].label} (weights in host memory)")
+    if not over:
+        suggestions.append("relax the constraints: the tables fit in total but not with the allowed placements")
+    suggestions.append(f"more {primary} per rank ({'hbm_cap' if topo.uses_hbm else 'ddr_cap'})")
+    shortfall = "; ".join(f"rank {r} is {format_bytes(b)} ({b:.0f} bytes) over its {format_bytes(cap[r])} {primary}"
+                          for r, b in sorted(over.items()))
+    message = (f"tables {', '.join(names)} do not fit"
+               + (f": {shortfall}" if shortfall else "")
+               + ". To make it fit: " + "; or ".join(suggestions))
+    return PlannerError(message, names, over, suggestions)

@@ -1,0 +1,245 @@
+"""PlanReport: a plan as pandas DataFrames (placement, memory, time, bytes per collective, per-table choice).
+
+Columns (stable; widgets and figures read them):
+
+* ``placement``: module, table, shard, sharding_type, compute_kernel, rank, host, row_offset, rows,
+  col_offset, columns, weight_bytes, optimizer_bytes, hbm_bytes, ddr_bytes - one row per shard.
+* ``memory``: rank, host, weights, optimizer, gradients, input_buffer, output_buffer, dense (bytes by part),
+  hbm_bytes, hbm_cap_bytes, hbm_free_bytes, ddr_bytes, ddr_cap_bytes, ddr_free_bytes, fits - one row per rank.
+* ``time``: rank, host, lookup_fwd_ms, lookup_bwd_ms, one ``<collective>_ms`` per collective of
+  rectoolkit.plan.traffic.COLLECTIVES, comm_ms, total_ms - one row per rank.
+* ``traffic``: collective -> DataFrame [W x W] of bytes (index: source rank "src", columns: destination "dst").
+* ``tables``: module, table, rows, dim, size_bytes, sharding_type, compute_kernel, ranks, slowest_ms,
+  runner_up, runner_up_ms, reason - one row per table (runner-up columns are None for plans made elsewhere).
+* ``summary``: dict with max_time_ms, slowest_rank, total_bytes, max_hbm_bytes, min_hbm_bytes,
+  memory_spread_bytes, fits, objective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter, batch_sizes_of
+from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.planner.cost import MEMORY_PARTS, CostModel
+from rectoolkit.planner.enumerate import ShardingOption
+from rectoolkit.planner.planner import PlanningResult, format_bytes
+from rectoolkit.planner.tables import PlannerTable
+
+
+@dataclass
+class PlanReport:
+    """DataFrames describing one plan; see the module docstring for the columns."""
+
+    placement: pd.DataFrame
+    memory: pd.DataFrame
+    time: pd.DataFrame
+    traffic: Dict[str, pd.DataFrame]
+    tables: pd.DataFrame
+    summary: Dict[str, Any] = field(default_factory=dict)
+
+    def total_traffic(self) -> pd.DataFrame:
+        """Bytes per step summed over every collective, [W x W]."""
+        return sum(self.traffic.values())
+
+    def _repr_text(self) -> str:
+        s = self.summary
+        return (f"PlanReport: slowest rank {s['slowest_rank']} at {s['max_time_ms']:.3f} ms, "
+                f"{format_bytes(s['total_bytes'])} moved per step, memory spread {format_bytes(s['memory_spread_bytes'])}, "
+                f"{'fits' if s['fits'] else 'DOES NOT FIT'}")
+
+    def __repr__(self) -> str:
+        return self._repr_text()
+
+
+def build_report(plan: ShardingPlan, tables: Sequence[PlannerTable], cost_model: CostModel,
+                 result: Optional[PlanningResult] = None, batches: Optional[Sequence[Any]] = None) -> PlanReport:
+    topo = cost_model.topology
+    W, L = topo.world_size, topo.local_world_size
+    if batches is not None:
+        if len(batches) != W:
+            raise ValueError(f"report: batches has {len(batches)} KJTs; give one per rank ({W})")
+        cost = cost_model.evaluate(plan, tables, batch_sizes_of(batches), batch_id_counter(batches))
+    else:
+        cost = cost_model.evaluate(plan, tables)
+    by_key = {t.key: t for t in tables}
+    placement_rows = []
+    for path, name, ps in plan.items():
+        table = by_key[(path, name)]
+        for index, shard in enumerate(ps.shards):
+            rows, cols = shard.shard_sizes
+            parts = cost_model.shard_memory(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
+            placement_rows.append(dict(
+                module=path, table=name, shard=index, sharding_type=ps.sharding_type, compute_kernel=ps.compute_kernel,
+                rank=shard.rank, host=shard.rank // L, row_offset=shard.shard_offsets[0], rows=rows,
+                col_offset=shard.shard_offsets[1], columns=cols, weight_bytes=parts["weights"],
+                optimizer_bytes=parts["optimizer"], hbm_bytes=parts["hbm"], ddr_bytes=parts["ddr"]))
+    placement = pd.DataFrame(placement_rows, columns=[
+        "module", "table", "shard", "sharding_type", "compute_kernel", "rank", "host", "row_offset", "rows",
+        "col_offset", "columns", "weight_bytes", "optimizer_bytes", "hbm_bytes", "ddr_bytes"])
+    hbm_cap, ddr_cap = np.array(topo.hbm_caps()), np.array(topo.ddr_caps())
+    memory = pd.DataFrame({"rank": np.arange(W), "host": np.arange(W) // L})
+    for part in MEMORY_PARTS:
+        memory[part] = cost.memory[part]
+    memory["hbm_bytes"], memory["hbm_cap_bytes"] = cost.hbm_bytes, hbm_cap
+    memory["hbm_free_bytes"] = hbm_cap - cost.hbm_bytes
+    memory["ddr_bytes"], memory["ddr_cap_bytes"] = cost.ddr_bytes, ddr_cap
+    memory["ddr_free_bytes"] = ddr_cap - cost.ddr_bytes
+    memory["fits"] = (memory["hbm_free_bytes"] >= -1e-6) & (memory["ddr_free_bytes"] >= -1e-6)
+    time = pd.DataFrame({"rank": np.arange(W), "host": np.arange(W) // L,
+                         "lookup_fwd_ms": cost.lookup_fwd_ms, "lookup_bwd_ms": cost.lookup_bwd_ms})
+    for name in COLLECTIVES:
+        time[f"{name}_ms"] = cost.comm_ms[name]
+    time["comm_ms"] = sum(cost.comm_ms.values())
+    time["total_ms"] = cost.time_ms
+    traffic = {}
+    for name, matrix in cost.traffic.items():
+        frame = pd.DataFrame(matrix, index=pd.Index(range(W), name="src"), columns=pd.Index(range(W), name="dst"))
+        traffic[name] = frame
+    primary = cost.hbm_bytes if topo.uses_hbm else cost.ddr_bytes
+    summary = dict(max_time_ms=float(cost.time_ms.max()), slowest_rank=int(np.argmax(cost.time_ms)),
+                   total_bytes=cost.total_bytes, max_hbm_bytes=float(cost.hbm_bytes.max()),
+                   min_hbm_bytes=float(cost.hbm_bytes.min()), max_ddr_bytes=float(cost.ddr_bytes.max()),
+                   memory_spread_bytes=float(primary.max() - primary.min()), fits=bool(memory["fits"].all()),
+                   objective=result.objective if result is not None else None)
+    table_rows = []
+    index_of = {t.key: i for i, t in enumerate(tables)}
+    for path, name, ps in plan.items():
+        table = by_key[(path, name)]
+        row = dict(module=path, table=name, rows=table.rows, dim=table.dim, size_bytes=table.weight_bytes,
+                   sharding_type=ps.sharding_type, compute_kernel=ps.compute_kernel, ranks=list(ps.ranks or []),
+                   slowest_ms=None, runner_up=None, runner_up_ms=None, reason=None)
+        if result is not None:
+            alternatives = table_alternatives(result, index_of[(path, name)])
+            chosen = alternatives[0]
+            row["slowest_ms"] = chosen["slowest_ms"]
+            runner = next((a for a in alternatives[1:] if a["fits"]), None)
+            if runner is not None:
+                row["runner_up"], row["runner_up_ms"] = runner["option"], runner["slowest_ms"]
+            row["reason"] = choice_reason(result, index_of[(path, name)], alternatives)
+        table_rows.append(row)
+    tables_frame = pd.DataFrame(table_rows, columns=[
+        "module", "table", "rows", "dim", "size_bytes", "sharding_type", "compute_kernel", "ranks", "slowest_ms",
+        "runner_up", "runner_up_ms", "reason"])
+    return PlanReport(placement, memory, time, traffic, tables_frame, summary)
+
+
+# ---- alternatives and explanations --------------------------------------------------------------------------
+def table_alternatives(result: PlanningResult, table: int) -> List[Dict[str, Any]]:
+    """The chosen option first, then the best placement of every other option shape (fastest kernel that
+    fits), each with the slowest rank's time after it, or why it does not fit. Sorted by that time."""
+    searcher = result.searcher
+    chosen = result.assignments[table]
+    without = result.state.copy()
+    without.apply(chosen, -1.0)
+    chosen_ms = float(result.state.time.max())
+    out = [dict(option=chosen.option.label, sharding_type=chosen.option.sharding_type.value,
+                compute_kernel=chosen.option.compute_kernel.value, fits=True, slowest_ms=chosen_ms,
+                locations=chosen.locations, why_not=None)]
+    seen = {chosen.option.shape}
+    others = []
+    for option in searcher.options[table]:
+        shape = option.shape
+        if shape in seen:
+            continue
+        placed = searcher.place_option(without, option, table)
+        if placed is None:
+            others.append((shape, dict(option=option.label, sharding_type=option.sharding_type.value,
+                                       compute_kernel=option.compute_kernel.value, fits=False, slowest_ms=None,
+                                       locations=None, why_not=_why_not_fit(without, option, result))))
+            continue
+        seen.add(shape)
+        others.append((shape, dict(option=option.label, sharding_type=option.sharding_type.value,
+                                   compute_kernel=option.compute_kernel.value, fits=True,
+                                   slowest_ms=float(placed[1].time.max()), locations=placed[0], why_not=None)))
+    # a shape that fits with a slower kernel is listed once, with that kernel
+    others = [o for shape, o in others if o["fits"] or shape not in seen]
+    others.sort(key=lambda o: (not o["fits"], o["slowest_ms"] if o["fits"] else 0.0))
+    return out + others
+
+
+def _why_not_fit(state, option: ShardingOption, result: PlanningResult) -> str:
+    topo = result.cost_model.topology
+    uses_hbm = topo.uses_hbm
+    used, cap = (state.hbm, state.hbm_cap) if uses_hbm else (state.ddr, state.ddr_cap)
+    need = np.max(option.hbm_bytes if uses_hbm else option.ddr_bytes)
+    free = float(np.max(cap - used))
+    memory = "HBM" if uses_hbm else "memory"
+    if need > free:
+        return f"needs {format_bytes(need)} of {memory} on one rank, the most free on any rank is {format_bytes(max(free, 0))}"
+    if uses_hbm and np.max(option.ddr_bytes) > float(np.max(state.ddr_cap - state.ddr)):
+        return f"needs {format_bytes(np.max(option.ddr_bytes))} of host memory (DDR) on one rank, more than any rank has free"
+    return "its groups do not all fit at once (ranks fill up as its shards are placed)"
+
+
+def choice_reason(result: PlanningResult, table: int, alternatives: Optional[List[Dict[str, Any]]] = None) -> str:
+    """One line: why this table got its option ('row-wise: table is 3.2 GiB, over one rank's 2.0 GiB free')."""
+    alternatives = alternatives or table_alternatives(result, table)
+    chosen = alternatives[0]
+    t = result.tables[table]
+    name = chosen["sharding_type"].replace("_", "-")
+    tw = next((a for a in alternatives if a["sharding_type"] == "table_wise"), None)
+    fitting = [a for a in alternatives[1:] if a["fits"]]
+    if len(alternatives) == 1:
+        return f"{name}: the only option the constraints allow"
+    if chosen["sharding_type"] != "table_wise" and tw is not None and not tw["fits"]:
+        return f"{name}: table is {format_bytes(t.weight_bytes)}; table-wise {tw['why_not']}"
+    if chosen["compute_kernel"] in ("fused_uvm", "fused_uvm_caching"):
+        return f"{name} with {chosen['compute_kernel']}: faster kernels do not fit in HBM"
+    if not fitting:
+        return f"{name}: no other option fits"
+    best_other = fitting[0]
+    if result.objective == "time":
+        delta = best_other["slowest_ms"] - chosen["slowest_ms"]
+        if delta > 1e-12:
+            return (f"{name}: slowest rank {chosen['slowest_ms']:.4g} ms; the runner-up "
+                    f"{best_other['option']} would make it {best_other['slowest_ms']:.4g} ms")
+        return f"{name}: ties with {best_other['option']} on the slowest rank; it adds less total work"
+    return f"{name}: best for the '{result.objective}' objective; runner-up {best_other['option']}"
+
+
+def explain_table(result: PlanningResult, table_name: str, sharding_type: Union[str, ShardingType, None] = None) -> str:
+    matches = [i for i, t in enumerate(result.tables) if table_name in (t.name, t.label)]
+    if not matches:
+        raise KeyError(f"explain: no table {table_name!r}; tables are {[t.label for t in result.tables]}")
+    index = matches[0]
+    table = result.tables[index]
+    alternatives = table_alternatives(result, index)
+    chosen = alternatives[0]
+    head = (f"{table.label} ({table.rows} x {table.dim}, {format_bytes(table.weight_bytes)}): chose {chosen['option']} "
+            f"on ranks {sorted(set(_ranks_of(result, index)))}; slowest rank {chosen['slowest_ms']:.4g} ms. "
+            f"{choice_reason(result, index, alternatives)}.")
+    if sharding_type is None:
+        lines = [head, "Alternatives (slowest rank if only this table changed):"]
+        for a in alternatives[1:]:
+            lines.append(f"  {a['option']}: " + (f"{a['slowest_ms']:.4g} ms" if a["fits"] else f"does not fit: {a['why_not']}"))
+        return "\n".join(lines)
+    wanted = ShardingType.parse(sharding_type)
+    if wanted.value == chosen["sharding_type"]:
+        return head
+    c = table.constraints
+    if c is not None and c.sharding_types is not None and wanted.value not in c.sharding_types:
+        return f"Why not {wanted.name} for {table.label}? The constraints allow only {c.sharding_types}.\n{head}"
+    candidates = [a for a in alternatives if a["sharding_type"] == wanted.value]
+    if not candidates:
+        return (f"Why not {wanted.name} for {table.label}? It is not an option here "
+                f"({'sequence tables do not support it' if not table.pooled else 'no kernel or column split allows it'}).\n{head}")
+    fitting = [a for a in candidates if a["fits"]]
+    if not fitting:
+        return f"Why not {wanted.name} for {table.label}? It does not fit: {candidates[0]['why_not']}.\n{head}"
+    best = fitting[0]
+    if result.objective == "time":
+        ratio = best["slowest_ms"] / chosen["slowest_ms"] - 1 if chosen["slowest_ms"] else 0.0
+        return (f"Why not {wanted.name} for {table.label}? Its best placement ({best['option']}) makes the slowest rank "
+                f"{best['slowest_ms']:.4g} ms instead of {chosen['slowest_ms']:.4g} ms ({ratio:+.1%}).\n{head}")
+    return f"Why not {wanted.name} for {table.label}? The '{result.objective}' objective prefers {chosen['option']}.\n{head}"
+
+
+def _ranks_of(result: PlanningResult, index: int) -> List[int]:
+    table = result.tables[index]
+    ps = result.plan.plan[table.module_path][table.name]
+    return [s.rank for s in ps.shards]

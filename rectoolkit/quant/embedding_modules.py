@@ -1,0 +1,466 @@
+"""Quantized EmbeddingBagCollection / EmbeddingCollection for inference, as in torchrec.quant.
+
+Two ways to get one from a trained (float) collection, as in TorchRec's tutorial (seed 001):
+
+    >>> import torch, rectoolkit as rtk
+    >>> from torch.ao import quantization as quant
+    >>> from rectoolkit.quant import QuantConfig, QuantEmbeddingBagCollection
+    >>> tables = [rtk.EmbeddingBagConfig(name="t_user", num_embeddings=100, embedding_dim=64, feature_names=["user"])]
+    >>> ebc = rtk.EmbeddingBagCollection(tables)
+    >>> qebc = QuantEmbeddingBagCollection.from_float(ebc, dtype=torch.int8)           # direct
+    >>> qconfig = QuantConfig(activation=quant.PlaceholderObserver.with_args(dtype=torch.float),
+    ...                       weight=quant.PlaceholderObserver.with_args(dtype=torch.int8))
+    >>> model = quant.quantize_dynamic(torch.nn.Sequential(ebc), qconfig_spec={rtk.EmbeddingBagCollection: qconfig},
+    ...     mapping={rtk.EmbeddingBagCollection: QuantEmbeddingBagCollection}, inplace=False)  # seed 001
+    >>> {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    {'0.embedding_bags.t_user.weight': ((100, 80), torch.uint8)}
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["user"], values=torch.tensor([1, 2, 3]),
+    ...                                               lengths=torch.tensor([2, 1]))
+    >>> model(kjt).values().shape
+    torch.Size([2, 64])
+
+Weights are buffers (uint8 rows in fbgemm's layout, see rectoolkit.quant.rowwise), one [rows, row bytes]
+view per table of one flat storage. Lookups run fbgemm's int-n-bit TBE op when fbgemm is available and a
+pure-torch dequantizing lookup otherwise (rectoolkit.quant.lookup); both give the same results.
+Differences from TorchRec: INT4/INT2 weights are plain uint8 buffers [rows, bytes] (TorchRec wraps them
+in UInt4Tensor/UInt2Tensor, whose shape counts nibbles); output keys stay in table order for mixed
+SUM/MEAN collections (TorchRec groups them by pooling).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules.embedding_modules import get_embedding_names_by_table
+from rectoolkit.quant.config import QuantConfig, weight_data_type
+from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
+from rectoolkit.quant.rowwise import (
+    DEFAULT_ROW_ALIGNMENT,
+    INTEGER_DATA_TYPES,
+    SCALE_BIAS_BYTES,
+    data_bytes_per_row,
+    quantize_rowwise,
+)
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+_ID_MODES = ("error", "unchecked")
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+class _QuantCollection(nn.Module):
+    """What both quantized collections share: tables, one flat storage with per-table views, feature order."""
+
+    _dict_name = ""  # "embedding_bags" | "embeddings"
+
+    def __init__(self, tables: Sequence[BaseEmbeddingConfig], device: Union[str, torch.device, None], pooled: bool,
+                 output_dtype: torch.dtype,
+                 table_name_to_quantized_weights: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]],
+                 row_alignment: int, backend: str, ids_out_of_range: str) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError(f"{type(self).__name__} needs at least one table config")
+        names = [t.name for t in tables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Duplicate table name {duplicates[0]!r}: table names must be unique")
+        if ids_out_of_range not in _ID_MODES:
+            raise ValueError(f"ids_out_of_range must be one of {_ID_MODES}, got {ids_out_of_range!r}")
+        for table in tables:
+            if not table.feature_names:
+                table.feature_names = [table.name]
+            weight_data_type(table.data_type)  # raises for data types that cannot be stored
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._output_dtype = output_dtype
+        self.row_alignment = row_alignment
+        self._ids_out_of_range = ids_out_of_range
+        self._embedding_names_by_table = get_embedding_names_by_table(tables)
+        self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
+        feature_table_map = [i for i, t in enumerate(tables) for _ in t.feature_names]
+        self._feature_table_names = [tables[i].name for i in feature_table_map]
+        self._lookup = QuantBatchedLookup(
+            [QuantTableSpec(t.num_embeddings, t.embedding_dim, t.data_type, t.name) for t in tables],
+            feature_table_map=feature_table_map, pooled=pooled, row_alignment=row_alignment, backend=backend,
+            output_dtype=output_dtype, device=self._device)
+        modules = nn.ModuleDict({t.name: nn.Module() for t in tables})
+        setattr(self, self._dict_name, modules)
+        self._link_tables()
+        if table_name_to_quantized_weights:
+            self._load_torchrec_weights(tables, table_name_to_quantized_weights)
+
+    # ------------------------------------------------------------------ storage
+    def _table_modules(self) -> List[nn.Module]:
+        return list(getattr(self, self._dict_name).values())
+
+    def _link_tables(self) -> None:
+        """Make every table's `weight` buffer a view of the lookup's flat storage."""
+        for module, view in zip(self._table_modules(), self._lookup.table_weights()):
+            module._buffers["weight"] = view
+        self._linked = [module._buffers["weight"] for module in self._table_modules()]
+
+    def _sync_storage(self) -> None:
+        """Re-link after something replaced a table buffer (load_state_dict(assign=True), manual assignment)."""
+        if all(module._buffers["weight"] is view for module, view in zip(self._table_modules(), self._linked)):
+            return
+        for module, view in zip(self._table_modules(), self._lookup.table_weights()):
+            weight = module._buffers["weight"]
+            if weight.data_ptr() != view.data_ptr() or weight.shape != view.shape:
+                if weight.shape != view.shape or weight.dtype != torch.uint8:
+                    raise ValueError(f"a table weight was replaced by {weight.dtype} {tuple(weight.shape)}; "
+                                     f"expected uint8 {tuple(view.shape)}")
+                with torch.no_grad():
+                    view.copy_(weight)
+                module._buffers["weight"] = view
+        self._linked = [module._buffers["weight"] for module in self._table_modules()]
+
+    def _apply(self, fn, recurse=True):  # .to(), .cpu(), ...: move the flat storage, then re-make the views
+        super()._apply(fn, recurse)
+        self._link_tables()
+        self._device = self._lookup.weights.device
+        return self
+
+    def _load_torchrec_weights(self, tables: Sequence[BaseEmbeddingConfig],
+                               weights: Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
+        """TorchRec's table_name_to_quantized_weights: {table: (codes [R, bytes], scale_bias [R, 4] or None)}."""
+        for table, view in zip(tables, self._lookup.table_weights()):
+            if table.name not in weights:
+                raise ValueError(f"table_name_to_quantized_weights has no entry for table {table.name!r}")
+            codes, scale_bias = weights[table.name]
+            nbytes = data_bytes_per_row(table.embedding_dim, table.data_type)
+            with torch.no_grad():
+                start = 0
+                if table.data_type in INTEGER_DATA_TYPES:
+                    view[:, :SCALE_BIAS_BYTES].copy_(scale_bias)
+                    start = SCALE_BIAS_BYTES
+                view[:, start:start + nbytes].copy_(codes[:, :nbytes])
+
+    def load_float_weights(self, weights: Dict[str, torch.Tensor], backend: str = "auto") -> None:
+        """Quantize float tables {table name: [rows, dim]} into this collection's storage."""
+        for table, view in zip(self._configs(), self._lookup.table_weights()):
+            if table.name not in weights:
+                continue
+            weight = weights[table.name]
+            if tuple(weight.shape) != (table.num_embeddings, table.embedding_dim):
+                raise ValueError(f"table {table.name!r}: float weight has shape {tuple(weight.shape)}, expected "
+                                 f"{(table.num_embeddings, table.embedding_dim)}")
+            with torch.no_grad():
+                view.copy_(quantize_rowwise(weight, table.data_type, self.row_alignment, backend=backend))
+
+    def _configs(self) -> List[BaseEmbeddingConfig]:
+        raise NotImplementedError
+
+    def storage_bytes(self) -> int:
+        """Bytes the quantized tables occupy (all rows, padding included)."""
+        return self._lookup.storage_bytes()
+
+    # ------------------------------------------------------------------ inputs
+    def _features_in_order(self, features: KeyedJaggedTensor):
+        """(values, lengths, weights, batch size) of this collection's features, in table order."""
+        keys = features.keys()
+        if list(keys) != self._feature_names:
+            missing = [f for f in self._feature_names if f not in keys]
+            if missing:
+                raise ValueError(
+                    f"{type(self).__name__}: the KeyedJaggedTensor has no feature(s) {missing} "
+                    f"(needed by tables {[self._feature_table_names[self._feature_names.index(f)] for f in missing]}); "
+                    f"it has keys {list(keys)}. Add them (empty lengths are fine).")
+            features = features.permute(self._feature_names)
+        return features.values(), features.lengths(), features.weights_or_none(), features.stride()
+
+    def _check_ids(self, values: torch.Tensor, lengths: torch.Tensor, batch_size: int) -> None:
+        """Raise naming the feature, sample, id and table when an id is outside its table (one min/max per feature)."""
+        if self._ids_out_of_range == "unchecked" or _tracing() or values.numel() == 0:
+            return
+        per_feature = lengths.view(len(self._feature_names), batch_size)
+        counts = per_feature.sum(1).tolist()
+        rows = self._lookup.rows_per_feature.tolist()
+        for feature, segment in enumerate(values.split(counts)):
+            if segment.numel() == 0:
+                continue
+            lowest, highest = torch.aminmax(segment)
+            if lowest < 0 or highest >= rows[feature]:
+                position = int(((segment < 0) | (segment >= rows[feature])).nonzero()[0, 0])
+                sample = int(torch.searchsorted(per_feature[feature].to(torch.int64).cumsum(0), position, right=True))
+                raise ValueError(
+                    f"{type(self).__name__}: id {int(segment[position])} of feature {self._feature_names[feature]!r} "
+                    f"(sample {sample}) is out of range for table {self._feature_table_names[feature]!r} "
+                    f"with {rows[feature]} rows; fix the ids or enlarge the table.")
+
+    @staticmethod
+    def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
+        return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int64)
+
+    # ------------------------------------------------------------------ TorchRec-style accessors
+    def output_dtype(self) -> torch.dtype:
+        return self._output_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def backend(self) -> str:
+        """The lookup that runs: "fbgemm" or "torch"."""
+        return self._lookup.backend
+
+
+class QuantEmbeddingBagCollection(_QuantCollection):
+    """Pooled lookups from quantized tables: KeyedJaggedTensor -> KeyedTensor [batch, sum of dims].
+
+    Args (TorchRec's, in TorchRec's order):
+        tables: EmbeddingBagConfig list; each table's `data_type` (INT8, INT4, INT2, FP16, FP32) is its storage.
+        is_weighted: weight each id by the KJT's weights.
+        device: "cpu" (or "cuda" with fbgemm-gpu's CUDA build).
+        output_dtype: dtype of the pooled output (torch.float or torch.float16).
+        table_name_to_quantized_weights: {table: (codes, scale_bias)} as fbgemm's quantizer splits them;
+            usually left out: use `from_float` or `load_float_weights`.
+        register_tbes, quant_state_dict_split_scale_bias, cache_features_order: accepted for TorchRec
+            compatibility; split scale/bias state dicts are not supported.
+        row_alignment: bytes each stored row is padded to (16, as fbgemm/TorchRec).
+        backend: "auto" (fbgemm when available), "torch" or "fbgemm".
+        ids_out_of_range: "error" (names feature, table and id) or "unchecked".
+    """
+
+    _dict_name = "embedding_bags"
+
+    def __init__(self, tables: List[EmbeddingBagConfig], is_weighted: bool = False,
+                 device: Union[str, torch.device, None] = None, output_dtype: torch.dtype = torch.float,
+                 table_name_to_quantized_weights: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
+                 register_tbes: bool = False, quant_state_dict_split_scale_bias: bool = False,
+                 row_alignment: int = DEFAULT_ROW_ALIGNMENT, cache_features_order: bool = False, *,
+                 backend: str = "auto", ids_out_of_range: str = "error") -> None:
+        if quant_state_dict_split_scale_bias:
+            raise NotImplementedError("quant_state_dict_split_scale_bias=True is not supported: scale and bias stay "
+                                      "inside each row (TorchRec's default layout)")
+        if any(t.pooling == PoolingType.NONE for t in tables):
+            raise ValueError("QuantEmbeddingBagCollection tables need SUM or MEAN pooling; "
+                             "use QuantEmbeddingCollection for NONE")
+        self._is_weighted = is_weighted
+        self._embedding_bag_configs = tables
+        super().__init__(tables, device, True, output_dtype, table_name_to_quantized_weights, row_alignment,
+                         backend, ids_out_of_range)
+        self._embedding_names: List[str] = [n for names in self._embedding_names_by_table for n in names]
+        self._length_per_key: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
+        mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
+        self._has_mean = any(mean)
+        self.register_buffer("_mean_features", torch.tensor(mean, device=self._device), persistent=False)
+        self.register_buffer("_dims_per_feature", torch.tensor(self._length_per_key, device=self._device),
+                             persistent=False)
+
+    def _configs(self) -> List[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pool each feature's ids with its quantized table: KJT -> KeyedTensor [B, sum of dims]."""
+        values, lengths, weights, batch_size = self._features_in_order(features)
+        pooled = self.pooled_from_tensors(values, lengths, weights if self._is_weighted else None, batch_size)
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._length_per_key, values=pooled, key_dim=1)
+
+    def pooled_from_tensors(self, values: torch.Tensor, lengths: torch.Tensor,
+                            weights: Optional[torch.Tensor] = None, batch_size: Optional[int] = None) -> torch.Tensor:
+        """The pooled values [B, sum of dims] from plain tensors: ids and lengths of the features in table order.
+
+        This is what `forward` runs after ordering the KJT; it takes only tensors, so torch.export can
+        capture it (see rectoolkit.quant.export).
+        """
+        num_features = len(self._feature_names)
+        if batch_size is None:
+            batch_size = lengths.shape[0] // num_features
+        if not _tracing():
+            self._sync_storage()
+            if lengths.numel() != num_features * batch_size:
+                raise ValueError(f"{type(self).__name__}: {lengths.numel()} lengths for {num_features} features "
+                                 f"x batch {batch_size}; variable batch sizes per feature are not supported")
+            if self._is_weighted and weights is None:
+                raise ValueError(f"{type(self).__name__}(is_weighted=True) needs a KeyedJaggedTensor with weights")
+        self._check_ids(values, lengths, batch_size)
+        pooled = self._lookup(values, self._complete_cumsum(lengths), weights if self._is_weighted else None)
+        if self._has_mean:
+            counts = lengths.view(num_features, batch_size).t().clamp(min=1).to(pooled.dtype)
+            scale = torch.where(self._mean_features, 1.0 / counts, torch.ones_like(counts))
+            pooled = pooled * scale.repeat_interleave(self._dims_per_feature, dim=1, output_size=pooled.shape[1])
+        return pooled
+
+    @classmethod
+    def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
+                   dtype: Union[torch.dtype, DataType, str, None] = None,
+                   per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
+                   output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
+                   row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantEmbeddingBagCollection":
+        """Quantize a float EmbeddingBagCollection (rectoolkit's or TorchRec's).
+
+        The storage dtype comes from `dtype` (and `per_table_weight_dtype`), or else from `module.qconfig`
+        (a QuantConfig, as set by torch.ao.quantization.quantize_dynamic).
+        """
+        configs, data_types, out_dtype = _quantized_configs(module, module.embedding_bag_configs(), dtype,
+                                                            per_table_weight_dtype, output_dtype)
+        quantized = cls(configs, module.is_weighted(), device=_module_device(module), output_dtype=out_dtype,
+                        row_alignment=row_alignment, backend=backend)
+        quantized.load_float_weights(_float_weights(module, "embedding_bags", configs))
+        return quantized
+
+    def _get_name(self) -> str:
+        return "QuantizedEmbeddingBagCollection"
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+
+class QuantEmbeddingCollection(_QuantCollection):
+    """Per-id lookups from quantized tables: KeyedJaggedTensor -> {feature: JaggedTensor [ids, dim]}.
+
+    Arguments as QuantEmbeddingBagCollection (no is_weighted), plus need_indices. All tables share one dim.
+    """
+
+    _dict_name = "embeddings"
+
+    def __init__(self, tables: List[EmbeddingConfig], device: Union[str, torch.device, None] = None,
+                 need_indices: bool = False, output_dtype: torch.dtype = torch.float,
+                 table_name_to_quantized_weights: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
+                 register_tbes: bool = False, quant_state_dict_split_scale_bias: bool = False,
+                 row_alignment: int = DEFAULT_ROW_ALIGNMENT, *, backend: str = "auto",
+                 ids_out_of_range: str = "error") -> None:
+        if quant_state_dict_split_scale_bias:
+            raise NotImplementedError("quant_state_dict_split_scale_bias=True is not supported")
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) > 1:
+            raise ValueError("All tables in a EmbeddingCollection are required to have same embedding dimension; got "
+                             + ", ".join(f"{t.name}: {t.embedding_dim}" for t in tables))
+        self._embedding_configs = tables
+        self._need_indices = need_indices
+        self._embedding_dim = tables[0].embedding_dim if tables else -1
+        super().__init__(tables, device, False, output_dtype, table_name_to_quantized_weights, row_alignment,
+                         backend, ids_out_of_range)
+
+    def _configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
+        self._sync_storage()
+        values, lengths, _, batch_size = self._features_in_order(features)
+        self._check_ids(values, lengths, batch_size)
+        rows = self._lookup(values, self._complete_cumsum(lengths))
+        per_feature_lengths = lengths.view(len(self._feature_names), batch_size)
+        counts = per_feature_lengths.sum(1).tolist()
+        names = [n for group in self._embedding_names_by_table for n in group]
+        value_chunks = values.split(counts)
+        return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
+                                   weights=value_chunks[f] if self._need_indices else None)
+                for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
+
+    @classmethod
+    def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
+                   dtype: Union[torch.dtype, DataType, str, None] = None,
+                   per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
+                   output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
+                   row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantEmbeddingCollection":
+        """Quantize a float EmbeddingCollection (see QuantEmbeddingBagCollection.from_float)."""
+        configs, _, out_dtype = _quantized_configs(module, module.embedding_configs(), dtype,
+                                                   per_table_weight_dtype, output_dtype)
+        quantized = cls(configs, device=_module_device(module), need_indices=module.need_indices(),
+                        output_dtype=out_dtype, row_alignment=row_alignment, backend=backend)
+        quantized.load_float_weights(_float_weights(module, "embeddings", configs))
+        return quantized
+
+    def _get_name(self) -> str:
+        return "QuantizedEmbeddingCollection"
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_dim(self) -> int:
+        return self._embedding_dim
+
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def embedding_names_by_table(self) -> List[List[str]]:
+        return self._embedding_names_by_table
+
+
+# ---------------------------------------------------------------------------------------------- from_float
+def _quantized_configs(module: nn.Module, configs: Sequence[BaseEmbeddingConfig], dtype, per_table_weight_dtype,
+                       output_dtype):
+    qconfig = getattr(module, "qconfig", None)
+    if dtype is None and qconfig is None:
+        raise ValueError(f"from_float({type(module).__name__}): pass dtype=torch.int8 (or another weight dtype), or "
+                         "set module.qconfig = QuantConfig(...) as torch.ao.quantization.quantize_dynamic does")
+    default = weight_data_type(dtype if dtype is not None else qconfig.weight().dtype)
+    per_table: Dict[str, torch.dtype] = {}
+    if isinstance(qconfig, QuantConfig) and qconfig.per_table_weight_dtype:
+        per_table.update(qconfig.per_table_weight_dtype)
+    per_table.update(per_table_weight_dtype or {})
+    unknown = sorted(set(per_table) - {c.name for c in configs})
+    if unknown:
+        raise ValueError(f"per_table_weight_dtype names tables {unknown} that the module does not have; "
+                         f"its tables are {[c.name for c in configs]}")
+    new_configs = copy.deepcopy(list(configs))
+    for config in new_configs:
+        config.data_type = weight_data_type(per_table[config.name]) if config.name in per_table else default
+    if output_dtype is None:
+        output_dtype = qconfig.activation().dtype if qconfig is not None else torch.float
+    return new_configs, [c.data_type for c in new_configs], output_dtype
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    for tensor in module.state_dict().values():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _float_weights(module: nn.Module, dict_name: str, configs: Sequence[BaseEmbeddingConfig]) -> Dict[str, torch.Tensor]:
+    tables = getattr(module, dict_name)
+    return {c.name: tables[c.name].weight.detach() for c in configs}
+
+
+# TorchRec's spelling: `from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection`
+EmbeddingBagCollection = QuantEmbeddingBagCollection
+EmbeddingCollection = QuantEmbeddingCollection
+
+
+def quantize_embeddings(module: nn.Module, dtype: Union[torch.dtype, DataType, str] = torch.int8, inplace: bool = False,
+                        output_dtype: torch.dtype = torch.float,
+                        per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
+                        backend: str = "auto", row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> nn.Module:
+    """Replace every EmbeddingBagCollection / EmbeddingCollection inside `module` by its quantized version.
+
+    TorchRec's `torchrec.inference.modules.quantize_embeddings`: what the seed-001 quantize_dynamic call
+    does, without torch.ao's (deprecated) machinery. A collection given directly is returned quantized.
+
+        >>> import torch, rectoolkit as rtk
+        >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=8, embedding_dim=16)])
+        >>> type(quantize_embeddings(torch.nn.Sequential(ebc), dtype=torch.quint4x2)[0]).__name__
+        'QuantEmbeddingBagCollection'
+    """
+    from rectoolkit.modules.embedding_modules import EmbeddingBagCollection as FloatEBC
+    from rectoolkit.modules.embedding_modules import EmbeddingCollection as FloatEC
+
+    def convert(child: nn.Module) -> Optional[nn.Module]:
+        kind = {FloatEBC: QuantEmbeddingBagCollection, FloatEC: QuantEmbeddingCollection}.get(type(child))
+        if kind is None:
+            return None
+        return kind.from_float(child, dtype=dtype, per_table_weight_dtype=per_table_weight_dtype,
+                               output_dtype=output_dtype, backend=backend, row_alignment=row_alignment)
+
+    if not inplace:
+        module = copy.deepcopy(module)
+    converted = convert(module)
+    if converted is not None:
+        return converted
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            replacement = convert(child)
+            if replacement is not None:
+                setattr(parent, name, replacement)
+    return module

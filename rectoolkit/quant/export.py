@@ -1,0 +1,165 @@
+"""Export an embedding collection for serving with torch.export, and run it without rectoolkit.
+
+The serving boundary is flat: the exported program takes the KJT's `values` and `lengths` (features in the
+collection's order, batch-major inside each feature, exactly `kjt.values()` / `kjt.lengths()`), and
+`weights` for weighted collections, and returns the pooled values [B, sum of dims] of the KeyedTensor.
+The batch size and the number of ids are dynamic. A server (Python, or C++ through AOTInductor) needs only
+torch: the program holds aten ops and the quantized rows, no rectoolkit class.
+
+    >>> import torch, rectoolkit as rtk
+    >>> from rectoolkit.quant import QuantEmbeddingBagCollection
+    >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4)])
+    >>> qebc = QuantEmbeddingBagCollection.from_float(ebc, dtype=torch.int8)
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["t"], values=torch.tensor([1, 2, 3]),
+    ...                                               lengths=torch.tensor([2, 1]))
+    >>> program = export_for_serving(qebc, kjt)
+    >>> torch.equal(program.module()(kjt.values(), kjt.lengths()), qebc(kjt).values())
+    True
+
+`save_for_serving(program, path)` writes it with torch.export.save; `torch.export.load(path).module()` runs
+it in any process. The pure-torch lookup is exported (fbgemm's op would make the program need fbgemm_gpu).
+
+For models whose forward takes a KeyedJaggedTensor, `register_jagged_pytree_nodes()` lets torch.export
+flatten JaggedTensor / KeyedJaggedTensor / KeyedTensor arguments and results; loading such a program needs
+rectoolkit.sparse imported (the pytree nodes are named by class), so the flat boundary above is the one
+to serve.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from rectoolkit.modules.configs import DataType
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+
+class ServingModule(nn.Module):
+    """forward(values, lengths[, weights]) -> pooled [B, sum of dims]: a collection behind a flat boundary.
+
+    The features are those of `collection.embedding_bag_configs()`, in order (see `feature_names`).
+    """
+
+    def __init__(self, collection: nn.Module) -> None:
+        super().__init__()
+        from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
+
+        if not isinstance(collection, QuantEmbeddingBagCollection):
+            collection = _as_fp32_quant(collection)
+        self.collection = copy.deepcopy(collection)
+        self.collection._lookup.backend = "torch"  # aten ops only: the program runs where torch runs
+        for table in self.collection._table_modules():
+            del table._buffers["weight"]  # views of the flat storage: saved once, as the lookup's buffer
+        self.feature_names: List[str] = list(collection._feature_names)
+        self.is_weighted = collection.is_weighted()
+
+    def forward(self, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.collection.pooled_from_tensors(values, lengths, weights)
+
+
+def _as_fp32_quant(collection: nn.Module) -> nn.Module:
+    """A float EmbeddingBagCollection as a QuantEmbeddingBagCollection storing FP32 rows: the same numbers."""
+    from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
+
+    if not hasattr(collection, "embedding_bag_configs"):
+        raise TypeError(f"export_for_serving takes an (Quant)EmbeddingBagCollection, got {type(collection).__name__}")
+    return QuantEmbeddingBagCollection.from_float(collection, dtype=DataType.FP32, backend="torch")
+
+
+def serving_inputs(kjt: KeyedJaggedTensor, feature_names: List[str],
+                   weighted: bool = False) -> Tuple[torch.Tensor, ...]:
+    """(values, lengths[, weights]) of a KJT in the serving module's feature order."""
+    if list(kjt.keys()) != feature_names:
+        kjt = kjt.permute(feature_names)
+    inputs: Tuple[torch.Tensor, ...] = (kjt.values(), kjt.lengths())
+    if weighted:
+        inputs += (kjt.weights(),)
+    return inputs
+
+
+def export_for_serving(collection: nn.Module, example: KeyedJaggedTensor,
+                       dynamic: bool = True) -> torch.export.ExportedProgram:
+    """torch.export a (quantized or float) EmbeddingBagCollection behind the flat serving boundary.
+
+    `example` is a KJT with every feature; with `dynamic` the batch size and number of ids may change.
+    A float collection is exported as FP32 rows (same numbers, same program).
+    """
+    module = ServingModule(collection).eval()
+    args = serving_inputs(example, module.feature_names, module.is_weighted)
+    dynamic_shapes = None
+    if dynamic:
+        num_features = len(module.feature_names)
+        batch = Dim("batch", min=1)
+        num_ids = Dim("num_ids", min=0)
+        dynamic_shapes = [{0: num_ids}, {0: num_features * batch}]
+        if module.is_weighted:
+            dynamic_shapes.append({0: num_ids})
+        dynamic_shapes = tuple(dynamic_shapes)
+    # size-oblivious shapes: a batch of 1 must not be special-cased (or excluded) by broadcasting checks
+    from torch.fx.experimental import _config as shape_config
+
+    with torch.no_grad(), shape_config.patch(backed_size_oblivious=True):
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def save_for_serving(program: torch.export.ExportedProgram, path: Union[str, os.PathLike]) -> None:
+    """torch.export.save; load anywhere with `torch.export.load(path).module()`."""
+    torch.export.save(program, path)
+
+
+# ---------------------------------------------------------------------------------------------- pytree nodes
+def _flatten_kjt(kjt: KeyedJaggedTensor) -> Tuple[List[Any], Any]:
+    return [kjt.values(), kjt.lengths(), kjt.weights_or_none()], list(kjt.keys())
+
+
+def _unflatten_kjt(children: List[Any], context: Any) -> KeyedJaggedTensor:
+    values, lengths, weights = children  # the batch size follows from lengths: it may change between calls
+    return KeyedJaggedTensor(keys=context, values=values, lengths=lengths, weights=weights, validate=False)
+
+
+def _flatten_jt(jt: JaggedTensor) -> Tuple[List[Any], Any]:
+    return [jt.values(), jt.lengths(), jt.weights_or_none()], None
+
+
+def _unflatten_jt(children: List[Any], context: Any) -> JaggedTensor:
+    values, lengths, weights = children
+    return JaggedTensor(values=values, lengths=lengths, weights=weights, validate=False)
+
+
+def _flatten_kt(kt: KeyedTensor) -> Tuple[List[Any], Any]:
+    return [kt.values()], (list(kt.keys()), list(kt.length_per_key()), kt.key_dim())
+
+
+def _unflatten_kt(children: List[Any], context: Any) -> KeyedTensor:
+    keys, length_per_key, key_dim = context
+    return KeyedTensor(keys=keys, length_per_key=length_per_key, values=children[0], key_dim=key_dim, validate=False)
+
+
+def register_jagged_pytree_nodes() -> None:
+    """Let torch.export / torch.compile flatten JaggedTensor, KeyedJaggedTensor and KeyedTensor (idempotent)."""
+    from torch.utils import _pytree
+
+    nodes = [(KeyedJaggedTensor, _flatten_kjt, _unflatten_kjt), (JaggedTensor, _flatten_jt, _unflatten_jt),
+             (KeyedTensor, _flatten_kt, _unflatten_kt)]
+    for cls, flatten, unflatten in nodes:
+        if cls in _pytree.SUPPORTED_NODES:
+            continue
+        _pytree.register_pytree_node(cls, flatten, unflatten,
+                                     serialized_type_name=f"{cls.__module__}.{cls.__name__}",
+                                     flatten_with_keys_fn=_with_keys(flatten))
+
+
+def _with_keys(flatten):
+    from torch.utils._pytree import SequenceKey
+
+    def flatten_with_keys(node):
+        children, context = flatten(node)
+        return [(SequenceKey(i), child) for i, child in enumerate(children)], context
+
+    return flatten_with_keys

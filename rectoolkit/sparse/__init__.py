@@ -1,0 +1,19 @@
+"""The jagged data types: JaggedTensor, KeyedJaggedTensor, KeyedTensor (TorchRec-compatible)."""
+
+from rectoolkit.sparse.jagged_tensor import JaggedTensor
+from rectoolkit.sparse.keyed_jagged_tensor import KeyedJaggedTensor
+from rectoolkit.sparse.keyed_tensor import KeyedTensor
+from rectoolkit.sparse.validation import (
+    set_validation_enabled,
+    validation_disabled,
+    validation_enabled,
+)
+
+__all__ = [
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
+    "set_validation_enabled",
+    "validation_disabled",
+    "validation_enabled",
+]

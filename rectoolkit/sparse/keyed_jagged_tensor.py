@@ -1,0 +1,644 @@
+"""KeyedJaggedTensor (KJT): several sparse features over one batch, stored as one flat jagged tensor.
+
+    keys    = ["product", "user"]
+    lengths = [3, 1,   2, 2]            key-major: all samples of "product", then all of "user"
+    values  = [1, 2, 1, 5,   2, 3, 4, 1]
+    stride  = 2                          samples per key (the batch size)
+
+Same constructor arguments, methods, results and printed layout as ``torchrec.KeyedJaggedTensor``.
+Variable batch size per key (TorchRec's ``stride_per_key_per_rank``) is not supported yet.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from rectoolkit.sparse import validation
+from rectoolkit.sparse.jagged_ops import (
+    batched_lengths_to_offsets,
+    cat_or_empty,
+    cumsum_list,
+    jagged_values_string,
+    lengths_to_offsets,
+    min_and_sum_per_row,
+    offsets_to_lengths,
+)
+from rectoolkit.sparse.jagged_tensor import JaggedTensor
+
+_OWNER = "KeyedJaggedTensor"
+
+
+def _uniform_stride_per_key_per_rank(
+    stride_per_key_per_rank: Union[torch.Tensor, List[List[int]], None], num_keys: int
+) -> Optional[int]:
+    """The batch size if every key has the same one; raise if the batch size varies per key."""
+    if stride_per_key_per_rank is None:
+        return None
+    rows = (
+        stride_per_key_per_rank.tolist()
+        if isinstance(stride_per_key_per_rank, torch.Tensor)
+        else stride_per_key_per_rank
+    )
+    per_key = [sum(row) for row in rows]
+    if len(set(per_key)) > 1:
+        raise NotImplementedError(
+            f"{_OWNER}: variable batch size per key (stride_per_key_per_rank={rows}) is not supported "
+            "yet; give every key the same number of samples"
+        )
+    return per_key[0] if per_key else 0
+
+
+class KeyedJaggedTensor:
+    """Sparse features keyed by name: ``lengths`` is key-major, ``len(keys) * stride`` entries.
+
+    Args:
+        keys: feature names.
+        values: all values, key by key, sample by sample.
+        weights: one weight per value, or None.
+        lengths: values per (key, sample), key-major; or
+        offsets: start of each (key, sample) in values, plus the end.
+        stride: samples per key (inferred from lengths/offsets if None).
+        stride_per_key_per_rank: accepted only when every key has the same batch size.
+        stride_per_key, length_per_key, lengths_offset_per_key, offset_per_key, index_per_key,
+        jt_dict: precomputed caches (as in TorchRec).
+        inverse_indices: kept and returned as is.
+        validate: check the inputs (default: on, unless inside ``validation_disabled()``).
+
+    >>> kjt = KeyedJaggedTensor(keys=["product", "user"], values=torch.tensor([1, 2, 1, 5, 2, 3, 4, 1]),
+    ...                         lengths=torch.tensor([3, 1, 2, 2]))
+    >>> kjt.stride(), kjt.length_per_key(), kjt.offset_per_key()
+    (2, [4, 4], [0, 4, 8])
+    >>> kjt["user"].to_dense()
+    [tensor([2, 3]), tensor([4, 1])]
+    """
+
+    def __init__(
+        self,
+        keys: List[str],
+        values: torch.Tensor,
+        weights: Optional[torch.Tensor] = None,
+        lengths: Optional[torch.Tensor] = None,
+        offsets: Optional[torch.Tensor] = None,
+        stride: Optional[int] = None,
+        stride_per_key_per_rank: Union[torch.Tensor, List[List[int]], None] = None,
+        stride_per_key: Optional[List[int]] = None,
+        length_per_key: Optional[List[int]] = None,
+        lengths_offset_per_key: Optional[List[int]] = None,
+        offset_per_key: Optional[List[int]] = None,
+        index_per_key: Optional[Dict[str, int]] = None,
+        jt_dict: Optional[Dict[str, JaggedTensor]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
+        *,
+        validate: Optional[bool] = None,
+    ) -> None:
+        if lengths is None and offsets is None:
+            raise ValueError(f"{_OWNER}: pass lengths or offsets (or both)")
+        uniform = _uniform_stride_per_key_per_rank(stride_per_key_per_rank, len(keys))
+        if stride is None and uniform is not None:
+            stride = uniform
+        self._keys = keys
+        self._values = values
+        self._weights = weights
+        self._lengths = lengths
+        self._offsets = offsets
+        self._stride = stride
+        self._length_per_key = length_per_key
+        self._offset_per_key = offset_per_key
+        self._index_per_key = index_per_key
+        self._jt_dict = jt_dict
+        self._inverse_indices = inverse_indices
+        if validation.should_validate(validate):
+            self._validate()
+
+    # --------------------------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        keys, values, lengths, offsets = self._keys, self._values, self._lengths, self._offsets
+        validation.check_integer(lengths, "lengths", _OWNER)
+        validation.check_integer(offsets, "offsets", _OWNER)
+        validation.check_weights(values, self._weights, _OWNER)
+        num_lengths = lengths.numel() if lengths is not None else max(offsets.numel() - 1, 0)
+        stride = validation.check_keys_and_stride(keys, num_lengths, self._stride, _OWNER)
+        self._stride = stride
+        if offsets is not None:
+            offset_lengths = validation.check_offsets(offsets, values, _OWNER, keys, stride)
+            if lengths is not None and not torch.equal(lengths.to(offset_lengths.dtype), offset_lengths):
+                raise ValueError(f"{_OWNER}: lengths do not match offsets; lengths must equal diff(offsets)")
+            lengths = offset_lengths
+        if len(keys) == 0 or num_lengths == 0:
+            validation.check_total_length(0, values, _OWNER, f" (keys={validation._short_keys(keys)})")
+            computed = [0] * len(keys)
+        else:
+            # One segment sum and one min, read back with a single .tolist().
+            sum_dtype = torch.int32 if lengths.dtype == torch.int32 and values.size(0) < 2**31 else torch.int64
+            *computed, min_length = min_and_sum_per_row(lengths.view(len(keys), stride), sum_dtype)
+            validation.check_lengths_nonnegative(lengths, min_length, _OWNER, keys, stride)
+            total = sum(computed)
+            if total != values.size(0):  # the message (keys and all) is built only when it is needed
+                validation.check_total_length(
+                    total, values, _OWNER, f" (keys={validation._short_keys(keys)}, stride={stride})"
+                )
+        if self._length_per_key is not None and list(self._length_per_key) != computed:
+            raise ValueError(
+                f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
+            )
+        self._length_per_key = computed
+
+    # ----------------------------------------------------------------------------------- builders
+    @staticmethod
+    def from_offsets_sync(
+        keys: List[str],
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: Optional[torch.Tensor] = None,
+        stride: Optional[int] = None,
+        stride_per_key_per_rank: Optional[List[List[int]]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
+    ) -> "KeyedJaggedTensor":
+        """Build from offsets and compute length_per_key / offset_per_key now."""
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            offsets=offsets,
+            stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
+        ).sync()
+
+    @staticmethod
+    def from_lengths_sync(
+        keys: List[str],
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        weights: Optional[torch.Tensor] = None,
+        stride: Optional[int] = None,
+        stride_per_key_per_rank: Optional[List[List[int]]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
+    ) -> "KeyedJaggedTensor":
+        """Build from lengths and compute length_per_key / offset_per_key now."""
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
+        ).sync()
+
+    @staticmethod
+    def from_jt_dict(jt_dict: Dict[str, JaggedTensor]) -> "KeyedJaggedTensor":
+        """One key per JaggedTensor, in the dict's order; all must have the same batch size.
+
+        >>> jts = {"a": JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([2, 0])),
+        ...        "b": JaggedTensor(values=torch.tensor([3]), lengths=torch.tensor([0, 1]))}
+        >>> KeyedJaggedTensor.from_jt_dict(jts).lengths()
+        tensor([2, 0, 0, 1])
+        """
+        keys = list(jt_dict.keys())
+        jts = list(jt_dict.values())
+        strides = [jt.lengths().numel() for jt in jts]
+        if len(set(strides)) > 1:
+            sizes = dict(zip(keys, strides))
+            raise NotImplementedError(
+                f"{_OWNER}.from_jt_dict: the JaggedTensors have different batch sizes {sizes}; variable "
+                "batch size per key is not supported yet, pad the shorter ones with empty samples"
+            )
+        weighted = [jt.weights_or_none() is not None for jt in jts]
+        if any(weighted) and not all(weighted):
+            raise ValueError(f"{_OWNER}.from_jt_dict: some JaggedTensors have weights and some do not ({dict(zip(keys, weighted))})")
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=torch.cat([jt.values() for jt in jts]),
+            weights=torch.cat([jt.weights() for jt in jts]) if jts and all(weighted) else None,
+            lengths=torch.cat([jt.lengths() for jt in jts]),
+            stride=strides[0] if strides else None,
+        ).sync()
+
+    @staticmethod
+    def concat(kjt_list: List["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
+        """Keys of all KJTs side by side; they must share the batch size and all (or none) be weighted."""
+        if len(kjt_list) == 0:
+            raise ValueError("Can't concat empty KJT list")
+        weighted = kjt_list[0].weights_or_none() is not None
+        strides = [kjt.stride() for kjt in kjt_list if kjt.keys()]
+        if len(set(strides)) > 1:
+            raise ValueError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
+        keys: List[str] = []
+        length_per_key: List[int] = []
+        for kjt in kjt_list:
+            if (kjt.weights_or_none() is not None) != weighted:
+                raise ValueError("Can't merge weighted KJT with unweighted KJT")
+            keys += kjt.keys()
+            length_per_key += kjt.length_per_key()
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=torch.cat([kjt.values() for kjt in kjt_list]),
+            weights=torch.cat([kjt.weights() for kjt in kjt_list]) if weighted else None,
+            lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
+            stride=strides[0] if strides else kjt_list[0].stride(),
+            length_per_key=length_per_key,
+            validate=False,
+        )
+
+    @staticmethod
+    def empty(
+        is_weighted: bool = False,
+        device: Optional[torch.device] = None,
+        values_dtype: Optional[torch.dtype] = None,
+        weights_dtype: Optional[torch.dtype] = None,
+        lengths_dtype: torch.dtype = torch.int32,
+    ) -> "KeyedJaggedTensor":
+        """A KJT with no keys."""
+        return KeyedJaggedTensor(
+            keys=[],
+            values=torch.empty(0, dtype=values_dtype, device=device),
+            weights=torch.empty(0, dtype=weights_dtype, device=device) if is_weighted else None,
+            lengths=torch.empty(0, dtype=lengths_dtype, device=device),
+            stride=0,
+            validate=False,
+        )
+
+    @staticmethod
+    def empty_like(kjt: "KeyedJaggedTensor", device: Optional[torch.device] = None) -> "KeyedJaggedTensor":
+        """No keys, same stride and dtypes (device=None); or same shapes, uninitialized, on ``device``."""
+        if device is None:
+            weights = kjt.weights_or_none()
+            return KeyedJaggedTensor(
+                keys=[],
+                values=kjt.values().new_empty(0),
+                weights=weights.new_empty(0) if weights is not None else None,
+                lengths=kjt.lengths().new_empty(0),
+                stride=kjt.stride(),
+                validate=False,
+            )
+
+        def like(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return torch.empty_like(tensor, device=device) if tensor is not None else None
+
+        return KeyedJaggedTensor(
+            keys=kjt.keys(),
+            values=like(kjt._values),
+            weights=like(kjt._weights),
+            lengths=like(kjt._lengths),
+            offsets=like(kjt._offsets),
+            stride=kjt.stride(),
+            length_per_key=kjt._length_per_key,
+            offset_per_key=kjt._offset_per_key,
+            validate=False,
+        )
+
+    def sync(self) -> "KeyedJaggedTensor":
+        """Compute (and cache) length_per_key and offset_per_key; returns self."""
+        self.length_per_key()
+        self.offset_per_key()
+        return self
+
+    def unsync(self) -> "KeyedJaggedTensor":
+        self._length_per_key = None
+        self._offset_per_key = None
+        return self
+
+    # ---------------------------------------------------------------------------------- accessors
+    def keys(self) -> List[str]:
+        return self._keys
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def weights(self) -> torch.Tensor:
+        if self._weights is None:
+            raise ValueError("This (Keyed)JaggedTensor doesn't have weights.")
+        return self._weights
+
+    def weights_or_none(self) -> Optional[torch.Tensor]:
+        return self._weights
+
+    def lengths(self) -> torch.Tensor:
+        if self._lengths is None:
+            self._lengths = offsets_to_lengths(self._offsets)
+        return self._lengths
+
+    def lengths_or_none(self) -> Optional[torch.Tensor]:
+        return self._lengths
+
+    def offsets(self) -> torch.Tensor:
+        if self._offsets is None:
+            self._offsets = lengths_to_offsets(self._lengths)
+        return self._offsets
+
+    def offsets_or_none(self) -> Optional[torch.Tensor]:
+        return self._offsets
+
+    def device(self) -> torch.device:
+        return self._values.device
+
+    def stride(self) -> int:
+        """Samples per key (the batch size)."""
+        if self._stride is None:
+            num_keys = len(self._keys)
+            if num_keys == 0:
+                self._stride = 0
+            elif self._offsets is not None and self._offsets.numel() > 0:
+                self._stride = (self._offsets.numel() - 1) // num_keys
+            elif self._lengths is not None:
+                self._stride = self._lengths.numel() // num_keys
+            else:
+                self._stride = 0
+        return self._stride
+
+    def stride_per_key(self) -> List[int]:
+        return [self.stride()] * len(self._keys)
+
+    def stride_per_key_per_rank(self) -> List[List[int]]:
+        """Empty: every key has the same batch size (no variable batch size per key)."""
+        return []
+
+    def variable_stride_per_key(self) -> bool:
+        return False
+
+    def inverse_indices(self) -> Tuple[List[str], torch.Tensor]:
+        if self._inverse_indices is None:
+            raise ValueError("This KJT doesn't have inverse indices.")
+        return self._inverse_indices
+
+    def inverse_indices_or_none(self) -> Optional[Tuple[List[str], torch.Tensor]]:
+        return self._inverse_indices
+
+    def _key_indices(self) -> Dict[str, int]:
+        if self._index_per_key is None:
+            self._index_per_key = {key: i for i, key in enumerate(self._keys)}
+        return self._index_per_key
+
+    def index_per_key(self) -> Dict[str, int]:
+        return self._key_indices()
+
+    def length_per_key(self) -> List[int]:
+        """Number of values of each key (one segment sum, cached)."""
+        if self._length_per_key is None:
+            num_keys = len(self._keys)
+            lengths = self.lengths()
+            if num_keys == 0:
+                self._length_per_key = []
+            elif lengths.numel() == 0:
+                self._length_per_key = [0] * num_keys
+            else:
+                self._length_per_key = lengths.view(num_keys, self.stride()).sum(1).tolist()
+        return self._length_per_key
+
+    def length_per_key_or_none(self) -> Optional[List[int]]:
+        return self._length_per_key
+
+    def offset_per_key(self) -> List[int]:
+        """Where each key's values start, plus the end: [0, len(key0), len(key0) + len(key1), ...]."""
+        if self._offset_per_key is None:
+            self._offset_per_key = cumsum_list(self.length_per_key())
+        return self._offset_per_key
+
+    def offset_per_key_or_none(self) -> Optional[List[int]]:
+        return self._offset_per_key
+
+    def lengths_offset_per_key(self) -> List[int]:
+        """Where each key's lengths start in ``lengths()``, plus the end."""
+        stride = self.stride()
+        return [stride * i for i in range(len(self._keys) + 1)]
+
+    def size_in_bytes(self) -> int:
+        tensors = [self._values, self._weights, self._lengths, self._offsets]
+        return sum(t.element_size() * t.numel() for t in tensors if t is not None)
+
+    # ------------------------------------------------------------------------------- per-key views
+    def _key_index(self, key: str) -> int:
+        index = self._key_indices().get(key)
+        if index is None:
+            raise validation.unknown_key_error(key, self._keys, _OWNER)
+        return index
+
+    def __getitem__(self, key: str) -> JaggedTensor:
+        """The JaggedTensor of one key (views into this KJT's tensors)."""
+        index = self._key_index(key)
+        offset_per_key = self.offset_per_key()
+        start, end = offset_per_key[index], offset_per_key[index + 1]
+        stride = self.stride()
+        return JaggedTensor(
+            values=self._values[start:end],
+            weights=self._weights[start:end] if self._weights is not None else None,
+            lengths=self.lengths()[index * stride : (index + 1) * stride],
+            validate=False,
+        )
+
+    def to_dict(self, compute_offsets: bool = True) -> Dict[str, JaggedTensor]:
+        """{key: JaggedTensor}, in key order (cached)."""
+        if self._jt_dict is not None:
+            return self._jt_dict
+        keys = self._keys
+        length_per_key = self.length_per_key()
+        if not length_per_key:
+            return {}
+        values = torch.split(self._values, length_per_key)
+        weights = torch.split(self._weights, length_per_key) if self._weights is not None else None
+        lengths_2d = self.lengths().view(len(keys), self.stride())
+        split_lengths = lengths_2d.unbind(0)
+        split_offsets = batched_lengths_to_offsets(lengths_2d).unbind(0) if compute_offsets else None
+        self._jt_dict = {
+            key: JaggedTensor(
+                values=values[i],
+                weights=weights[i] if weights is not None else None,
+                lengths=split_lengths[i],
+                offsets=split_offsets[i] if split_offsets is not None else None,
+                validate=False,
+            )
+            for i, key in enumerate(keys)
+        }
+        return self._jt_dict
+
+    # --------------------------------------------------------------------------- reshaping by keys
+    def split(self, segments: List[int]) -> List["KeyedJaggedTensor"]:
+        """Consecutive groups of keys: segments=[1, 2] -> a KJT of key 0, a KJT of keys 1 and 2.
+
+        >>> kjt = KeyedJaggedTensor(keys=["a", "b", "c"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1]))
+        >>> [part.keys() for part in kjt.split([1, 2])]
+        [['a'], ['b', 'c']]
+        """
+        if any(segment < 0 for segment in segments) or sum(segments) > len(self._keys):
+            raise ValueError(
+                f"{_OWNER}.split: segments {list(segments)} must be >= 0 and sum to at most the "
+                f"{len(self._keys)} keys"
+            )
+        length_per_key = self.length_per_key()
+        offset_per_key = self.offset_per_key()
+        stride = self.stride()
+        lengths = self.lengths()
+        parts: List[KeyedJaggedTensor] = []
+        start = 0
+        for segment in segments:
+            end = start + segment
+            if segment == len(self._keys):
+                parts.append(self)
+            elif segment == 0:
+                parts.append(
+                    KeyedJaggedTensor(
+                        keys=[],
+                        values=self._values.new_empty((0,) + tuple(self._values.shape[1:])),
+                        weights=self._weights.new_empty(0) if self._weights is not None else None,
+                        lengths=torch.empty(0, dtype=torch.int, device=self.device()),
+                        offsets=torch.empty(0, dtype=torch.int, device=self.device()),
+                        stride=stride,
+                        validate=False,
+                    )
+                )
+            else:
+                first, last = offset_per_key[start], offset_per_key[end]
+                parts.append(
+                    KeyedJaggedTensor(
+                        keys=self._keys[start:end],
+                        values=self._values[first:last],
+                        weights=self._weights[first:last] if self._weights is not None else None,
+                        lengths=lengths[start * stride : end * stride],
+                        stride=stride,
+                        length_per_key=length_per_key[start:end],
+                        validate=False,
+                    )
+                )
+            start = end
+        return parts
+
+    def permute(
+        self, indices: Sequence[Union[int, str]], indices_tensor: Optional[torch.Tensor] = None
+    ) -> "KeyedJaggedTensor":
+        """A KJT whose key i is this KJT's key ``indices[i]`` (an index or a key name).
+
+        Keys may be repeated or left out.
+
+        >>> kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2]))
+        >>> p = kjt.permute([1, 0, 1])
+        >>> p.keys(), p.values()
+        (['b', 'a', 'b'], tensor([2, 3, 1, 2, 3]))
+        """
+        num_keys = len(self._keys)
+        positions: List[int] = []
+        for index in indices:
+            if isinstance(index, str):
+                positions.append(self._key_index(index))
+            elif -num_keys <= index < num_keys:
+                positions.append(index % num_keys)
+            else:
+                raise ValueError(
+                    f"{_OWNER}.permute: index {index} is out of range for the {num_keys} keys "
+                    f"{validation._short_keys(self._keys)}"
+                )
+        length_per_key = self.length_per_key()
+        offset_per_key = self.offset_per_key()
+        stride = self.stride()
+        lengths = self.lengths()
+        if indices_tensor is None or any(isinstance(index, str) for index in indices):
+            indices_tensor = torch.tensor(positions, dtype=torch.long, device=lengths.device)
+        # Each key's values are one contiguous block, so permuting keys is one cat of slices.
+        value_blocks = [self._values[offset_per_key[p] : offset_per_key[p + 1]] for p in positions]
+        weights = None
+        if self._weights is not None:
+            weights = cat_or_empty(
+                [self._weights[offset_per_key[p] : offset_per_key[p + 1]] for p in positions], self._weights
+            )
+        if lengths.numel() > 0 or num_keys == 0:
+            permuted_lengths = lengths.view(num_keys, stride).index_select(0, indices_tensor.long()).view(-1)
+        else:
+            permuted_lengths = lengths
+        return KeyedJaggedTensor(
+            keys=[self._keys[p] for p in positions],
+            values=cat_or_empty(value_blocks, self._values),
+            weights=weights,
+            lengths=permuted_lengths,
+            stride=stride,
+            length_per_key=[length_per_key[p] for p in positions] if positions else None,
+            validate=False,
+        )
+
+    def flatten_lengths(self) -> "KeyedJaggedTensor":
+        return KeyedJaggedTensor(
+            keys=self._keys,
+            values=self._values,
+            weights=self._weights,
+            lengths=self.lengths().view(-1),
+            stride=self._stride,
+            length_per_key=self.length_per_key(),
+            validate=False,
+        )
+
+    # ------------------------------------------------------------------------------------ devices
+    def to(
+        self, device: torch.device, non_blocking: bool = False, dtype: Optional[torch.dtype] = None
+    ) -> "KeyedJaggedTensor":
+        """A copy on ``device``; ``dtype`` converts the weights only (as in TorchRec)."""
+
+        def move(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return tensor.to(device, non_blocking=non_blocking) if tensor is not None else None
+
+        weights = self._weights
+        if weights is not None:
+            weights = weights.to(device=device, dtype=dtype, non_blocking=non_blocking)
+        inverse = self._inverse_indices
+        if inverse is not None:
+            inverse = (inverse[0], inverse[1].to(device, non_blocking=non_blocking))
+        return KeyedJaggedTensor(
+            keys=self._keys,
+            values=move(self._values),
+            weights=weights,
+            lengths=move(self._lengths),
+            offsets=move(self._offsets),
+            stride=self._stride,
+            length_per_key=self._length_per_key,
+            offset_per_key=self._offset_per_key,
+            index_per_key=self._index_per_key,
+            jt_dict=self._jt_dict,
+            inverse_indices=inverse,
+            validate=False,
+        )
+
+    def pin_memory(self) -> "KeyedJaggedTensor":
+        def pin(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return tensor.pin_memory() if tensor is not None else None
+
+        return KeyedJaggedTensor(
+            keys=self._keys,
+            values=pin(self._values),
+            weights=pin(self._weights),
+            lengths=pin(self._lengths),
+            offsets=pin(self._offsets),
+            stride=self._stride,
+            length_per_key=self._length_per_key,
+            offset_per_key=self._offset_per_key,
+            index_per_key=self._index_per_key,
+            validate=False,
+        )
+
+    def record_stream(self, stream: "torch.cuda.Stream") -> None:
+        for tensor in (self._values, self._weights, self._lengths, self._offsets):
+            if tensor is not None:
+                tensor.record_stream(stream)
+
+    # ----------------------------------------------------------------------------------- printing
+    def __str__(self) -> str:
+        if len(self._keys) == 0 or (self._offsets is None and self._lengths is None):
+            return "KeyedJaggedTensor()\n"
+        offsets = self.offsets().tolist()
+        stride = self.stride()
+        entries = []
+        for index, key in enumerate(self._keys):
+            first, last = index * stride, (index + 1) * stride
+            values = jagged_values_string(self._values, offsets, first, last)
+            if self._weights is None:
+                entries.append(f'    "{key}": {values}')
+            else:
+                weights = jagged_values_string(self._weights, offsets, first, last)
+                entries.append(
+                    f'    "{key}"'
+                    + ': {\n        "values": '
+                    + values
+                    + ',\n        "weights": '
+                    + weights
+                    + "\n    }"
+                )
+        return "KeyedJaggedTensor({\n" + ",\n".join(entries) + "\n})\n"

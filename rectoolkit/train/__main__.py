@@ -1,0 +1,94 @@
+"""`python -m rectoolkit.train`: the demo recipe from the command line, alone or under torchrun.
+
+    torchrun --standalone --nproc-per-node 2 -m rectoolkit.train --workload dlrm26 --steps 100 \\
+        --batch-size 256 --max-rows 10000 --plan plan.json
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m rectoolkit.train ...
+
+Without torchrun's environment (RANK unset) it trains in this one process. Rank 0 prints one JSON line per
+report (unless a progress bar is shown) and a final {"summary": ...} line; --metrics-out also writes the
+reports as JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+import torch.distributed as dist
+
+from rectoolkit.launch.context import WorkerContext
+from rectoolkit.launch.torchrun import torchrun_context
+from rectoolkit.train.loop import TrainConfig, train, write_metrics_jsonl
+from rectoolkit.workloads import WORKLOAD_NAMES
+
+
+def _int_list(text: str) -> List[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rectoolkit.train", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", default="dlrm26", help=f"one of {WORKLOAD_NAMES} or a workload JSON file")
+    parser.add_argument("--plan", default=None, help="sharding plan JSON for DistributedModelParallel")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per step")
+    parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows (small demo runs)")
+    parser.add_argument("--embedding-dim", type=int, default=None, help="one embedding dim for every table")
+    parser.add_argument("--dense-arch", type=_int_list, default=None, help="e.g. 64,16 (last = embedding dim)")
+    parser.add_argument("--over-arch", type=_int_list, default=[64, 32, 1], help="e.g. 64,32,1")
+    parser.add_argument("--embedding-lr", type=float, default=0.05)
+    parser.add_argument("--dense-lr", type=float, default=3e-3)
+    parser.add_argument("--report-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zipf-alpha", type=float, default=None)
+    parser.add_argument("--criteo", nargs="+", default=None, metavar="TSV", help="train on Criteo TSV files")
+    parser.add_argument("--backend", default=None, choices=["gloo", "nccl"])
+    parser.add_argument("--metrics-out", default=None, help="rank 0 appends each report here as a JSON line")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on rank 0 (default: when stderr is a terminal)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    config = TrainConfig(workload=args.workload, steps=args.steps, batch_size=args.batch_size, max_rows=args.max_rows,
+                         embedding_dim=args.embedding_dim, dense_arch_layer_sizes=args.dense_arch,
+                         over_arch_layer_sizes=args.over_arch, embedding_lr=args.embedding_lr,
+                         dense_lr=args.dense_lr, report_every=args.report_every, seed=args.seed,
+                         zipf_alpha=args.zipf_alpha, criteo_paths=args.criteo, plan=args.plan,
+                         progress=args.progress)
+    show_bar = args.progress if args.progress is not None else sys.stderr.isatty()
+    writer = write_metrics_jsonl(args.metrics_out) if args.metrics_out else None
+
+    def on_metrics(metrics: dict) -> None:
+        if writer is not None:
+            writer(metrics)
+        if not show_bar:
+            print(json.dumps(metrics), flush=True)
+
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if under_torchrun:
+        ctx = torchrun_context(backend=args.backend)
+    else:
+        ctx = WorkerContext.single_process()
+    if ctx.is_main:
+        ctx._send = on_metrics
+    else:
+        ctx._send = lambda metrics: None  # only rank 0 prints; metrics are already global (all-reduced)
+    try:
+        summary = train(ctx, config)
+        if ctx.is_main:
+            print(json.dumps({"summary": {**summary, "world_size": ctx.world_size, "backend": ctx.backend}}),
+                  flush=True)
+    finally:
+        if under_torchrun and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The demo training recipe: DLRM on synthetic (or Criteo) data, one function per step of the recipe.
+
+    import rectoolkit as rtk
+    from rectoolkit.train import TrainConfig, train
+    config = TrainConfig(workload="dlrm26", steps=200, batch_size=256, max_rows=10_000)
+    rtk.launch(train, 2, config, on_metrics=print)       # 2 local workers, metrics live
+    train(rtk.launch.WorkerContext.single_process(), config)   # or inline, in this process
+
+`train(ctx, config)` runs the same in a `launch` worker, under `torchrun` (`python -m rectoolkit.train`) and
+inline. Order of the recipe: tables -> model -> shard -> optimizers -> data -> steps, each a plain function.
+Every `report_every` steps it calls `ctx.report(step, loss, auc, samples_per_s, ...)`; the AUC is
+progressive validation: each batch is scored before the model trains on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from rectoolkit.launch.context import WorkerContext
+from rectoolkit.modules.configs import EmbeddingBagConfig
+from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
+from rectoolkit.train.criteo import CriteoTSV
+from rectoolkit.train.data import Batch, SyntheticData
+from rectoolkit.train.metrics import Throughput, auc
+from rectoolkit.train.model import DLRM
+from rectoolkit.workloads import load_workload
+
+
+@dataclass
+class TrainConfig:
+    """Everything the recipe needs; picklable, so it travels to launch workers.
+
+    workload: "dlrm26", "small3" or a workload JSON path (tables, pooling factors, id skew).
+    batch_size: samples per rank per step (default: the workload's batch_size_per_rank).
+    max_rows / embedding_dim: cap every table's rows / give every table this dim (tiny demo runs; DLRM needs
+        one dim for all tables).
+    embedding_lr (fused Adagrad on the tables), dense_lr (Adam on the MLPs).
+    plan: a ShardingPlan, or a path to its JSON, for DistributedModelParallel (None: the planner decides).
+    criteo_paths: train on these Criteo TSV files instead of synthetic data.
+    progress: tqdm bar on rank 0 (None: only when stderr is a terminal).
+    """
+
+    workload: str = "dlrm26"
+    steps: int = 100
+    batch_size: Optional[int] = None
+    max_rows: Optional[int] = None
+    embedding_dim: Optional[int] = None
+    dense_arch_layer_sizes: Optional[List[int]] = None
+    over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
+    embedding_lr: float = 0.05
+    dense_lr: float = 3e-3
+    report_every: int = 10
+    auc_window_steps: int = 20
+    seed: int = 0
+    zipf_alpha: Optional[float] = None
+    signal: float = 3.0
+    criteo_paths: Optional[List[str]] = None
+    plan: Any = None
+    progress: Optional[bool] = None
+
+
+# ------------------------------------------------------------------------------------------ recipe steps
+def make_tables(config: TrainConfig) -> Tuple[List[EmbeddingBagConfig], Dict[str, float], int, float]:
+    """The workload's tables (rows capped, dims overridden), pooling factors, dense feature count, Zipf alpha."""
+    workload = load_workload(config.workload)
+    tables = []
+    for table in workload.tables:
+        changes: Dict[str, Any] = {}
+        if config.max_rows is not None:
+            changes["num_embeddings"] = min(table.num_embeddings, config.max_rows)
+        if config.embedding_dim is not None:
+            changes["embedding_dim"] = config.embedding_dim
+        tables.append(dataclasses.replace(table, **changes))
+    alpha = config.zipf_alpha
+    if alpha is None:
+        alpha = float(workload.id_distribution.get("alpha", 1.05)) if workload.id_distribution.get("kind") == "zipf" else 0.0
+    dense_features = 13 if config.criteo_paths else (workload.dense_features or 13)
+    return tables, dict(workload.pooling_factors), dense_features, alpha
+
+
+def sharding_mode(ctx: WorkerContext, plan: Any) -> str:
+    """"local" (one process, no plan), "dmp" (rectoolkit's DistributedModelParallel) or "ddp" (fallback)."""
+    if ctx.world_size == 1 and plan is None:
+        return "local"
+    try:
+        from rectoolkit.distributed import DistributedModelParallel  # noqa: F401
+    except ImportError:
+        return "ddp"
+    return "dmp"
+
+
+def build_model(config: TrainConfig, tables: List[EmbeddingBagConfig], dense_features: int, fuse_embedding_optimizer: bool,
+                device: torch.device) -> DLRM:
+    """DLRM over an EmbeddingBagCollection; the tables' Adagrad is fused into backward when asked."""
+    torch.manual_seed(config.seed)  # same initial weights on every rank
+    optimizer = {"optimizer": "adagrad", "lr": config.embedding_lr} if fuse_embedding_optimizer else {}
+    ebc = EmbeddingBagCollection(tables, device=device, **optimizer)
+    dim = tables[0].embedding_dim
+    dense_sizes = config.dense_arch_layer_sizes or [64, dim]
+    return DLRM(ebc, dense_features, dense_sizes, config.over_arch_layer_sizes).to(device)
+
+
+def load_plan(plan: Any) -> Any:
+    """A ShardingPlan given as an object, or read from a JSON file written by `rectoolkit.plan` (save_plan)."""
+    if plan is None or not isinstance(plan, (str, Path)):
+        return plan
+    from rectoolkit.plan.serialization import load_plan as load_plan_file
+
+    return load_plan_file(plan)
+
+
+def shard_model(model: nn.Module, ctx: WorkerContext, plan: Any, mode: str) -> nn.Module:
+    """Apply the model parallelism: DistributedModelParallel (one call), or plain DDP until it exists."""
+    if mode == "local":
+        return model
+    if mode == "dmp":
+        from rectoolkit.distributed import DistributedModelParallel
+
+        return DistributedModelParallel(model, plan=load_plan(plan), device=ctx.device)
+    if plan is not None and ctx.is_main:
+        print("rectoolkit.train: DistributedModelParallel is not available; the plan is ignored and the whole "
+              "model is replicated with DDP", file=sys.stderr)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+
+
+def make_optimizers(model: nn.Module, config: TrainConfig) -> List[Any]:
+    """Adam for the dense MLPs; the tables use their fused Adagrad (or a torch Adagrad when not fused)."""
+    if hasattr(model, "dense_parameters") and hasattr(model, "fused_optimizer"):  # DistributedModelParallel
+        return [torch.optim.Adam(model.dense_parameters(), lr=config.dense_lr), model.fused_optimizer]
+    dense, tables = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad or hasattr(param, "_in_backward_optimizers"):
+            continue  # fused into backward (or frozen)
+        (tables if "sparse_arch" in name else dense).append(param)
+    optimizers: List[Any] = [torch.optim.Adam(dense, lr=config.dense_lr)]
+    if tables:
+        optimizers.append(torch.optim.Adagrad(tables, lr=config.embedding_lr))
+    return optimizers
+
+
+def make_data(config: TrainConfig, ctx: WorkerContext, tables: List[EmbeddingBagConfig],
+              pooling_factors: Dict[str, float], dense_features: int, alpha: float, batch_size: int) -> Iterator[Batch]:
+    """This rank's batches: Criteo files when given, else the synthetic generator."""
+    if config.criteo_paths:
+        return iter(CriteoTSV(config.criteo_paths, tables, batch_size, rank=ctx.rank, world_size=ctx.world_size))
+    return iter(SyntheticData(tables, pooling_factors, batch_size, dense_features=dense_features, zipf_alpha=alpha,
+                              signal=config.signal, seed=config.seed, rank=ctx.rank, world_size=ctx.world_size))
+
+
+# ------------------------------------------------------------------------------------------ measurements
+def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
+    """What this rank holds and has sent so far, measured (no collective is called).
+
+    param_bytes (all local parameters); with DistributedModelParallel also memory_<kind>_bytes from its
+    memory_usage(), comm_bytes_sent (total) and bytes_sent_by_collective ({collective: [bytes to rank j]}).
+    """
+    out: Dict[str, Any] = {"param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    usage = getattr(model, "memory_usage", None)
+    if callable(usage):
+        out.update({f"memory_{kind}_bytes": int(value) for kind, value in usage().items()})
+    stats = getattr(getattr(model, "env", None), "stats", None)
+    if stats is not None and hasattr(stats, "bytes_sent"):
+        out["comm_bytes_sent"] = int(stats.total_bytes())
+        out["bytes_sent_by_collective"] = {name: [int(b) for b in row] for name, row in stats.bytes_sent.items()}
+    if ctx.device.type == "cuda" and "memory_cuda_max_allocated_bytes" not in out:
+        out["memory_cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
+    return out
+
+
+def _gather(ctx: WorkerContext, tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's tensor concatenated (same shapes on every rank), or the tensor itself on one process."""
+    if ctx.world_size == 1 or not dist.is_initialized():
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts)
+
+
+def _progress_bar(config: TrainConfig, ctx: WorkerContext):
+    show = config.progress if config.progress is not None else sys.stderr.isatty()
+    if not (show and ctx.is_main):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.steps, desc="train", unit="step", dynamic_ncols=True)
+
+
+# ------------------------------------------------------------------------------------------ the loop
+def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
+    """Train DLRM for `config.steps` steps on this rank; report metrics; return a summary dict.
+
+    Returns {"steps", "final_loss", "final_auc", "first_loss", "first_auc", "samples_per_s", "mode"}.
+    """
+    tables, pooling_factors, dense_features, alpha = make_tables(config)
+    batch_size = config.batch_size or load_workload(config.workload).batch_size_per_rank
+    mode = sharding_mode(ctx, config.plan)
+    model = build_model(config, tables, dense_features, fuse_embedding_optimizer=(mode != "ddp"), device=ctx.device)
+    model = shard_model(model, ctx, config.plan, mode)
+    optimizers = make_optimizers(model, config)
+    batches = make_data(config, ctx, tables, pooling_factors, dense_features, alpha, batch_size)
+    window: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    losses: List[float] = []
+    summary: Dict[str, Any] = {"mode": mode, "steps": 0}
+    throughput, started = Throughput(), time.perf_counter()
+    bar = _progress_bar(config, ctx)
+    model.train()
+    stop = False
+    for step in range(1, config.steps + 1):
+        batch = next(batches, None)
+        if batch is None:
+            break  # Criteo files ran out
+        dense, sparse, labels = (batch.dense_features.to(ctx.device), batch.sparse_features.to(ctx.device),
+                                 batch.labels.to(ctx.device))
+        logits = model(dense, sparse).squeeze(-1)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        throughput.add(labels.numel() * ctx.world_size)
+        losses.append(loss.item())
+        window = (window + [(logits.detach().float().cpu(), labels.cpu())])[-config.auc_window_steps:]
+        if step % config.report_every == 0 or step == config.steps:
+            metrics, stop = _step_metrics(ctx, step, losses, window, throughput, ctx.stop_requested())
+            metrics.update(measured_resources(model, ctx))
+            losses = []
+            summary.setdefault("first_loss", metrics["loss"])
+            summary.setdefault("first_auc", metrics["auc"])
+            summary.update(final_loss=metrics["loss"], final_auc=metrics["auc"])
+            ctx.report(**metrics)
+            if bar is not None:
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", auc=f"{metrics['auc']:.3f}")
+        if bar is not None:
+            bar.update(1)
+        summary["steps"] = step
+        if stop:
+            break  # every rank agreed at this report (a lone rank leaving would hang the others)
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - started
+    summary["samples_per_s"] = summary["steps"] * batch_size * ctx.world_size / max(elapsed, 1e-9)
+    return summary
+
+
+def _step_metrics(ctx: WorkerContext, step: int, losses: List[float], window, throughput: Throughput,
+                  stop_requested: bool) -> Tuple[Dict[str, Any], bool]:
+    """Loss (mean since the last report, over all ranks), AUC over the window of all ranks, samples/s; and
+    whether any rank was asked to stop (so that all ranks stop at the same step)."""
+    loss = torch.tensor([sum(losses), float(len(losses)), float(stop_requested)], dtype=torch.float64)
+    if ctx.world_size > 1 and dist.is_initialized():
+        dist.all_reduce(loss)
+    scores = _gather(ctx, torch.cat([s for s, _ in window]))
+    labels = _gather(ctx, torch.cat([y for _, y in window]))
+    samples_per_s = throughput.rate()
+    metrics = {"step": step, "loss": float(loss[0] / loss[1]), "auc": auc(scores, labels),
+               "samples_per_s": samples_per_s, "steps_per_s": samples_per_s / (labels.numel() / len(window) or 1)}
+    return metrics, bool(loss[2] > 0)
+
+
+def write_metrics_jsonl(path: Union[str, Path]):
+    """An on_metrics callback that appends each metrics dict as one JSON line to `path`."""
+    path = Path(path)
+
+    def write(metrics: Dict[str, Any]) -> None:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
+    return write

@@ -1,0 +1,119 @@
+"""DLRM for demos, read top to bottom like the paper (Naumov et al., 2019), with TorchRec's names.
+
+    dense features [B, 13] --dense MLP--> [B, D] ------------------------+
+                                                                          +--> pairwise dots --> over MLP --> logit [B, 1]
+    sparse KJT --EmbeddingBagCollection--> KeyedTensor [B, F * D] --------+
+
+    >>> import rectoolkit as rtk
+    >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4,
+    ...                                                           feature_names=["f0", "f1"])])
+    >>> model = DLRM(ebc, dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["f0", "f1"], torch.tensor([1, 2, 3]), torch.tensor([1, 1, 0, 1]))
+    >>> model(torch.randn(2, 3), kjt).shape
+    torch.Size([2, 1])
+
+Same constructor, submodule names and math as `torchrec.models.dlrm.DLRM`, so weights copy across
+(tests/train/test_model.py checks the outputs agree).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import nn
+
+
+def mlp(in_features: int, layer_sizes: List[int], last_activation: bool = True) -> nn.Sequential:
+    """Linear layers of the given sizes with ReLU between them (and after the last when `last_activation`)."""
+    layers: List[nn.Module] = []
+    for index, out_features in enumerate(layer_sizes):
+        layers.append(nn.Linear(in_features, out_features))
+        if last_activation or index < len(layer_sizes) - 1:
+            layers.append(nn.ReLU())
+        in_features = out_features
+    return nn.Sequential(*layers)
+
+
+class SparseArch(nn.Module):
+    """The embedding collection: KJT -> [B, F, D] (one pooled D-vector per feature)."""
+
+    def __init__(self, embedding_bag_collection: nn.Module) -> None:
+        super().__init__()
+        self.embedding_bag_collection = embedding_bag_collection
+        configs = embedding_bag_collection.embedding_bag_configs()
+        dims = {c.embedding_dim for c in configs}
+        if len(dims) != 1:
+            raise ValueError(f"DLRM needs every table to have the same embedding_dim, got "
+                             f"{ {c.name: c.embedding_dim for c in configs} }; give all tables one dim")
+        self.embedding_dim = dims.pop()
+        self.feature_names = [f for c in configs for f in c.feature_names]
+
+    def forward(self, features) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(features)  # KeyedTensor [B, F * D]
+        return pooled.values().reshape(-1, len(self.feature_names), self.embedding_dim)
+
+
+class DenseArch(nn.Module):
+    """MLP over the dense features: [B, dense_in] -> [B, D] (ReLU after every layer)."""
+
+    def __init__(self, in_features: int, layer_sizes: List[int]) -> None:
+        super().__init__()
+        self.model = mlp(in_features, layer_sizes, last_activation=True)
+
+    def forward(self, dense_features: torch.Tensor) -> torch.Tensor:
+        return self.model(dense_features)
+
+
+class InteractionArch(nn.Module):
+    """Dot products of every pair among [dense, feature_1, ..., feature_F], appended to the dense vector.
+
+    Output: [B, D + (F + 1) * F / 2].
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.register_buffer("triu_indices", torch.triu_indices(self.F + 1, self.F + 1, offset=1), persistent=False)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # [B, F + 1, D]
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))  # [B, F + 1, F + 1]
+        pairs = dots[:, self.triu_indices[0], self.triu_indices[1]]
+        return torch.cat([dense, pairs], dim=1)
+
+
+class OverArch(nn.Module):
+    """MLP over the interactions; the last layer has no activation (it gives the logit)."""
+
+    def __init__(self, in_features: int, layer_sizes: List[int]) -> None:
+        super().__init__()
+        self.model = mlp(in_features, layer_sizes, last_activation=False)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(features)
+
+
+class DLRM(nn.Module):
+    """Deep Learning Recommendation Model: forward(dense_features [B, dense_in], sparse KJT) -> logits [B, 1].
+
+    `dense_arch_layer_sizes[-1]` must equal the tables' embedding_dim (dense and sparse vectors are dotted).
+    """
+
+    def __init__(self, embedding_bag_collection: nn.Module, dense_in_features: int,
+                 dense_arch_layer_sizes: List[int], over_arch_layer_sizes: List[int]) -> None:
+        super().__init__()
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        if dense_arch_layer_sizes[-1] != self.sparse_arch.embedding_dim:
+            raise ValueError(f"dense_arch_layer_sizes[-1]={dense_arch_layer_sizes[-1]} must equal the tables' "
+                             f"embedding_dim={self.sparse_arch.embedding_dim} (DLRM dots dense and sparse vectors)")
+        num_features = len(self.sparse_arch.feature_names)
+        self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes)
+        self.inter_arch = InteractionArch(num_features)
+        over_in = dense_arch_layer_sizes[-1] + num_features * (num_features + 1) // 2
+        self.over_arch = OverArch(over_in, over_arch_layer_sizes)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features) -> torch.Tensor:
+        dense = self.dense_arch(dense_features)
+        sparse = self.sparse_arch(sparse_features)
+        return self.over_arch(self.inter_arch(dense, sparse))

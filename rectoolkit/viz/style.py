@@ -1,0 +1,98 @@
+"""Shared look of every rectoolkit figure: one colour per rank, one per memory/time component, byte labels.
+
+    >>> rank_color(0) == rank_color(0), rank_color(0) != rank_color(1)
+    (True, True)
+    >>> format_bytes(3 * 2**30)
+    '3.00 GiB'
+"""
+
+from __future__ import annotations
+
+import colorsys
+from typing import List
+
+# Plotly's qualitative "Plotly" palette followed by "D3"-like extras: distinct for the first 20 ranks.
+_RANK_PALETTE = [
+    "#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
+    "#FF97FF", "#FECB52", "#1F77B4", "#2CA02C", "#8C564B", "#E377C2", "#7F7F7F", "#BCBD22",
+    "#17BECF", "#9467BD", "#D62728", "#FF7F0E",
+]
+
+OVERFLOW_COLOR = "#E11D48"  # memory above capacity, plans that do not fit
+REPLICATED_COLOR = "#9CA3AF"  # DATA_PARALLEL tables: a replica on every rank
+CAPACITY_COLOR = "#111827"
+
+# Memory and time components in stacking order, with fixed colours so every figure agrees.
+COMPONENT_COLORS = {
+    "weights": "#3B82F6",
+    "optimizer": "#F59E0B",
+    "buffers": "#10B981",
+    "dense": "#8B5CF6",
+    "lookup_fwd": "#2563EB",
+    "lookup_bwd": "#93C5FD",
+    "lookup": "#3B82F6",
+    "gradients": "#EC4899",
+    "input_buffer": "#10B981",
+    "output_buffer": "#6EE7B7",
+    "input_dist": "#F97316",
+    "output_dist_intra": "#FDBA74",
+    "output_dist_inter": "#B45309",
+    "output_dist_backward": "#EF4444",
+    "output_dist_intra_backward": "#FCA5A5",
+    "output_dist_inter_backward": "#991B1B",
+    "output_dist": "#FB923C",
+    "dp_allreduce": "#A855F7",
+    "comm": "#F97316",
+    "communication": "#F97316",
+    "compute": "#3B82F6",
+    "estimated": "#94A3B8",
+    "measured": "#0EA5E9",
+}
+
+
+def rank_color(rank: int) -> str:
+    """The colour of `rank` in every figure (distinct for 20 ranks, then evenly spaced hues)."""
+    if rank < len(_RANK_PALETTE):
+        return _RANK_PALETTE[rank]
+    hue = (rank * 0.618033988749895) % 1.0  # golden-ratio hue steps stay distinct for a long while
+    red, green, blue = colorsys.hls_to_rgb(hue, 0.5, 0.65)
+    return "#{:02X}{:02X}{:02X}".format(int(red * 255), int(green * 255), int(blue * 255))
+
+
+def rank_colors(world_size: int) -> List[str]:
+    return [rank_color(rank) for rank in range(world_size)]
+
+
+def component_color(name: str, index: int = 0) -> str:
+    """Colour of a memory/time component by its name ("weights_bytes" -> the weights colour)."""
+    key = name.lower()
+    matches = [prefix for prefix in COMPONENT_COLORS if key.startswith(prefix)]
+    if matches:
+        return COMPONENT_COLORS[max(matches, key=len)]  # the most specific name wins
+    return _RANK_PALETTE[(index + 10) % len(_RANK_PALETTE)]
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Bytes with a binary unit: 1536 -> '1.50 KiB'."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds with 3 significant-ish digits: 0.125 ms, 2.25 ms, 123.4 ms."""
+    if abs(ms) < 1:
+        return f"{ms:.3f} ms"
+    return f"{ms:.2f} ms" if abs(ms) < 100 else f"{ms:.1f} ms"
+
+
+def pretty_component(name: str) -> str:
+    """'optimizer_bytes' -> 'optimizer', 'lookup_fwd_ms' -> 'lookup fwd'."""
+    for suffix in ("_bytes", "_ms", "_s"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name.replace("_", " ")

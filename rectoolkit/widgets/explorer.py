@@ -1,0 +1,537 @@
+"""PlanExplorer: try sharding choices by clicking; every change re-plans and redraws at once.
+
+    from rectoolkit.widgets import PlanExplorer
+    explorer = PlanExplorer(rectoolkit.load_workload("dlrm26"), world_size=8)
+    explorer                                     # controls, figures, placement board, export
+    explorer.set(world_size=4, optimizer="adam") # the same from Python (tests, scripts)
+    explorer.plan, explorer.result.memory        # the current plan and report frames
+
+Controls: world size, ranks per host, memory per rank, batch size, optimizer, objective, and per table a
+forced sharding type (or auto). Drag shards on the placement board to override the planner. Errors (the
+plan does not fit, bad settings) are shown in the widget with the planner's explanation.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import ipywidgets as w
+import numpy as np
+
+from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.viz.comm import TOTAL, comm_matrix_traces, comm_options
+from rectoolkit.viz.diff import plan_diff_traces
+from rectoolkit.viz.frames import plan_diff
+from rectoolkit.viz.memory import memory_traces
+from rectoolkit.viz.placement import rank_table_traces, shard_placement_traces
+from rectoolkit.viz.style import format_bytes
+from rectoolkit.viz.timing import rank_time_traces
+from rectoolkit.widgets import planning
+from rectoolkit.widgets.board import PlacementBoard
+from rectoolkit.widgets.inputs import as_table_set
+from rectoolkit.widgets.live_figure import LazyFigure
+from rectoolkit.widgets.planning import AUTO, ExplorerSettings, PlanningResult, plan_and_report
+
+WORLD_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512]
+OPTIMIZERS = ["sgd", "row_wise_adagrad", "adagrad", "adam"]
+DEVICES = ["cuda", "cpu"]
+OBJECTIVES = ["time", "memory", "bytes"]
+SHARDING_CHOICES = [AUTO] + [t.value for t in ShardingType]
+
+_EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
+
+
+def html_table(frame, columns: List[str], max_height_px: int = 380) -> str:
+    """A small scrollable HTML table (faster than DataFrame.to_html for a redraw on every click)."""
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return "" if value != value else f"{value:.4g}"
+        if isinstance(value, list) and len(value) > 8:
+            return html.escape(f"{value[:4]} ... ({len(value)} ranks)")
+        return html.escape("" if value is None else str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in frame[columns].itertuples(index=False, name=None))
+    return (f'<div style="max-height:{max_height_px}px;overflow:auto"><table class="rtk-choices" '
+            'style="border-collapse:collapse;font-size:12px"><thead style="position:sticky;top:0;background:#f3f4f6">'
+            f"<tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            "<style>.rtk-choices td,.rtk-choices th{border:1px solid #e5e7eb;padding:2px 6px;text-align:left}</style>")
+
+
+def _error_box(text: str) -> str:
+    return ('<div class="rtk-plan-error" style="border:1px solid #fecaca;background:#fef2f2;color:#991b1b;'
+            'padding:8px;border-radius:6px;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px">'
+            f"<b>No plan:</b> {html.escape(text)}</div>")
+
+
+class PlanExplorer(w.VBox):
+    """Interactive sharding planner over your tables (configs, Workload, DataFrame, CSV or nn.Module).
+
+    Args:
+        tables: what to plan (see `rectoolkit.widgets.inputs.as_table_set`).
+        topology: a planner Topology to start from (world size, ranks per host, memory, batch size).
+        world_size, local_world_size, memory_per_rank_gib, batch_size, optimizer, objective: start values.
+        forced: table -> sharding type to start with.
+        plan_path: where "Save plan" writes the JSON.
+        local_search: False plans with the planner's greedy pass only (faster re-plans for many tables).
+    """
+
+    def __init__(self, tables: Any, topology: Any = None, world_size: Optional[int] = None,
+                 local_world_size: Optional[int] = None, memory_per_rank_gib: Optional[float] = None,
+                 batch_size: Optional[int] = None, optimizer: str = "sgd", objective: str = "time",
+                 compute_device: Optional[str] = None, forced: Optional[Dict[str, str]] = None,
+                 plan_path: str = "plan.json", local_search: bool = True) -> None:
+        self.table_set = as_table_set(tables)
+        self.settings = self._initial_settings(topology, world_size, local_world_size, memory_per_rank_gib,
+                                               batch_size, optimizer, objective, compute_device, forced)
+        self.settings.local_search = local_search
+        self.baseline: Optional[ShardingPlan] = None
+        self.last_timing_ms: Dict[str, float] = {}
+        self._quiet = False
+        self._build_controls(plan_path)
+        self.result: PlanningResult = plan_and_report(self.settings, self.table_set)
+        self._build_views()
+        super().__init__([self.status, self.controls, self.tabs])
+        self.add_class("rtk-explorer")
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self._render()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def plan(self) -> Optional[ShardingPlan]:
+        return self.result.plan
+
+    @property
+    def error(self) -> Optional[str]:
+        return self.result.error
+
+    def set(self, **changes: Any) -> PlanningResult:
+        """Change settings from Python (same path as the controls): world_size=8, optimizer="adam", ..."""
+        self._quiet = True
+        try:
+            for name, value in changes.items():
+                self._pending_value = value
+                control = self._control_for(name)
+                control.value = value
+        finally:
+            self._quiet = False
+        self.replan()
+        return self.result
+
+    def force(self, table: str, sharding_type: str) -> PlanningResult:
+        """Force a table's sharding type ("row_wise", ...; "auto" lets the planner choose) and re-plan."""
+        if table not in {t.name for t in self.table_set.tables}:
+            raise KeyError(f"no table {table!r}; tables are {[t.name for t in self.table_set.tables]}")
+        self._quiet = True
+        try:
+            self.table_picker.value = table
+            self.type_picker.value = ShardingType.parse(sharding_type).value if sharding_type != AUTO else AUTO
+        finally:
+            self._quiet = False
+        self._apply_forced()
+        return self.result
+
+    def replan(self) -> PlanningResult:
+        """Read every control, plan again and redraw (called by each control change).
+
+        Only the visible tab is redrawn at once; the others are redrawn when they are opened.
+        `last_timing_ms` holds the CPU time of this process for planning and drawing (and the wall time).
+        """
+        start, start_wall = time.process_time(), time.perf_counter()
+        try:
+            settings = ExplorerSettings(
+                world_size=int(self.world_size.value), local_world_size=int(self.local_world_size.value),
+                memory_per_rank_gib=float(self.memory.value), batch_size=int(self.batch_size.value),
+                optimizer=self.optimizer.value, objective=self.objective.value,
+                compute_device=self.device.value, forced=dict(self.settings.forced),
+                local_search=self.settings.local_search,
+                moves=list(self.settings.moves) if self._same_shape(self.settings) else [],
+            )
+        except ValueError as error:
+            self.result = PlanningResult(settings=self.settings, error=str(error))
+            self._render()
+            return self.result
+        self.settings = settings
+        self.result = plan_and_report(settings, self.table_set)
+        planned = time.process_time()
+        self._render()
+        done = time.process_time()
+        self.last_timing_ms = {"plan_ms": 1e3 * (planned - start), "draw_ms": 1e3 * (done - planned),
+                               "total_ms": 1e3 * (done - start), "wall_ms": 1e3 * (time.perf_counter() - start_wall)}
+        return self.result
+
+    TAB_NAMES = ("Placement", "Board", "Memory", "Time", "Communication", "Tables", "Compare", "Export")
+
+    def show_tab(self, name: str) -> None:
+        """Open a tab by its title ("Memory", ...); it is redrawn if the plan changed since it was last shown."""
+        if name not in self.TAB_NAMES:
+            raise KeyError(f"no tab {name!r}; tabs are {list(self.TAB_NAMES)}")
+        self.tabs.selected_index = self.TAB_NAMES.index(name)
+        self._render_tab(self.tabs.selected_index)
+
+    def redraw_all(self) -> None:
+        """Redraw every tab now (the widget otherwise redraws hidden tabs when they are opened)."""
+        for index in range(len(self.tabs.children)):
+            self._render_tab(index)
+
+    def explain(self, table: str, sharding_type: Optional[str] = None) -> str:
+        """The planner's answer to "why this choice for `table`?" (or "why not `sharding_type`?")."""
+        if self.result.planner is None:
+            raise ValueError(f"there is no plan to explain: {self.error}")
+        text = str(self.result.planner.explain(table, sharding_type))
+        if self.settings.moves:
+            text += "\n(The plan shown also has shards placed by hand on the board; this explains the planner's choice.)"
+        return text
+
+    def compare_with(self, plan: Optional[ShardingPlan] = None, path: Optional[str] = None) -> None:
+        """Set the baseline for the Compare tab: a plan object, a saved JSON file, or (None) the current plan."""
+        if path is not None:
+            if not Path(path).exists():
+                raise FileNotFoundError(f"no saved plan at {path}; save one first (Export tab) or pick another file")
+            plan = planning.plan_from_json(Path(path).read_text(), self.table_set.tables, source=f"file {path}")
+        self.baseline = plan if plan is not None else self.plan
+        self._draw_diff()
+
+    def save_plan(self, path: Optional[str] = None) -> Path:
+        """Write the current plan as JSON (the planner's format) and return the path."""
+        if self.plan is None:
+            raise ValueError(f"there is no plan to save: {self.error}")
+        target = Path(path or self.plan_path.value)
+        target.write_text(planning.plan_to_json(self.plan, self.table_set.tables))
+        self.export_message.value = f"saved the plan to <code>{html.escape(str(target))}</code>"
+        return target
+
+    # ------------------------------------------------------------------ construction
+
+    def _initial_settings(self, topology, world_size, local_world_size, memory_gib, batch_size, optimizer,
+                          objective, compute_device, forced) -> ExplorerSettings:
+        settings = ExplorerSettings()
+        if compute_device is not None:
+            settings.compute_device = compute_device
+        if topology is not None:
+            settings.world_size = int(getattr(topology, "world_size", settings.world_size))
+            settings.local_world_size = int(getattr(topology, "local_world_size", None) or settings.world_size)
+            settings.compute_device = str(getattr(topology, "compute_device", settings.compute_device))
+            cap = getattr(topology, "hbm_cap" if settings.compute_device != "cpu" else "ddr_cap", None)
+            if isinstance(cap, (list, tuple)):
+                cap = min(cap)
+            if cap:
+                settings.memory_per_rank_gib = float(cap) / planning.GIB
+            settings.batch_size = int(getattr(topology, "batch_size", None) or settings.batch_size)
+        if world_size is not None:
+            settings.world_size = world_size
+            if local_world_size is None and topology is None:
+                settings.local_world_size = world_size
+        if local_world_size is not None:
+            settings.local_world_size = local_world_size
+        if memory_gib is not None:
+            settings.memory_per_rank_gib = memory_gib
+        if batch_size is not None:
+            settings.batch_size = batch_size
+        elif topology is None and self.table_set.batch_size:
+            settings.batch_size = self.table_set.batch_size
+        if compute_device is not None:
+            settings.compute_device = compute_device
+        settings.optimizer, settings.objective = optimizer, objective
+        settings.forced = {k: ShardingType.parse(v).value for k, v in (forced or {}).items() if v != AUTO}
+        return ExplorerSettings(**{**settings.__dict__})  # validates
+
+    def _build_controls(self, plan_path: str) -> None:
+        s = self.settings
+        style = {"description_width": "initial"}
+        sizes = sorted(set(WORLD_SIZES) | {s.world_size})
+        self.world_size = w.Dropdown(options=sizes, value=s.world_size, description="world size", style=style,
+                                     layout=w.Layout(width="150px"))
+        self.local_world_size = w.Dropdown(options=self._divisors(s.world_size), value=s.local_world_size,
+                                           description="ranks per host", style=style, layout=w.Layout(width="170px"))
+        self.memory = w.BoundedFloatText(value=s.memory_per_rank_gib, min=0.001, max=1e6, step=1,
+                                         description="memory per rank (GiB)", style=style,
+                                         layout=w.Layout(width="230px"))
+        self.batch_size = w.BoundedIntText(value=s.batch_size, min=1, max=10_000_000, description="batch size per rank",
+                                           style=style, layout=w.Layout(width="220px"))
+        self.optimizer = w.Dropdown(options=list(dict.fromkeys(OPTIMIZERS + [s.optimizer])), value=s.optimizer,
+                                    description="optimizer", style=style, layout=w.Layout(width="220px"))
+        self.objective = w.Dropdown(options=sorted(set(OBJECTIVES) | {s.objective}), value=s.objective,
+                                    description="objective", style=style, layout=w.Layout(width="170px"))
+        self.device = w.Dropdown(options=sorted(set(DEVICES) | {s.compute_device}), value=s.compute_device,
+                                 description="device", style=style, layout=w.Layout(width="140px"))
+        names = [t.name for t in self.table_set.tables]
+        self.table_picker = w.Dropdown(options=names, value=names[0], description="table", style=style,
+                                       layout=w.Layout(width="240px"))
+        self.type_picker = w.Dropdown(options=SHARDING_CHOICES, value=s.forced.get(names[0], AUTO),
+                                      description="sharding", style=style, layout=w.Layout(width="220px"))
+        self.clear_forced = w.Button(description="all auto", tooltip="let the planner choose every table's type",
+                                     layout=w.Layout(width="90px"))
+        self.forced_label = w.HTML()
+        self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="260px"))
+        for control in (self.world_size, self.local_world_size, self.memory, self.batch_size, self.optimizer,
+                        self.objective, self.device):
+            control.observe(self._on_setting, names="value")
+        self.world_size.observe(self._on_world_size, names="value")
+        self.table_picker.observe(self._on_table_pick, names="value")
+        self.type_picker.observe(lambda _: None if self._quiet else self._apply_forced(), names="value")
+        self.clear_forced.on_click(self._on_clear_forced)
+        self.status = w.HTML()
+        self.controls = w.VBox([
+            w.HBox([self.world_size, self.local_world_size, self.memory, self.batch_size]),
+            w.HBox([self.device, self.optimizer, self.objective, self.table_picker, self.type_picker,
+                    self.clear_forced]),
+            self.forced_label,
+        ])
+
+    def _build_views(self) -> None:
+        self.placement_fig, self.rank_table_fig = LazyFigure(), LazyFigure()
+        self.memory_fig, self.time_fig, self.comm_fig, self.diff_fig = LazyFigure(), LazyFigure(), LazyFigure(), LazyFigure()
+        self.memory_note, self.time_note = w.HTML(), w.HTML()
+        self.collective = w.Dropdown(options=[TOTAL], value=TOTAL, description="collective")
+        self.collective.observe(lambda _: self._draw_comm(), names="value")
+        plan = self.result.plan or ShardingPlan({"": {}})
+        self.board = PlacementBoard(plan, self.table_set.tables, world_size=self.settings.world_size,
+                                    local_world_size=self.settings.local_world_size)
+        self.board.on_move(self._on_board_move)
+        self.choices = w.HTML()
+        self.explain_button = w.Button(description="why this choice?")
+        self.explain_out = w.HTML()
+        self.explain_button.on_click(lambda _: self._explain())
+        self.save_button = w.Button(description="Save plan JSON", icon="save")
+        self.export_button = w.Button(description="Show TorchRec export", icon="share")
+        self.pin_button = w.Button(description="Pin current plan", tooltip="use the current plan as the comparison baseline")
+        self.load_button = w.Button(description="Compare with saved plan", icon="folder-open")
+        self.export_message = w.HTML()
+        self.export_text = w.Textarea(layout=w.Layout(width="100%", height="260px", display="none"))
+        self.save_button.on_click(lambda _: self._guard(self.save_plan))
+        self.export_button.on_click(lambda _: self._guard(self._show_export))
+        self.pin_button.on_click(lambda _: self._guard(self.compare_with))
+        self.load_button.on_click(lambda _: self._guard(lambda: self.compare_with(path=self.plan_path.value)))
+        self.diff_note = w.HTML("Pin a plan or load a saved one, then change settings to see what moves.")
+        self.tabs = w.Tab(children=[
+            w.VBox([self.placement_fig.container, self.rank_table_fig.container]),
+            self.board,
+            w.VBox([self.memory_note, self.memory_fig.container]),
+            w.VBox([self.time_note, self.time_fig.container]),
+            w.VBox([self.collective, self.comm_fig.container]),
+            w.VBox([self.choices, w.HBox([self.explain_button]), self.explain_out]),
+            w.VBox([w.HBox([self.pin_button, self.load_button]), self.diff_note, self.diff_fig.container]),
+            w.VBox([w.HBox([self.plan_path, self.save_button, self.export_button]), self.export_message,
+                    self.export_text]),
+        ])
+        for index, title in enumerate(self.TAB_NAMES):
+            self.tabs.set_title(index, title)
+
+    # ------------------------------------------------------------------ events
+
+    def _control_for(self, name: str):
+        controls = {"world_size": self.world_size, "local_world_size": self.local_world_size,
+                    "ranks_per_host": self.local_world_size, "memory_per_rank_gib": self.memory,
+                    "batch_size": self.batch_size, "optimizer": self.optimizer, "objective": self.objective,
+                    "compute_device": self.device, "device": self.device}
+        if name not in controls:
+            raise KeyError(f"no setting {name!r}; settings are {sorted(controls)}")
+        control = controls[name]
+        if name == "world_size":
+            if not isinstance(self._pending_value, int) or self._pending_value < 1:
+                raise ValueError(f"world_size must be a positive int, got {self._pending_value!r}")
+            if self._pending_value not in control.options:
+                control.options = sorted(set(control.options) | {self._pending_value})
+        return control
+
+    def _on_setting(self, _change) -> None:
+        if not self._quiet:
+            self.replan()
+
+    def _on_world_size(self, change) -> None:
+        divisors = self._divisors(change["new"])
+        current = self.local_world_size.value
+        was_quiet, self._quiet = self._quiet, True
+        try:
+            self.local_world_size.options = divisors
+            self.local_world_size.value = current if current in divisors else divisors[-1]
+        finally:
+            self._quiet = was_quiet
+
+    def _on_table_pick(self, change) -> None:
+        was_quiet, self._quiet = self._quiet, True
+        try:
+            self.type_picker.value = self.settings.forced.get(change["new"], AUTO)
+        finally:
+            self._quiet = was_quiet
+
+    def _apply_forced(self) -> None:
+        table, choice = self.table_picker.value, self.type_picker.value
+        if choice == AUTO:
+            self.settings.forced.pop(table, None)
+        else:
+            self.settings.forced[table] = choice
+        self.replan()
+
+    def _on_clear_forced(self, _button) -> None:
+        self.settings.forced.clear()
+        self.settings.moves.clear()
+        self._on_table_pick({"new": self.table_picker.value})
+        self.replan()
+
+    def _on_board_move(self, _plan, table: str, shard: int, rank: int) -> None:
+        self.settings.moves.append((table, shard, rank))
+        self.replan()
+
+    def _on_tab(self, _change) -> None:
+        self._render_tab(self.tabs.selected_index)
+
+    def _guard(self, action) -> None:
+        try:
+            action()
+        except Exception as error:  # shown in the widget, never as a traceback
+            self.export_message.value = _error_box(f"{type(error).__name__}: {error}")
+
+    @staticmethod
+    def _divisors(world_size: int) -> List[int]:
+        return [d for d in range(1, world_size + 1) if world_size % d == 0]
+
+    def _same_shape(self, old: ExplorerSettings) -> bool:
+        return (int(self.world_size.value) == old.world_size
+                and int(self.local_world_size.value) == old.local_world_size)
+
+    # ------------------------------------------------------------------ drawing
+
+    def _render(self) -> None:
+        self._draw_status()
+        self._stale = set(range(len(self.tabs.children)))
+        self._render_tab(self.tabs.selected_index or 0)
+
+    def _render_tab(self, index: Optional[int]) -> None:
+        if index is None or index not in self._stale:
+            return
+        self._stale.discard(index)
+        if not self.result.ok:
+            if index == 1:
+                self.board.show_error(self.result.error or "no plan")
+            return
+        [self._draw_placement, self._draw_board, self._draw_memory, self._draw_time, self._draw_comm,
+         self._draw_choices, self._draw_diff, lambda: None][index]()
+
+    def _draw_status(self) -> None:
+        forced = ", ".join(f"{t}={k}" for t, k in sorted(self.settings.forced.items())) or "none"
+        moves = len(self.settings.moves)
+        self.forced_label.value = (f"<small>forced types: {html.escape(forced)}"
+                                   f"{f'; {moves} hand move(s) on the board' if moves else ''}</small>")
+        result = self.result
+        if not result.ok:
+            self.status.value = _error_box(result.error or "no plan")
+            return
+        tables = len(self.table_set.tables)
+        pieces = [f"<b>{tables} tables on {self.settings.world_size} ranks</b>"]
+        if result.memory is not None:
+            pieces.append(self._memory_summary(result.memory))
+        summary = getattr(result.report, "summary", None) or {}
+        if "max_time_ms" in summary:
+            pieces.append(f"slowest rank {summary['slowest_rank']}: {summary['max_time_ms']:.3f} ms per step")
+        if result.comm is not None:
+            options = comm_options(result.comm)
+            matrix = options[TOTAL]
+            pieces.append(f"{format_bytes(float(matrix.sum() - np.trace(matrix)))} across links per step")
+        notes = "".join(f"<br><small>{html.escape(n)}</small>" for n in result.notes)
+        self.status.value = ('<div class="rtk-status" style="padding:6px;border-radius:6px;background:#f0fdf4;'
+                             'border:1px solid #bbf7d0">' + " &middot; ".join(pieces) + notes + "</div>")
+
+    def _memory_summary(self, memory) -> str:
+        from rectoolkit.viz.memory import memory_stacks
+
+        from rectoolkit.viz.memory import primary_memory
+
+        _, _, values, cap, overflow = memory_stacks(memory)
+        used_col, _, kind = primary_memory(memory)
+        used = memory[used_col].to_numpy(dtype=float) if used_col else values.sum(axis=0)
+        peak = float(used.max()) if used.size else 0.0
+        text = f"peak {kind} {format_bytes(peak)}"
+        if np.isfinite(cap).any():
+            text += f" of {format_bytes(float(np.nanmax(cap)))}"
+        if overflow.any():
+            text += f' <span style="color:#b91c1c">({int((overflow > 0).sum())} rank(s) over capacity)</span>'
+        return text
+
+    def _draw_placement(self) -> None:
+        placement = self.result.placement
+        self.placement_fig.show(*shard_placement_traces(placement, self.settings.world_size))
+        self.rank_table_fig.show(*rank_table_traces(placement, self.settings.world_size))
+
+    def _draw_board(self) -> None:
+        memory_bytes, capacity = None, self.settings.memory_per_rank_bytes
+        if self.result.memory is not None:
+            from rectoolkit.viz.memory import memory_stacks, primary_memory
+
+            memory = self.result.memory
+            _, _, values, cap, _ = memory_stacks(memory)
+            used_col = primary_memory(memory)[0]
+            memory_bytes = list(memory[used_col].to_numpy(dtype=float) if used_col else values.sum(axis=0))
+            if np.isfinite(cap).all():
+                capacity = list(cap)
+        self.board.set_plan(self.result.plan, world_size=self.settings.world_size, capacity_bytes=capacity,
+                            memory_bytes=memory_bytes, local_world_size=self.settings.local_world_size,
+                            placement=self.result.placement)
+
+    def _draw_memory(self) -> None:
+        if self.result.memory is None:
+            self.memory_note.value = _EMPTY_MEMORY_NOTE
+            return
+        self.memory_note.value = ""
+        self.memory_fig.show(*memory_traces(self.result.memory))
+
+    def _draw_time(self) -> None:
+        if self.result.time is None:
+            self.time_note.value = "the planner's report has no per-rank time table"
+            return
+        self.time_note.value = ""
+        self.time_fig.show(*rank_time_traces(self.result.time))
+
+    def _draw_comm(self) -> None:
+        if not self.result.ok or self.result.comm is None:
+            return
+        options = list(comm_options(self.result.comm))
+        was_quiet, self._quiet = self._quiet, True
+        try:
+            if list(self.collective.options) != options:
+                current = self.collective.value
+                self.collective.options = options
+                self.collective.value = current if current in options else TOTAL
+        finally:
+            self._quiet = was_quiet
+        self.comm_fig.show(*comm_matrix_traces(self.result.comm, self.collective.value))
+
+    def _draw_choices(self) -> None:
+        choices = planning.full_choices(self.result)
+        if choices is None:
+            self.choices.value = "<i>the planner's report has no per-table choices</i>"
+            return
+        columns = [c for c in ("table", "rows", "dim", "sharding_type", "compute_kernel", "ranks", "slowest_ms",
+                               "runner_up", "runner_up_ms", "reason") if c in choices.columns]
+        self.choices.value = html_table(choices, columns)
+
+    def _explain(self) -> None:
+        table = self.table_picker.value
+        try:
+            if self.result.planner is None:
+                raise ValueError(f"there is no plan to explain: {self.error}")
+            text = self.explain(table)
+        except Exception as error:
+            text = f"{type(error).__name__}: {error}"
+        self.explain_out.value = f"<pre style='white-space:pre-wrap'>{html.escape(text)}</pre>"
+
+    def _draw_diff(self) -> None:
+        if self.baseline is None or self.plan is None:
+            return
+        diff = plan_diff(self.baseline, self.plan, self.table_set.tables)
+        self.last_diff = diff
+        self.diff_note.value = f"baseline vs current: {html.escape(diff.summary())}"
+        self.diff_fig.show(*plan_diff_traces(diff))
+
+    def _show_export(self) -> None:
+        if self.plan is None:
+            raise ValueError(f"there is no plan to export: {self.error}")
+        self.export_text.value = planning.torchrec_export_text(self.plan, self.plan_path.value)
+        self.export_text.layout.display = ""
+        self.export_message.value = "The plan for TorchRec (save it first so the file exists)"

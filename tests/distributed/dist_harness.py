@@ -1,0 +1,117 @@
+"""Spawn W gloo workers for the multi-process tests: torch.multiprocessing + a file:// rendezvous.
+
+Workers run with one thread each; an exception in any worker fails the test with that worker's traceback.
+Also: hand-built plans (no planner needed) and deterministic per-rank batches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+from typing import Callable, Dict, List, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rectoolkit.plan.types import ParameterSharding, ShardMetadata
+from rectoolkit.sparse import KeyedJaggedTensor
+
+
+def _entry(rank: int, fn: Callable, world_size: int, init_file: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        fn(rank, world_size, *args)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    finish_worker()
+
+
+def finish_worker() -> None:
+    """End a worker that succeeded: wait for every peer, tear gloo down, and leave without interpreter teardown.
+
+    Leaving through os._exit skips Python's finalization, during which gloo's threads can abort the process
+    ("terminate called without an active exception") after all the work is done.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_workers(fn: Callable, world_size: int, *args) -> None:
+    """Run fn(rank, world_size, *args) on world_size spawned processes joined by gloo."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.start_processes(_entry, args=(fn, world_size, init_file, args), nprocs=world_size, join=True,
+                           start_method="spawn")
+
+
+# ------------------------------------------------------------------------------------------------ plans
+def table_wise(rank: int, rows: int, dim: int) -> ParameterSharding:
+    return ParameterSharding("table_wise", ranks=[rank], shards=[ShardMetadata.on_rank(rank, 0, 0, rows, dim)])
+
+
+def row_wise(ranks: Sequence[int], rows: int, dim: int, kind: str = "row_wise") -> ParameterSharding:
+    block = -(-rows // len(ranks))
+    shards = [ShardMetadata.on_rank(r, k * block, 0, max(0, min(block, rows - k * block)), dim) for k, r in enumerate(ranks)]
+    return ParameterSharding(kind, ranks=list(ranks), shards=shards)
+
+
+def column_wise(ranks_and_cols: Sequence[tuple], rows: int) -> ParameterSharding:
+    shards, start = [], 0
+    for rank, cols in ranks_and_cols:
+        shards.append(ShardMetadata.on_rank(rank, 0, start, rows, cols))
+        start += cols
+    return ParameterSharding("column_wise", ranks=[r for r, _ in ranks_and_cols], shards=shards)
+
+
+def grid(blocks: Sequence[tuple], rows: int) -> ParameterSharding:
+    """blocks: (host ranks, cols) per column block; each block row-wise over its ranks."""
+    shards, start = [], 0
+    for ranks, cols in blocks:
+        shards += [ShardMetadata.on_rank(s.rank, s.shard_offsets[0], start, s.shard_sizes[0], cols)
+                   for s in row_wise(ranks, rows, cols).shards]
+        start += cols
+    return ParameterSharding("grid_shard", ranks=sorted({s.rank for s in shards}), shards=shards)
+
+
+def data_parallel(world_size: int, rows: int, dim: int) -> ParameterSharding:
+    return ParameterSharding("data_parallel", ranks=list(range(world_size)),
+                             shards=[ShardMetadata.on_rank(r, 0, 0, rows, dim) for r in range(world_size)])
+
+
+# ------------------------------------------------------------------------------------------------ batches
+def make_batch(features: Dict[str, int], batch_size: int, seed: int, weighted: bool = False,
+               max_length: int = 4) -> KeyedJaggedTensor:
+    """A KJT over `features` (name -> table rows) with random lengths 0..max_length-1 and ids."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, values = [], []
+    for rows in features.values():
+        L = torch.randint(0, max_length, (batch_size,), generator=g)
+        lengths.append(L)
+        values.append(torch.randint(0, rows, (int(L.sum()),), generator=g))
+    v = torch.cat(values)
+    w = torch.rand(v.numel(), generator=g) if weighted else None
+    return KeyedJaggedTensor.from_lengths_sync(keys=list(features), values=v, lengths=torch.cat(lengths), weights=w)
+
+
+def global_batch(batches: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+    """The per-rank batches as one batch of W * B samples (rank 0's samples first), per feature."""
+    keys = batches[0].keys()
+    lengths, values, weights = [], [], []
+    for key in keys:
+        for kjt in batches:
+            jt = kjt[key]
+            lengths.append(jt.lengths())
+            values.append(jt.values())
+            if kjt.weights_or_none() is not None:
+                weights.append(jt.weights())
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
+                                               weights=torch.cat(weights) if weights else None)

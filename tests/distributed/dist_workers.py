@@ -1,0 +1,165 @@
+"""Worker functions of the multi-process tests (importable by spawned processes).
+
+Each worker checks many cases in one process group, so the suite pays the process start-up once. The
+expected values come from the UNSHARDED collection run on the global batch (all ranks' samples), and the
+expected bytes from rectoolkit.plan.traffic.step_traffic over the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection, shard_embedding_collection
+from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter, step_traffic
+from dist_harness import column_wise, data_parallel, global_batch, grid, make_batch, row_wise, table_wise
+
+BATCH = 6
+BAG_TABLES = [("t0", 40, 8, ["f0", "f0b"], "SUM"), ("t1", 30, 4, ["f1"], "MEAN"), ("t2", 21, 12, ["f2"], "SUM")]
+SEQ_TABLES = [("e0", 40, 8, ["g0", "g0b"]), ("e1", 30, 8, ["g1"])]
+
+
+def bag_tables():
+    return [rtk.EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=list(f), pooling=p)
+            for n, r, d, f, p in BAG_TABLES]
+
+
+def seq_tables():
+    return [rtk.EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=list(f))
+            for n, r, d, f in SEQ_TABLES]
+
+
+def plan_for(case: str, tables, W: int, L: int) -> Dict[str, rtk.ParameterSharding]:
+    """Hand-built plans by name; every table gets the named type (or a mix)."""
+    def one(kind: str, t, i: int):
+        R, D = t.num_embeddings, t.embedding_dim
+        hosts = [list(range(h * L, (h + 1) * L)) for h in range(W // L)]
+        if kind == "table_wise":
+            return table_wise((i + 1) % W, R, D)
+        if kind == "row_wise":
+            return row_wise(list(range(W)), R, D)
+        if kind == "column_wise":  # blocks of 4 columns, round robin (two blocks of t2 share a rank when W=2)
+            return column_wise([((i + k) % W, 4) for k in range(D // 4)], R)
+        if kind == "data_parallel":
+            return data_parallel(W, R, D)
+        if kind == "table_row_wise":
+            return row_wise(hosts[i % len(hosts)], R, D, kind="table_row_wise")
+        if kind == "grid_shard":
+            return grid([(hosts[(i + k) % len(hosts)], 4) for k in range(D // 4)], R)
+        raise ValueError(kind)
+
+    mixes = {"mixed_a": ["row_wise", "data_parallel", "column_wise"],
+             "mixed_b": ["table_row_wise", "table_wise", "grid_shard"],
+             "mixed_c": ["grid_shard", "row_wise", "data_parallel"]}
+    kinds = mixes.get(case, [case] * len(tables))
+    return {t.name: one(kinds[i % len(kinds)], t, i) for i, t in enumerate(tables)}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max()) if a.numel() else 0.0
+
+
+def _bytes_match(env, plan, tables, W, L, batches, weighted) -> bool:
+    measured = env.gathered_bytes()
+    expected = step_traffic(plan, tables, W, L, [b.stride() for b in batches], batch_id_counter(batches),
+                            is_weighted=weighted)
+    for name in COLLECTIVES:
+        got = measured.get(name, np.zeros((W, W), dtype=np.int64))
+        if not np.array_equal(got, expected[name]):
+            raise AssertionError(f"{name}: measured\n{got}\n!= expected\n{expected[name]}")
+    return True
+
+
+def batch_sizes_for(case: str, W: int) -> List[int]:
+    """Equal local batches for the single-type cases; the mixed plans (which cover every type) run with
+    a different batch size on every rank, as TorchRec's variable batch per rank."""
+    return [BATCH + (r if case.startswith("mixed") else 0) for r in range(W)]
+
+
+def equivalence_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
+    """(case, local_world_size) pairs; pooled and sequence collections: outputs, gradients (dense) or updated
+    weights (fused Adagrad), bytes."""
+    results = []
+    for case, L in cases:
+        for collection in ("ebc", "ec"):
+            for optimizer in (None, "adagrad"):
+                for weighted in ((False, True) if collection == "ebc" and optimizer is None else (False,)):
+                    results.append(_check(rank, W, L, case, collection, optimizer, weighted))
+    if rank == 0:
+        with open(result_file, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+
+
+def _check(rank, W, L, case, collection, optimizer, weighted) -> dict:
+    env = ShardingEnv.from_process_group(local_world_size=L) if W > 1 else ShardingEnv.local()
+    tables = bag_tables() if collection == "ebc" else seq_tables()
+    features = {f: t.num_embeddings for t in tables for f in t.feature_names}
+    sizes = batch_sizes_for(case, W)
+    batches = [make_batch(features, sizes[r], seed=100 * r + 7, weighted=weighted) for r in range(W)]
+    opt = dict(optimizer=optimizer, lr=0.1) if optimizer else {}
+    torch.manual_seed(0)
+    if collection == "ebc":
+        reference = rtk.EmbeddingBagCollection(tables, is_weighted=weighted, **opt)
+        local = rtk.EmbeddingBagCollection(tables, is_weighted=weighted, **opt)
+    else:
+        reference = rtk.EmbeddingCollection(tables, **opt)
+        local = rtk.EmbeddingCollection(tables, **opt)
+    local.load_state_dict(reference.state_dict())
+    plan = plan_for(case, tables, W, L)
+    shard = shard_embedding_bag_collection if collection == "ebc" else shard_embedding_collection
+    sharded = shard(local, plan, env)
+    env.stats.reset()
+
+    # reference: the unsharded collection on the global batch, loss = sum(out * G)
+    g = torch.Generator().manual_seed(3)
+    big = global_batch(batches)
+    ref_out = reference(big)
+    if collection == "ebc":
+        ref_values = ref_out.values()
+        grad_out = torch.randn(ref_values.shape, generator=g)
+        (ref_values * grad_out).sum().backward()
+        mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+        out = sharded(batches[rank]).values()
+        out_diff = _max_diff(out, ref_values[mine].detach())
+        (out * grad_out[mine]).sum().backward()
+    else:
+        out_diff, loss = 0.0, 0.0
+        for name, jt in ref_out.items():
+            weights = torch.randn(jt.values().shape, generator=g)
+            loss = loss + (jt.values() * weights).sum()
+            ref_out[name] = (jt, weights)
+        loss.backward()
+        mine = sharded(batches[rank])
+        local_loss = 0.0
+        for name, jt in mine.items():
+            ref_jt, weights = ref_out[name]
+            start = sum(int(batches[r][name].lengths().sum()) for r in range(rank))
+            n = jt.values().shape[0]
+            assert torch.equal(jt.lengths(), batches[rank][name].lengths())
+            out_diff = max(out_diff, _max_diff(jt.values(), ref_jt.values()[start:start + n].detach()))
+            local_loss = local_loss + (jt.values() * weights[start:start + n]).sum()
+        local_loss.backward()
+
+    # gradients (dense) or weights after the fused update
+    grad_diff = 0.0
+    modules = reference.embedding_bags if collection == "ebc" else reference.embeddings
+    for table, shard_md, weight, _ in sharded.local_shards():
+        (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
+        ref_weight = modules[table].weight
+        if optimizer is None:
+            grad_diff = max(grad_diff, _max_diff(weight.grad, ref_weight.grad[r0:r1, c0:c1]))
+        else:
+            grad_diff = max(grad_diff, _max_diff(weight.detach(), ref_weight.detach()[r0:r1, c0:c1]))
+    _bytes_match(env, plan, tables, W, L, batches, weighted)
+    tolerance = 1e-5
+    where = f"rank {rank}, case {case}, batch sizes {sizes}, {collection}, optimizer={optimizer}, weighted={weighted}"
+    assert out_diff <= tolerance, f"{where}: outputs differ by {out_diff}"
+    assert grad_diff <= tolerance, f"{where}: gradients/updated weights differ by {grad_diff}"
+    return {"world_size": W, "local_world_size": L, "case": case, "batch_sizes": sizes, "collection": collection,
+            "optimizer": optimizer or "dense", "weighted": weighted, "max_output_diff": out_diff,
+            "max_grad_or_weight_diff": grad_diff, "bytes_equal_traffic_py": True}

@@ -1,0 +1,98 @@
+"""ParameterSharding.compute_kernel is honoured: "dense" shards are plain autograd weights for the dense
+optimizer, "fused"/"fused_uvm*" shards update in backward; kernels that cannot run are refused.
+
+One process (ShardingEnv.local()): the kernel choice is per table and independent of the collectives, which
+the multi-process equivalence tests cover. Expected values come from unsharded collections.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, save_checkpoint, shard_embedding_bag_collection
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from dist_dmp_workers import PATH, TinyModel
+from dist_harness import make_batch
+from dist_workers import bag_tables
+
+KERNELS = {"t0": "dense", "t1": "fused", "t2": "fused_uvm_caching"}
+
+
+def plan_with_kernels(kernels, sharding_type="table_wise"):
+    return {t.name: ParameterSharding(sharding_type, kernels[t.name], ranks=[0],
+                                      shards=[ShardMetadata.on_rank(0, 0, 0, t.num_embeddings, t.embedding_dim)])
+            for t in bag_tables()}
+
+
+def features():
+    return {f: t.num_embeddings for t in bag_tables() for f in t.feature_names}
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "data_parallel"])
+def test_dense_kernel_gives_gradients_fused_kernels_update_in_backward(sharding_type):
+    torch.manual_seed(0)
+    fused_reference = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    dense_reference = rtk.EmbeddingBagCollection(bag_tables())
+    dense_reference.load_state_dict(fused_reference.state_dict())
+    module = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    module.load_state_dict(fused_reference.state_dict())
+    before = {k: v.clone() for k, v in fused_reference.state_dict().items()}
+    sharded = shard_embedding_bag_collection(module, plan_with_kernels(KERNELS, sharding_type), ShardingEnv.local())
+    batch = make_batch(features(), 5, seed=3)
+    for collection in (fused_reference, dense_reference, sharded):
+        collection(batch).values().square().sum().backward()
+    for table, _, weight, state in sharded.local_shards():
+        if KERNELS[table] == "dense":
+            assert torch.equal(weight.detach(), before[f"embedding_bags.{table}.weight"]), "a dense shard moved"
+            torch.testing.assert_close(weight.grad, dense_reference.embedding_bags[table].weight.grad)
+            assert state == {} and not hasattr(weight, "_in_backward_optimizers")
+        else:
+            assert weight.grad is None
+            torch.testing.assert_close(weight.detach(), fused_reference.embedding_bags[table].weight.detach())
+            assert set(state) == {"momentum1"}
+    held = sharded.memory_bytes()
+    assert held["host"] == held["weights"] + held["optimizer"] and held["device"] == 0  # CPU: all host memory
+    dense_bytes = 4 * 40 * 8  # t0 holds no optimizer state: its optimizer is the user's
+    assert held["optimizer"] == held["weights"] - dense_bytes
+
+
+def test_dmp_gives_dense_kernel_shards_to_the_dense_optimizer():
+    torch.manual_seed(0)
+    reference = TinyModel(optimizer=None)  # plain gradients everywhere; optimizers applied by hand below
+    model = TinyModel()
+    model.load_state_dict(reference.state_dict())
+    dmp = DistributedModelParallel(model, env=ShardingEnv.local(), plan=ShardingPlan({PATH: plan_with_kernels(KERNELS)}))
+    dense_names = {name for name, _ in dmp.named_dense_parameters()}
+    assert "sparse.ebc.groups.table_wise_dense.local.weights.t0__0" in dense_names
+    assert not any(".t1__" in n or ".t2__" in n for n in dense_names)
+    assert sorted(dmp.fused_optimizer.params) == [f"{PATH}.embedding_bags.t1.weight", f"{PATH}.embedding_bags.t2.weight"]
+    dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=0.5)
+    # reference: t0 and the MLPs by the same SGD, t1 and t2 by Adagrad (torch's rule is the fused one's)
+    fused_names = [f"sparse.ebc.embedding_bags.{t}.weight" for t in ("t1", "t2")]
+    ref_params = dict(reference.named_parameters())
+    ref_sgd = torch.optim.SGD([p for n, p in ref_params.items() if n not in fused_names], lr=0.5)
+    ref_adagrad = torch.optim.Adagrad([ref_params[n] for n in fused_names], lr=0.1, eps=1e-8)
+    kjt, dense_x = make_batch(features(), 4, seed=11), torch.randn(4, 3)
+    dmp(dense_x, kjt).sum().backward()
+    dense_opt.step()
+    reference(dense_x, kjt).sum().backward()
+    ref_sgd.step()
+    ref_adagrad.step()
+    state, expected = dmp.state_dict(), reference.state_dict()
+    for key in expected:
+        torch.testing.assert_close(state[key], expected[key], msg=key)
+    with pytest.raises(ValueError, match=r"embedding shards of table\(s\) \['t0'\].*compute_kernel 'dense'"):
+        save_checkpoint(dmp, "/nonexistent-not-written", dense_optimizer=dense_opt)
+
+
+def test_kernels_that_cannot_run_are_refused():
+    module = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    with pytest.raises(ValueError, match="'t1' is planned with compute_kernel 'quant'.*trains"):
+        shard_embedding_bag_collection(module, plan_with_kernels({"t0": "fused", "t1": "quant", "t2": "fused"}),
+                                       ShardingEnv.local())
+    gpu_env = ShardingEnv(0, 1, 1, None, torch.device("cuda"))  # refused before anything is allocated on it
+    with pytest.raises(ValueError, match="'t2' is planned with compute_kernel 'fused_uvm' on rank 0 .*not supported"):
+        shard_embedding_bag_collection(module, plan_with_kernels({"t0": "fused", "t1": "dense", "t2": "fused_uvm"}),
+                                       gpu_env)

@@ -1,0 +1,96 @@
+"""Worker of the sharded-inference test (imported by spawned processes; no test functions here)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import rectoolkit as rtk
+from rectoolkit.distributed import ShardingEnv
+from rectoolkit.quant import QuantEmbeddingBagCollection
+from rectoolkit.quant.rowwise import dequantize_rowwise, quantize_rowwise
+from rectoolkit.quant.sharding import shard_quant_embedding_bag_collection
+
+BATCH = 4
+ROWS = {"t_tw": 40, "t_rw": 50, "t_cw": 30, "t_mean": 20}
+
+
+def tables():
+    return [rtk.EmbeddingBagConfig(name="t_tw", num_embeddings=40, embedding_dim=16, feature_names=["a"]),
+            rtk.EmbeddingBagConfig(name="t_rw", num_embeddings=50, embedding_dim=16, feature_names=["b", "c"]),
+            rtk.EmbeddingBagConfig(name="t_cw", num_embeddings=30, embedding_dim=32, feature_names=["d"]),
+            rtk.EmbeddingBagConfig(name="t_mean", num_embeddings=20, embedding_dim=8, feature_names=["e"],
+                                   pooling=rtk.PoolingType.MEAN)]
+
+
+def plan(world_size: int):
+    on = rtk.ShardMetadata.on_rank
+    half = 25
+    return {
+        "t_tw": rtk.ParameterSharding("table_wise", ranks=[1], shards=[on(1, 0, 0, 40, 16)]),
+        "t_rw": rtk.ParameterSharding("row_wise", ranks=[0, 1], shards=[on(0, 0, 0, half, 16), on(1, half, 0, 25, 16)]),
+        "t_cw": rtk.ParameterSharding("column_wise", ranks=[0, 1], shards=[on(0, 0, 0, 30, 16), on(1, 0, 16, 30, 16)]),
+        "t_mean": rtk.ParameterSharding("table_wise", ranks=[0], shards=[on(0, 0, 0, 20, 8)]),
+    }
+
+
+def batch(rank: int, weighted: bool):
+    g = torch.Generator().manual_seed(100 + rank)
+    keys = ["a", "b", "c", "d", "e"]
+    rows = {"a": 40, "b": 50, "c": 50, "d": 30, "e": 20}
+    lengths = torch.randint(0, 4, (len(keys) * BATCH,), generator=g)
+    values = torch.cat([torch.randint(0, rows[k], (int(n),), generator=g)
+                        for k, chunk in zip(keys, lengths.view(len(keys), BATCH)) for n in [chunk.sum()]])
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    return rtk.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths, weights=weights)
+
+
+def finish_worker() -> None:
+    """Wait for the peer, tear gloo down, and exit without interpreter teardown (where gloo threads can abort)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def sharded_inference_worker(rank: int, world_size: int, init_file: str, result_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        results = []
+        env = ShardingEnv.from_process_group()
+        for dtype in (torch.int8, torch.quint4x2):
+            for weighted in (False, True):
+                torch.manual_seed(0)
+                ebc = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
+                qebc = QuantEmbeddingBagCollection.from_float(ebc, dtype=dtype, backend="torch")
+                # the expected answer: a float collection holding the dequantized tables, with the column-wise
+                # table as its shards store it (each 16-column block quantized on its own)
+                deq = {t.name: dequantize_rowwise(qebc.embedding_bags[t.name].weight, t.data_type, t.embedding_dim)
+                       for t in qebc.embedding_bag_configs()}
+                data_type = qebc.embedding_bag_configs()[2].data_type
+                deq["t_cw"] = torch.cat([dequantize_rowwise(quantize_rowwise(deq["t_cw"][:, c:c + 16], data_type),
+                                                            data_type, 16) for c in (0, 16)], dim=1)
+                expected_module = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
+                expected_module.load_state_dict({f"embedding_bags.{k}.weight": v for k, v in deq.items()})
+                sharded = shard_quant_embedding_bag_collection(qebc, plan(world_size), env)
+                local = sharded(batch(rank, weighted)).values()
+                mine = expected_module(batch(rank, weighted)).values()
+                unsharded = qebc(batch(rank, weighted)).values()
+                results.append({"rank": rank, "dtype": str(dtype), "weighted": weighted,
+                                "max_diff": float((local - mine).detach().abs().max()),
+                                "max_diff_vs_unsharded_tw_rw": float((local - unsharded).detach()[:, :16 * 3].abs().max()),
+                                "quantized_bytes": sharded.quantized_bytes})
+        with open(f"{result_file}.{rank}", "w") as f:
+            json.dump(results, f)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    finish_worker()

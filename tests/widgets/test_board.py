@@ -1,0 +1,61 @@
+"""PlacementBoard and plan edits: a move changes the plan, the drawn state, and tells listeners."""
+
+import pytest
+
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.widgets.assets import ASSET_NAMES, SOURCE_DIR, STATIC_DIR, asset_path
+from rectoolkit.widgets.board import PlacementBoard
+from rectoolkit.plan.edits import MoveError, move_shard
+
+
+def test_front_end_copies_are_identical():
+    for name in ASSET_NAMES:
+        source, shipped = SOURCE_DIR / name, STATIC_DIR / name
+        assert source.read_text() == shipped.read_text(), (
+            f"{shipped} differs from {source}: run `python -m rectoolkit.widgets.assets`")
+    assert asset_path("placement_board.js") == SOURCE_DIR / "placement_board.js"
+
+
+def test_board_state_matches_plan(plan, tables):
+    board = PlacementBoard(plan, tables, capacity_bytes=20000)
+    assert [c["rank"] for c in board.columns] == [0, 1]
+    # rank 0: big rows 0:600 (19200 B) + wide cols 8:16 (3200 B) + small replica (80 B)
+    assert board.columns[0]["bytes"] == 22480 and board.columns[0]["over"] is True
+    assert board.columns[1]["bytes"] == 16080 and board.columns[1]["over"] is False
+    ids = {s["id"]: s for s in board.shards}
+    assert set(ids) == {"big/0", "big/1", "wide/0", "wide/1", "small/0", "small/1"}
+    assert ids["small/0"]["movable"] is False and ids["wide/0"]["movable"] is True
+
+
+def test_drop_from_front_end_moves_shard(plan, tables):
+    board = PlacementBoard(plan, tables)
+    heard = []
+    board.on_move(lambda new_plan, table, index, rank: heard.append((table, index, rank, new_plan)))
+    board.move_request = {"id": "wide/0", "rank": 0, "nonce": 1}  # what the ES module sends on a drop
+    assert heard[0][:3] == ("wide", 0, 0)
+    assert board.plan.plan[""]["wide"].ranks == [0, 0]
+    assert plan.plan[""]["wide"].ranks == [1, 0]  # the input plan is not changed
+    assert board.columns[0]["bytes"] == 22480 + 3200
+    assert board.message_kind == "info" and "moved wide" in board.message
+
+
+def test_forbidden_moves_show_a_message(plan, tables):
+    board = PlacementBoard(plan, tables)
+    assert board.move("small", 0, 1) is False
+    assert board.message_kind == "error" and "DATA_PARALLEL" in board.message
+    assert board.move("big", 0, 1) is False  # rank 1 already holds big's other row block
+    assert "one row block per rank" in board.message
+    assert board.move("wide", 0, 5) is False and "ranks are 0..1" in board.message
+    board.move_request = {"id": "garbage", "rank": 0, "nonce": 2}
+    assert board.message_kind == "error"
+    assert board.plan is plan  # nothing changed
+
+
+def test_two_level_moves_stay_in_host():
+    ps = ParameterSharding("table_row_wise", ranks=[0, 1], shards=[
+        ShardMetadata.on_rank(0, 0, 0, 5, 4), ShardMetadata.on_rank(1, 5, 0, 5, 4)])
+    plan = ShardingPlan({"": {"t": ps}})
+    with pytest.raises(MoveError, match="inside host 0"):
+        move_shard(plan, "t", 0, 2, world_size=4, local_world_size=2)
+    moved = move_shard(plan, "t", 0, 2, world_size=4, local_world_size=4)
+    assert [s.rank for s in moved.plan[""]["t"].shards] == [2, 1]
