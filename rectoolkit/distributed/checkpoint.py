@@ -112,11 +112,13 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
 
 def _check_dense_optimizer(model, dense_optimizer: Optional[torch.optim.Optimizer]) -> None:
     """The dense optimizer is saved once (rank 0's): refuse one that also updates embedding shards (compute_kernel
-    "dense"), whose parameters differ from rank to rank and could not be loaded under another plan."""
+    "dense"), whose parameters differ from rank to rank and could not be loaded under another plan. Data-parallel
+    replicas are fine: they and their optimizer state are the same on every rank, like the dense layers'."""
     if dense_optimizer is None:
         return
     shards = {id(p): table for collection in model.sharded_modules.values()
-              for table, _, weight, _ in collection.local_shards() for p in [weight]}
+              for table, _, weight, _ in collection.local_shards() for p in [weight]
+              if ShardingType(collection.module_plan[table].sharding_type) != ShardingType.DATA_PARALLEL}
     held = sorted({shards[id(p)] for group in dense_optimizer.param_groups for p in group["params"] if id(p) in shards})
     if held:
         raise ValueError(f"save_checkpoint: the dense optimizer also updates the embedding shards of table(s) {held} "

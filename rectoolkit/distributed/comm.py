@@ -45,8 +45,9 @@ class CommStats:
         self.bytes_sent.clear()
         self.calls.clear()
 
-    def total_bytes(self) -> int:
-        return int(sum(int(row.sum()) for row in self.bytes_sent.values()))
+    def total_bytes(self, names: Optional[Sequence[str]] = None) -> int:
+        """Bytes sent over all collectives, or over those in `names`."""
+        return int(sum(int(row.sum()) for name, row in self.bytes_sent.items() if names is None or name in names))
 
 
 @dataclass

@@ -92,8 +92,12 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     for path, collection in find_collections(module):
         module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
         if module_plan is None:
+            planned = list(plan.plan if isinstance(plan, ShardingPlan) else plan)
+            hint = (f"; a plan made from the bare tables is keyed by module path ''. Plan the whole model "
+                    f"instead (planner.plan(model) keys it by {path!r}) or pass {{{path!r}: plan.plan['']}}"
+                    if "" in planned and path != "" else "")
             raise ValueError(f"the plan has no entry for the collection at {path!r}; it has modules "
-                             f"{list(plan.plan if isinstance(plan, ShardingPlan) else plan)}")
+                             f"{planned}{hint}")
         if isinstance(collection, EmbeddingBagCollection):
             new = shard_embedding_bag_collection(collection, module_plan, env, backend)
         else:

@@ -62,6 +62,9 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
       memory_bytes() counts them as host bytes). On GPU they would need fbgemm's managed (UVM) memory,
       which rectoolkit.kernels does not allocate yet: refused rather than silently placed in GPU memory.
     - "quant*": inference kernels (rectoolkit.quant.sharding); refused for a collection that trains.
+    DATA_PARALLEL tables always have the "dense" kernel (a plain replica); there a collection's fused optimizer
+    still updates the replica in backward, after the gradient all-reduce (like an optimizer applied in backward
+    in TorchRec), and only a collection without one leaves .grad to your dense optimizer.
     """
     kernel = EmbeddingComputeKernel.parse(ps.compute_kernel)
     if kernel in (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM,
@@ -74,6 +77,8 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
         raise ValueError(f"table {table!r} is planned with compute_kernel {kernel.value!r} on rank {env.rank} "
                          f"({env.device}): tables in host memory read by the GPU (UVM) are not supported by "
                          "rectoolkit's kernels yet; plan compute_kernel 'fused' (GPU memory) or add ranks")
+    if ShardingType(ps.sharding_type) == ShardingType.DATA_PARALLEL:
+        return optimizer is None
     return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
 
 

@@ -31,6 +31,11 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   N // W + (1 if k < N % W else 0) values: rank i sends chunk j to each rank j, then its own chunk i to each
   rank j, so bytes[i][j] = 4 * (chunk_j + chunk_i).
 
+Not priced here: the control message ``metadata`` that opens every input_dist (each rank tells every owner,
+itself included, its batch size and id count: two int64, 16 bytes per rank pair, once per sharding-type group
+of a sharded collection). The sharded modules count it under its own name (CONTROL_COLLECTIVES), apart from
+the data above.
+
 Matrices are indexed [source rank, destination rank]; the diagonal is data a rank "sends" to itself (it
 crosses no link, and the time model ignores it).
 
@@ -64,6 +69,7 @@ FORWARD_COLLECTIVES = ("input_dist", "output_dist", "output_dist_intra", "output
 BACKWARD_COLLECTIVES = ("output_dist_backward", "output_dist_intra_backward", "output_dist_inter_backward",
                         "dp_allreduce")
 COLLECTIVES = FORWARD_COLLECTIVES + BACKWARD_COLLECTIVES
+CONTROL_COLLECTIVES = ("metadata",)  # counted by the sharded modules, not priced (see above)
 
 # count_ids(source_rank, feature, row_start, row_end) -> ids of `feature` in that rank's batch with
 # row_start <= id < row_end (an exact count for a real batch, an expectation for a planner estimate).

@@ -30,6 +30,7 @@ from torch import nn
 from rectoolkit.launch.context import WorkerContext
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
+from rectoolkit.plan.traffic import COLLECTIVES
 from rectoolkit.train.criteo import CriteoTSV
 from rectoolkit.train.data import Batch, SyntheticData
 from rectoolkit.train.metrics import Throughput, auc
@@ -163,7 +164,9 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
     """What this rank holds and has sent so far, measured (no collective is called).
 
     param_bytes (all local parameters); with DistributedModelParallel also memory_<kind>_bytes from its
-    memory_usage(), comm_bytes_sent (total) and bytes_sent_by_collective ({collective: [bytes to rank j]}).
+    memory_usage(), comm_bytes_sent (the data collectives that rectoolkit.plan.traffic prices, so that it compares
+    with the plan's estimate), control_bytes_sent (the small unpriced "metadata" messages) and
+    bytes_sent_by_collective ({collective: [bytes to rank j]}, all of them).
     """
     out: Dict[str, Any] = {"param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     usage = getattr(model, "memory_usage", None)
@@ -171,7 +174,8 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
         out.update({f"memory_{kind}_bytes": int(value) for kind, value in usage().items()})
     stats = getattr(getattr(model, "env", None), "stats", None)
     if stats is not None and hasattr(stats, "bytes_sent"):
-        out["comm_bytes_sent"] = int(stats.total_bytes())
+        out["comm_bytes_sent"] = int(stats.total_bytes(COLLECTIVES))
+        out["control_bytes_sent"] = int(stats.total_bytes()) - out["comm_bytes_sent"]
         out["bytes_sent_by_collective"] = {name: [int(b) for b in row] for name, row in stats.bytes_sent.items()}
     if ctx.device.type == "cuda" and "memory_cuda_max_allocated_bytes" not in out:
         out["memory_cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))

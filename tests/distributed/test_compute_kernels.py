@@ -30,7 +30,7 @@ def features():
     return {f: t.num_embeddings for t in bag_tables() for f in t.feature_names}
 
 
-@pytest.mark.parametrize("sharding_type", ["table_wise", "data_parallel"])
+@pytest.mark.parametrize("sharding_type", ["table_wise", "row_wise"])
 def test_dense_kernel_gives_gradients_fused_kernels_update_in_backward(sharding_type):
     torch.manual_seed(0)
     fused_reference = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
@@ -96,3 +96,38 @@ def test_kernels_that_cannot_run_are_refused():
     with pytest.raises(ValueError, match="'t2' is planned with compute_kernel 'fused_uvm' on rank 0 .*not supported"):
         shard_embedding_bag_collection(module, plan_with_kernels({"t0": "fused", "t1": "dense", "t2": "fused_uvm"}),
                                        gpu_env)
+
+
+def data_parallel_t0():
+    plan = plan_with_kernels({"t0": "fused", "t1": "fused", "t2": "fused"})
+    t0 = plan["t0"]
+    plan["t0"] = ParameterSharding("data_parallel", "dense", ranks=t0.ranks, shards=t0.shards)
+    return plan
+
+
+def test_data_parallel_replica_is_updated_by_the_collections_fused_optimizer():
+    torch.manual_seed(0)
+    reference = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    module = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    module.load_state_dict(reference.state_dict())
+    sharded = shard_embedding_bag_collection(module, data_parallel_t0(), ShardingEnv.local())
+    batch = make_batch(features(), 5, seed=3)
+    for collection in (reference, sharded):
+        collection(batch).values().square().sum().backward()
+    for table, _, weight, state in sharded.local_shards():
+        assert weight.grad is None and set(state) == {"momentum1"}, table
+        torch.testing.assert_close(weight.detach(), reference.embedding_bags[table].weight.detach())
+
+
+def test_checkpoint_accepts_a_dense_optimizer_over_data_parallel_replicas(tmp_path):
+    # without a fused optimizer the replica's .grad is left to the dense optimizer, whose state is the same on
+    # every rank: saving it once is right
+    plan = {name: ParameterSharding("data_parallel", "dense", ranks=ps.ranks, shards=ps.shards)
+            for name, ps in plan_with_kernels(KERNELS).items()}
+    dmp = DistributedModelParallel(TinyModel(optimizer=None), env=ShardingEnv.local(), plan=ShardingPlan({PATH: plan}))
+    dense_opt = torch.optim.Adagrad(dmp.dense_parameters(), lr=0.1)
+    assert any(".t0" in name for name, _ in dmp.named_dense_parameters())  # the replica is the dense optimizer's
+    dmp(torch.randn(4, 3), make_batch(features(), 4, seed=5)).sum().backward()
+    dense_opt.step()
+    save_checkpoint(dmp, tmp_path / "ckpt", dense_optimizer=dense_opt)  # same replica on every rank: allowed
+    assert (tmp_path / "ckpt" / "dense.pt").exists()

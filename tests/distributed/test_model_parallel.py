@@ -68,3 +68,10 @@ def test_interrupted_save_is_refused(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p], "a temporary file was left behind"
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         load_checkpoint(model, tmp_path)
+
+
+def test_plan_of_bare_tables_on_a_model_names_the_path_and_the_fix():
+    plan = ShardingPlan({"": plan_for("row_wise", bag_tables(), 1, 1)})
+    with pytest.raises(ValueError, match=rf"no entry for the collection at '{PATH}'.*planner.plan\(model\)") as info:
+        DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=plan)
+    assert "['']" in str(info.value)
