@@ -110,7 +110,7 @@ def kt_specs(lib, batch: int, repeats: int) -> Dict[str, Spec]:
     noop = lambda: None  # noqa: E731
     return {
         "KeyedTensor.regroup (26 x dim 64 -> 2 groups)": (
-            noop, lambda _: lib.KeyedTensor.regroup([kt], groups), max(repeats // 10, 5)
+            noop, lambda _: lib.KeyedTensor.regroup([kt], groups), max(repeats // 5, 21)
         )
     }
 
