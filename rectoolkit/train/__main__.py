@@ -84,6 +84,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if ctx.is_main:
             print(json.dumps({"summary": {**summary, "world_size": ctx.world_size, "backend": ctx.backend}}),
                   flush=True)
+        if under_torchrun and dist.is_initialized():
+            dist.barrier()  # tear down together: a peer's closed sockets must not race this rank's last op
     finally:
         if under_torchrun and dist.is_initialized():
             dist.destroy_process_group()
