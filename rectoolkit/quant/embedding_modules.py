@@ -181,11 +181,13 @@ class _QuantCollection(nn.Module):
         per_feature = lengths.view(len(self._feature_names), batch_size)
         counts = per_feature.sum(1).tolist()
         rows = self._lookup.rows_per_feature.tolist()
-        for feature, segment in enumerate(values.split(counts)):
-            if segment.numel() == 0:
-                continue
-            lowest, highest = torch.aminmax(segment)
-            if lowest < 0 or highest >= rows[feature]:
+        segments = values.split(counts)
+        present = [feature for feature, segment in enumerate(segments) if segment.numel()]
+        extremes = [torch.aminmax(segments[feature]) for feature in present]
+        stats = torch.stack([low for low, _ in extremes] + [high for _, high in extremes]).tolist()  # one read-back
+        for index, feature in enumerate(present):
+            if stats[index] < 0 or stats[len(present) + index] >= rows[feature]:
+                segment = segments[feature]
                 position = int(((segment < 0) | (segment >= rows[feature])).nonzero()[0, 0])
                 sample = int(torch.searchsorted(per_feature[feature].to(torch.int64).cumsum(0), position, right=True))
                 raise ValueError(

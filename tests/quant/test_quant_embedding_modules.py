@@ -223,6 +223,11 @@ def test_features_in_any_key_order_and_errors():
                                                   lengths=torch.tensor([1, 1, 1]))
     with pytest.raises(ValueError, match=r"id 50 of feature 'seen' .* table 't_item' with 50 rows"):
         qebc(bad)
+    # an empty feature before the bad one: the error still names the right feature and sample
+    negative = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["user", "item", "seen"], values=torch.tensor([3, 4, -1]),
+                                                       lengths=torch.tensor([0, 0, 1, 1, 0, 1]))
+    with pytest.raises(ValueError, match=r"id -1 of feature 'seen' \(sample 1\)"):
+        qebc(negative)
     with pytest.raises(ValueError, match="pass dtype"):
         QuantEmbeddingBagCollection.from_float(rtk.EmbeddingBagCollection(_tables()))
     with pytest.raises(ValueError, match="multiple of 4"):
