@@ -7,3 +7,16 @@ from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_
 from rectoolkit.distributed.model_parallel import DistributedModelParallel, ShardedFusedOptimizer
 from rectoolkit.distributed.state import gather_table, load_table
 from rectoolkit.distributed.checkpoint import load_checkpoint, save_checkpoint
+from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+
+# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding), imported on first use
+# so that `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner here.
+_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding")
+
+
+def __getattr__(name: str):
+    if name in _TORCHREC_PATHS:
+        import importlib
+
+        return importlib.import_module(f"rectoolkit.distributed.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -241,3 +241,17 @@ class JaggedTensor:
             + jagged_values_string(self._weights, offsets, 0, samples)
             + "\n})\n"
         )
+
+
+def __getattr__(name: str):
+    """TorchRec's module path: torchrec.sparse.jagged_tensor holds all three jagged types, so
+    `rectoolkit.sparse.jagged_tensor.KeyedJaggedTensor` works as well (imported lazily: they build on this module)."""
+    if name == "KeyedJaggedTensor":
+        from rectoolkit.sparse.keyed_jagged_tensor import KeyedJaggedTensor
+
+        return KeyedJaggedTensor
+    if name == "KeyedTensor":
+        from rectoolkit.sparse.keyed_tensor import KeyedTensor
+
+        return KeyedTensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

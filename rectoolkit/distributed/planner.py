@@ -1,0 +1,5 @@
+"""TorchRec's module path torchrec.distributed.planner; the planner itself is rectoolkit.planner."""
+
+from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, Topology
+
+__all__ = ["EmbeddingShardingPlanner", "ParameterConstraints", "PlannerError", "Topology"]

@@ -1,0 +1,88 @@
+"""TorchRec's module paths resolve in rectoolkit to the same objects as the top-level names, so code written
+against `torchrec.sparse.jagged_tensor.KeyedJaggedTensor`, `torchrec.distributed.planner.Topology`, ... runs
+with `import rectoolkit as torchrec`. Every path checked here exists in TorchRec too (when it is installed)."""
+
+import importlib
+
+import pytest
+import torch
+
+import rectoolkit
+import rectoolkit as torchrec_alias
+
+PATHS = {
+    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
+    "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
+    "modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
+    "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
+                          "EmbeddingModuleShardingPlan"],
+    "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
+    "distributed.model_parallel": ["DistributedModelParallel"],
+    "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
+    "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
+    "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_attribute_paths_resolve_to_the_top_level_objects(path):
+    module = torchrec_alias
+    for part in path.split("."):
+        module = getattr(module, part)  # attribute access, as `torchrec.distributed.planner.Topology` does
+    for name in PATHS[path]:
+        ours = getattr(module, name)
+        top = getattr(rectoolkit, name, None)
+        if path.startswith("quant."):  # TorchRec's quantized classes share the float ones' names
+            assert ours is not top and ours.__name__ == f"Quant{name}", (path, name)
+        elif top is not None:
+            assert ours is top, (path, name)
+        from_import = getattr(importlib.import_module(f"rectoolkit.{path}"), name)
+        assert from_import is ours
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_the_same_paths_exist_in_torchrec(path):
+    torchrec = pytest.importorskip("torchrec")
+    module = importlib.import_module(f"torchrec.{path}")
+    missing = [name for name in PATHS[path] if not hasattr(module, name)
+               and name not in ("ParameterConstraints",)]  # a tutorial's spelling; TorchRec keeps it in planner.types
+    if path == "distributed.planner":
+        assert hasattr(importlib.import_module("torchrec.distributed.planner.types"), "ParameterConstraints")
+    assert not missing, (path, missing)
+
+
+def test_seed_003_attribute_style_runs():
+    # the deep-dive notebook's calls, verbatim apart from the alias
+    torchrec = torchrec_alias
+    kjt = torchrec.sparse.jagged_tensor.KeyedJaggedTensor.from_lengths_sync(
+        keys=["large_features", "small_features"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1, 0]))
+    assert kjt["large_features"].values().tolist() == [1, 2]
+    sharders = [torchrec.distributed.embeddingbag.EmbeddingBagCollectionSharder()]
+    tables = [torchrec.EmbeddingBagConfig(name="large_table", embedding_dim=8, num_embeddings=100,
+                                          feature_names=["large_features"]),
+              torchrec.EmbeddingBagConfig(name="small_table", embedding_dim=8, num_embeddings=10,
+                                          feature_names=["small_features"])]
+    model = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    planner = torchrec.distributed.planner.EmbeddingShardingPlanner(
+        topology=torchrec.distributed.planner.Topology(world_size=2, compute_device="cuda"),
+        constraints={"large_table": torchrec.distributed.types.ParameterConstraints(
+            sharding_types=[torchrec.distributed.types.ShardingType.ROW_WISE.value])})
+    plan = planner.plan(model, sharders)
+    assert plan.get_plan_for_module("")["large_table"].sharding_type == "row_wise"
+
+
+def test_sharders_answer_for_what_rectoolkit_runs():
+    from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+
+    bags, sequences = EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()
+    assert bags.module_type is rectoolkit.EmbeddingBagCollection
+    assert sequences.module_type is rectoolkit.EmbeddingCollection
+    assert len(bags.sharding_types("cpu")) == 6 and "grid_shard" not in sequences.sharding_types("cuda")
+    assert bags.compute_kernels("data_parallel", "cuda") == ["dense"]
+    assert "fused_uvm_caching" in bags.compute_kernels("row_wise", "cuda")
+    assert "fused_uvm_caching" not in bags.compute_kernels("row_wise", "cpu")
+    with pytest.raises(ValueError, match="'grid_shard' is not supported"):
+        sequences.compute_kernels("grid_shard", "cuda")
+    with pytest.raises(ValueError, match="'tpu'"):
+        bags.sharding_types("tpu")
