@@ -15,7 +15,7 @@ PATHS = {
     "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
     "modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
-                          "EmbeddingModuleShardingPlan"],
+                          "LazyAwaitable", "EmbeddingModuleShardingPlan"],
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
     "distributed.model_parallel": ["DistributedModelParallel"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
@@ -86,3 +86,41 @@ def test_sharders_answer_for_what_rectoolkit_runs():
         sequences.compute_kernels("grid_shard", "cuda")
     with pytest.raises(ValueError, match="'tpu'"):
         bags.sharding_types("tpu")
+
+
+def test_seed_001_sharding_flow_with_wait_and_lazy_awaitable():
+    # the tutorial's calls (one process: ShardingEnv.from_local instead of a process group)
+    torchrec = torchrec_alias
+    from rectoolkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from rectoolkit.distributed.planner import EmbeddingShardingPlanner, Topology
+    from rectoolkit.distributed.types import LazyAwaitable, ShardingEnv
+
+    ebc = torchrec.EmbeddingBagCollection(device="meta", tables=[
+        torchrec.EmbeddingBagConfig(name=f"{name}_table", embedding_dim=64, num_embeddings=4096, feature_names=[name],
+                                    pooling=torchrec.PoolingType.SUM) for name in ("product", "user")])
+    sharder = EmbeddingBagCollectionSharder()
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).collective_plan(
+        ebc, [sharder])
+    sharded_ebc = torchrec.DistributedModelParallel(ebc, env=ShardingEnv.from_local(1, 0), plan=plan,
+                                                    sharders=[sharder])
+    kjt = torchrec.KeyedJaggedTensor(keys=["product", "user"], values=torch.tensor([101, 201, 101, 404, 404, 606]),
+                                     lengths=torch.tensor([2, 0, 1, 1, 1, 1]))
+    kt = sharded_ebc(kjt).wait()
+    assert type(kt) is torchrec.KeyedTensor and kt.keys() == ["product", "user"]
+    assert {k: tuple(v.shape) for k, v in kt.to_dict().items()} == {"product": (3, 64), "user": (3, 64)}
+    with pytest.raises(ValueError, match=r"from_local\(2, 1\).*process group"):
+        ShardingEnv.from_local(2, 1)
+
+    class ExampleAwaitable(LazyAwaitable[torch.Tensor]):
+        def __init__(self, size):
+            super().__init__()
+            self._size = size
+            self.calls = 0
+
+        def _wait_impl(self) -> torch.Tensor:
+            self.calls += 1
+            return torch.ones(self._size)
+
+    awaitable = ExampleAwaitable([3, 2])
+    assert torch.equal(awaitable.wait(), torch.ones(3, 2)) and awaitable.wait() is awaitable.wait()
+    assert awaitable.calls == 1

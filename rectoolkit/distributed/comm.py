@@ -98,6 +98,16 @@ class ShardingEnv:
         """World size 1 without any process group (collectives become copies)."""
         return cls(0, 1, 1, None, torch.device(device))
 
+    @classmethod
+    def from_local(cls, world_size: int, rank: int, device: str = "cpu") -> "ShardingEnv":
+        """TorchRec's spelling of an env without a process group. rectoolkit runs several ranks only as real
+        processes, so only world size 1 is possible here."""
+        if world_size != 1 or rank != 0:
+            raise ValueError(f"ShardingEnv.from_local({world_size}, {rank}): without a process group rectoolkit runs "
+                             "world size 1 only; for more ranks start processes (rtk.launch or torchrun) and use "
+                             "ShardingEnv.from_process_group()")
+        return cls.local(device)
+
     @property
     def host(self) -> int:
         return self.rank // self.local_world_size

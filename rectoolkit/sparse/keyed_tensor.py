@@ -126,6 +126,11 @@ class KeyedTensor:
             raise validation.unknown_key_error(key, self._keys, _OWNER)
         return self._values.narrow(self._key_dim, self.offset_per_key()[index], self._length_per_key[index])
 
+    def wait(self) -> "KeyedTensor":
+        """Returns self. TorchRec's sharded EmbeddingBagCollection returns an awaitable that code resolves with
+        ``.wait()``; rectoolkit's computes the KeyedTensor at once, and this keeps such code running unchanged."""
+        return self
+
     def to_dict(self) -> Dict[str, torch.Tensor]:
         """{key: block} (views)."""
         blocks = self._values.split(self._length_per_key, dim=self._key_dim)
