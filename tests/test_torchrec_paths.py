@@ -124,3 +124,35 @@ def test_seed_001_sharding_flow_with_wait_and_lazy_awaitable():
     awaitable = ExampleAwaitable([3, 2])
     assert torch.equal(awaitable.wait(), torch.ones(3, 2)) and awaitable.wait() is awaitable.wait()
     assert awaitable.calls == 1
+
+
+def test_planner_honours_sharders_ours_and_torchrecs():
+    tables = [rectoolkit.EmbeddingBagConfig(name="big", num_embeddings=100_000, embedding_dim=64, feature_names=["f"]),
+              rectoolkit.EmbeddingBagConfig(name="wide", num_embeddings=1000, embedding_dim=256, feature_names=["g"])]
+    ebc = rectoolkit.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    only_row_wise = {"big": rectoolkit.ParameterConstraints(sharding_types=["row_wise"])}
+    planner = rectoolkit.EmbeddingShardingPlanner(rectoolkit.Topology(world_size=2, compute_device="cpu"),
+                                                  constraints=only_row_wise)
+    ours = rectoolkit.distributed.embeddingbag.EmbeddingBagCollectionSharder()
+    assert planner.plan(ebc, [ours]).get_plan_for_module("")["big"].sharding_type == "row_wise"
+
+    class TableWiseOnly(type(ours)):
+        def sharding_types(self, compute_device_type):
+            return ["table_wise", "data_parallel"]
+
+    plan = rectoolkit.EmbeddingShardingPlanner(rectoolkit.Topology(world_size=2, compute_device="cpu")).plan(
+        ebc, [TableWiseOnly()])
+    assert {ps.sharding_type for ps in plan.get_plan_for_module("").values()} <= {"table_wise", "data_parallel"}
+    with pytest.raises(ValueError, match=r"'big' allows sharding types \['row_wise'\].*TableWiseOnly"):
+        planner.plan(ebc, [TableWiseOnly()])
+    with pytest.raises(ValueError, match=r"no sharder for table 'big' \(an EmbeddingBagCollection\)"):
+        planner.plan(ebc, [rectoolkit.distributed.embedding.EmbeddingCollectionSharder()])
+
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder as TorchRecSharder
+
+    # TorchRec runs no row-wise sharding on CPU: with its sharder the plan avoids it, as TorchRec's planner would
+    free = rectoolkit.EmbeddingShardingPlanner(rectoolkit.Topology(world_size=2, compute_device="cpu"))
+    plan = free.plan(ebc, [TorchRecSharder()])
+    cpu_types = set(TorchRecSharder().sharding_types("cpu"))
+    assert all(ps.sharding_type in cpu_types for ps in plan.get_plan_for_module("").values())

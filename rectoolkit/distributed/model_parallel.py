@@ -45,8 +45,9 @@ def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
     return [(path, m) for path, m in module.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
 
 
-def make_plan(module: nn.Module, env: ShardingEnv) -> ShardingPlan:
+def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
     """A plan for every collection: rectoolkit.planner's when it is available, else greedy table-wise.
+    `sharders`, if given, limit the planner's sharding types (EmbeddingShardingPlanner.plan).
 
     Computed on rank 0 and broadcast, so every rank shards alike.
     """
@@ -59,7 +60,7 @@ def make_plan(module: nn.Module, env: ShardingEnv) -> ShardingPlan:
         else:
             topology = Topology(world_size=env.world_size, compute_device=env.device.type,
                                 local_world_size=env.local_world_size)
-            plan = EmbeddingShardingPlanner(topology=topology).plan(module)
+            plan = EmbeddingShardingPlanner(topology=topology).plan(module, sharders)
     if env.world_size > 1:
         box = [plan]
         dist.broadcast_object_list(box, src=0, group=env.pg)
@@ -191,7 +192,8 @@ class DistributedModelParallel(nn.Module):
         env: a ShardingEnv, a process group, or None (the default group).
         device: where the shards live (default: cuda:<local rank> under NCCL, else cpu).
         plan: a ShardingPlan (module path -> table -> ParameterSharding); None: planned here.
-        sharders: accepted for TorchRec compatibility and ignored (every collection is sharded).
+        sharders: used only when the plan is made here (they limit its sharding types, as in TorchRec); every
+            collection is sharded either way.
         init_data_parallel: wrap the dense part in DDP (default True).
         local_world_size: ranks per host (TABLE_ROW_WISE / GRID_SHARD gateways); default LOCAL_WORLD_SIZE env
             variable, else all ranks on one host.
@@ -211,7 +213,7 @@ class DistributedModelParallel(nn.Module):
         if not collections:
             raise ValueError(f"DistributedModelParallel: {type(module).__name__} holds no EmbeddingBagCollection or "
                              "EmbeddingCollection; use torch's DistributedDataParallel for a dense-only model")
-        self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env)
+        self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
         sharded = shard_collections(module, self.plan, env, backend)

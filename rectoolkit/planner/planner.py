@@ -24,7 +24,7 @@ from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_p
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
 from rectoolkit.planner.stats import WorkloadStats
-from rectoolkit.planner.tables import PlannerTable, collect_tables
+from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
 _TORCHREC_ONLY_ARGS = ("enumerator", "storage_reservation", "proposer", "partitioner", "performance_model",
@@ -96,8 +96,14 @@ class EmbeddingShardingPlanner:
 
     # ---- planning ---------------------------------------------------------------------------------------
     def plan(self, module: Any, sharders: Optional[Sequence[Any]] = None) -> ShardingPlan:
-        """A ShardingPlan for every table of `module` (a model, a list of configs or a DataFrame of tables)."""
+        """A ShardingPlan for every table of `module` (a model, a list of configs or a DataFrame of tables).
+
+        `sharders` (TorchRec's or rectoolkit.distributed.sharders'), when given, limit each table to the sharding
+        types its collection's sharder supports on the topology's device; None allows every type.
+        """
         tables = collect_tables(module, self.batch_size, self.constraints, self.stats)
+        if sharders is not None:
+            tables = apply_sharders(tables, sharders, self.topology.compute_device)
         dense = self.dense_bytes_per_rank
         if dense is None:
             dense = _dense_parameter_bytes(module)

@@ -11,6 +11,7 @@ TorchRec's `embedding_bag_configs()` or `embedding_configs()` method).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -22,6 +23,7 @@ from rectoolkit.modules.configs import (
     EmbeddingConfig,
     PoolingType,
 )
+from rectoolkit.plan.types import ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints, check_per_feature
 from rectoolkit.planner.stats import WorkloadStats
 
@@ -211,4 +213,36 @@ def tables_by_module(tables: Sequence[PlannerTable]) -> Dict[str, List[PlannerTa
     out: Dict[str, List[PlannerTable]] = {}
     for table in tables:
         out.setdefault(table.module_path, []).append(table)
+    return out
+
+
+def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_device: str) -> List[PlannerTable]:
+    """Restrict each table to the sharding types its collection's sharder supports (TorchRec's planner does the
+    same). A sharder is matched by its `module_type`'s class name, so TorchRec's sharders work too: passing
+    TorchRec's EmbeddingBagCollectionSharder on CPU gives a plan TorchRec can run there.
+
+    The table's own constraints still apply (the intersection); a table whose collection has no sharder in the
+    list is an error, since nothing would shard it.
+    """
+    by_module = {getattr(getattr(s, "module_type", None), "__name__", None): s for s in sharders}
+    out = []
+    for table in tables:
+        module = "EmbeddingBagCollection" if isinstance(table.config, EmbeddingBagConfig) else "EmbeddingCollection"
+        sharder = by_module.get(module)
+        if sharder is None:
+            raise ValueError(f"planner: no sharder for table {table.label!r} (an {module}); pass one whose module_type "
+                             f"is {module} (rectoolkit.distributed.sharders), or sharders=None to shard every table")
+        known = {t.value for t in ShardingType}  # TorchRec's list may name types rectoolkit has not got
+        allowed = [ShardingType(t) for t in sharder.sharding_types(compute_device) if t in known]
+        c = table.constraints
+        if c is not None and c.sharding_types is not None:
+            wanted = c.allowed_sharding_types()
+            allowed = [t for t in wanted if t in allowed]
+            if not allowed:
+                raise ValueError(f"planner: table {table.label!r} allows sharding types {[t.value for t in wanted]}, "
+                                 f"but {type(sharder).__name__} supports only "
+                                 f"{sharder.sharding_types(compute_device)} on {compute_device}")
+        merged = dataclasses.replace(c, sharding_types=allowed) if c is not None \
+            else ParameterConstraints(sharding_types=allowed)
+        out.append(dataclasses.replace(table, constraints=merged))
     return out
