@@ -16,11 +16,12 @@ from torch import nn
 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.plan.types import EmbeddingComputeKernel, ShardingType
+from rectoolkit.planner.enumerate import CPU_KERNELS, CUDA_KERNELS
 
+# the planner's kernels per device, plus "dense" (plain weights), which a plan may also ask for
 _TRAINING_KERNELS = {
-    "cuda": [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM,
-             EmbeddingComputeKernel.FUSED_UVM_CACHING],
-    "cpu": [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED],
+    "cuda": [EmbeddingComputeKernel.DENSE, *CUDA_KERNELS],
+    "cpu": [EmbeddingComputeKernel.DENSE, *CPU_KERNELS],
 }
 
 
