@@ -30,13 +30,14 @@ rectoolkit.quant.sizes.shard_bytes (per-row scale/bias and row alignment) instea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType, optimizer_state_bytes
 from rectoolkit.modules.configs import EmbeddingBagConfig, EmbeddingConfig
-from rectoolkit.plan.traffic import (COLLECTIVES, ID_BYTES, LENGTH_BYTES, VALUE_BYTES, WEIGHT_BYTES,
+from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, ID_BYTES, LENGTH_BYTES, VALUE_BYTES,
+                                     WEIGHT_BYTES,
                                      expected_id_counter, step_traffic)
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
@@ -58,6 +59,7 @@ class PlanCost:
     lookup_bwd_ms: np.ndarray
     comm_ms: Dict[str, np.ndarray]  # collective -> ms per rank
     traffic: Dict[str, np.ndarray]  # collective -> [W, W] bytes (source, destination)
+    step: Optional["StepTime"] = None  # the synchronized step estimate (evaluate(); None from the search's sums)
 
     @property
     def time_ms(self) -> np.ndarray:
@@ -68,8 +70,53 @@ class PlanCost:
         return float(self.time_ms.max())
 
     @property
+    def step_time_ms(self) -> float:
+        """The estimated step time: what the planner minimizes and what a run of the plan should measure."""
+        return self.step.total_ms if self.step is not None else self.max_time_ms
+
+    @property
     def total_bytes(self) -> float:
         return float(sum(m.sum() - np.trace(m) for m in self.traffic.values()))
+
+
+@dataclass
+class GroupTime:
+    """One sharding-type group of one collection in a step: it runs after the previous group, in order
+    input_dist -> lookup -> output_dist forward, and output_dist backward -> lookup backward + update."""
+
+    module_path: str
+    sharding_type: str
+    fixed_ms: float  # the group's own work (Python, kernel calls): profile.group_ms
+    latency_ms: float  # its collective calls x their alpha
+    lookup_fwd_ms: float  # the slowest rank's forward lookups (or the host's when local ranks share cores)
+    comm_fwd_ms: float  # the slowest rank's forward bytes / bandwidth
+    lookup_bwd_ms: float
+    comm_bwd_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return (self.fixed_ms + self.latency_ms + self.lookup_fwd_ms + self.comm_fwd_ms + self.lookup_bwd_ms
+                + self.comm_bwd_ms)
+
+
+@dataclass
+class StepTime:
+    """The step estimate: a fixed cost per step plus the groups one after another (each waits for its slowest
+    rank at its collectives)."""
+
+    step_fixed_ms: float
+    groups: List[GroupTime]
+
+    @property
+    def total_ms(self) -> float:
+        return self.step_fixed_ms + sum(g.total_ms for g in self.groups)
+
+    def parts(self) -> Dict[str, float]:
+        """ms by term, summed over groups (the report's breakdown)."""
+        names = ("fixed_ms", "latency_ms", "lookup_fwd_ms", "comm_fwd_ms", "lookup_bwd_ms", "comm_bwd_ms")
+        parts = {"step_fixed_ms": self.step_fixed_ms}
+        parts.update({name: sum(getattr(g, name) for g in self.groups) for name in names})
+        return parts
 
 
 class CostModel:
@@ -80,6 +127,16 @@ class CostModel:
         self.topology = topology
         self.optimizer = EmbOptimType.parse(optimizer)
         self.dense_bytes_per_rank = float(dense_bytes_per_rank)
+        self.profile = topology.time_profile
+        measured = topology.profile is not None
+        # link speeds: a profile's all-to-all speed inside a host (it was measured there); across hosts the
+        # topology's, never faster than inside
+        all_to_all, all_reduce = self.profile.collective("all_to_all"), self.profile.collective("all_reduce")
+        self.intra_bw = all_to_all.bytes_per_ms if measured else topology.intra_host_bw
+        self.inter_bw = min(topology.inter_host_bw, self.intra_bw) if measured else topology.inter_host_bw
+        scale = all_reduce.bytes_per_ms / all_to_all.bytes_per_ms  # all-reduce vs all-to-all speed, on any link
+        self.allreduce_intra_bw, self.allreduce_inter_bw = self.intra_bw * scale, self.inter_bw * scale
+        self.backward_factor = self.profile.backward(self.optimizer.value)
 
     # ---- one shard -------------------------------------------------------------------------------------
     def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
@@ -124,18 +181,21 @@ class CostModel:
         ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
         read_bytes = ids * cols * table.element_bytes
         write_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        local_bw = topo.hbm_mem_bw if topo.uses_hbm else topo.ddr_mem_bw
+        local_per_byte = self.profile.read_ms_per_byte(rows * cols * table.element_bytes)
         if kernel in (K.FUSED_UVM, K.QUANT_UVM):
             read_ms = read_bytes / topo.hbm_to_ddr_mem_bw
         elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
             hit = _load_factor(cache_load_factor)
-            read_ms = read_bytes * (hit / local_bw + (1 - hit) / topo.hbm_to_ddr_mem_bw)
+            read_ms = read_bytes * (hit * local_per_byte + (1 - hit) / topo.hbm_to_ddr_mem_bw)
         else:
-            read_ms = read_bytes / local_bw
-        forward = read_ms + write_bytes / local_bw
-        backward = forward * topo.bwd_compute_multiplier
+            read_ms = read_bytes * local_per_byte
+        write_bw = self.profile.write_bytes_per_ms
+        forward = read_ms + write_bytes / write_bw
+        backward = forward * self.backward_factor
         if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
-            backward += 3 * rows * cols * VALUE_BYTES / local_bw
+            backward += 3 * rows * cols * VALUE_BYTES / write_bw
+        if rows > 0:
+            forward += self.profile.shard_ms  # fixed per shard (measured for forward + backward together)
         return forward, backward
 
     # ---- closed forms for the search, batched over options ------------------------------------------------
@@ -156,7 +216,7 @@ class CostModel:
     def _fill_batch(self, kind: str, pairs) -> None:
         topo = self.topology
         W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
-        a, e = 1.0 / topo.intra_host_bw, 1.0 / topo.inter_host_bw
+        a, e = 1.0 / self.intra_bw, 1.0 / self.inter_bw
         opts = [o for o, _ in pairs]
         terms = [_table_terms(t) for _, t in pairs]
         col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
@@ -227,7 +287,9 @@ class CostModel:
         inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
         sizes = np.where(row_wise, sizes_rw, table_rows.astype(float))
         lookup, hbm, ddr = self._shard_costs(pairs, sizes, dims.astype(float))
-        time = intra * a + inter * e + lookup
+        comm_ms = np.where(row_wise, in_intra * a + in_inter * e + 2 * (out_intra * a + out_inter * e),
+                           dp_intra / self.allreduce_intra_bw + dp_inter / self.allreduce_inter_bw)
+        time = comm_ms + lookup
         totals = 0.5 * (intra + inter).sum(axis=1)
         for i, option in enumerate(opts):
             option.time_ms = time[i]
@@ -261,18 +323,20 @@ class CostModel:
         stored = weights + 4.0 * rows * state_floats + np.where(dense, rows * cols * VALUE_BYTES, 0.0)
         output = VALUE_BYTES * cols * np.where(pooled, samples, ids)
         buffers = LENGTH_BYTES * samples + id_bytes * ids + output
-        local_bw = topo.hbm_mem_bw if topo.uses_hbm else topo.ddr_mem_bw
         if topo.uses_hbm:
             hbm = np.where(uvm, buffers, np.where(caching, buffers + clf * weights, stored + buffers))
             ddr = np.where(uvm | caching, stored, 0.0)
         else:
             hbm, ddr = np.zeros_like(stored), stored + buffers
         read = ids * cols * element
+        local_per_byte = self.profile.read_ms_per_byte(weights)  # cache-aware: by the shard's size
         read_ms = np.where(uvm, read / topo.hbm_to_ddr_mem_bw,
-                           np.where(caching, read * (clf / local_bw + (1 - clf) / topo.hbm_to_ddr_mem_bw),
-                                    read / local_bw))
-        lookup = (read_ms + output / local_bw) * (1 + topo.bwd_compute_multiplier)
-        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / local_bw, 0.0)
+                           np.where(caching, read * (clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw),
+                                    read * local_per_byte))
+        write_bw = self.profile.write_bytes_per_ms
+        lookup = (read_ms + output / write_bw) * (1 + self.backward_factor)
+        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / write_bw, 0.0)
+        lookup = lookup + np.where(rows > 0, self.profile.shard_ms, 0.0)  # fixed per shard
         return lookup, hbm, ddr
 
     def _state_floats(self, cols: int) -> int:
@@ -310,13 +374,50 @@ class CostModel:
                 fwd[shard.rank] += f
                 bwd[shard.rank] += b
         traffic = self.traffic(plan, tables, batch_sizes, count_ids)
-        bandwidth = self.bandwidth_matrix()
+        step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
+                                               for path, kind in _groups(plan)])
+        return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
+
+    def comm_ms(self, traffic: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """collective -> ms per rank: every byte a rank sends or receives over a link, at that link's speed."""
         comm = {}
         for name, matrix in traffic.items():
+            bandwidth = self.allreduce_bandwidth_matrix() if name == "dp_allreduce" else self.bandwidth_matrix()
             per_link = (matrix + matrix.T) / bandwidth
             np.fill_diagonal(per_link, 0.0)
             comm[name] = per_link.sum(axis=1)
-        return PlanCost(memory, hbm, ddr, fwd, bwd, comm, traffic)
+        return comm
+
+    def _group_time(self, path: str, sharding_type: str, plan: ShardingPlan, tables: Sequence[PlannerTable],
+                    batch_sizes, count_ids) -> GroupTime:
+        """One group's share of the step (GroupTime): the slowest rank at each of its synchronizing phases."""
+        W = self.topology.world_size
+        module_plan = {name: ps for name, ps in plan.plan[path].items() if ps.sharding_type == sharding_type}
+        by_key = {t.key: t for t in tables}
+        fwd, bwd = np.zeros(W), np.zeros(W)
+        for name, ps in module_plan.items():
+            for shard in ps.shards:
+                rows, cols = shard.shard_sizes
+                f, b = self.shard_lookup_ms(by_key[(path, name)], rows, cols, ps.sharding_type, ps.compute_kernel,
+                                            ps.cache_load_factor)
+                fwd[shard.rank] += f
+                bwd[shard.rank] += b
+        comm = self.comm_ms(self.traffic(ShardingPlan({path: module_plan}), tables, batch_sizes, count_ids))
+        comm_fwd = sum(comm[name] for name in FORWARD_COLLECTIVES)
+        comm_bwd = sum(comm[name] for name in comm if name not in FORWARD_COLLECTIVES)
+        all_to_all_calls, all_reduce_calls = collective_calls(ShardingType(sharding_type), len(module_plan), W)
+        latency = (all_to_all_calls * self.profile.collective("all_to_all").alpha_ms
+                   + all_reduce_calls * self.profile.collective("all_reduce").alpha_ms)
+        return GroupTime(path, sharding_type, self.profile.group_fixed_ms(sharding_type), latency,
+                         self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
+
+    def _phase_ms(self, compute_ms: np.ndarray) -> float:
+        """A compute phase between two collectives: its slowest rank, unless the ranks of a host share fewer cores
+        (or less memory bandwidth) than they need, then the host's total work over what runs at once."""
+        L = self.topology.local_world_size
+        parallel = min(float(L), self.profile.memory_parallelism, float(self.topology.cores_per_host or L))
+        per_host = compute_ms.reshape(-1, L).sum(axis=1) / parallel
+        return float(max(compute_ms.max(), per_host.max()))
 
     def traffic(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes=None,
                 count_ids=None) -> Dict[str, np.ndarray]:
@@ -358,7 +459,32 @@ class CostModel:
         topo = self.topology
         hosts = np.arange(topo.world_size) // topo.local_world_size
         same = hosts[:, None] == hosts[None, :]
-        return np.where(same, topo.intra_host_bw, topo.inter_host_bw).astype(float)
+        return np.where(same, self.intra_bw, self.inter_bw).astype(float)
+
+    def allreduce_bandwidth_matrix(self) -> np.ndarray:
+        return self.bandwidth_matrix() * (self.allreduce_intra_bw / self.intra_bw)
+
+
+def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: int) -> Tuple[int, int]:
+    """(all-to-all calls, all-reduce calls) one group makes per training step (rectoolkit.distributed):
+    input_dist is a metadata and a data all-to-all, output_dist one all-to-all forward and one backward (two each
+    for the two-level table-row-wise and grid outputs); data-parallel all-reduces its gradients once on 2 ranks,
+    else reduce-scatters and all-gathers each table with two all-to-alls."""
+    if sharding_type == ShardingType.DATA_PARALLEL:
+        return (0, 1) if world_size <= 2 else (2 * num_tables, 0)
+    if sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
+        return 6, 0
+    return 4, 0
+
+
+def _groups(plan: ShardingPlan) -> List[Tuple[str, str]]:
+    """(module path, sharding type) of every group, in the order the sharded collection runs them."""
+    order = [t.value for t in ShardingType]
+    groups = []
+    for path, module_plan in plan.plan.items():
+        kinds = {ps.sharding_type for ps in module_plan.values()}
+        groups += [(path, kind) for kind in sorted(kinds, key=lambda k: order.index(k) if k in order else len(order))]
+    return groups
 
 
 def xy_link_bytes(x: np.ndarray, y: np.ndarray, local_world_size: int) -> Tuple[np.ndarray, np.ndarray]:

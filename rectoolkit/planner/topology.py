@@ -10,8 +10,11 @@ millisecond. Estimated times are in milliseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import List, Optional, Sequence, Union
+
+from rectoolkit.planner.profile import CalibrationProfile, load_profile
 
 GIB = 1024 ** 3
 
@@ -43,7 +46,12 @@ class Topology:
         batch_size: samples per rank per step (TorchRec passes it to the planner; both work here).
         hbm_mem_bw, ddr_mem_bw, hbm_to_ddr_mem_bw: memory bandwidths, bytes/ms (UVM reads use hbm_to_ddr).
         intra_host_bw, inter_host_bw: bytes/ms one rank moves (sent plus received) over each link class.
-        bwd_compute_multiplier: backward lookup time as a multiple of forward.
+        bwd_compute_multiplier: backward lookup time as a multiple of forward (used without a profile).
+        profile: a CalibrationProfile (or the path of its JSON) with this machine's measured time terms; the cost
+            model then prices latencies, fixed costs and cache effects from it (rectoolkit.planner.profile).
+            Without one, times are TorchRec's bytes-over-bandwidth from the fields above.
+        cores_per_host: CPU cores of a host, when ranks are processes sharing them (the cost model lets at most
+            this many local ranks compute at once); None: every rank has its own.
     """
 
     world_size: int
@@ -59,7 +67,8 @@ class Topology:
     bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
     weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
     batch_size: int = BATCH_SIZE
-    calibrated: dict = field(default_factory=dict)  # what calibrate() measured, for the record
+    profile: Union[None, str, Path, CalibrationProfile] = None
+    cores_per_host: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size <= 0:
@@ -85,6 +94,9 @@ class Topology:
         for name in ("hbm_mem_bw", "ddr_mem_bw", "hbm_to_ddr_mem_bw", "intra_host_bw", "inter_host_bw"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Topology: {name} must be positive (bytes/ms), got {getattr(self, name)!r}")
+        self.profile = load_profile(self.profile)
+        if self.cores_per_host is not None and (not isinstance(self.cores_per_host, int) or self.cores_per_host <= 0):
+            raise ValueError(f"Topology: cores_per_host must be a positive int or None, got {self.cores_per_host!r}")
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")
 
@@ -116,29 +128,32 @@ class Topology:
     def with_batch_size(self, batch_size: int) -> "Topology":
         return replace(self, batch_size=int(batch_size))
 
+    @property
+    def time_profile(self) -> CalibrationProfile:
+        """The profile the cost model prices time with: the measured one, else TorchRec's bandwidth-only terms."""
+        return self.profile if self.profile is not None else CalibrationProfile.from_topology(self)
+
     @classmethod
     def calibrate(cls, world_size: int = 2, local_world_size: Optional[int] = None, compute_device: str = "cpu",
-                  seconds: float = 3.0, measure_collectives: bool = True, **kwargs) -> "Topology":
-        """A Topology with this machine's measured bandwidths (memory, and gloo all-to-all between processes).
+                  out: Union[None, str, Path] = None, quick: bool = False, **kwargs) -> "Topology":
+        """A Topology carrying this machine's measured CalibrationProfile (rectoolkit.planner.calibrate).
 
-        Memory bandwidth: a gather of random rows (what a lookup does), timed with torch. Collective
-        bandwidth: `world_size` local processes run gloo all-to-alls; bytes (sent + received) per rank per
-        ms become both intra_host_bw and inter_host_bw (this machine is one host). Takes a few seconds.
+        Runs short micro-benchmarks of rectoolkit's own kernels and collectives on `world_size` local worker
+        processes (gloo on CPU, NCCL with CUDA), under a minute. `out`: also save the profile as JSON there.
+        From a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
         """
-        from rectoolkit.planner.calibrate import measure_collective_bandwidth, measure_memory_bandwidth
+        from rectoolkit.planner.calibrate import calibrate_profile
 
-        memory_bw = measure_memory_bandwidth(seconds=seconds / 3)
-        measured = {"memory_bw_bytes_per_ms": memory_bw}
-        comm_bw = None
-        if measure_collectives and world_size > 1:
-            comm_bw = measure_collective_bandwidth(world_size, seconds=2 * seconds / 3)
-            measured["alltoall_bw_bytes_per_ms"] = comm_bw
-        fields = dict(world_size=world_size, compute_device=compute_device, local_world_size=local_world_size,
-                      hbm_mem_bw=memory_bw, ddr_mem_bw=memory_bw, hbm_to_ddr_mem_bw=memory_bw)
-        if comm_bw is not None:
-            fields.update(intra_host_bw=comm_bw, inter_host_bw=comm_bw)
+        profile = calibrate_profile(world_size, compute_device=compute_device, quick=quick)
+        if out is not None:
+            profile.save(out)
+        local = local_world_size if local_world_size is not None else world_size
+        fields = dict(world_size=world_size, compute_device=compute_device, local_world_size=local)
         fields.update(kwargs)
-        return cls(calibrated=measured, **fields)
+        cores = profile.machine.get("cores")
+        if "cores_per_host" not in fields and isinstance(cores, int):
+            fields["cores_per_host"] = cores
+        return cls(profile=profile, **fields)
 
 
 def _per_rank(value: Capacity, world_size: int) -> List[float]:

@@ -241,18 +241,13 @@ def test_workload_stats_from_batches():
     assert stats.pooling_factors == {"a": 1.0, "b": 1.25} and stats.batch_size == 2
 
 
-def test_topology_validation_and_calibration():
+def test_topology_validation():
     with pytest.raises(ValueError, match="multiple of local_world_size"):
         Topology(world_size=6, local_world_size=4)
-    topo = Topology.calibrate(world_size=2, seconds=0.3, measure_collectives=False)
-    assert topo.hbm_mem_bw > 0 and topo.calibrated["memory_bw_bytes_per_ms"] == topo.hbm_mem_bw
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_calibrate_measures_gloo_alltoall():
-    topo = Topology.calibrate(world_size=2, seconds=0.6)
-    assert topo.intra_host_bw > 0 and topo.intra_host_bw == topo.calibrated["alltoall_bw_bytes_per_ms"]
+    with pytest.raises(ValueError, match="cores_per_host"):
+        Topology(world_size=2, cores_per_host=0)
+    with pytest.raises(FileNotFoundError, match="python -m rectoolkit.planner.calibrate"):
+        Topology(world_size=2, profile="/nonexistent/profile.json")
 
 
 def test_dataframe_columns_aliases_and_errors():

@@ -1,0 +1,219 @@
+"""A calibration profile: the measured terms of the cost model for one machine, saved as JSON.
+
+Every time term the planner uses comes from here (rectoolkit.planner.cost reads it; `explain()` and the report
+show it). A profile is measured by `python -m rectoolkit.planner.calibrate` (or `Topology.calibrate()`); without
+one the planner uses `CalibrationProfile.from_topology`, TorchRec's bandwidth-only defaults with zero fixed costs.
+
+The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
+
+- collectives: an alpha-beta pair per collective kind ("all_to_all", "all_reduce"): a call costs
+  `alpha_ms + bytes / bytes_per_ms`, bytes being what one rank sends plus receives over the call.
+- reads: a lookup reads `ids x dim x element bytes` at a speed that depends on the shard's size (its working set):
+  `read_curve` is a list of (working set bytes, bytes per ms) points, interpolated in log(size); shards that
+  fit in cache read fast, ones far larger than the last-level cache at memory speed.
+- writes: pooled output rows are written at `write_bytes_per_ms`.
+- fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
+  and its collectives' round trips), `shard_ms` once per shard a rank holds.
+- backward: the fused backward + optimizer update costs `backward_factor[optimizer]` x the forward lookup.
+- sharing: local ranks share a host's cores and memory; when they all read at once they get `memory_parallelism`
+  times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing).
+
+    >>> from rectoolkit.planner.topology import Topology
+    >>> p = CalibrationProfile.from_topology(Topology(world_size=2, compute_device="cpu"))
+    >>> p.collective("all_to_all").cost_ms(0.0)
+    0.0
+    >>> CalibrationProfile.from_json(p.to_json()) == p
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+
+PROFILE_VERSION = 1
+COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
+BWD_COMPUTE_MULTIPLIER = 2.0  # TorchRec's backward / forward ratio, used where nothing was measured
+OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")  # EmbOptimType values
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "grid_shard", "data_parallel")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """One collective kind: a call costs alpha_ms + bytes (sent + received by one rank) / bytes_per_ms."""
+
+    alpha_ms: float
+    bytes_per_ms: float
+
+    def cost_ms(self, num_bytes: float) -> float:
+        return self.alpha_ms + num_bytes / self.bytes_per_ms if num_bytes or self.alpha_ms else 0.0
+
+
+@dataclass(frozen=True)
+class CalibrationProfile:
+    """The cost model's measured terms (see the module docstring). Frozen; JSON via to_json / from_json / save / load."""
+
+    collectives: Dict[str, AlphaBeta]
+    read_curve: Tuple[Tuple[float, float], ...]  # (working set bytes, read bytes per ms), working set ascending
+    write_bytes_per_ms: float
+    step_ms: float = 0.0
+    group_ms: Dict[str, float] = field(default_factory=dict)
+    shard_ms: float = 0.0
+    backward_factor: Dict[str, float] = field(default_factory=dict)
+    memory_parallelism: float = 1.0
+    machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
+
+    def __post_init__(self) -> None:
+        for kind in COLLECTIVE_KINDS:
+            if kind not in self.collectives:
+                raise ValueError(f"CalibrationProfile: collectives lacks {kind!r}; it needs {COLLECTIVE_KINDS}")
+        for kind, pair in self.collectives.items():
+            if not pair.bytes_per_ms > 0 or pair.alpha_ms < 0:
+                raise ValueError(f"CalibrationProfile: collective {kind!r} needs alpha_ms >= 0 and bytes_per_ms > 0, "
+                                 f"got {pair}")
+        if not self.read_curve or any(bw <= 0 or size <= 0 for size, bw in self.read_curve):
+            raise ValueError(f"CalibrationProfile: read_curve needs positive (working set, bytes/ms) points, "
+                             f"got {self.read_curve!r}")
+        if list(self.read_curve) != sorted(self.read_curve):
+            raise ValueError("CalibrationProfile: read_curve points must be in ascending working-set order")
+        if not self.write_bytes_per_ms > 0:
+            raise ValueError(f"CalibrationProfile: write_bytes_per_ms must be positive, got {self.write_bytes_per_ms}")
+        unknown = set(self.group_ms) - set(SHARDING_TYPES)
+        if unknown:
+            raise ValueError(f"CalibrationProfile: group_ms has unknown sharding types {sorted(unknown)}")
+        if self.memory_parallelism < 1.0:
+            raise ValueError(f"CalibrationProfile: memory_parallelism must be >= 1, got {self.memory_parallelism}")
+
+    # ---- the terms ----------------------------------------------------------------------------------------------
+    def collective(self, kind: str) -> AlphaBeta:
+        if kind not in self.collectives:
+            raise KeyError(f"no collective {kind!r} in the profile; it has {sorted(self.collectives)}")
+        return self.collectives[kind]
+
+    def read_ms_per_byte(self, working_set_bytes):
+        """ms per byte read from shards of these sizes (a number or an array): ms/byte is linear in log(size)
+        between the measured points, and flat beyond the first and the last."""
+        sizes = np.log([size for size, _ in self.read_curve])
+        per_byte = [1.0 / bw for _, bw in self.read_curve]
+        x = np.log(np.maximum(np.asarray(working_set_bytes, dtype=float), 1.0))
+        result = np.interp(x, sizes, per_byte)
+        return float(result) if np.ndim(result) == 0 else result
+
+    def group_fixed_ms(self, sharding_type: str) -> float:
+        return float(self.group_ms.get(sharding_type, 0.0))
+
+    def backward(self, optimizer: str) -> float:
+        """The fused backward + update as a multiple of the forward lookup (TorchRec's 2.0 where not measured)."""
+        return float(self.backward_factor.get(optimizer, BWD_COMPUTE_MULTIPLIER))
+
+    # ---- construction and JSON ------------------------------------------------------------------------------------
+    @classmethod
+    def from_topology(cls, topology) -> "CalibrationProfile":
+        """The bandwidth-only model TorchRec uses: no fixed costs, no cache effect, collectives at the link bandwidth."""
+        local = topology.hbm_mem_bw if topology.uses_hbm else topology.ddr_mem_bw
+        link = AlphaBeta(0.0, float(topology.intra_host_bw))
+        return cls(collectives={"all_to_all": link, "all_reduce": link}, read_curve=((1.0, float(local)),),
+                   write_bytes_per_ms=float(local),
+                   backward_factor={name: float(topology.bwd_compute_multiplier) for name in OPTIMIZERS},
+                   memory_parallelism=float(topology.local_world_size),
+                   machine={"source": "topology defaults (not measured)"})
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["read_curve"] = [list(point) for point in self.read_curve]
+        data["version"] = PROFILE_VERSION
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "profile") -> "CalibrationProfile":
+        data = dict(data)
+        version = data.pop("version", None)
+        if version != PROFILE_VERSION:
+            raise ValueError(f"{source}: calibration profile version {version!r}, this rectoolkit reads version "
+                             f"{PROFILE_VERSION}; re-run `python -m rectoolkit.planner.calibrate`")
+        try:
+            data["collectives"] = {k: AlphaBeta(**v) for k, v in data["collectives"].items()}
+            data["read_curve"] = tuple((float(s), float(b)) for s, b in data["read_curve"])
+            return cls(**data)
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{source}: not a calibration profile ({error}); re-run "
+                             "`python -m rectoolkit.planner.calibrate`") from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "profile") -> "CalibrationProfile":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source}: not valid JSON ({error})") from None
+        return cls.from_dict(data, source)
+
+    def save(self, path: Union[str, Path]) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "CalibrationProfile":
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"calibration profile {path} does not exist; make one with "
+                                    f"`python -m rectoolkit.planner.calibrate --out {path}`")
+        return cls.from_json(path.read_text(), str(path))
+
+    def summary_rows(self) -> List[Tuple[str, str]]:
+        """(term, value) rows for explain() and the widgets."""
+        rows = [(f"{kind}: latency, bandwidth", f"{ab.alpha_ms:.3f} ms + bytes / {ab.bytes_per_ms / 1e6:.2f} GB/s")
+                for kind, ab in sorted(self.collectives.items())]
+        rows += [("read speed by shard size", ", ".join(f"{_size(s)}: {bw / 1e6:.2f} GB/s" for s, bw in self.read_curve)),
+                 ("output write speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
+                 ("fixed per step", f"{self.step_ms:.3f} ms"),
+                 ("fixed per shard", f"{self.shard_ms:.3f} ms"),
+                 ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))
+                  or "0 ms"),
+                 ("backward + update / forward", ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.backward_factor.items()))
+                  or f"{BWD_COMPUTE_MULTIPLIER:.1f}x (TorchRec's default)"),
+                 ("local ranks reading at once", f"{self.memory_parallelism:.2f}x one rank's speed")]
+        return rows
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.0f} GiB"
+
+
+def fit_alpha_beta(samples: Sequence[Tuple[float, float]]) -> AlphaBeta:
+    """alpha = the time of the smallest message (its bytes cost next to nothing), then the bandwidth that fits the
+    larger ones best with that alpha (least squares of ms - alpha = bytes / bandwidth). A fit of both at once lets
+    the large messages' noise swing alpha, even below zero.
+
+    >>> fit_alpha_beta([(0, 0.5), (1000, 1.5), (2000, 2.5)])
+    AlphaBeta(alpha_ms=0.5, bytes_per_ms=1000.0)
+    """
+    if len(samples) < 2:
+        raise ValueError(f"fit_alpha_beta needs at least 2 (bytes, ms) samples, got {len(samples)}")
+    ordered = sorted(samples)
+    (small_bytes, alpha), rest = ordered[0], ordered[1:]
+    if all(x == small_bytes for x, _ in rest):
+        raise ValueError("fit_alpha_beta needs samples of at least two different sizes")
+    rest = [(x - small_bytes, y - alpha) for x, y in rest]
+    slope = sum(x * y for x, y in rest) / sum(x * x for x, _ in rest)
+    slope = max(slope, 1e-12)
+    return AlphaBeta(round(max(alpha - small_bytes * slope, 0.0), 6), round(1.0 / slope, 3))
+
+
+def load_profile(profile: Union[None, str, Path, CalibrationProfile]) -> Optional[CalibrationProfile]:
+    """A profile from a path or a profile object (None stays None)."""
+    if profile is None or isinstance(profile, CalibrationProfile):
+        return profile
+    return CalibrationProfile.load(profile)

@@ -1,0 +1,160 @@
+"""Calibration profiles and the time terms they give the cost model: hand-worked step times, JSON round trips,
+the fits, and a real calibration on 2 local ranks."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from rectoolkit.modules.configs import EmbeddingBagConfig
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.planner.calibrate import fixed_terms
+from rectoolkit.planner.cost import CostModel, collective_calls
+from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, fit_alpha_beta
+from rectoolkit.planner.tables import collect_tables
+from rectoolkit.planner.topology import Topology
+from rectoolkit.plan.types import ShardingType
+
+PROFILE = CalibrationProfile(
+    collectives={"all_to_all": AlphaBeta(0.5, 1000.0), "all_reduce": AlphaBeta(1.0, 2000.0)},
+    read_curve=((1e3, 100.0), (1e6, 10.0)), write_bytes_per_ms=1000.0, step_ms=2.0,
+    group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, backward_factor={"sgd": 1.5},
+    memory_parallelism=2.0)
+TABLE = EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])
+
+
+def test_read_curve_is_log_linear_between_points_and_flat_outside():
+    assert PROFILE.read_ms_per_byte(10.0) == pytest.approx(1 / 100)
+    assert PROFILE.read_ms_per_byte(1e9) == pytest.approx(1 / 10)
+    middle = math.sqrt(1e3 * 1e6)  # half way in log(size)
+    assert PROFILE.read_ms_per_byte(middle) == pytest.approx(0.5 / 100 + 0.5 / 10)
+    np.testing.assert_allclose(PROFILE.read_ms_per_byte(np.array([10.0, middle])), [1 / 100, 0.5 / 100 + 0.5 / 10])
+
+
+def test_table_wise_step_time_by_hand():
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE)
+    tables = collect_tables([TABLE], batch_size=4)  # pooling factor 1: 4 ids per rank
+    plan = ShardingPlan({"": {"t": ParameterSharding("table_wise", ranks=[1],
+                                                     shards=[ShardMetadata.on_rank(1, 0, 0, 100, 8)])}})
+    cost = CostModel(topo, "sgd").evaluate(plan, tables)
+    # rank 1 reads 8 ids x 8 floats = 256 B from a 3200 B shard; writes 8 samples x 8 floats = 256 B
+    per_byte = 1 / 100 + (math.log(3200) - math.log(1e3)) / (math.log(1e6) - math.log(1e3)) * (1 / 10 - 1 / 100)
+    forward = 256 * per_byte + 256 / 1000
+    backward = 1.5 * forward
+    # bytes: 4 lengths x 4 B + 4 ids x 8 B = 48 B in, [4, 8] fp32 = 128 B out, 128 B of gradients back
+    comm_forward, comm_backward = (48 + 128) / 1000, 128 / 1000
+    expected = 2.0 + 3.0 + 4 * 0.5 + (forward + 0.25) + comm_forward + backward + comm_backward
+    assert cost.step_time_ms == pytest.approx(expected, rel=1e-9)
+    (group,) = cost.step.groups
+    assert group.latency_ms == pytest.approx(2.0) and group.fixed_ms == 3.0
+    # the search's per-rank sums hold the same lookups and bytes, without the per-step and per-group terms
+    assert cost.time_ms[1] == pytest.approx(forward + 0.25 + backward + comm_forward + comm_backward, rel=1e-9)
+
+
+def test_local_ranks_sharing_cores_add_up_their_work():
+    plan = ShardingPlan({"": {"t": ParameterSharding("row_wise", ranks=[0, 1], shards=[
+        ShardMetadata.on_rank(0, 0, 0, 50, 8), ShardMetadata.on_rank(1, 50, 0, 50, 8)])}})
+    tables = collect_tables([TABLE], batch_size=4)
+    alone = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE)).evaluate(plan, tables)
+    shared = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE,
+                                cores_per_host=1)).evaluate(plan, tables)
+    # two equal shards: apart, the phase takes one rank's work; on one core, both ranks' work
+    a, s = alone.step.groups[0], shared.step.groups[0]
+    assert s.lookup_fwd_ms == pytest.approx(2 * a.lookup_fwd_ms) and s.lookup_bwd_ms == pytest.approx(2 * a.lookup_bwd_ms)
+
+
+def test_groups_add_fixed_costs_and_latency():
+    two = [TABLE, EmbeddingBagConfig(name="u", num_embeddings=100, embedding_dim=8, feature_names=["g"])]
+    tables = collect_tables(two, batch_size=4)
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE)
+    tw = ParameterSharding("table_wise", ranks=[0], shards=[ShardMetadata.on_rank(0, 0, 0, 100, 8)])
+    rw = ParameterSharding("row_wise", ranks=[0, 1], shards=[ShardMetadata.on_rank(0, 0, 0, 50, 8),
+                                                              ShardMetadata.on_rank(1, 50, 0, 50, 8)])
+    mixed = CostModel(topo).evaluate(ShardingPlan({"": {"t": tw, "u": rw}}), tables)
+    assert [g.sharding_type for g in mixed.step.groups] == ["table_wise", "row_wise"]
+    assert mixed.step.parts()["fixed_ms"] == pytest.approx(3.0 + 4.0)
+    assert mixed.step.parts()["latency_ms"] == pytest.approx(8 * 0.5)
+
+
+def test_collective_calls_per_group():
+    assert collective_calls(ShardingType.TABLE_WISE, 3, 2) == (4, 0)
+    assert collective_calls(ShardingType.TABLE_ROW_WISE, 1, 4) == (6, 0)
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 2) == (0, 1)
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == (6, 0)
+
+
+def test_without_a_profile_times_are_torchrec_bytes_over_bandwidth():
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4, ddr_mem_bw=1000.0, intra_host_bw=500.0)
+    tables = collect_tables([TABLE], batch_size=4)
+    plan = ShardingPlan({"": {"t": ParameterSharding("table_wise", ranks=[1],
+                                                     shards=[ShardMetadata.on_rank(1, 0, 0, 100, 8)])}})
+    cost = CostModel(topo, "sgd").evaluate(plan, tables)
+    forward = (256 + 256) / 1000
+    assert cost.lookup_fwd_ms[1] == pytest.approx(forward) and cost.lookup_bwd_ms[1] == pytest.approx(2 * forward)
+    assert cost.step_time_ms == pytest.approx(3 * forward + (48 + 128 + 128) / 500)
+
+
+def test_fits_by_hand():
+    assert fit_alpha_beta([(0, 1.0), (500, 2.0), (1000, 3.0)]) == AlphaBeta(1.0, 500.0)
+    # alpha from the smallest message (less its bytes), the bandwidth from the slope above it
+    assert fit_alpha_beta([(1000, 2.0), (2000, 3.0), (3000, 4.0)]) == AlphaBeta(1.0, 1000.0)
+    assert fit_alpha_beta([(100, 0.05), (2000, 2.0)]).alpha_ms == 0.0
+    with pytest.raises(ValueError, match="two different sizes"):
+        fit_alpha_beta([(10, 1.0), (10, 2.0)])
+    steps = {"tw": 5.0, "tw4": 8.0, "row_wise": 6.0, "tw+row_wise": 9.0, "column_wise": 6.5, "tw+column_wise": 8.5}
+    step, shard, groups = fixed_terms(steps, 2)
+    assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
+    assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
+
+
+def test_profile_json_round_trip_and_errors(tmp_path):
+    path = PROFILE.save(tmp_path / "p.json")
+    assert CalibrationProfile.load(path) == PROFILE
+    assert Topology(world_size=2, profile=str(path)).profile == PROFILE
+    data = json.loads(path.read_text())
+    data["version"] = 99
+    with pytest.raises(ValueError, match="version 99"):
+        CalibrationProfile.from_dict(data)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        CalibrationProfile.from_json("{", "p.json")
+    with pytest.raises(ValueError, match="lacks 'all_reduce'"):
+        CalibrationProfile(collectives={"all_to_all": AlphaBeta(0, 1)}, read_curve=((1, 1),), write_bytes_per_ms=1)
+    with pytest.raises(ValueError, match="unknown sharding types"):
+        CalibrationProfile(collectives=PROFILE.collectives, read_curve=((1, 1),), write_bytes_per_ms=1,
+                           group_ms={"diagonal": 1.0})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_script_without_main_guard_gets_a_clear_error(tmp_path):
+    script = tmp_path / "calibrate_unguarded.py"
+    script.write_text(textwrap.dedent("""
+        from rectoolkit.planner.topology import Topology
+        Topology.calibrate(world_size=2, quick=True)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode != 0
+    assert 'if __name__ == "__main__":' in result.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_calibration_measures_every_term(tmp_path):
+    out = tmp_path / "profile.json"
+    topo = Topology.calibrate(world_size=2, quick=True, out=out)
+    profile = topo.profile
+    assert CalibrationProfile.load(out) == profile
+    for kind in ("all_to_all", "all_reduce"):
+        assert profile.collective(kind).bytes_per_ms > 0 and profile.collective(kind).alpha_ms >= 0
+    assert len(profile.read_curve) == 4 and all(bw > 0 for _, bw in profile.read_curve)
+    assert set(profile.backward_factor) == {"sgd", "adagrad", "row_wise_adagrad", "adam"}
+    assert {"table_wise", "row_wise", "column_wise", "data_parallel"} <= set(profile.group_ms)
+    assert 1.0 <= profile.memory_parallelism <= 2.0
+    assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
+    assert topo.cores_per_host == os.cpu_count()
