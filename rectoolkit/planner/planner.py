@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -27,6 +27,9 @@ from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
+CANDIDATE_INSTANCE = 4096  # tables x ranks up to which one search per sharding type runs (planning time)
+CANDIDATE_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
+                   ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL)
 _TORCHREC_ONLY_ARGS = ("enumerator", "storage_reservation", "proposer", "partitioner", "performance_model",
                        "callbacks", "timeout_seconds", "heuristical_storage_reservation_percentage")
 
@@ -44,6 +47,16 @@ class PlannerError(ValueError):
 
 
 @dataclass
+class CandidatePlan:
+    """A whole plan the planner priced (and maybe ran) before choosing: `label` says which search made it."""
+
+    label: str
+    plan: ShardingPlan
+    estimated_step_ms: float
+    measured_step_ms: Optional[float] = None
+
+
+@dataclass
 class PlanningResult:
     """Everything one plan() call worked out, for reports and explanations."""
 
@@ -55,6 +68,9 @@ class PlanningResult:
     cost_model: CostModel
     plan: ShardingPlan
     objective: str
+    candidates: List[CandidatePlan] = field(default_factory=list)  # cheapest estimate first; the chosen is marked
+    chosen: str = "search"  # the label of the candidate returned
+    measurements: Any = None  # measure_top_k's DataFrame (rectoolkit.planner.measure), when it ran
 
 
 class EmbeddingShardingPlanner:
@@ -70,13 +86,24 @@ class EmbeddingShardingPlanner:
         dense_bytes_per_rank: bytes of dense replicas per rank (default: a module's non-embedding parameters,
             weights + gradients, fp32).
         local_search: improve the greedy plan by moves and swaps (default True).
+        measure_top_k: after pricing the candidate plans (below), run the k with the lowest estimated step time for
+            a few steps on local workers (rectoolkit.planner.measure.measure_plans) and return the measured-fastest;
+            the measurements are in `planner.last.measurements` and the report. 0 (default): no runs.
+        measure_steps: timed steps per candidate when measuring.
+
+    With a calibration profile on the topology (Topology.calibrate(), or Topology(profile=path)) and the "time"
+    objective, the search runs once freely and once per sharding type (each table limited to that type where it
+    allows it), and the whole plans are priced by the step estimate (CostModel.evaluate: fixed costs per step and
+    per sharding-type group, collective latencies, the slowest rank at each collective); the cheapest is returned.
+    The per-rank sums the search balances cannot see that mixing sharding types adds groups, or that ranks wait
+    for each other at every collective.
     """
 
     def __init__(self, topology: Optional[Topology] = None, batch_size: Optional[int] = None,
                  constraints: Optional[Mapping[str, ParameterConstraints]] = None, *, objective: str = "time",
                  optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD, stats: Optional[WorkloadStats] = None,
                  dense_bytes_per_rank: Optional[float] = None, local_search: bool = True, debug: bool = False,
-                 **torchrec_args: Any) -> None:
+                 measure_top_k: int = 0, measure_steps: int = 10, **torchrec_args: Any) -> None:
         unknown = set(torchrec_args) - set(_TORCHREC_ONLY_ARGS)
         if unknown:
             raise TypeError(f"EmbeddingShardingPlanner got unexpected arguments {sorted(unknown)}")
@@ -92,6 +119,14 @@ class EmbeddingShardingPlanner:
         self.dense_bytes_per_rank = dense_bytes_per_rank
         self.local_search = local_search
         self.debug = debug
+        if not isinstance(measure_top_k, int) or measure_top_k < 0:
+            raise ValueError(f"measure_top_k must be an int >= 0 (candidates to run), got {measure_top_k!r}")
+        if not isinstance(measure_steps, int) or measure_steps < 1:
+            raise ValueError(f"measure_steps must be an int >= 1, got {measure_steps!r}")
+        if measure_top_k and objective != "time":
+            raise ValueError(f"measure_top_k measures step time; it needs objective='time', not {objective!r}")
+        self.measure_top_k = measure_top_k
+        self.measure_steps = measure_steps
         self.last: Optional[PlanningResult] = None
 
     # ---- planning ---------------------------------------------------------------------------------------
@@ -126,8 +161,43 @@ class EmbeddingShardingPlanner:
         if unplaced:
             raise _no_fit_error(tables, options, unplaced, assignments, searcher, self)
         plan = build_plan(tables, assignments, self.topology)
-        self.last = PlanningResult(tables, options, assignments, state, searcher, cost_model, plan, self.objective)
-        return plan
+        result = PlanningResult(tables, options, assignments, state, searcher, cost_model, plan, self.objective)
+        if self.objective == "time" and (self.topology.profile is not None or self.measure_top_k):
+            result = self._choose_candidate(result, hbm_base, ddr_base, allowed, fill)
+        self.last = result
+        return result.plan
+
+    def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill) -> PlanningResult:
+        """Price whole candidate plans by the step estimate (and run the best measure_top_k); keep the fastest."""
+        found = {"search": (result.assignments, result.state, result.searcher)}
+        if len(result.tables) * self.topology.world_size <= CANDIDATE_INSTANCE or self.measure_top_k:
+            for kind in CANDIDATE_TYPES:
+                limited = [[o for o in opts if o.sharding_type == kind] or list(opts) for opts in result.options]
+                if all(len(a) == len(b) for a, b in zip(limited, result.options)):
+                    continue  # no table allows this type alone, or every table already has only it
+                searcher = Searcher(self.topology, limited, self.objective, hbm_base, ddr_base, allowed, fill)
+                assignments, unplaced, state = searcher.run(local_search=self.local_search)
+                if not unplaced:
+                    found[f"{kind.value} where allowed"] = (assignments, state, searcher)
+        plans = {label: build_plan(result.tables, a, self.topology) for label, (a, _, _) in found.items()}
+        candidates, seen = [], set()
+        for label, plan in plans.items():
+            key = repr(plan.plan)
+            if key in seen:
+                continue
+            seen.add(key)
+            candidates.append(CandidatePlan(label, plan, result.cost_model.evaluate(plan, result.tables).step_time_ms))
+        candidates.sort(key=lambda c: c.estimated_step_ms)
+        chosen = candidates[0]
+        measurements = None
+        if self.measure_top_k:
+            from rectoolkit.planner.measure import pick_measured_fastest
+
+            chosen, measurements = pick_measured_fastest(candidates[:self.measure_top_k], result.tables,
+                                                         self.topology, self.optimizer, self.measure_steps)
+        assignments, state, searcher = found[chosen.label]
+        return PlanningResult(result.tables, result.options, assignments, state, searcher, result.cost_model,
+                              chosen.plan, self.objective, candidates, chosen.label, measurements)
 
     def collective_plan(self, module: Any, sharders: Optional[Sequence[Any]] = None, pg: Any = None) -> ShardingPlan:
         """TorchRec's collective_plan: the same plan on every rank (the search is deterministic)."""
