@@ -48,7 +48,7 @@ import torch
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
-from rectoolkit.plan.types import ShardingPlan
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
@@ -95,7 +95,8 @@ class PlanMeasurements:
         slowest rank's wall time), step_ms_min, cpu_ms (median over steps of the busiest rank's CPU time),
         measured_over_estimated, bytes_exact and memory_exact (measured == estimated, every rank).
     ranks: one row per plan and rank: measured step (median / min, wall / CPU), phase medians (`<phase>_ms`,
-        wall; `<phase>_cpu_ms`), collective calls per step, bytes sent, memory, and the `est_*` columns.
+        wall; `<phase>_cpu_ms`), the plan's shape (shards on the rank, sharding types with a shard here and in
+        the plan), collective calls per step, bytes sent, memory, and the `est_*` columns.
     steps: every timed step (plan, round, step, rank, wall_ms, cpu_ms); phases: every phase of every phase
         step (plan, round, step, rank, phase, wall_ms, cpu_ms); bytes: measured / exact / expected bytes per
         plan, collective, source and destination rank.
@@ -367,6 +368,24 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
     return _frames(named, per_rank, estimates, exact, expected, info)
 
 
+def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]],
+                          tables: Sequence[EmbeddingBagConfig], world_size: int, **measure_args: Any
+                          ) -> Tuple[ShardingPlan, PlanMeasurements]:
+    """Measure-in-the-loop: run the candidates (`measure_plans`, same arguments) and return the one whose
+    measured step time (`plans.step_ms`, the slowest rank's median) is lowest, as given, with the evidence.
+
+        plan, evidence = pick_measured_fastest({"a": plan_a, "b": plan_b}, tables, 2, steps=5)   # doctest: +SKIP
+        evidence.plans.sort_values("step_ms")                                                     # doctest: +SKIP
+    """
+    result = measure_plans(candidate_plans, tables, world_size, **measure_args)
+    fastest = str(result.plans.loc[result.plans.step_ms.idxmin(), "plan"])
+    result.info["picked"] = fastest
+    given = dict(candidate_plans) if isinstance(candidate_plans, Mapping) else {
+        f"plan{i}": plan for i, plan in enumerate(candidate_plans)}
+    plan = given[fastest]
+    return (plan if isinstance(plan, ShardingPlan) else ShardingPlan({"": dict(plan)})), result
+
+
 def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable], spec: _RunSpec,
                    world_size: int) -> Dict[str, np.ndarray]:
     """The cost model's bytes for the batch the counting step ran (every rank's batch 0)."""
@@ -413,6 +432,9 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
                 q = p[p.phase == phase]
                 row[f"{phase}_ms"] = q.wall_ms.median() if len(q) else np.nan
                 row[f"{phase}_cpu_ms"] = q.cpu_ms.median() if len(q) else np.nan
+            held = [ps.sharding_type for _, _, ps in named[name].items() for shard in ps.shards if shard.rank == rank]
+            row.update(shards=len(held), local_sharding_types=len(set(held)),
+                       sharding_types=len({ps.sharding_type for _, _, ps in named[name].items()}))
             calls = result[name]["calls"]
             row["collective_calls"] = int(sum(calls.values()))
             row["calls_by_collective"] = json.dumps(dict(sorted(calls.items())))
@@ -438,8 +460,9 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
 
 # ------------------------------------------------------------------------------------------ input checks
 def _named_plans(plans: Any) -> Dict[str, ShardingPlan]:
-    if isinstance(plans, (ShardingPlan,)) or (isinstance(plans, Mapping) and plans
-                                              and all(not isinstance(v, (ShardingPlan, Mapping)) for v in plans.values())):
+    one_module_plan = isinstance(plans, Mapping) and plans and all(isinstance(v, ParameterSharding)
+                                                                   for v in plans.values())
+    if isinstance(plans, ShardingPlan) or one_module_plan:
         raise TypeError("measure_plans: pass several plans as {name: plan} (or a list of plans), not one plan; "
                         "e.g. measure_plans({'mine': plan}, tables, world_size)")
     if isinstance(plans, Mapping):
@@ -504,19 +527,10 @@ def _check_ints(minimum: int = 1, **values: Any) -> None:
 
 
 def _check_plan(name: str, plan: ShardingPlan, tables: Sequence[EmbeddingBagConfig], world_size: int) -> None:
-    module_plan = plan.plan[""]
-    wanted = {t.name for t in tables}
-    missing, extra = sorted(wanted - set(module_plan)), sorted(set(module_plan) - wanted)
-    if missing or extra:
-        raise ValueError(f"measure_plans: plan {name!r} does not plan the given tables: missing {missing}, "
-                         f"unknown {extra}; plan exactly the tables you pass")
-    for table, ps in module_plan.items():
-        if not ps.shards:
-            raise ValueError(f"measure_plans: plan {name!r} gives table {table!r} ({ps.sharding_type}) no shards")
-        for shard in ps.shards:
-            if not 0 <= shard.rank < world_size:
-                raise ValueError(f"measure_plans: plan {name!r} places a shard of table {table!r} on rank "
-                                 f"{shard.rank}, outside world_size {world_size}")
+    """Shards tile every table, ranks exist, exactly the given tables (rectoolkit.plan.serialization's check)."""
+    from rectoolkit.plan.serialization import validate_plan
+
+    validate_plan(plan, tables, world_size, source=f"measure_plans: plan {name!r}")
 
 
 def _topology_fields(topology: Topology) -> Dict[str, Any]:
