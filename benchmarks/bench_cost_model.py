@@ -1,0 +1,342 @@
+"""Does the planner's step-time estimate predict measured step time? (issue 11)
+
+    .venv/bin/python benchmarks/bench_cost_model.py              # writes benchmarks/results/cost_model.md (+ _raw.json)
+    .venv/bin/python benchmarks/bench_cost_model.py --quick      # fewer steps and rounds, one repeat
+    .venv/bin/python benchmarks/bench_cost_model.py --repeats 3 --workloads issue8
+
+Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
+grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
+plan, read with rectoolkit.plan.torchrec_interop.from_torchrec) are run on 2 local CPU ranks (gloo, one torch
+thread each, fused SGD) by `rectoolkit.planner.measure_plans`: one launch per workload and repeat, the plans
+alternating round by round so that machine load hits all alike. Each repeat calibrates the Topology afresh
+(`make_topology`), as a user would.
+
+Reported per workload and repeat: Spearman rank correlation between estimated and measured step time (all
+plans; and without data_parallel and rank0, the plans a user would not weigh), the median of
+|measured / estimated - 1|, a least-squares fit measured = a + b * estimated (with R^2), the planner's plan
+measured against the measured-fastest plan and against TorchRec's plan, and the load average. Measured step
+time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
+the slowest rank's `est_time_ms` (rectoolkit.planner.measure.estimate_plan). The raw per-plan, per-rank,
+per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.plan.serialization import plan_to_dict
+from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
+from rectoolkit.planner.enumerate import row_blocks
+from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.workloads import load_workload
+
+HERE = Path(__file__).resolve().parent
+WORLD_SIZE = 2
+UNWEIGHED = ("data_parallel", "rank0")  # deliberately bad / off-scale plans, left out of the "core" Spearman
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str
+    about: str
+    tables: List[rtk.EmbeddingBagConfig]
+    pooling_factors: Dict[str, float]
+    batch_size: int
+    zipf_alpha: float
+
+
+def issue8() -> Workload:
+    """The issue's workload: 8 tables of 20k-200k rows, dims 16-128, pooling factors 1-50, batch 512 per rank."""
+    shapes = [(20_000, 128, 50.0), (200_000, 16, 1.0), (50_000, 64, 10.0), (100_000, 32, 20.0),
+              (150_000, 128, 2.0), (30_000, 16, 30.0), (80_000, 64, 5.0), (120_000, 32, 40.0)]
+    tables = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=dim, feature_names=[f"f{i}"])
+              for i, (rows, dim, _) in enumerate(shapes)]
+    factors = {f"f{i}": pf for i, (_, _, pf) in enumerate(shapes)}
+    return Workload("issue8", "8 tables, 20k-200k rows, dims 16-128, pooling factors 1-50, uniform ids, batch 512/rank",
+                    tables, factors, 512, 0.0)
+
+
+def dlrm26_cut(max_rows: int = 100_000, batch_size: int = 512) -> Workload:
+    """dlrm26 (26 Criteo-like tables, dim 64, Zipf ids) with rows capped at `max_rows`, batch 512 per rank."""
+    workload = load_workload("dlrm26")
+    tables = [dataclasses.replace(t, num_embeddings=min(t.num_embeddings, max_rows)) for t in workload.tables]
+    alpha = float(workload.id_distribution.get("alpha", 0.0)) if workload.id_distribution.get("kind") == "zipf" else 0.0
+    return Workload("dlrm26_100k", f"dlrm26, rows capped at {max_rows:,}, dim 64, Zipf alpha {alpha}, "
+                    f"batch {batch_size}/rank", tables, dict(workload.pooling_factors), batch_size, alpha)
+
+
+WORKLOADS: Dict[str, Callable[[], Workload]] = {"issue8": issue8, "dlrm26_100k": dlrm26_cut}
+
+
+# ------------------------------------------------------------------------------------------ topology
+def make_topology(world_size: int) -> Topology:
+    """The Topology the planner and the estimates use: calibrated on this machine (the one call to change when
+    calibration changes)."""
+    return Topology.calibrate(world_size=world_size, compute_device="cpu")
+
+
+# ------------------------------------------------------------------------------------------ plans
+def _shard(rank: int, row: int, col: int, rows: int, cols: int) -> ShardMetadata:
+    return ShardMetadata.on_rank(rank, row, col, rows, cols)
+
+
+def _sharding(kind: str, shards: List[ShardMetadata], kernel: str = "fused") -> ParameterSharding:
+    return ParameterSharding(kind, kernel, ranks=sorted({s.rank for s in shards}), shards=shards)
+
+
+def _table_wise_greedy(workload: Workload, W: int) -> Dict[str, int]:
+    """Table -> rank: bytes read per sample (pooling factor x dim) balanced greedily, largest first."""
+    work = {t.name: workload.pooling_factors[t.feature_names[0]] * t.embedding_dim for t in workload.tables}
+    load = [0.0] * W
+    owner = {}
+    for name in sorted(work, key=lambda n: -work[n]):
+        rank = int(np.argmin(load))
+        owner[name] = rank
+        load[rank] += work[name]
+    return owner
+
+
+def _row_wise(t: rtk.EmbeddingBagConfig, ranks: List[int], col: int = 0, cols: Optional[int] = None) -> List[ShardMetadata]:
+    cols = t.embedding_dim if cols is None else cols
+    return [_shard(r, offset, col, size, cols) for r, (offset, size) in zip(ranks, row_blocks(t.num_embeddings, len(ranks)))]
+
+
+def _column_wise(t: rtk.EmbeddingBagConfig, W: int, first_rank: int) -> List[ShardMetadata]:
+    blocks = W if t.embedding_dim % (4 * W) == 0 else 1
+    width = t.embedding_dim // blocks
+    return [_shard((first_rank + k) % W, 0, k * width, t.num_embeddings, width) for k in range(blocks)]
+
+
+def hand_plans(workload: Workload, W: int) -> Dict[str, ShardingPlan]:
+    """The fixed plans: the same whatever the cost model says, so that runs compare."""
+    ranks = list(range(W))
+    owner = _table_wise_greedy(workload, W)
+    plans: Dict[str, Dict[str, ParameterSharding]] = {k: {} for k in (
+        "table_wise", "row_wise", "column_wise", "table_row_wise", "grid_shard", "data_parallel", "rank0", "mixed")}
+    by_rows = sorted(workload.tables, key=lambda t: -t.num_embeddings)
+    hottest = max(workload.tables, key=lambda t: workload.pooling_factors[t.feature_names[0]] * t.embedding_dim)
+    for index, t in enumerate(workload.tables):
+        R, D = t.num_embeddings, t.embedding_dim
+        plans["table_wise"][t.name] = _sharding("table_wise", [_shard(owner[t.name], 0, 0, R, D)])
+        plans["row_wise"][t.name] = _sharding("row_wise", _row_wise(t, ranks))
+        plans["column_wise"][t.name] = _sharding("column_wise", _column_wise(t, W, index))
+        plans["table_row_wise"][t.name] = _sharding("table_row_wise", _row_wise(t, ranks))
+        half = D // 2 if D % 8 == 0 else D
+        grid = [s for k, c in enumerate(range(0, D, half)) for s in _row_wise(t, ranks, c, half)]
+        plans["grid_shard"][t.name] = _sharding("grid_shard", grid)
+        plans["data_parallel"][t.name] = _sharding("data_parallel", [_shard(r, 0, 0, R, D) for r in ranks],
+                                                   EmbeddingComputeKernel.DENSE.value)
+        plans["rank0"][t.name] = _sharding("table_wise", [_shard(0, 0, 0, R, D)])
+        # mixed: the largest table row-wise, the hottest column-wise, the rest table-wise
+        if t is by_rows[0]:
+            plans["mixed"][t.name] = plans["row_wise"][t.name]
+        elif t is hottest:
+            plans["mixed"][t.name] = plans["column_wise"][t.name]
+        else:
+            plans["mixed"][t.name] = plans["table_wise"][t.name]
+    return {name: ShardingPlan({"": plan}) for name, plan in plans.items()}
+
+
+def planner_plan(workload: Workload, topology: Topology) -> ShardingPlan:
+    stats = WorkloadStats(dict(workload.pooling_factors), workload.batch_size)
+    return EmbeddingShardingPlanner(topology, batch_size=workload.batch_size, stats=stats).plan(workload.tables)
+
+
+def torchrec_plan(workload: Workload, W: int) -> ShardingPlan:
+    """TorchRec 1.8's planner on the same tables, pooling factors and batch (CPU topology), read as ours."""
+    import torchrec
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner as TorchRecPlanner
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from rectoolkit.plan.torchrec_interop import from_torchrec
+
+    tables = [torchrec.EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                          feature_names=list(t.feature_names)) for t in workload.tables]
+    constraints = {t.name: ParameterConstraints(pooling_factors=[workload.pooling_factors[f] for f in t.feature_names])
+                   for t in workload.tables}
+    planner = TorchRecPlanner(topology=TorchRecTopology(world_size=W, compute_device="cpu"),
+                              batch_size=workload.batch_size, constraints=constraints)
+    plan = planner.plan(torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+                        [EmbeddingBagCollectionSharder()])
+    return from_torchrec(plan, workload.tables, compute_device="cpu", local_world_size=W)
+
+
+def candidate_plans(workload: Workload, topology: Topology, W: int) -> Tuple[Dict[str, ShardingPlan], Dict[str, str]]:
+    """(name -> plan, name -> why it is missing) for every plan of the comparison."""
+    plans = hand_plans(workload, W)
+    missing = {}
+    plans["planner"] = planner_plan(workload, topology)
+    try:
+        plans["torchrec"] = torchrec_plan(workload, W)
+    except Exception as error:  # TorchRec missing or refusing: recorded in the table, not hidden
+        missing["torchrec"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return plans, missing
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties): Pearson's r of the ranks."""
+    def ranks(values: np.ndarray) -> np.ndarray:
+        order = np.argsort(values, kind="mergesort")
+        out = np.empty(len(values))
+        out[order] = np.arange(len(values), dtype=float)
+        for value in np.unique(values):  # ties share their mean rank
+            same = values == value
+            out[same] = out[same].mean()
+        return out
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def summarize(frame) -> Dict[str, Any]:
+    """The comparison's figures from PlanMeasurements.plans (columns plan, est_step_ms, step_ms)."""
+    est = frame.est_step_ms.to_numpy(float)
+    measured = frame.step_ms.to_numpy(float)
+    cpu = frame.cpu_ms.to_numpy(float)
+    names = list(frame.plan)
+    core = np.array([n not in UNWEIGHED for n in names])
+    slope, intercept = np.polyfit(est, measured, 1)
+    fitted = intercept + slope * est
+    r2 = 1 - ((measured - fitted) ** 2).sum() / max(((measured - measured.mean()) ** 2).sum(), 1e-12)
+    by_name = dict(zip(names, measured))
+    fastest = names[int(np.argmin(measured))]
+    out = {
+        "plans": len(names),
+        "spearman_all": spearman(est, measured),
+        "spearman_core": spearman(est[core], measured[core]),
+        "median_abs_error": float(np.median(np.abs(measured / est - 1))),
+        "spearman_all_cpu": spearman(est, cpu), "spearman_core_cpu": spearman(est[core], cpu[core]),
+        "fit_a_ms": float(intercept), "fit_b": float(slope), "fit_r2": float(r2),
+        "fastest": fastest, "fastest_ms": float(by_name[fastest]),
+        "planner_ms": float(by_name["planner"]), "planner_est_ms": float(dict(zip(names, est))["planner"]),
+        "planner_vs_fastest": float(by_name["planner"] / by_name[fastest]),
+    }
+    if "torchrec" in by_name:
+        out["planner_vs_torchrec"] = float(by_name["planner"] / by_name["torchrec"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ main
+def run(args) -> List[Dict[str, Any]]:
+    runs = []
+    for repeat in range(args.repeats):
+        topology = make_topology(WORLD_SIZE)
+        for name in args.workloads:
+            workload = WORKLOADS[name]()
+            plans, missing = candidate_plans(workload, topology, WORLD_SIZE)
+            started = time.perf_counter()
+            result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=args.steps, warmup=args.warmup,
+                                   rounds=args.rounds, phase_steps=args.phase_steps, batch_size=workload.batch_size,
+                                   pooling_factors=workload.pooling_factors, zipf_alpha=workload.zipf_alpha,
+                                   topology=topology, num_threads=args.threads)
+            summary = summarize(result.plans)
+            summary.update(workload=name, repeat=repeat, seconds=round(time.perf_counter() - started, 1),
+                           load_before=result.info["load_average_before"][0],
+                           load_after=result.info["load_average_after"][0],
+                           bytes_exact=bool(result.plans.bytes_exact.all()),
+                           memory_exact=bool(result.plans.memory_exact.all()), missing=missing)
+            print(f"\n{name} repeat {repeat}: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
+            print(result.plans.to_string(index=False), file=sys.stderr, flush=True)
+            runs.append({"workload": name, "about": workload.about, "repeat": repeat, "summary": summary,
+                         "topology": result.info["topology"],
+                         "tables": [{"name": t.name, "num_embeddings": t.num_embeddings,
+                                     "embedding_dim": t.embedding_dim, "feature_names": list(t.feature_names),
+                                     "pooling": t.pooling.value} for t in workload.tables],
+                         "pooling_factors": workload.pooling_factors, "zipf_alpha": workload.zipf_alpha,
+                         "plans": {k: plan_to_dict(p) for k, p in plans.items()},
+                         "measurements": result.to_dict()})
+    return runs
+
+
+def report(runs: List[Dict[str, Any]], args) -> str:
+    first = runs[0]["measurements"]["info"]
+    lines = [
+        f"Estimated vs measured step time of {runs[0]['summary']['plans']}+ plans per workload on {WORLD_SIZE} local CPU "
+        f"ranks (gloo, {args.threads} torch thread(s) each, fused SGD), measured by rectoolkit.planner.measure_plans: "
+        f"{args.warmup} warm-up steps, {args.rounds} alternating rounds of {args.steps} timed steps per plan "
+        f"(measured = median of the slowest rank's wall time per step; estimated = the slowest rank's "
+        f"est_time_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
+        f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms' = the "
+        f"same rank correlation against the busiest rank's process CPU time per step, which machine load inflates "
+        f"less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
+        "",
+        "| workload | repeat | load avg | Spearman all | Spearman core | median \\|meas/est - 1\\| | fit a (ms) "
+        "| fit b | R^2 | fastest plan | planner / fastest | planner / TorchRec | Spearman all / core vs CPU ms "
+        "| bytes, memory exact |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+    ]
+    for run_ in runs:
+        s = run_["summary"]
+        torchrec = f"{s['planner_vs_torchrec']:.2f}x" if "planner_vs_torchrec" in s else s["missing"].get("torchrec", "-")
+        exact = "yes" if s["bytes_exact"] and s["memory_exact"] else f"bytes {s['bytes_exact']}, memory {s['memory_exact']}"
+        lines.append(f"| {s['workload']} | {s['repeat']} | {s['load_before']:.1f} -> {s['load_after']:.1f} "
+                     f"| {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {100 * s['median_abs_error']:.0f}% "
+                     f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
+                     f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
+                     f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} | {exact} |")
+    lines += ["", "Per plan (estimated ms / measured ms, slowest rank; CPU ms of the busiest rank in brackets):", ""]
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        mine = [r for r in runs if r["workload"] == name]
+        plans = [p["plan"] for p in mine[0]["measurements"]["plans"]]
+        lines += [f"{name}: {mine[0]['about']}", "",
+                  "| plan | " + " | ".join(f"repeat {r['repeat']}" for r in mine) + " |",
+                  "| --- |" + " ---: |" * len(mine)]
+        for plan in plans:
+            cells = []
+            for r in mine:
+                row = next(p for p in r["measurements"]["plans"] if p["plan"] == plan)
+                cells.append(f"{row['est_step_ms']:.1f} / {row['step_ms']:.1f} ({row['cpu_ms']:.1f})")
+            lines.append(f"| {plan} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/cost_model_raw.json "
+                 f"(first run's settings: {json.dumps({k: first[k] for k in ('batch_size', 'steps', 'rounds', 'phase_steps', 'num_threads')})}).")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--repeats", type=int, default=2, help="fresh calibration + launch per repeat")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per plan per round")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--phase-steps", type=int, default=1, help="phase-timed steps per plan per round")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.rounds, args.steps = 1, 2, 4
+    runs = run(args)
+    table = report(runs, args)
+    print(table)
+    if not args.no_write:
+        results = HERE / "results"
+        results.mkdir(exist_ok=True)
+        (results / "cost_model.md").write_text("# bench_cost_model\n\n" + table + "\n")
+        (results / "cost_model_raw.json").write_text(json.dumps({"runs": runs}, default=str))
+
+
+if __name__ == "__main__":
+    main()

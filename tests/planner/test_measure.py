@@ -1,0 +1,158 @@
+"""measure_plans (and pick_measured_fastest): every plan and rank measured; bytes and memory equal to independent counts; bad input refused.
+
+The multi-process test runs 5 plans (table-wise on one rank, row-wise, column-wise, data-parallel, table-row-wise)
+of 3 tiny tables on 2 gloo ranks for a few steps. Expected bytes come from rectoolkit.plan.traffic on the very
+batch the counting step ran (and, for the table-wise plan, from a hand count over that batch); expected memory
+from the shard shapes (fp32 weights, SGD keeps no state). Times are only checked to exist, never compared.
+"""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+import rectoolkit as rtk
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.planner import Topology, measure_plans, pick_measured_fastest
+from rectoolkit.planner import measure as measure_module
+from rectoolkit.train.data import SyntheticData
+
+W, BATCH = 2, 16
+TABLES = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=40, embedding_dim=8, feature_names=["f0"]),
+          rtk.EmbeddingBagConfig(name="t1", num_embeddings=30, embedding_dim=16, feature_names=["f1", "f2"]),
+          rtk.EmbeddingBagConfig(name="t2", num_embeddings=10, embedding_dim=4, feature_names=["f3"])]
+FACTORS = {"f0": 2.0, "f1": 3.0, "f2": 1.0, "f3": 4.0}
+
+
+def on(rank, row, col, rows, cols):
+    return ShardMetadata.on_rank(rank, row, col, rows, cols)
+
+
+def ps(kind, shards, kernel="fused"):
+    return ParameterSharding(kind, kernel, ranks=sorted({s.rank for s in shards}), shards=shards)
+
+
+def plans():
+    return {
+        "table_wise_rank1": {t.name: ps("table_wise", [on(1, 0, 0, t.num_embeddings, t.embedding_dim)]) for t in TABLES},
+        "row_wise": {t.name: ps("row_wise", [on(r, r * (t.num_embeddings // 2), 0, t.num_embeddings // 2, t.embedding_dim)
+                                             for r in range(W)]) for t in TABLES},
+        "column_wise": {t.name: ps("column_wise", [on(r, 0, r * t.embedding_dim // 2, t.num_embeddings,
+                                                      t.embedding_dim // 2) for r in range(W)]) for t in TABLES},
+        "data_parallel": {t.name: ps("data_parallel", [on(r, 0, 0, t.num_embeddings, t.embedding_dim) for r in range(W)],
+                                     "dense") for t in TABLES},
+        "mixed": {"t0": ps("table_row_wise", [on(r, r * 20, 0, 20, 8) for r in range(W)]),
+                  "t1": ps("table_wise", [on(0, 0, 0, 30, 16)]),
+                  "t2": ps("data_parallel", [on(r, 0, 0, 10, 4) for r in range(W)], "dense")},
+    }
+
+
+def shard_bytes_on(plan, rank):
+    """fp32 weights of the shards on `rank`, from the shard shapes."""
+    return sum(4 * s.shard_sizes[0] * s.shard_sizes[1] for p in plan.values() for s in p.shards if s.rank == rank)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_measure_plans_bytes_memory_and_frames():
+    the_plans = plans()
+    picked, result = pick_measured_fastest(
+        the_plans, TABLES, W, steps=2, warmup=2, rounds=2, phase_steps=1, batch_size=BATCH, pooling_factors=FACTORS,
+        zipf_alpha=1.05, seed=3, num_batches=2, topology=Topology(world_size=W, compute_device="cpu"), timeout_s=540)
+    names = list(the_plans)
+    # measure-in-the-loop returns the plan whose slowest-rank step time (median over steps) is lowest
+    per_step = result.steps.groupby(["plan", "step"]).wall_ms.max().groupby("plan").median()
+    assert picked == ShardingPlan({"": the_plans[per_step.idxmin()]})
+    assert list(result.plans.plan) == names
+    assert sorted(zip(result.ranks.plan, result.ranks["rank"])) == sorted((n, r) for n in names for r in range(W))
+    # every timed step of every plan on every rank: 2 rounds x 2 steps; every phase once per round
+    assert result.steps.groupby(["plan", "rank"]).size().to_dict() == {(n, r): 4 for n in names for r in range(W)}
+    assert result.phases.groupby(["plan", "rank", "phase"]).size().to_dict() == {
+        (n, r, p): 2 for n in names for r in range(W) for p in measure_module.PHASES}
+    assert (result.steps.wall_ms > 0).all() and (result.ranks.step_ms > 0).all()
+    # bytes: measured by the instrumented collectives == traffic.py on the same batch, every rank pair
+    priced = result.bytes[result.bytes.collective != "metadata"]
+    mismatched = priced[priced.measured != priced.exact]
+    assert mismatched.empty, mismatched
+    assert result.plans.bytes_exact.all()
+    # ... and a hand count for the table-wise plan: rank 0 sends rank 1 its lengths (int32) and ids (int64)
+    batch0 = SyntheticData(TABLES, FACTORS, BATCH, dense_features=0, zipf_alpha=1.05, seed=3, rank=0,
+                           world_size=W).batch(0).sparse_features
+    ids0 = int(batch0.values().numel())
+    sent = priced[(priced.plan == "table_wise_rank1") & (priced.collective == "input_dist") & (priced.src == 0)
+                  & (priced.dst == 1)]
+    assert int(sent.measured.iloc[0]) == 4 * BATCH * 4 + 8 * ids0  # 4 features
+    back = priced[(priced.plan == "table_wise_rank1") & (priced.collective == "output_dist") & (priced.src == 1)
+                  & (priced.dst == 0)]
+    assert int(back.measured.iloc[0]) == 4 * BATCH * (8 + 16 + 16 + 4)
+    # data-parallel: the all-reduce moves half of every gradient each way on 2 ranks (rows x cols x 4 bytes)
+    dp = priced[(priced.plan == "data_parallel") & (priced.collective == "dp_allreduce") & (priced.src == 0)
+                & (priced.dst == 1)]
+    assert int(dp.measured.iloc[0]) == 4 * (40 * 8 + 30 * 16 + 10 * 4)
+    # memory: measured == the shard shapes == the estimate, every rank (SGD: no optimizer state)
+    for row in result.ranks.itertuples():
+        expected = shard_bytes_on(the_plans[row.plan], row.rank)
+        assert row.memory_weights_bytes == expected == row.est_memory_weights_bytes, row
+        assert row.memory_optimizer_bytes == 0 == row.est_memory_optimizer_bytes, row
+    assert result.plans.memory_exact.all()
+    # the estimate sits beside the measurement; the plan's shape per rank is counted
+    assert (result.ranks.est_time_ms >= 0).all()
+    mixed = result.ranks[result.ranks.plan == "mixed"].set_index("rank")
+    assert mixed.shards.to_dict() == {0: 3, 1: 2} and mixed.sharding_types.tolist() == [3, 3]
+    assert result.info["world_size"] == W and len(result.info["load_average_before"]) == 3
+    record = result.to_dict()
+    assert set(record) == {"info", "plans", "ranks", "steps", "phases", "bytes"}
+
+
+def test_estimate_plan_is_the_cost_model_per_rank():
+    from rectoolkit.planner.cost import CostModel
+    from rectoolkit.planner.stats import WorkloadStats
+    from rectoolkit.planner.tables import collect_tables
+
+    topology = Topology(world_size=W, compute_device="cpu")
+    tables = collect_tables(TABLES, BATCH, stats=WorkloadStats(pooling_factors=FACTORS))
+    plan = ShardingPlan({"": plans()["mixed"]})
+    est = measure_module.estimate_plan(CostModel(topology, "sgd"), plan, tables)
+    assert est["est_time_ms"].shape == (W,)
+    assert est["est_memory_weights_bytes"].tolist() == [shard_bytes_on(plans()["mixed"], r) for r in range(W)]
+
+
+def test_docstring_examples():
+    result = doctest.testmod(measure_module)
+    assert result.failed == 0, result
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(plans=ShardingPlan({"": plans()["row_wise"]})), TypeError, "not one plan"),
+    (dict(plans={}), ValueError, "no plans"),
+    (dict(plans={"x": "row_wise"}), TypeError, "plan 'x' is a str"),
+    (dict(plans={"bad": {"t0": plans()["row_wise"]["t0"]}}), ValueError, "no entry for ['t1', 't2']"),
+    (dict(plans={"far": {**plans()["row_wise"], "t2": ps("table_wise", [on(2, 0, 0, 10, 4)])}}), ValueError,
+     "table t2 has a shard on rank 2"),
+    (dict(plans={"gap": {**plans()["row_wise"], "t2": ps("row_wise", [on(0, 0, 0, 4, 4), on(1, 5, 0, 5, 4)])}}),
+     ValueError, "t2"),
+    (dict(plans={"two": ShardingPlan({"a": plans()["row_wise"], "b": plans()["row_wise"]})}), ValueError,
+     "modules ['a', 'b']"),
+    (dict(tables=[]), ValueError, "non-empty list"),
+    (dict(tables=[rtk.EmbeddingConfig(name="t0", num_embeddings=4, embedding_dim=4, feature_names=["f0"])]),
+     TypeError, "EmbeddingConfig"),
+    (dict(tables=TABLES + [TABLES[0]]), ValueError, "'t0' appears twice"),
+    (dict(pooling_factors={"nope": 2.0}), ValueError, "['nope']"),
+    (dict(pooling_factors={"f0": 0}), ValueError, "pooling factor of 'f0'"),
+    (dict(steps=0), ValueError, "steps must be an int >= 1, got 0"),
+    (dict(batch_size=2.5), ValueError, "batch_size"),
+    (dict(phase_steps=-1), ValueError, "phase_steps must be an int >= 0"),
+    (dict(world_size=0), ValueError, "world_size"),
+    (dict(zipf_alpha=-1.0), ValueError, "zipf_alpha"),
+    (dict(optimizer="nesterov"), ValueError, "nesterov"),
+    (dict(topology=Topology(world_size=4, compute_device="cpu")), ValueError, "world_size 4"),
+    (dict(topology=Topology(world_size=2, compute_device="cuda")), ValueError, "compute_device='cpu'"),
+])
+def test_bad_input_is_refused_before_any_worker_starts(change, error, words):
+    args = dict(plans={"row_wise": plans()["row_wise"]}, tables=TABLES, world_size=W, pooling_factors=FACTORS)
+    args.update(change)
+    with pytest.raises(error) as raised:
+        measure_plans(args.pop("plans"), args.pop("tables"), args.pop("world_size"), **args)
+    assert words in str(raised.value), str(raised.value)
