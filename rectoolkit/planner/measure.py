@@ -62,12 +62,14 @@ PlanInput = Union[ShardingPlan, Mapping[str, Any]]
 def estimate_plan(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable]) -> Dict[str, np.ndarray]:
     """The planner's estimate of one plan, per rank: column name -> [world_size] values.
 
-    `est_time_ms` is what the planner minimizes (the slowest rank's counts); the other `est_*_ms` columns are
+    `est_step_ms` is what the planner minimizes (the step estimate, the same on every rank), `est_time_ms` each
+    rank's own sums (what the search balances); the other `est_*_ms` columns are
     its parts, `est_memory_*_bytes` the memory parts that DistributedModelParallel.memory_usage() measures.
     This is the one place that reads the cost model, so a new cost model changes only this function.
     """
     cost = cost_model.evaluate(plan, tables)
-    out = {"est_time_ms": cost.time_ms, "est_lookup_fwd_ms": cost.lookup_fwd_ms,
+    out = {"est_step_ms": np.full(len(cost.time_ms), cost.step_time_ms),
+           "est_time_ms": cost.time_ms, "est_lookup_fwd_ms": cost.lookup_fwd_ms,
            "est_lookup_bwd_ms": cost.lookup_bwd_ms, "est_comm_ms": sum(cost.comm_ms.values())}
     for name, ms in cost.comm_ms.items():
         if np.any(ms):
@@ -91,7 +93,7 @@ def _off_diagonal_row_sums(traffic: Mapping[str, np.ndarray]) -> np.ndarray:
 class PlanMeasurements:
     """What `measure_plans` measured, as DataFrames.
 
-    plans: one row per plan: est_step_ms (slowest rank's estimate), step_ms (median over timed steps of the
+    plans: one row per plan: est_step_ms (the cost model's step estimate, CostModel.evaluate().step_time_ms), step_ms (median over timed steps of the
         slowest rank's wall time), step_ms_min, cpu_ms (median over steps of the busiest rank's CPU time),
         measured_over_estimated, bytes_exact and memory_exact (measured == estimated, every rank).
     ranks: one row per plan and rank: measured step (median / min, wall / CPU), phase medians (`<phase>_ms`,
@@ -449,7 +451,7 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
                              and row["memory_optimizer_bytes"] == row["est_memory_optimizer_bytes"])
             rank_rows.append(row)
         slowest = steps[steps.plan == name].groupby("step")[["wall_ms", "cpu_ms"]].max()
-        est_step = float(np.max(est["est_time_ms"]))
+        est_step = float(est["est_step_ms"][0])
         step_ms = float(slowest.wall_ms.median())
         plan_rows.append(dict(plan=name, est_step_ms=est_step, step_ms=step_ms, step_ms_min=float(slowest.wall_ms.min()),
                               cpu_ms=float(slowest.cpu_ms.median()),

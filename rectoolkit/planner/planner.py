@@ -191,13 +191,30 @@ class EmbeddingShardingPlanner:
         chosen = candidates[0]
         measurements = None
         if self.measure_top_k:
-            from rectoolkit.planner.measure import pick_measured_fastest
-
-            chosen, measurements = pick_measured_fastest(candidates[:self.measure_top_k], result.tables,
-                                                         self.topology, self.optimizer, self.measure_steps)
+            chosen, measurements = self._measure(candidates[:self.measure_top_k], result.tables)
         assignments, state, searcher = found[chosen.label]
         return PlanningResult(result.tables, result.options, assignments, state, searcher, result.cost_model,
                               chosen.plan, self.objective, candidates, chosen.label, measurements)
+
+    def _measure(self, candidates: List[CandidatePlan], tables: List[PlannerTable]):
+        """Run the candidates on local workers (measure_plans); the measured-fastest and the evidence."""
+        from rectoolkit.modules.configs import EmbeddingBagConfig
+        from rectoolkit.planner.measure import pick_measured_fastest
+
+        configs = [t.config for t in tables]
+        if len({t.module_path for t in tables}) > 1 or not all(isinstance(c, EmbeddingBagConfig) for c in configs):
+            raise ValueError("measure_top_k runs one EmbeddingBagCollection's tables; this model has "
+                             f"{len({t.module_path for t in tables})} collections or sequence tables: plan without "
+                             "measure_top_k, then rectoolkit.planner.measure_plans on what you want measured")
+        factors = {f: p for t in tables for f, p in zip(t.config.feature_names, t.pooling_factors)}
+        topology = self.topology.with_batch_size(self.batch_size)
+        _, evidence = pick_measured_fastest({c.label: c.plan for c in candidates}, configs, topology.world_size,
+                                            steps=self.measure_steps, batch_size=self.batch_size,
+                                            pooling_factors=factors, topology=topology, optimizer=self.optimizer.value)
+        measured = evidence.plans.set_index("plan")["step_ms"]
+        for candidate in candidates:
+            candidate.measured_step_ms = float(measured[candidate.label])
+        return next(c for c in candidates if c.label == evidence.info["picked"]), evidence
 
     def collective_plan(self, module: Any, sharders: Optional[Sequence[Any]] = None, pg: Any = None) -> ShardingPlan:
         """TorchRec's collective_plan: the same plan on every rank (the search is deterministic)."""
