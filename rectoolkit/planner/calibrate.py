@@ -7,7 +7,7 @@ on CPU, NCCL on CUDA), one torch thread per rank, and each term is fitted from t
 busy machine slows some repeats, rarely all, so the minimum moves little with load):
 
 1. collectives: all_to_all_single and all_reduce at five message sizes -> alpha (ms per call) and bytes/ms;
-2. reads: one table's pooled lookup (Zipf ids, as the synthetic data) at four table sizes, from 256 KiB (in cache)
+2. reads: one table's pooled lookup (uniform ids) at four table sizes, from 256 KiB (in cache)
    to 128 MiB (in memory) -> the read speed curve; the same on every rank at once -> how much local ranks share
    the memory bus; a large copy -> the write speed;
 3. backward: the fused backward + update against the forward, per optimizer;
