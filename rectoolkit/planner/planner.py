@@ -249,13 +249,18 @@ class EmbeddingShardingPlanner:
     def last_report(self):
         return self.report() if self.last is not None else None
 
-    def explain(self, table: str, sharding_type: Union[str, ShardingType, None] = None) -> str:
-        """Why the last plan chose what it chose for `table`, or why not `sharding_type`."""
-        from rectoolkit.planner.report import explain_table
+    def explain(self, table: Optional[str] = None, sharding_type: Union[str, ShardingType, None] = None) -> str:
+        """Why the last plan chose what it chose for `table`, or why not `sharding_type`; without a table, the
+        step estimate term by term, the calibration terms in use and the candidate plans compared."""
+        from rectoolkit.planner.report import explain_step, explain_table
 
         if self.last is None:
             raise ValueError("explain(): no plan yet; call planner.plan(tables) first")
-        return explain_table(self.last, table, sharding_type)
+        if table is None:
+            if sharding_type is not None:
+                raise ValueError("explain(sharding_type=...) needs the table it is about: explain(table, sharding_type)")
+            return explain_step(self.last)
+        return explain_table(self.last, table, sharding_type) + "\n" + _shard_terms(self.last, table)
 
 
 def build_plan(tables: Sequence[PlannerTable], assignments: Mapping[int, Assignment], topology: Topology) -> ShardingPlan:
@@ -265,6 +270,24 @@ def build_plan(tables: Sequence[PlannerTable], assignments: Mapping[int, Assignm
         modules.setdefault(table.module_path, EmbeddingModuleShardingPlan())[table.name] = to_parameter_sharding(
             a.option, table, a.locations, topology)
     return ShardingPlan(modules)
+
+
+def _shard_terms(result: PlanningResult, table_name: str) -> str:
+    """The time terms of one table's shards in the last plan (read speed at their size, fixed, backward)."""
+    table = next(t for t in result.tables if table_name in (t.name, t.label))
+    ps = result.plan.plan[table.module_path][table.name]
+    model = result.cost_model
+    lines = [f"Time terms of its shards ({ps.sharding_type}, backward + update {model.backward_factor:.2f}x the "
+             f"forward, fixed {model.profile.shard_ms:.3f} ms per shard):"]
+    for shard in ps.shards:
+        rows, cols = shard.shard_sizes
+        forward, backward = model.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel,
+                                                  ps.cache_load_factor)
+        size = rows * cols * table.element_bytes
+        lines.append(f"  rank {shard.rank}: {rows} x {cols} ({format_bytes(size)}) read at "
+                     f"{1 / model.profile.read_ms_per_byte(size) / 1e6:.2f} GB/s: {forward:.3f} ms forward, "
+                     f"{backward:.3f} ms backward + update")
+    return "\n".join(lines)
 
 
 def _default_topology() -> Topology:

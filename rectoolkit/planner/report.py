@@ -11,8 +11,13 @@ Columns (stable; widgets and figures read them):
 * ``traffic``: collective -> DataFrame [W x W] of bytes (index: source rank "src", columns: destination "dst").
 * ``tables``: module, table, rows, dim, size_bytes, sharding_type, compute_kernel, ranks, slowest_ms,
   runner_up, runner_up_ms, reason - one row per table (runner-up columns are None for plans made elsewhere).
-* ``summary``: dict with max_time_ms, slowest_rank, total_bytes, max_hbm_bytes, min_hbm_bytes,
-  memory_spread_bytes, fits, objective.
+* ``step``: the step estimate by group: module, sharding_type, fixed_ms, latency_ms, lookup_fwd_ms, comm_fwd_ms,
+  lookup_bwd_ms, comm_bwd_ms, total_ms - one row per sharding-type group, a first row "per step" for the fixed
+  cost of a step (rectoolkit.planner.cost.StepTime; the sum of total_ms is summary["step_time_ms"]).
+* ``candidates``: label, estimated_step_ms, measured_step_ms, chosen - the whole plans the planner priced (and
+  ran, with measure_top_k); empty unless it compared candidates.
+* ``summary``: dict with step_time_ms, max_time_ms (the slowest rank's own sums), slowest_rank, total_bytes,
+  max_hbm_bytes, min_hbm_bytes, memory_spread_bytes, fits, objective, profile (where the time terms came from).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class PlanReport:
     traffic: Dict[str, pd.DataFrame]
     tables: pd.DataFrame
     summary: Dict[str, Any] = field(default_factory=dict)
+    step: pd.DataFrame = field(default_factory=pd.DataFrame)
+    candidates: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def total_traffic(self) -> pd.DataFrame:
         """Bytes per step summed over every collective, [W x W]."""
@@ -48,7 +55,8 @@ class PlanReport:
 
     def _repr_text(self) -> str:
         s = self.summary
-        return (f"PlanReport: slowest rank {s['slowest_rank']} at {s['max_time_ms']:.3f} ms, "
+        return (f"PlanReport: step {s['step_time_ms']:.3f} ms estimated, slowest rank {s['slowest_rank']} "
+                f"busy {s['max_time_ms']:.3f} ms, "
                 f"{format_bytes(s['total_bytes'])} moved per step, memory spread {format_bytes(s['memory_spread_bytes'])}, "
                 f"{'fits' if s['fits'] else 'DOES NOT FIT'}")
 
@@ -101,11 +109,14 @@ def build_report(plan: ShardingPlan, tables: Sequence[PlannerTable], cost_model:
         frame = pd.DataFrame(matrix, index=pd.Index(range(W), name="src"), columns=pd.Index(range(W), name="dst"))
         traffic[name] = frame
     primary = cost.hbm_bytes if topo.uses_hbm else cost.ddr_bytes
-    summary = dict(max_time_ms=float(cost.time_ms.max()), slowest_rank=int(np.argmax(cost.time_ms)),
+    summary = dict(step_time_ms=cost.step_time_ms,
+                   max_time_ms=float(cost.time_ms.max()), slowest_rank=int(np.argmax(cost.time_ms)),
                    total_bytes=cost.total_bytes, max_hbm_bytes=float(cost.hbm_bytes.max()),
                    min_hbm_bytes=float(cost.hbm_bytes.min()), max_ddr_bytes=float(cost.ddr_bytes.max()),
                    memory_spread_bytes=float(primary.max() - primary.min()), fits=bool(memory["fits"].all()),
-                   objective=result.objective if result is not None else None)
+                   objective=result.objective if result is not None else None,
+                   profile=str(cost_model.profile.machine.get("source") or cost_model.profile.machine.get("host")
+                               or "calibration profile"))
     table_rows = []
     index_of = {t.key: i for i, t in enumerate(tables)}
     for path, name, ps in plan.items():
@@ -125,7 +136,51 @@ def build_report(plan: ShardingPlan, tables: Sequence[PlannerTable], cost_model:
     tables_frame = pd.DataFrame(table_rows, columns=[
         "module", "table", "rows", "dim", "size_bytes", "sharding_type", "compute_kernel", "ranks", "slowest_ms",
         "runner_up", "runner_up_ms", "reason"])
-    return PlanReport(placement, memory, time, traffic, tables_frame, summary)
+    return PlanReport(placement, memory, time, traffic, tables_frame, summary, step_frame(cost),
+                      candidates_frame(result))
+
+
+STEP_COLUMNS = ("module", "sharding_type", "fixed_ms", "latency_ms", "lookup_fwd_ms", "comm_fwd_ms", "lookup_bwd_ms",
+                "comm_bwd_ms", "total_ms")
+
+
+def step_frame(cost) -> pd.DataFrame:
+    """The report's ``step`` frame: the fixed cost per step, then one row per sharding-type group."""
+    rows = [dict(module="", sharding_type="per step", fixed_ms=cost.step.step_fixed_ms, latency_ms=0.0,
+                 lookup_fwd_ms=0.0, comm_fwd_ms=0.0, lookup_bwd_ms=0.0, comm_bwd_ms=0.0,
+                 total_ms=cost.step.step_fixed_ms)]
+    rows += [dict(module=g.module_path, sharding_type=g.sharding_type, fixed_ms=g.fixed_ms, latency_ms=g.latency_ms,
+                  lookup_fwd_ms=g.lookup_fwd_ms, comm_fwd_ms=g.comm_fwd_ms, lookup_bwd_ms=g.lookup_bwd_ms,
+                  comm_bwd_ms=g.comm_bwd_ms, total_ms=g.total_ms) for g in cost.step.groups]
+    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+
+
+def candidates_frame(result: Optional[PlanningResult]) -> pd.DataFrame:
+    rows = [] if result is None else [dict(label=c.label, estimated_step_ms=c.estimated_step_ms,
+                                           measured_step_ms=c.measured_step_ms, chosen=c.label == result.chosen)
+                                      for c in result.candidates]
+    return pd.DataFrame(rows, columns=["label", "estimated_step_ms", "measured_step_ms", "chosen"])
+
+
+def explain_step(result: PlanningResult) -> str:
+    """The step estimate of the last plan term by term, the profile's terms, and the candidates compared."""
+    cost = result.cost_model.evaluate(result.plan, result.tables)
+    lines = [f"Estimated step: {cost.step_time_ms:.3f} ms = fixed per step {cost.step.step_fixed_ms:.3f} ms"
+             + "".join(f" + {g.sharding_type} group {g.total_ms:.3f} ms" for g in cost.step.groups)]
+    for g in cost.step.groups:
+        lines.append(f"  {g.module_path or '(root)'} {g.sharding_type}: fixed {g.fixed_ms:.3f} + collective latency "
+                     f"{g.latency_ms:.3f} + lookups {g.lookup_fwd_ms:.3f} fwd / {g.lookup_bwd_ms:.3f} bwd+update + "
+                     f"bytes {g.comm_fwd_ms:.3f} fwd / {g.comm_bwd_ms:.3f} bwd (slowest rank at each)")
+    profile = result.cost_model.profile
+    lines.append(f"Time terms ({profile.machine.get('source') or 'measured on ' + str(profile.machine.get('host'))}):")
+    lines += [f"  {term}: {value}" for term, value in profile.summary_rows()]
+    if result.candidates:
+        lines.append("Candidate plans (estimated step; measured where run):")
+        for c in sorted(result.candidates, key=lambda c: c.estimated_step_ms):
+            measured = f", measured {c.measured_step_ms:.3f} ms" if c.measured_step_ms is not None else ""
+            mark = "  <- chosen" if c.label == result.chosen else ""
+            lines.append(f"  {c.label}: {c.estimated_step_ms:.3f} ms{measured}{mark}")
+    return "\n".join(lines)
 
 
 # ---- alternatives and explanations --------------------------------------------------------------------------
