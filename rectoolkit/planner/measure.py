@@ -537,5 +537,5 @@ def _check_plan(name: str, plan: ShardingPlan, tables: Sequence[EmbeddingBagConf
 
 def _topology_fields(topology: Topology) -> Dict[str, Any]:
     fields = {k: v for k, v in topology.__dict__.items() if isinstance(v, (int, float, str, type(None)))}
-    fields["calibrated"] = dict(topology.calibrated)
+    fields["profile"] = topology.profile.to_dict() if topology.profile is not None else None
     return fields
