@@ -158,3 +158,29 @@ def test_calibration_measures_every_term(tmp_path):
     assert 1.0 <= profile.memory_parallelism <= 2.0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
     assert topo.cores_per_host == os.cpu_count()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_measure_top_k_returns_the_measured_fastest_candidate():
+    from rectoolkit.planner.constraints import ParameterConstraints
+    from rectoolkit.planner.planner import EmbeddingShardingPlanner
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=200 * (i + 1), embedding_dim=8 * (i + 1),
+                                 feature_names=[f"f{i}"]) for i in range(3)]
+    constraints = {t.name: ParameterConstraints(pooling_factors=[2.0]) for t in tables}
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=16, profile=PROFILE)
+    planner = EmbeddingShardingPlanner(topo, constraints=constraints, measure_top_k=3, measure_steps=2)
+    plan = planner.plan(tables)
+    result = planner.last
+    ran = [c for c in result.candidates if c.measured_step_ms is not None]
+    assert 2 <= len(ran) <= 3
+    fastest = min(ran, key=lambda c: c.measured_step_ms)
+    assert result.chosen == fastest.label and plan is fastest.plan
+    # the evidence: the measurements' own table names the same plan
+    frame = result.measurements.plans
+    assert frame.loc[frame.step_ms.idxmin(), "plan"] == fastest.label
+    report = planner.report()
+    assert report.candidates.loc[report.candidates.chosen, "label"].tolist() == [fastest.label]
+    with pytest.raises(ValueError, match="measure_top_k must be an int >= 0"):
+        EmbeddingShardingPlanner(topo, measure_top_k=-1)
