@@ -179,6 +179,8 @@ class EmbeddingShardingPlanner:
                 assignments, unplaced, state = searcher.run(local_search=self.local_search)
                 if not unplaced:
                     found[f"{kind.value} where allowed"] = (assignments, state, searcher)
+        if len(found) == 1 and not self.measure_top_k:
+            return result  # a large instance: nothing to compare (pricing whole plans costs more than the search)
         plans = {label: build_plan(result.tables, a, self.topology) for label, (a, _, _) in found.items()}
         candidates, seen = [], set()
         for label, plan in plans.items():
