@@ -1,6 +1,6 @@
 """Measure this machine's cost-model terms and save them as a CalibrationProfile (JSON).
 
-    python -m rectoolkit.planner.calibrate --world-size 2 --out profile.json
+    python -m rectoolkit.planner.calibrate --world-size 2      # then Topology(..., profile="default")
 
 Short micro-benchmarks of rectoolkit's own kernels and collectives run on `world_size` spawned local workers (gloo
 on CPU, NCCL on CUDA), one torch thread per rank, and each term is fitted from the fastest of several repeats (a
@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from rectoolkit.planner.profile import SHARDING_TYPES, AlphaBeta, CalibrationProfile, fit_alpha_beta
+from rectoolkit.planner.profile import SHARDING_TYPES, CalibrationProfile, default_profile_path, fit_alpha_beta
 
 A2A_PEER_BYTES = (64, 4 << 10, 64 << 10, 512 << 10, 2 << 20)  # bytes to each peer
 ALLREDUCE_BYTES = (256, 16 << 10, 256 << 10, 2 << 20, 8 << 20)
@@ -249,7 +249,7 @@ def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, floa
     rank 0 (s_X: X's shards on rank 0, one for every type here) -> s, g_tw from tw+row_wise, then each g_X.
 
     >>> fixed_terms({"tw": 3.0, "tw4": 6.0, "row_wise": 4.0, "tw+row_wise": 6.0}, 2)
-    (0.0, 1.0, {'table_wise': 2.0, 'row_wise': 3.0})
+    (1.0, 1.0, {'table_wise': 1.0, 'row_wise': 2.0})
     """
     shard = max((step_ms["tw4"] - step_ms["tw"]) / 3.0, 0.0)
     group = {"table_wise": max(step_ms["tw+row_wise"] - step_ms["row_wise"] - shard, 0.0)}
@@ -374,7 +374,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--world-size", type=int, default=2, help="local worker processes (ranks)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="compute device of the ranks")
-    parser.add_argument("--out", default="calibration.json", help="where to write the profile (JSON)")
+    parser.add_argument("--out", default=str(default_profile_path()),
+                        help="where to write the profile (JSON); Topology(profile='default') reads it from there")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (about half the time, noisier)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args(argv)

@@ -29,6 +29,7 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -157,6 +158,7 @@ class CalibrationProfile:
 
     def save(self, path: Union[str, Path]) -> Path:
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_json() + "\n")
         return path
 
@@ -212,8 +214,16 @@ def fit_alpha_beta(samples: Sequence[Tuple[float, float]]) -> AlphaBeta:
     return AlphaBeta(round(max(alpha - small_bytes * slope, 0.0), 6), round(1.0 / slope, 3))
 
 
+def default_profile_path() -> Path:
+    """Where `python -m rectoolkit.planner.calibrate` writes by default and `profile="default"` reads:
+    $RECTOOLKIT_PROFILE, else ~/.cache/rectoolkit/calibration.json."""
+    return Path(os.environ.get("RECTOOLKIT_PROFILE") or "~/.cache/rectoolkit/calibration.json").expanduser()
+
+
 def load_profile(profile: Union[None, str, Path, CalibrationProfile]) -> Optional[CalibrationProfile]:
-    """A profile from a path or a profile object (None stays None)."""
+    """A profile from a path, "default" (default_profile_path()) or a profile object (None stays None)."""
     if profile is None or isinstance(profile, CalibrationProfile):
         return profile
+    if str(profile) == "default":
+        profile = default_profile_path()
     return CalibrationProfile.load(profile)

@@ -47,7 +47,8 @@ class Topology:
         hbm_mem_bw, ddr_mem_bw, hbm_to_ddr_mem_bw: memory bandwidths, bytes/ms (UVM reads use hbm_to_ddr).
         intra_host_bw, inter_host_bw: bytes/ms one rank moves (sent plus received) over each link class.
         bwd_compute_multiplier: backward lookup time as a multiple of forward (used without a profile).
-        profile: a CalibrationProfile (or the path of its JSON) with this machine's measured time terms; the cost
+        profile: a CalibrationProfile (or the path of its JSON, or "default": where `python -m
+            rectoolkit.planner.calibrate` writes) with this machine's measured time terms; the cost
             model then prices latencies, fixed costs and cache effects from it (rectoolkit.planner.profile).
             Without one, times are TorchRec's bytes-over-bandwidth from the fields above.
         cores_per_host: CPU cores of a host, when ranks are processes sharing them (the cost model lets at most
