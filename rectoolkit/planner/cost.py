@@ -6,12 +6,18 @@ fused / dense -> HBM; fused_uvm -> DDR; fused_uvm_caching -> DDR plus cache_load
 HBM; buffers in HBM. On compute_device="cpu" everything is host memory (DDR). Dense replicas (the
 model's non-embedding parameters) sit on every rank.
 
-Time of a rank (ms) = lookups (forward: rows read / read bandwidth + output written / memory bandwidth;
-backward: bwd_compute_multiplier x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at a
-cache_load_factor mix) + communication. Communication is priced from rectoolkit.plan.traffic's matrices:
-for every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), with
-intra_host_bw between ranks of one host and inter_host_bw across hosts. The search uses closed forms
-of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
+Time comes from the topology's calibration profile (rectoolkit.planner.profile; without one, TorchRec's
+bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
+(per shard: a fixed cost + ids x dim x bytes at the read speed of a shard that size + outputs at the write speed;
+backward + fused update = the optimizer's measured factor x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at
+a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
+every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), the all-to-all speed
+within a host (the inter-host one across), the all-reduce speed for data-parallel gradients. The search uses closed
+forms of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
+
+The step estimate (`PlanCost.step`, `step_time_ms`; docs/cost_model.md) adds what per-rank sums cannot hold:
+a fixed cost per step, and per sharding-type group a fixed cost and its collective calls' latency, with the
+slowest rank at each synchronizing phase (the host's total work when local ranks share cores).
 
 Training only: every estimate includes optimizer state, gradients and the backward collectives. An
 inference plan for quantized tables (issue 8) is not modelled yet; when it is, weights should be sized by
