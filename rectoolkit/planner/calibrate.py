@@ -116,9 +116,9 @@ def measure_collectives(world_size: int, repeats: int) -> Dict[str, List[Tuple[f
 
 
 def _repeats_for(message_bytes: int, repeats: int) -> int:
-    """More repeats for small messages: they are cheap, and their fastest repeat is the latency (alpha), which a
+    """Twice the repeats for small messages: they are cheap, and their fastest repeat is the latency (alpha), which a
     loaded machine's scheduling delays hide in most repeats."""
-    return repeats * 4 if message_bytes <= 64 << 10 else repeats
+    return repeats * 2 if message_bytes <= 64 << 10 else repeats
 
 
 def _lookup_module(rows: int, dim: int, optimizer: Optional[str]):
@@ -295,7 +295,7 @@ def _refuse_in_spawned_child() -> None:
 
 
 def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats: Optional[int] = None,
-                      quick: bool = False, threads: int = 1, timeout_s: float = 300.0) -> CalibrationProfile:
+                      quick: bool = False, threads: int = 1, timeout_s: float = 600.0) -> CalibrationProfile:
     """Run the micro-benchmarks on `world_size` local workers and fit a CalibrationProfile (module docstring)."""
     _refuse_in_spawned_child()
     if not isinstance(world_size, int) or world_size < 2:
