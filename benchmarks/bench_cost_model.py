@@ -16,7 +16,7 @@ plans; and without data_parallel and rank0, the plans a user would not weigh), t
 |measured / estimated - 1|, a least-squares fit measured = a + b * estimated (with R^2), the planner's plan
 measured against the measured-fastest plan and against TorchRec's plan, and the load average. Measured step
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
-the slowest rank's `est_time_ms` (rectoolkit.planner.measure.estimate_plan). The raw per-plan, per-rank,
+the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
 per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms.
 """
 
@@ -227,6 +227,7 @@ def summarize(frame) -> Dict[str, Any]:
         "spearman_core": spearman(est[core], measured[core]),
         "median_abs_error": float(np.median(np.abs(measured / est - 1))),
         "spearman_all_cpu": spearman(est, cpu), "spearman_core_cpu": spearman(est[core], cpu[core]),
+        "spearman_all_min": spearman(est, frame.step_ms_min.to_numpy(float)),
         "fit_a_ms": float(intercept), "fit_b": float(slope), "fit_r2": float(r2),
         "fastest": fastest, "fastest_ms": float(by_name[fastest]),
         "planner_ms": float(by_name["planner"]), "planner_est_ms": float(dict(zip(names, est))["planner"]),
@@ -275,8 +276,8 @@ def report(runs: List[Dict[str, Any]], args) -> str:
         f"Estimated vs measured step time of {runs[0]['summary']['plans']}+ plans per workload on {WORLD_SIZE} local CPU "
         f"ranks (gloo, {args.threads} torch thread(s) each, fused SGD), measured by rectoolkit.planner.measure_plans: "
         f"{args.warmup} warm-up steps, {args.rounds} alternating rounds of {args.steps} timed steps per plan "
-        f"(measured = median of the slowest rank's wall time per step; estimated = the slowest rank's "
-        f"est_time_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
+        f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
+        f"estimate, est_step_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
         f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms' = the "
         f"same rank correlation against the busiest rank's process CPU time per step, which machine load inflates "
         f"less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
@@ -309,9 +310,32 @@ def report(runs: List[Dict[str, Any]], args) -> str:
                 cells.append(f"{row['est_step_ms']:.1f} / {row['step_ms']:.1f} ({row['cpu_ms']:.1f})")
             lines.append(f"| {plan} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += parts_table(runs)
     lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/cost_model_raw.json "
                  f"(first run's settings: {json.dumps({k: first[k] for k in ('batch_size', 'steps', 'rounds', 'phase_steps', 'num_threads')})}).")
     return "\n".join(lines)
+
+
+def parts_table(runs: List[Dict[str, Any]]) -> List[str]:
+    """Estimated vs measured parts of each plan (first repeat of each workload), the largest rank value of each:
+    where the estimate goes wrong."""
+    lines = ["Parts (first repeat; per part the largest value over ranks, ms; measured parts from the phase-timed "
+             "steps, CPU time, so waiting for the other rank is not in them; est comm = all collectives):", "",
+             "| workload | plan | est lookup fwd | meas lookup | est lookup bwd | meas backward (incl. bwd comm) "
+             "| est comm | meas input_dist + output_dist | meas other fwd | collective calls / step |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for run_ in runs:
+        if run_["repeat"] != 0:
+            continue
+        ranks = run_["measurements"]["ranks"]
+        for plan in [p["plan"] for p in run_["measurements"]["plans"]]:
+            mine = [r for r in ranks if r["plan"] == plan]
+            top = lambda key: max(float(r.get(key) or 0.0) for r in mine)  # noqa: E731
+            dist = max(float(r.get("input_dist_cpu_ms") or 0.0) + float(r.get("output_dist_cpu_ms") or 0.0) for r in mine)
+            lines.append(f"| {run_['workload']} | {plan} | {top('est_lookup_fwd_ms'):.1f} | {top('lookup_cpu_ms'):.1f} "
+                         f"| {top('est_lookup_bwd_ms'):.1f} | {top('backward_cpu_ms'):.1f} | {top('est_comm_ms'):.1f} "
+                         f"| {dist:.1f} | {top('forward_other_cpu_ms'):.1f} | {int(top('collective_calls'))} |")
+    return lines + [""]
 
 
 def main() -> None:

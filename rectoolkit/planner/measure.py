@@ -12,8 +12,9 @@ How it runs: ONE `rtk.launch` of `world_size` local workers (gloo on CPU, `num_t
 rank) builds every plan's DistributedModelParallel over an EmbeddingBagCollection with its fused optimizer,
 so start-up is paid once. Per plan: one step whose bytes the instrumented collectives count (compared with
 the cost model's bytes for that very batch: they must be equal), `warmup` steps, then `rounds` rounds in
-which the plans take turns (A, B, C, then C, B, A, ...), each running a block of `steps` timed steps and
-`phase_steps` steps timed phase by phase, so that machine load hits every plan alike.
+which the plans take turns (A, B, C, then C, B, A, ...), each running one untimed step (to warm the caches
+the other plans used), a block of `steps` timed steps and `phase_steps` steps timed phase by phase, so that
+machine load hits every plan alike.
 
 - A timed step starts on a barrier (not timed); each rank then times forward + backward (the fused update
   happens in backward) in wall-clock and process CPU time. A rank's wall time includes waiting for its peers
@@ -34,6 +35,7 @@ uniform) and a fixed `seed`; `num_batches` batches per rank are made before timi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -282,6 +284,9 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
     for round_index in range(spec.rounds):
         order = runners if round_index % 2 == 0 else runners[::-1]
         for runner in order:
+            # one untimed step first: the other plans' blocks have evicted this plan's tables from the caches,
+            # which a training job running one plan does not see
+            runner.backward(runner.forward(batches[step_index % len(batches)]))
             for _ in range(spec.steps):
                 runner.timed_step(batches[step_index % len(batches)], round_index, step_index)
                 step_index += 1
@@ -389,7 +394,7 @@ def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequen
 def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable], spec: _RunSpec,
                    world_size: int) -> Dict[str, np.ndarray]:
     """The cost model's bytes for the batch the counting step ran (every rank's batch 0)."""
-    first = [_make_batches(_RunSpec(**{**spec.__dict__, "num_batches": 1}), rank, world_size)[0]
+    first = [_make_batches(dataclasses.replace(spec, num_batches=1), rank, world_size)[0]
              for rank in range(world_size)]
     return cost_model.traffic(plan, tables, [spec.batch_size] * world_size, batch_id_counter(first))
 
