@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py              # writes benchmarks/results/cost_model.md (+ _raw.json)
     .venv/bin/python benchmarks/bench_cost_model.py --quick      # fewer steps and rounds, one repeat
     .venv/bin/python benchmarks/bench_cost_model.py --repeats 3 --workloads issue8
+    .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/cost_model_raw.json
 
 Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
 grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
@@ -17,7 +18,8 @@ plans; and without data_parallel and rank0, the plans a user would not weigh), t
 measured against the measured-fastest plan and against TorchRec's plan, and the load average. Measured step
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
 the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
-per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms.
+per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms;
+`--reestimate` prices those measured plans again with the cost model as it is now, without running anything.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+import pandas as pd
 import torch
 
 import rectoolkit as rtk
-from rectoolkit.plan.serialization import plan_to_dict
+from rectoolkit.modules.configs import PoolingType
+from rectoolkit.plan.serialization import plan_from_dict, plan_to_dict
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
+from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import row_blocks
+from rectoolkit.planner.measure import estimate_plan
 from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.tables import collect_tables
 from rectoolkit.workloads import load_workload
 
 HERE = Path(__file__).resolve().parent
@@ -270,12 +277,13 @@ def run(args) -> List[Dict[str, Any]]:
     return runs
 
 
-def report(runs: List[Dict[str, Any]], args) -> str:
+def report(runs: List[Dict[str, Any]]) -> str:
     first = runs[0]["measurements"]["info"]
     lines = [
         f"Estimated vs measured step time of {runs[0]['summary']['plans']}+ plans per workload on {WORLD_SIZE} local CPU "
-        f"ranks (gloo, {args.threads} torch thread(s) each, fused SGD), measured by rectoolkit.planner.measure_plans: "
-        f"{args.warmup} warm-up steps, {args.rounds} alternating rounds of {args.steps} timed steps per plan "
+        f"ranks (gloo, {first['num_threads']} torch thread(s) each, fused SGD), measured by "
+        f"rectoolkit.planner.measure_plans: {first['warmup']} warm-up steps, {first['rounds']} alternating rounds of "
+        f"{first['steps']} timed steps per plan "
         f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
         f"estimate, est_step_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
         f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms' = the "
@@ -338,6 +346,28 @@ def parts_table(runs: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
+def reestimate(path: Path) -> List[Dict[str, Any]]:
+    """The runs stored in a raw file, with every plan's estimate recomputed by the cost model as it is now
+    (Topology from make_topology): check a new model against measurements already taken, without running."""
+    runs = json.loads(Path(path).read_text())["runs"]
+    topology = make_topology(WORLD_SIZE)
+    for run_ in runs:
+        tables = [rtk.EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"],
+                                         embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
+                                         pooling=PoolingType(t["pooling"])) for t in run_["tables"]]
+        info = run_["measurements"]["info"]
+        planner_tables = collect_tables(tables, info["batch_size"],
+                                        stats=WorkloadStats(dict(run_["pooling_factors"]), info["batch_size"]))
+        cost_model = CostModel(topology, info["optimizer"])
+        for row in run_["measurements"]["plans"]:
+            estimate = estimate_plan(cost_model, plan_from_dict(run_["plans"][row["plan"]]), planner_tables)
+            # the step estimate where the cost model has one, else the slowest rank's sum
+            row["est_step_ms"] = float(np.max(estimate.get("est_step_ms", estimate["est_time_ms"])))
+        summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
+        run_["summary"] = {**run_["summary"], **summary}
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -349,11 +379,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--reestimate", type=Path, metavar="RAW_JSON",
+                        help="run nothing: recompute the estimates of a raw file's plans with the current cost model "
+                             "and print the comparison against its measurements (the planner's plan stays the "
+                             "one that was measured)")
     args = parser.parse_args()
+    if args.reestimate is not None:
+        print(f"Estimates recomputed now on the measurements of {args.reestimate}:\n")
+        print(report(reestimate(args.reestimate)))
+        return
     if args.quick:
         args.repeats, args.rounds, args.steps = 1, 2, 4
     runs = run(args)
-    table = report(runs, args)
+    table = report(runs)
     print(table)
     if not args.no_write:
         results = HERE / "results"
