@@ -21,7 +21,8 @@ machine load hits every plan alike.
   inside the collectives, its CPU time does not (gloo blocks): wall says what the step costs, CPU whose
   work it is.
 - A phase step puts a barrier before every input_dist, lookup and output_dist of every sharding-type group
-  and before backward, and times each on its own (summed over the groups): `input_dist_ms`, `lookup_ms`
+  and before backward, and times each on its own (the `phases` frame per group; the `ranks` frame sums
+  the groups): `input_dist_ms`, `lookup_ms`
   (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting the batch and placing the outputs) and
   `backward_ms` (the output collectives' backward, the kernel's backward with its fused update, and the
   data-parallel all-reduce). Barriers make the phases honest per rank and the step slower; that is why
@@ -56,7 +57,8 @@ from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
 
-PHASES = ("input_dist", "lookup", "output_dist", "forward_other", "backward")
+GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
+PHASES = GROUP_PHASES + ("forward_other", "backward")  # the last two for the whole collection
 PlanInput = Union[ShardingPlan, Mapping[str, Any]]
 
 
@@ -100,8 +102,10 @@ class PlanMeasurements:
         wall; `<phase>_cpu_ms`), the plan's shape (shards on the rank, sharding types with a shard here and in
         the plan), collective calls per step, bytes sent, memory, and the `est_*` columns.
     steps: every timed step (plan, round, step, rank, wall_ms, cpu_ms); phases: every phase of every phase
-        step (plan, round, step, rank, phase, wall_ms, cpu_ms); bytes: measured / exact / expected bytes per
-        plan, collective, source and destination rank.
+        step (plan, round, step, rank, group, phase, wall_ms, cpu_ms), input_dist / lookup / output_dist per
+        sharding-type group (the sharded collection's group name, e.g. "row_wise"), forward_other and
+        backward for the whole collection (group ""); bytes: measured / exact / expected bytes per plan,
+        collective, source and destination rank.
     info: the run's settings and the machine's load average before and after.
     """
 
@@ -158,7 +162,8 @@ def _make_batches(spec: _RunSpec, rank: int, world_size: int) -> list:
 
 
 class _PhaseClock:
-    """Times input_dist / lookup / output_dist of every group of a sharded collection, each after a barrier.
+    """Times input_dist / lookup / output_dist of every sharding-type group of a sharded collection, each after
+    a barrier, and what the caller adds (forward_other, backward: group "", the whole collection).
 
     Installs wrappers as instance attributes of the groups (their forward calls self.input_dist etc.), and
     only records while `active`.
@@ -169,16 +174,14 @@ class _PhaseClock:
 
         self._dist, self._pg = dist, pg
         self.active = False
-        self.wall_ms: Dict[str, float] = {}
-        self.cpu_ms: Dict[str, float] = {}
+        self.times: Dict[Tuple[str, str], List[float]] = {}  # (group, phase) -> [wall ms, cpu ms]
         self.barrier_ms = self.barrier_cpu_ms = 0.0
-        for group in collection.groups.values():
-            for phase in ("input_dist", "lookup", "output_dist"):
-                setattr(group, phase, self._wrap(phase, getattr(group, phase)))
+        for key, group in collection.groups.items():
+            for phase in GROUP_PHASES:
+                setattr(group, phase, self._wrap(key, phase, getattr(group, phase)))
 
     def reset(self) -> None:
-        self.wall_ms = {phase: 0.0 for phase in PHASES}
-        self.cpu_ms = {phase: 0.0 for phase in PHASES}
+        self.times = {}
         self.barrier_ms = self.barrier_cpu_ms = 0.0
 
     def barrier(self) -> None:
@@ -187,18 +190,23 @@ class _PhaseClock:
         self.barrier_ms += 1000 * (time.perf_counter() - wall)
         self.barrier_cpu_ms += 1000 * (time.process_time() - cpu)
 
-    def add(self, phase: str, wall_s: float, cpu_s: float) -> None:
-        self.wall_ms[phase] += 1000 * wall_s
-        self.cpu_ms[phase] += 1000 * cpu_s
+    def add(self, group: str, phase: str, wall_s: float, cpu_s: float) -> None:
+        entry = self.times.setdefault((group, phase), [0.0, 0.0])
+        entry[0] += 1000 * wall_s
+        entry[1] += 1000 * cpu_s
 
-    def _wrap(self, phase: str, method):
+    def total_ms(self, index: int) -> float:
+        """Wall (index 0) or CPU (1) ms recorded so far."""
+        return sum(entry[index] for entry in self.times.values())
+
+    def _wrap(self, group: str, phase: str, method):
         def timed(*args):
             if not self.active:
                 return method(*args)
             self.barrier()
             wall, cpu = time.perf_counter(), time.process_time()
             out = method(*args)
-            self.add(phase, time.perf_counter() - wall, time.process_time() - cpu)
+            self.add(group, phase, time.perf_counter() - wall, time.process_time() - cpu)
             return out
 
         return timed
@@ -222,7 +230,7 @@ class _PlanRunner:
         self.dense_optimizer = torch.optim.SGD(plain, lr=spec.lr) if plain else None
         self.clock = _PhaseClock(self.model.sharded_modules[""], self.model.env.pg)
         self.steps: List[Tuple[int, int, float, float]] = []  # (round, step, wall ms, cpu ms)
-        self.phases: List[Tuple[int, int, str, float, float]] = []
+        self.phases: List[Tuple[int, int, str, str, float, float]] = []  # (round, step, group, phase, wall, cpu)
 
     def forward(self, kjt: Any) -> torch.Tensor:
         return self.model(kjt).values()
@@ -250,15 +258,14 @@ class _PlanRunner:
         forward_wall, forward_cpu = time.perf_counter() - wall, time.process_time() - cpu
         clock.active = False
         # what the forward spent outside the groups' phases and the barriers between them
-        clock.add("forward_other",
-                  forward_wall - (clock.barrier_ms - barrier_wall + sum(clock.wall_ms.values())) / 1000,
-                  forward_cpu - (clock.barrier_cpu_ms - barrier_cpu + sum(clock.cpu_ms.values())) / 1000)
+        clock.add("", "forward_other", forward_wall - (clock.barrier_ms - barrier_wall + clock.total_ms(0)) / 1000,
+                  forward_cpu - (clock.barrier_cpu_ms - barrier_cpu + clock.total_ms(1)) / 1000)
         clock.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         self.backward(out)
-        clock.add("backward", time.perf_counter() - wall, time.process_time() - cpu)
-        for phase in PHASES:
-            self.phases.append((round_index, step, phase, clock.wall_ms[phase], clock.cpu_ms[phase]))
+        clock.add("", "backward", time.perf_counter() - wall, time.process_time() - cpu)
+        for (group, phase), (wall_ms, cpu_ms) in clock.times.items():
+            self.phases.append((round_index, step, group, phase, wall_ms, cpu_ms))
 
     def count_step(self, kjt: Any) -> Dict[str, Any]:
         """One step with fresh byte counters: the bytes matrices (a collective), calls, memory."""
@@ -406,8 +413,8 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
         for rank, result in enumerate(per_rank):
             step_rows += [dict(plan=name, round=r, step=s, rank=rank, wall_ms=w, cpu_ms=c)
                           for r, s, w, c in result[name]["steps"]]
-            phase_rows += [dict(plan=name, round=r, step=s, rank=rank, phase=p, wall_ms=w, cpu_ms=c)
-                           for r, s, p, w, c in result[name]["phases"]]
+            phase_rows += [dict(plan=name, round=r, step=s, rank=rank, group=g, phase=p, wall_ms=w, cpu_ms=c)
+                           for r, s, g, p, w, c in result[name]["phases"]]
         measured = {k: np.asarray(v) for k, v in per_rank[0][name]["bytes"].items()}
         for collective in sorted(set(measured) | {c for c in COLLECTIVES if np.any(exact[name][c])}):
             got = measured.get(collective)
@@ -419,7 +426,7 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
                         exact=float(exact[name][collective][src, dst]) if collective in exact[name] else None,
                         expected=float(expected[name][collective][src, dst]) if collective in expected[name] else None))
     steps = pd.DataFrame(step_rows, columns=["plan", "round", "step", "rank", "wall_ms", "cpu_ms"])
-    phases = pd.DataFrame(phase_rows, columns=["plan", "round", "step", "rank", "phase", "wall_ms", "cpu_ms"])
+    phases = pd.DataFrame(phase_rows, columns=["plan", "round", "step", "rank", "group", "phase", "wall_ms", "cpu_ms"])
     bytes_frame = pd.DataFrame(byte_rows, columns=["plan", "collective", "src", "dst", "measured", "exact", "expected"])
     priced = bytes_frame[bytes_frame.collective.isin(COLLECTIVES)]
     for name in named:
@@ -433,8 +440,8 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
             row.update(step_ms=s.wall_ms.median(), step_ms_min=s.wall_ms.min(), cpu_ms=s.cpu_ms.median(),
                        cpu_ms_min=s.cpu_ms.min())
             p = phases[(phases.plan == name) & (phases["rank"] == rank)]
-            for phase in PHASES:
-                q = p[p.phase == phase]
+            for phase in PHASES:  # summed over the groups within a step, then the median over steps
+                q = p[p.phase == phase].groupby("step")[["wall_ms", "cpu_ms"]].sum()
                 row[f"{phase}_ms"] = q.wall_ms.median() if len(q) else np.nan
                 row[f"{phase}_cpu_ms"] = q.cpu_ms.median() if len(q) else np.nan
             held = [ps.sharding_type for _, _, ps in named[name].items() for shard in ps.shards if shard.rank == rank]

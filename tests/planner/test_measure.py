@@ -69,8 +69,11 @@ def test_measure_plans_bytes_memory_and_frames():
     assert sorted(zip(result.ranks.plan, result.ranks["rank"])) == sorted((n, r) for n in names for r in range(W))
     # every timed step of every plan on every rank: 2 rounds x 2 steps; every phase once per round
     assert result.steps.groupby(["plan", "rank"]).size().to_dict() == {(n, r): 4 for n in names for r in range(W)}
-    assert result.phases.groupby(["plan", "rank", "phase"]).size().to_dict() == {
-        (n, r, p): 2 for n in names for r in range(W) for p in measure_module.PHASES}
+    # phases: input_dist, lookup, output_dist per sharding-type group, the rest for the whole collection ("")
+    groups = {n: sorted({ps.sharding_type for ps in plan.values()}) for n, plan in the_plans.items()}
+    assert result.phases.groupby(["plan", "rank", "group", "phase"]).size().to_dict() == {
+        **{(n, r, g, p): 2 for n in names for r in range(W) for g in groups[n] for p in measure_module.GROUP_PHASES},
+        **{(n, r, "", p): 2 for n in names for r in range(W) for p in ("forward_other", "backward")}}
     assert (result.steps.wall_ms > 0).all() and (result.ranks.step_ms > 0).all()
     # bytes: measured by the instrumented collectives == traffic.py on the same batch, every rank pair
     priced = result.bytes[result.bytes.collective != "metadata"]
