@@ -59,6 +59,7 @@ from rectoolkit.planner.topology import Topology
 
 GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
 PHASES = GROUP_PHASES + ("forward_other", "backward")  # the last two for the whole collection
+MEASURED_STEP_COLUMNS = ("step_ms", "step_ms_min", "cpu_ms")  # what pick_measured_fastest can compare
 PlanInput = Union[ShardingPlan, Mapping[str, Any]]
 
 
@@ -381,16 +382,23 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
 
 
 def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]],
-                          tables: Sequence[EmbeddingBagConfig], world_size: int, **measure_args: Any
-                          ) -> Tuple[ShardingPlan, PlanMeasurements]:
+                          tables: Sequence[EmbeddingBagConfig], world_size: int, by: str = "step_ms",
+                          **measure_args: Any) -> Tuple[ShardingPlan, PlanMeasurements]:
     """Measure-in-the-loop: run the candidates (`measure_plans`, same arguments) and return the one whose
-    measured step time (`plans.step_ms`, the slowest rank's median) is lowest, as given, with the evidence.
+    measured step time is lowest, as given, with the evidence (its name in `evidence.info["picked"]`).
+
+    `by`: the `plans` column compared: "step_ms" (the slowest rank's median wall time, default),
+    "step_ms_min" (its minimum: what the plan costs when the machine lets it run, steadier under load) or
+    "cpu_ms" (the busiest rank's CPU time).
 
         plan, evidence = pick_measured_fastest({"a": plan_a, "b": plan_b}, tables, 2, steps=5)   # doctest: +SKIP
         evidence.plans.sort_values("step_ms")                                                     # doctest: +SKIP
     """
+    if by not in MEASURED_STEP_COLUMNS:
+        raise ValueError(f"pick_measured_fastest: by={by!r} is not a measured step column; use one of "
+                         f"{list(MEASURED_STEP_COLUMNS)}")
     result = measure_plans(candidate_plans, tables, world_size, **measure_args)
-    fastest = str(result.plans.loc[result.plans.step_ms.idxmin(), "plan"])
+    fastest = str(result.plans.loc[result.plans[by].idxmin(), "plan"])
     result.info["picked"] = fastest
     given = dict(candidate_plans) if isinstance(candidate_plans, Mapping) else {
         f"plan{i}": plan for i, plan in enumerate(candidate_plans)}

@@ -127,6 +127,11 @@ def test_docstring_examples():
     assert result.failed == 0, result
 
 
+def test_pick_measured_fastest_refuses_an_unknown_column_before_running():
+    with pytest.raises(ValueError, match=r"by='fastest' is not a measured step column; use one of \['step_ms'"):
+        pick_measured_fastest({"row_wise": plans()["row_wise"]}, TABLES, W, by="fastest")
+
+
 @pytest.mark.parametrize("change, error, words", [
     (dict(plans=ShardingPlan({"": plans()["row_wise"]})), TypeError, "not one plan"),
     (dict(plans={}), ValueError, "no plans"),
