@@ -234,6 +234,7 @@ def summarize(frame) -> Dict[str, Any]:
         "spearman_core": spearman(est[core], measured[core]),
         "median_abs_error": float(np.median(np.abs(measured / est - 1))),
         "spearman_all_cpu": spearman(est, cpu), "spearman_core_cpu": spearman(est[core], cpu[core]),
+        "median_abs_error_cpu": float(np.median(np.abs(cpu / est - 1))),
         "spearman_all_min": spearman(est, frame.step_ms_min.to_numpy(float)),
         "fit_a_ms": float(intercept), "fit_b": float(slope), "fit_r2": float(r2),
         "fastest": fastest, "fastest_ms": float(by_name[fastest]),
@@ -286,14 +287,14 @@ def report(runs: List[Dict[str, Any]]) -> str:
         f"{first['steps']} timed steps per plan "
         f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
         f"estimate, est_step_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
-        f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms' = the "
-        f"same rank correlation against the busiest rank's process CPU time per step, which machine load inflates "
-        f"less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
+        f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms', "
+        f"'CPU/est' = the same figures against the busiest rank's process CPU time per step, which machine load "
+        f"inflates less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
         "",
         "| workload | repeat | load avg | Spearman all | Spearman core | median \\|meas/est - 1\\| | fit a (ms) "
         "| fit b | R^2 | fastest plan | planner / fastest | planner / TorchRec | Spearman all / core vs CPU ms "
-        "| bytes, memory exact |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        "| median \\|CPU/est - 1\\| | bytes, memory exact |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for run_ in runs:
         s = run_["summary"]
@@ -303,7 +304,8 @@ def report(runs: List[Dict[str, Any]]) -> str:
                      f"| {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
-                     f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} | {exact} |")
+                     f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
+                     f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
     lines += ["", "Per plan (estimated ms / measured ms, slowest rank; CPU ms of the busiest rank in brackets):", ""]
     for name in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == name]
