@@ -554,17 +554,6 @@ def _check_plan(name: str, plan: ShardingPlan, tables: Sequence[EmbeddingBagConf
 
 
 def _topology_fields(topology: Topology) -> Dict[str, Any]:
-    """The topology's settings, JSON-ready: numbers and strings as they are, a calibration as its dict."""
-    out: Dict[str, Any] = {}
-    for field_ in dataclasses.fields(topology):
-        value = getattr(topology, field_.name)
-        if hasattr(value, "to_dict"):
-            value = value.to_dict()
-        elif isinstance(value, Mapping):
-            value = dict(value)
-        elif isinstance(value, (list, tuple)):
-            value = list(value)
-        elif not isinstance(value, (int, float, str, type(None))):
-            value = str(value)
-        out[field_.name] = value
-    return out
+    fields = {k: v for k, v in topology.__dict__.items() if isinstance(v, (int, float, str, type(None)))}
+    fields["calibrated"] = dict(topology.calibrated)
+    return fields
