@@ -306,6 +306,7 @@ def report(runs: List[Dict[str, Any]]) -> str:
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
                      f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
                      f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
+    lines += reproducibility(runs)
     lines += ["", "Per plan (estimated ms / measured ms, slowest rank; CPU ms of the busiest rank in brackets):", ""]
     for name in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == name]
@@ -324,6 +325,30 @@ def report(runs: List[Dict[str, Any]]) -> str:
     lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/cost_model_raw.json "
                  f"(first run's settings: {json.dumps({k: first[k] for k in ('batch_size', 'steps', 'rounds', 'phase_steps', 'num_threads')})}).")
     return "\n".join(lines)
+
+
+def reproducibility(runs: List[Dict[str, Any]]) -> List[str]:
+    """How well the measurement ranks the plans the same way twice: Spearman between the measured step times
+    of two repeats (the ceiling of any estimate's Spearman on this machine at this load), over the plans that
+    are the same in both (the planner's may differ after a fresh calibration)."""
+    lines = []
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        mine = [r for r in runs if r["workload"] == name]
+        pairs = []
+        for first, second in zip(mine, mine[1:]):
+            a, b = (pd.DataFrame(r["measurements"]["plans"]).set_index("plan") for r in (first, second))
+            plans = [p for p in a.index if p in b.index and first["plans"][p] == second["plans"][p]]  # same plan
+            core = [p for p in plans if p not in UNWEIGHED]
+            cells = [spearman(a.loc[keep, column].to_numpy(float), b.loc[keep, column].to_numpy(float))
+                     for column in ("step_ms", "cpu_ms") for keep in (plans, core)]
+            pairs.append(f"repeats {first['repeat']} and {second['repeat']}: wall {cells[0]:.2f} (core {cells[1]:.2f}), "
+                         f"CPU {cells[2]:.2f} (core {cells[3]:.2f})")
+        if pairs:
+            lines.append(f"- {name}: " + "; ".join(pairs))
+    if not lines:
+        return []
+    return ["", "Measurement reproducibility, Spearman between the measured step times of consecutive repeats (the "
+            "ceiling for any estimate at this load):", ""] + lines
 
 
 def parts_table(runs: List[Dict[str, Any]]) -> List[str]:
