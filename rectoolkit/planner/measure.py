@@ -21,12 +21,11 @@ machine load hits every plan alike.
   inside the collectives, its CPU time does not (gloo blocks): wall says what the step costs, CPU whose
   work it is.
 - A phase step puts a barrier before every input_dist, lookup and output_dist of every sharding-type group
-  and before backward, and times each on its own (the `phases` frame per group; the `ranks` frame sums
-  the groups): `input_dist_ms`, `lookup_ms`
-  (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting the batch and placing the outputs) and
-  `backward_ms` (the output collectives' backward, the kernel's backward with its fused update, and the
-  data-parallel all-reduce). Barriers make the phases honest per rank and the step slower; that is why
-  phase steps are apart from the timed steps.
+  and before backward, and times each on its own (the `phases` frame per group; the `ranks` frame sums the
+  groups): `input_dist_ms`, `lookup_ms` (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting
+  the batch and placing the outputs) and `backward_ms` (the output collectives' backward, the kernel's
+  backward with its fused update, and the data-parallel all-reduce). Barriers make the phases honest per
+  rank and the step slower; that is why phase steps are apart from the timed steps.
 - Estimates come from `estimate_plan` (one function: the cost model's per-rank terms), bytes from the cost
   model's traffic on the measured batch, memory from DistributedModelParallel.memory_usage().
 
