@@ -9,6 +9,7 @@ from the shard shapes (fp32 weights, SGD keeps no state). Times are only checked
 from __future__ import annotations
 
 import doctest
+import json
 
 import numpy as np
 import pytest
@@ -104,6 +105,12 @@ def test_measure_plans_bytes_memory_and_frames():
     assert (result.ranks.est_time_ms >= 0).all()
     mixed = result.ranks[result.ranks.plan == "mixed"].set_index("rank")
     assert mixed.shards.to_dict() == {0: 3, 1: 2} and mixed.sharding_types.tolist() == [3, 3]
+    # collective calls of one step: a table-wise group sends metadata, ids, pooled rows and their gradients;
+    # a data-parallel one only all-reduces its gradients
+    calls = result.ranks.set_index(["plan", "rank"]).calls_by_collective.map(json.loads)
+    assert calls[("table_wise_rank1", 0)] == {"input_dist": 1, "metadata": 1, "output_dist": 1,
+                                              "output_dist_backward": 1}
+    assert calls[("data_parallel", 1)] == {"dp_allreduce": 1}
     assert result.info["world_size"] == W and len(result.info["load_average_before"]) == 3
     record = result.to_dict()
     assert set(record) == {"info", "plans", "ranks", "steps", "phases", "bytes"}
