@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py              # writes benchmarks/results/cost_model.md (+ _raw.json)
     .venv/bin/python benchmarks/bench_cost_model.py --quick      # fewer steps and rounds, one repeat
     .venv/bin/python benchmarks/bench_cost_model.py --repeats 3 --workloads issue8
+    .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/cost_model_raw.json
 
 Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
 grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
@@ -16,8 +17,9 @@ plans; and without data_parallel and rank0, the plans a user would not weigh), t
 |measured / estimated - 1|, a least-squares fit measured = a + b * estimated (with R^2), the planner's plan
 measured against the measured-fastest plan and against TorchRec's plan, and the load average. Measured step
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
-the slowest rank's `est_time_ms` (rectoolkit.planner.measure.estimate_plan). The raw per-plan, per-rank,
-per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms.
+the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
+per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms;
+`--reestimate` prices those measured plans again with the cost model as it is now, without running anything.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+import pandas as pd
 import torch
 
 import rectoolkit as rtk
-from rectoolkit.plan.serialization import plan_to_dict
+from rectoolkit.modules.configs import PoolingType
+from rectoolkit.plan.serialization import plan_from_dict, plan_to_dict
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
+from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import row_blocks
+from rectoolkit.planner.measure import estimate_plan
 from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.tables import collect_tables
 from rectoolkit.workloads import load_workload
 
 HERE = Path(__file__).resolve().parent
@@ -227,6 +234,8 @@ def summarize(frame) -> Dict[str, Any]:
         "spearman_core": spearman(est[core], measured[core]),
         "median_abs_error": float(np.median(np.abs(measured / est - 1))),
         "spearman_all_cpu": spearman(est, cpu), "spearman_core_cpu": spearman(est[core], cpu[core]),
+        "median_abs_error_cpu": float(np.median(np.abs(cpu / est - 1))),
+        "spearman_all_min": spearman(est, frame.step_ms_min.to_numpy(float)),
         "fit_a_ms": float(intercept), "fit_b": float(slope), "fit_r2": float(r2),
         "fastest": fastest, "fastest_ms": float(by_name[fastest]),
         "planner_ms": float(by_name["planner"]), "planner_est_ms": float(dict(zip(names, est))["planner"]),
@@ -269,22 +278,23 @@ def run(args) -> List[Dict[str, Any]]:
     return runs
 
 
-def report(runs: List[Dict[str, Any]], args) -> str:
+def report(runs: List[Dict[str, Any]]) -> str:
     first = runs[0]["measurements"]["info"]
     lines = [
         f"Estimated vs measured step time of {runs[0]['summary']['plans']}+ plans per workload on {WORLD_SIZE} local CPU "
-        f"ranks (gloo, {args.threads} torch thread(s) each, fused SGD), measured by rectoolkit.planner.measure_plans: "
-        f"{args.warmup} warm-up steps, {args.rounds} alternating rounds of {args.steps} timed steps per plan "
-        f"(measured = median of the slowest rank's wall time per step; estimated = the slowest rank's "
-        f"est_time_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
-        f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms' = the "
-        f"same rank correlation against the busiest rank's process CPU time per step, which machine load inflates "
-        f"less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
+        f"ranks (gloo, {first['num_threads']} torch thread(s) each, fused SGD), measured by "
+        f"rectoolkit.planner.measure_plans: {first['warmup']} warm-up steps, {first['rounds']} alternating rounds of "
+        f"{first['steps']} timed steps per plan "
+        f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
+        f"estimate, est_step_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
+        f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms', "
+        f"'CPU/est' = the same figures against the busiest rank's process CPU time per step, which machine load "
+        f"inflates less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
         "",
         "| workload | repeat | load avg | Spearman all | Spearman core | median \\|meas/est - 1\\| | fit a (ms) "
         "| fit b | R^2 | fastest plan | planner / fastest | planner / TorchRec | Spearman all / core vs CPU ms "
-        "| bytes, memory exact |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        "| median \\|CPU/est - 1\\| | bytes, memory exact |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for run_ in runs:
         s = run_["summary"]
@@ -294,7 +304,9 @@ def report(runs: List[Dict[str, Any]], args) -> str:
                      f"| {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
-                     f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} | {exact} |")
+                     f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
+                     f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
+    lines += reproducibility(runs)
     lines += ["", "Per plan (estimated ms / measured ms, slowest rank; CPU ms of the busiest rank in brackets):", ""]
     for name in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == name]
@@ -309,9 +321,78 @@ def report(runs: List[Dict[str, Any]], args) -> str:
                 cells.append(f"{row['est_step_ms']:.1f} / {row['step_ms']:.1f} ({row['cpu_ms']:.1f})")
             lines.append(f"| {plan} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += parts_table(runs)
     lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/cost_model_raw.json "
                  f"(first run's settings: {json.dumps({k: first[k] for k in ('batch_size', 'steps', 'rounds', 'phase_steps', 'num_threads')})}).")
     return "\n".join(lines)
+
+
+def reproducibility(runs: List[Dict[str, Any]]) -> List[str]:
+    """How well the measurement ranks the plans the same way twice: Spearman between the measured step times
+    of two repeats (the ceiling of any estimate's Spearman on this machine at this load), over the plans that
+    are the same in both (the planner's may differ after a fresh calibration)."""
+    lines = []
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        mine = [r for r in runs if r["workload"] == name]
+        pairs = []
+        for first, second in zip(mine, mine[1:]):
+            a, b = (pd.DataFrame(r["measurements"]["plans"]).set_index("plan") for r in (first, second))
+            plans = [p for p in a.index if p in b.index and first["plans"][p] == second["plans"][p]]  # same plan
+            core = [p for p in plans if p not in UNWEIGHED]
+            cells = [spearman(a.loc[keep, column].to_numpy(float), b.loc[keep, column].to_numpy(float))
+                     for column in ("step_ms", "cpu_ms") for keep in (plans, core)]
+            pairs.append(f"repeats {first['repeat']} and {second['repeat']}: wall {cells[0]:.2f} (core {cells[1]:.2f}), "
+                         f"CPU {cells[2]:.2f} (core {cells[3]:.2f})")
+        if pairs:
+            lines.append(f"- {name}: " + "; ".join(pairs))
+    if not lines:
+        return []
+    return ["", "Measurement reproducibility, Spearman between the measured step times of consecutive repeats (the "
+            "ceiling for any estimate at this load):", ""] + lines
+
+
+def parts_table(runs: List[Dict[str, Any]]) -> List[str]:
+    """Estimated vs measured parts of each plan (first repeat of each workload), the largest rank value of each:
+    where the estimate goes wrong."""
+    lines = ["Parts (first repeat; per part the largest value over ranks, ms; measured parts from the phase-timed "
+             "steps, CPU time, so waiting for the other rank is not in them; est comm = all collectives):", "",
+             "| workload | plan | est lookup fwd | meas lookup | est lookup bwd | meas backward (incl. bwd comm) "
+             "| est comm | meas input_dist + output_dist | meas other fwd | collective calls / step |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for run_ in runs:
+        if run_["repeat"] != 0:
+            continue
+        ranks = run_["measurements"]["ranks"]
+        for plan in [p["plan"] for p in run_["measurements"]["plans"]]:
+            mine = [r for r in ranks if r["plan"] == plan]
+            top = lambda key: max(float(r.get(key) or 0.0) for r in mine)  # noqa: E731
+            dist = max(float(r.get("input_dist_cpu_ms") or 0.0) + float(r.get("output_dist_cpu_ms") or 0.0) for r in mine)
+            lines.append(f"| {run_['workload']} | {plan} | {top('est_lookup_fwd_ms'):.1f} | {top('lookup_cpu_ms'):.1f} "
+                         f"| {top('est_lookup_bwd_ms'):.1f} | {top('backward_cpu_ms'):.1f} | {top('est_comm_ms'):.1f} "
+                         f"| {dist:.1f} | {top('forward_other_cpu_ms'):.1f} | {int(top('collective_calls'))} |")
+    return lines + [""]
+
+
+def reestimate(path: Path) -> List[Dict[str, Any]]:
+    """The runs stored in a raw file, with every plan's estimate recomputed by the cost model as it is now
+    (Topology from make_topology): check a new model against measurements already taken, without running."""
+    runs = json.loads(Path(path).read_text())["runs"]
+    topology = make_topology(WORLD_SIZE)
+    for run_ in runs:
+        tables = [rtk.EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"],
+                                         embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
+                                         pooling=PoolingType(t["pooling"])) for t in run_["tables"]]
+        info = run_["measurements"]["info"]
+        planner_tables = collect_tables(tables, info["batch_size"],
+                                        stats=WorkloadStats(dict(run_["pooling_factors"]), info["batch_size"]))
+        cost_model = CostModel(topology, info["optimizer"])
+        for row in run_["measurements"]["plans"]:
+            estimate = estimate_plan(cost_model, plan_from_dict(run_["plans"][row["plan"]]), planner_tables)
+            # the step estimate where the cost model has one, else the slowest rank's sum
+            row["est_step_ms"] = float(np.max(estimate.get("est_step_ms", estimate["est_time_ms"])))
+        summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
+        run_["summary"] = {**run_["summary"], **summary}
+    return runs
 
 
 def main() -> None:
@@ -325,11 +406,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--reestimate", type=Path, metavar="RAW_JSON",
+                        help="run nothing: recompute the estimates of a raw file's plans with the current cost model "
+                             "and print the comparison against its measurements (the planner's plan stays the "
+                             "one that was measured)")
     args = parser.parse_args()
+    if args.reestimate is not None:
+        print(f"Estimates recomputed now on the measurements of {args.reestimate}:\n")
+        print(report(reestimate(args.reestimate)))
+        return
     if args.quick:
         args.repeats, args.rounds, args.steps = 1, 2, 4
     runs = run(args)
-    table = report(runs, args)
+    table = report(runs)
     print(table)
     if not args.no_write:
         results = HERE / "results"

@@ -12,19 +12,20 @@ How it runs: ONE `rtk.launch` of `world_size` local workers (gloo on CPU, `num_t
 rank) builds every plan's DistributedModelParallel over an EmbeddingBagCollection with its fused optimizer,
 so start-up is paid once. Per plan: one step whose bytes the instrumented collectives count (compared with
 the cost model's bytes for that very batch: they must be equal), `warmup` steps, then `rounds` rounds in
-which the plans take turns (A, B, C, then C, B, A, ...), each running a block of `steps` timed steps and
-`phase_steps` steps timed phase by phase, so that machine load hits every plan alike.
+which the plans take turns (A, B, C, then C, B, A, ...), each running one untimed step (to warm the caches
+the other plans used), a block of `steps` timed steps and `phase_steps` steps timed phase by phase, so that
+machine load hits every plan alike.
 
 - A timed step starts on a barrier (not timed); each rank then times forward + backward (the fused update
   happens in backward) in wall-clock and process CPU time. A rank's wall time includes waiting for its peers
   inside the collectives, its CPU time does not (gloo blocks): wall says what the step costs, CPU whose
   work it is.
 - A phase step puts a barrier before every input_dist, lookup and output_dist of every sharding-type group
-  and before backward, and times each on its own (summed over the groups): `input_dist_ms`, `lookup_ms`
-  (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting the batch and placing the outputs) and
-  `backward_ms` (the output collectives' backward, the kernel's backward with its fused update, and the
-  data-parallel all-reduce). Barriers make the phases honest per rank and the step slower; that is why
-  phase steps are apart from the timed steps.
+  and before backward, and times each on its own (the `phases` frame per group; the `ranks` frame sums the
+  groups): `input_dist_ms`, `lookup_ms` (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting
+  the batch and placing the outputs) and `backward_ms` (the output collectives' backward, the kernel's
+  backward with its fused update, and the data-parallel all-reduce). Barriers make the phases honest per
+  rank and the step slower; that is why phase steps are apart from the timed steps.
 - Estimates come from `estimate_plan` (one function: the cost model's per-rank terms), bytes from the cost
   model's traffic on the measured batch, memory from DistributedModelParallel.memory_usage().
 
@@ -34,6 +35,7 @@ uniform) and a fixed `seed`; `num_batches` batches per rank are made before timi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -54,7 +56,9 @@ from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
 
-PHASES = ("input_dist", "lookup", "output_dist", "forward_other", "backward")
+GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
+PHASES = GROUP_PHASES + ("forward_other", "backward")  # the last two for the whole collection
+MEASURED_STEP_COLUMNS = ("step_ms", "step_ms_min", "cpu_ms")  # what pick_measured_fastest can compare
 PlanInput = Union[ShardingPlan, Mapping[str, Any]]
 
 
@@ -100,8 +104,10 @@ class PlanMeasurements:
         wall; `<phase>_cpu_ms`), the plan's shape (shards on the rank, sharding types with a shard here and in
         the plan), collective calls per step, bytes sent, memory, and the `est_*` columns.
     steps: every timed step (plan, round, step, rank, wall_ms, cpu_ms); phases: every phase of every phase
-        step (plan, round, step, rank, phase, wall_ms, cpu_ms); bytes: measured / exact / expected bytes per
-        plan, collective, source and destination rank.
+        step (plan, round, step, rank, group, phase, wall_ms, cpu_ms), input_dist / lookup / output_dist per
+        sharding-type group (the sharded collection's group name, e.g. "row_wise"), forward_other and
+        backward for the whole collection (group ""); bytes: measured / exact / expected bytes per plan,
+        collective, source and destination rank.
     info: the run's settings and the machine's load average before and after.
     """
 
@@ -158,7 +164,8 @@ def _make_batches(spec: _RunSpec, rank: int, world_size: int) -> list:
 
 
 class _PhaseClock:
-    """Times input_dist / lookup / output_dist of every group of a sharded collection, each after a barrier.
+    """Times input_dist / lookup / output_dist of every sharding-type group of a sharded collection, each after
+    a barrier, and what the caller adds (forward_other, backward: group "", the whole collection).
 
     Installs wrappers as instance attributes of the groups (their forward calls self.input_dist etc.), and
     only records while `active`.
@@ -169,16 +176,14 @@ class _PhaseClock:
 
         self._dist, self._pg = dist, pg
         self.active = False
-        self.wall_ms: Dict[str, float] = {}
-        self.cpu_ms: Dict[str, float] = {}
+        self.times: Dict[Tuple[str, str], List[float]] = {}  # (group, phase) -> [wall ms, cpu ms]
         self.barrier_ms = self.barrier_cpu_ms = 0.0
-        for group in collection.groups.values():
-            for phase in ("input_dist", "lookup", "output_dist"):
-                setattr(group, phase, self._wrap(phase, getattr(group, phase)))
+        for key, group in collection.groups.items():
+            for phase in GROUP_PHASES:
+                setattr(group, phase, self._wrap(key, phase, getattr(group, phase)))
 
     def reset(self) -> None:
-        self.wall_ms = {phase: 0.0 for phase in PHASES}
-        self.cpu_ms = {phase: 0.0 for phase in PHASES}
+        self.times = {}
         self.barrier_ms = self.barrier_cpu_ms = 0.0
 
     def barrier(self) -> None:
@@ -187,18 +192,23 @@ class _PhaseClock:
         self.barrier_ms += 1000 * (time.perf_counter() - wall)
         self.barrier_cpu_ms += 1000 * (time.process_time() - cpu)
 
-    def add(self, phase: str, wall_s: float, cpu_s: float) -> None:
-        self.wall_ms[phase] += 1000 * wall_s
-        self.cpu_ms[phase] += 1000 * cpu_s
+    def add(self, group: str, phase: str, wall_s: float, cpu_s: float) -> None:
+        entry = self.times.setdefault((group, phase), [0.0, 0.0])
+        entry[0] += 1000 * wall_s
+        entry[1] += 1000 * cpu_s
 
-    def _wrap(self, phase: str, method):
+    def total_ms(self, index: int) -> float:
+        """Wall (index 0) or CPU (1) ms recorded so far."""
+        return sum(entry[index] for entry in self.times.values())
+
+    def _wrap(self, group: str, phase: str, method):
         def timed(*args):
             if not self.active:
                 return method(*args)
             self.barrier()
             wall, cpu = time.perf_counter(), time.process_time()
             out = method(*args)
-            self.add(phase, time.perf_counter() - wall, time.process_time() - cpu)
+            self.add(group, phase, time.perf_counter() - wall, time.process_time() - cpu)
             return out
 
         return timed
@@ -222,7 +232,7 @@ class _PlanRunner:
         self.dense_optimizer = torch.optim.SGD(plain, lr=spec.lr) if plain else None
         self.clock = _PhaseClock(self.model.sharded_modules[""], self.model.env.pg)
         self.steps: List[Tuple[int, int, float, float]] = []  # (round, step, wall ms, cpu ms)
-        self.phases: List[Tuple[int, int, str, float, float]] = []
+        self.phases: List[Tuple[int, int, str, str, float, float]] = []  # (round, step, group, phase, wall, cpu)
 
     def forward(self, kjt: Any) -> torch.Tensor:
         return self.model(kjt).values()
@@ -250,15 +260,14 @@ class _PlanRunner:
         forward_wall, forward_cpu = time.perf_counter() - wall, time.process_time() - cpu
         clock.active = False
         # what the forward spent outside the groups' phases and the barriers between them
-        clock.add("forward_other",
-                  forward_wall - (clock.barrier_ms - barrier_wall + sum(clock.wall_ms.values())) / 1000,
-                  forward_cpu - (clock.barrier_cpu_ms - barrier_cpu + sum(clock.cpu_ms.values())) / 1000)
+        clock.add("", "forward_other", forward_wall - (clock.barrier_ms - barrier_wall + clock.total_ms(0)) / 1000,
+                  forward_cpu - (clock.barrier_cpu_ms - barrier_cpu + clock.total_ms(1)) / 1000)
         clock.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         self.backward(out)
-        clock.add("backward", time.perf_counter() - wall, time.process_time() - cpu)
-        for phase in PHASES:
-            self.phases.append((round_index, step, phase, clock.wall_ms[phase], clock.cpu_ms[phase]))
+        clock.add("", "backward", time.perf_counter() - wall, time.process_time() - cpu)
+        for (group, phase), (wall_ms, cpu_ms) in clock.times.items():
+            self.phases.append((round_index, step, group, phase, wall_ms, cpu_ms))
 
     def count_step(self, kjt: Any) -> Dict[str, Any]:
         """One step with fresh byte counters: the bytes matrices (a collective), calls, memory."""
@@ -284,6 +293,9 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
     for round_index in range(spec.rounds):
         order = runners if round_index % 2 == 0 else runners[::-1]
         for runner in order:
+            # one untimed step first: the other plans' blocks have evicted this plan's tables from the caches,
+            # which a training job running one plan does not see
+            runner.backward(runner.forward(batches[step_index % len(batches)]))
             for _ in range(spec.steps):
                 runner.timed_step(batches[step_index % len(batches)], round_index, step_index)
                 step_index += 1
@@ -371,16 +383,23 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
 
 
 def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]],
-                          tables: Sequence[EmbeddingBagConfig], world_size: int, **measure_args: Any
-                          ) -> Tuple[ShardingPlan, PlanMeasurements]:
+                          tables: Sequence[EmbeddingBagConfig], world_size: int, by: str = "step_ms",
+                          **measure_args: Any) -> Tuple[ShardingPlan, PlanMeasurements]:
     """Measure-in-the-loop: run the candidates (`measure_plans`, same arguments) and return the one whose
-    measured step time (`plans.step_ms`, the slowest rank's median) is lowest, as given, with the evidence.
+    measured step time is lowest, as given, with the evidence (its name in `evidence.info["picked"]`).
+
+    `by`: the `plans` column compared: "step_ms" (the slowest rank's median wall time, default),
+    "step_ms_min" (its minimum: what the plan costs when the machine lets it run, steadier under load) or
+    "cpu_ms" (the busiest rank's CPU time).
 
         plan, evidence = pick_measured_fastest({"a": plan_a, "b": plan_b}, tables, 2, steps=5)   # doctest: +SKIP
         evidence.plans.sort_values("step_ms")                                                     # doctest: +SKIP
     """
+    if by not in MEASURED_STEP_COLUMNS:
+        raise ValueError(f"pick_measured_fastest: by={by!r} is not a measured step column; use one of "
+                         f"{list(MEASURED_STEP_COLUMNS)}")
     result = measure_plans(candidate_plans, tables, world_size, **measure_args)
-    fastest = str(result.plans.loc[result.plans.step_ms.idxmin(), "plan"])
+    fastest = str(result.plans.loc[result.plans[by].idxmin(), "plan"])
     result.info["picked"] = fastest
     given = dict(candidate_plans) if isinstance(candidate_plans, Mapping) else {
         f"plan{i}": plan for i, plan in enumerate(candidate_plans)}
@@ -391,7 +410,7 @@ def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequen
 def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable], spec: _RunSpec,
                    world_size: int) -> Dict[str, np.ndarray]:
     """The cost model's bytes for the batch the counting step ran (every rank's batch 0)."""
-    first = [_make_batches(_RunSpec(**{**spec.__dict__, "num_batches": 1}), rank, world_size)[0]
+    first = [_make_batches(dataclasses.replace(spec, num_batches=1), rank, world_size)[0]
              for rank in range(world_size)]
     return cost_model.traffic(plan, tables, [spec.batch_size] * world_size, batch_id_counter(first))
 
@@ -403,8 +422,8 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
         for rank, result in enumerate(per_rank):
             step_rows += [dict(plan=name, round=r, step=s, rank=rank, wall_ms=w, cpu_ms=c)
                           for r, s, w, c in result[name]["steps"]]
-            phase_rows += [dict(plan=name, round=r, step=s, rank=rank, phase=p, wall_ms=w, cpu_ms=c)
-                           for r, s, p, w, c in result[name]["phases"]]
+            phase_rows += [dict(plan=name, round=r, step=s, rank=rank, group=g, phase=p, wall_ms=w, cpu_ms=c)
+                           for r, s, g, p, w, c in result[name]["phases"]]
         measured = {k: np.asarray(v) for k, v in per_rank[0][name]["bytes"].items()}
         for collective in sorted(set(measured) | {c for c in COLLECTIVES if np.any(exact[name][c])}):
             got = measured.get(collective)
@@ -416,7 +435,7 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
                         exact=float(exact[name][collective][src, dst]) if collective in exact[name] else None,
                         expected=float(expected[name][collective][src, dst]) if collective in expected[name] else None))
     steps = pd.DataFrame(step_rows, columns=["plan", "round", "step", "rank", "wall_ms", "cpu_ms"])
-    phases = pd.DataFrame(phase_rows, columns=["plan", "round", "step", "rank", "phase", "wall_ms", "cpu_ms"])
+    phases = pd.DataFrame(phase_rows, columns=["plan", "round", "step", "rank", "group", "phase", "wall_ms", "cpu_ms"])
     bytes_frame = pd.DataFrame(byte_rows, columns=["plan", "collective", "src", "dst", "measured", "exact", "expected"])
     priced = bytes_frame[bytes_frame.collective.isin(COLLECTIVES)]
     for name in named:
@@ -430,8 +449,8 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
             row.update(step_ms=s.wall_ms.median(), step_ms_min=s.wall_ms.min(), cpu_ms=s.cpu_ms.median(),
                        cpu_ms_min=s.cpu_ms.min())
             p = phases[(phases.plan == name) & (phases["rank"] == rank)]
-            for phase in PHASES:
-                q = p[p.phase == phase]
+            for phase in PHASES:  # summed over the groups within a step, then the median over steps
+                q = p[p.phase == phase].groupby("step")[["wall_ms", "cpu_ms"]].sum()
                 row[f"{phase}_ms"] = q.wall_ms.median() if len(q) else np.nan
                 row[f"{phase}_cpu_ms"] = q.cpu_ms.median() if len(q) else np.nan
             held = [ps.sharding_type for _, _, ps in named[name].items() for shard in ps.shards if shard.rank == rank]

@@ -9,6 +9,7 @@ from the shard shapes (fp32 weights, SGD keeps no state). Times are only checked
 from __future__ import annotations
 
 import doctest
+import json
 
 import numpy as np
 import pytest
@@ -69,8 +70,11 @@ def test_measure_plans_bytes_memory_and_frames():
     assert sorted(zip(result.ranks.plan, result.ranks["rank"])) == sorted((n, r) for n in names for r in range(W))
     # every timed step of every plan on every rank: 2 rounds x 2 steps; every phase once per round
     assert result.steps.groupby(["plan", "rank"]).size().to_dict() == {(n, r): 4 for n in names for r in range(W)}
-    assert result.phases.groupby(["plan", "rank", "phase"]).size().to_dict() == {
-        (n, r, p): 2 for n in names for r in range(W) for p in measure_module.PHASES}
+    # phases: input_dist, lookup, output_dist per sharding-type group, the rest for the whole collection ("")
+    groups = {n: sorted({ps.sharding_type for ps in plan.values()}) for n, plan in the_plans.items()}
+    assert result.phases.groupby(["plan", "rank", "group", "phase"]).size().to_dict() == {
+        **{(n, r, g, p): 2 for n in names for r in range(W) for g in groups[n] for p in measure_module.GROUP_PHASES},
+        **{(n, r, "", p): 2 for n in names for r in range(W) for p in ("forward_other", "backward")}}
     assert (result.steps.wall_ms > 0).all() and (result.ranks.step_ms > 0).all()
     # bytes: measured by the instrumented collectives == traffic.py on the same batch, every rank pair
     priced = result.bytes[result.bytes.collective != "metadata"]
@@ -101,6 +105,12 @@ def test_measure_plans_bytes_memory_and_frames():
     assert (result.ranks.est_time_ms >= 0).all()
     mixed = result.ranks[result.ranks.plan == "mixed"].set_index("rank")
     assert mixed.shards.to_dict() == {0: 3, 1: 2} and mixed.sharding_types.tolist() == [3, 3]
+    # collective calls of one step: a table-wise group sends metadata, ids, pooled rows and their gradients;
+    # a data-parallel one only all-reduces its gradients
+    calls = result.ranks.set_index(["plan", "rank"]).calls_by_collective.map(json.loads)
+    assert calls[("table_wise_rank1", 0)] == {"input_dist": 1, "metadata": 1, "output_dist": 1,
+                                              "output_dist_backward": 1}
+    assert calls[("data_parallel", 1)] == {"dp_allreduce": 1}
     assert result.info["world_size"] == W and len(result.info["load_average_before"]) == 3
     record = result.to_dict()
     assert set(record) == {"info", "plans", "ranks", "steps", "phases", "bytes"}
@@ -122,6 +132,11 @@ def test_estimate_plan_is_the_cost_model_per_rank():
 def test_docstring_examples():
     result = doctest.testmod(measure_module)
     assert result.failed == 0, result
+
+
+def test_pick_measured_fastest_refuses_an_unknown_column_before_running():
+    with pytest.raises(ValueError, match=r"by='fastest' is not a measured step column; use one of \['step_ms'"):
+        pick_measured_fastest({"row_wise": plans()["row_wise"]}, TABLES, W, by="fastest")
 
 
 @pytest.mark.parametrize("change, error, words", [
