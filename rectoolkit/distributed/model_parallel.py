@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
@@ -34,6 +35,7 @@ from rectoolkit.distributed.state import collection_state_prefix, gather_table, 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.optim.keyed import KeyedOptimizer
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.plan.validation import validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
 Sharded = Union[ShardedEmbeddingBagCollection, ShardedEmbeddingCollection]
@@ -216,6 +218,8 @@ class DistributedModelParallel(nn.Module):
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
+        validate_plan(self.plan, module, env.world_size, source="the plan of DistributedModelParallel")
+        check_same_plan(self.plan, env)  # a stale plan file on one host would compute wrong results silently
         sharded = shard_collections(module, self.plan, env, backend)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]
