@@ -153,11 +153,11 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     at any point leaves the previous checkpoint at `path` (or the new one, once committed)."""
     env = model.env
     path = Path(path)
-    _check_dense_optimizer(model, dense_optimizer)
     data = _new_data_directory(env, path)
     written: Dict[str, Dict[str, Any]] = {}
     error: Optional[BaseException] = None
     try:
+        _check_dense_optimizer(model, dense_optimizer)
         data.mkdir(parents=True, exist_ok=True)
         written[_rank_file(env.rank, env.world_size)] = _write_file(
             {"format": FORMAT_VERSION, "rank": env.rank, "world_size": env.world_size, "shards": _saved_shards(model)},
@@ -187,7 +187,8 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
                                  "files": dict(sorted(files.items())), "tables": tables})
         except Exception as caught:
             error = caught
-    _agree(env, error, None, f"the save was not committed: the checkpoint at {path} is unchanged")
+    _agree(env, error, None, f"the commit of {data.name} failed on rank 0: the checkpoint at {path} is the "
+                             "previous one or this one, complete either way")
     if env.rank == 0:
         _remove_stale(path, keep=data.name)
 
@@ -207,6 +208,7 @@ def _commit(path: Path, data: Path, metadata: Dict[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path / METADATA)
     _fsync_directory(path)
+    _fsync_directory(path.parent)  # in case `path` itself is new
 
 
 def _remove_stale(path: Path, keep: str) -> None:

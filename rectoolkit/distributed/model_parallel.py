@@ -7,7 +7,8 @@
 What it does, in order (one plain function each, below):
 1. find the EmbeddingBagCollection / EmbeddingCollection modules (`find_collections`);
 2. plan them if no plan is given (`make_plan`: rectoolkit.planner when available, else table-wise by size),
-   the same plan on every rank (rank 0's is broadcast);
+   the same plan on every rank (rank 0's is broadcast); a given plan or a made one is validated
+   (rectoolkit.plan.validation: every table, exact tiling, ranks) and its fingerprint compared across ranks (agree.py);
 3. replace each collection by its sharded version (`shard_collections`); each rank keeps only its shards,
    taken from the collection's current weights (a meta-device collection gets freshly initialized shards);
 4. wrap the model in DDP for the dense parameters (`wrap_dense`), on a process group of its own so that DDP's

@@ -4,14 +4,16 @@
 
 Builds TinyModel (seed 0) under a mixed plan, saves checkpoint "version 1", adds 1 to every weight, then saves
 "version 2" over it with a line tracer on the checkpoint code (rectoolkit/distributed/checkpoint.py, agree.py and
-torch.save's Python side). KILL_AT = 0: count the traced lines of the second save, write the count to OUT_FILE
+torch.save's Python side). KILL_AT = 0: count the traced lines of the second save, write the counts to OUT_FILE
 and exit 0. KILL_AT = n > 0: SIGKILL this process at the n-th traced line, wherever that is. KILL_AT = -1: run
-untraced (the rank that is not the victim).
+untraced (the rank that is not the victim). The count (JSON) also gives the line at which rank 0 entered the
+commit and the clean-up after it, so the test knows which version a kill must leave.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import sys
@@ -32,21 +34,29 @@ TRACED = {rectoolkit.distributed.checkpoint.__file__, rectoolkit.distributed.agr
           torch.serialization.__file__}
 
 
+MARKS = ("_commit", "_remove_stale")  # functions whose first call is recorded: the commit, the clean-up after it
+
+
 def traced_lines(kill_at: int):
-    """A sys.settrace tracer counting line events in TRACED files; SIGKILLs this process at line `kill_at`."""
-    count = [0]
+    """A sys.settrace tracer counting line events in TRACED files; SIGKILLs this process at line `kill_at`.
+    Returns the tracer and the counts: "lines", and the line count when each of MARKS was first called."""
+    counts = {"lines": 0}
 
     def local(frame, event, arg):
         if event == "line":
-            count[0] += 1
-            if count[0] == kill_at:
+            counts["lines"] += 1
+            if counts["lines"] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return local
 
     def tracer(frame, event, arg):
-        return local if frame.f_code.co_filename in TRACED else None
+        if frame.f_code.co_filename not in TRACED:
+            return None
+        if frame.f_code.co_name in MARKS:
+            counts.setdefault(frame.f_code.co_name, counts["lines"])
+        return local
 
-    return tracer, count
+    return tracer, counts
 
 
 def bump(dmp) -> None:
@@ -70,14 +80,14 @@ def main(rank: int, world_size: int, init_file: str, checkpoint_dir: str, kill_a
     save_checkpoint(dmp, checkpoint_dir, extra={"version": 1})
     bump(dmp)
     dist.barrier()
-    tracer, count = traced_lines(kill_at)
+    tracer, counts = traced_lines(kill_at)
     if kill_at >= 0:
         sys.settrace(tracer)
     save_checkpoint(dmp, checkpoint_dir, extra={"version": 2})
     sys.settrace(None)
     if kill_at == 0:
         with open(out_file, "w") as f:
-            f.write(str(count[0]))
+            json.dump(counts, f)
     finish_worker()
 
 

@@ -86,7 +86,8 @@ def run_ranks(case_dir: Path, checkpoint_dir: Path, kill_at: dict, timeout_s: fl
         for log in logs:
             log.close()
     codes = [p.returncode for p in procs]
-    counts = [int((case_dir / f"count{r}").read_text()) if (case_dir / f"count{r}").exists() else None for r in range(2)]
+    counts = [json.loads((case_dir / f"count{r}").read_text()) if (case_dir / f"count{r}").exists() else None
+              for r in range(2)]
     return codes, counts
 
 
@@ -98,13 +99,16 @@ def test_kill_any_rank_at_random_points_of_a_save_leaves_a_loadable_checkpoint(t
     count_dir.mkdir()
     codes, counts = run_ranks(count_dir, count_dir / "ckpt", {0: 0, 1: 0}, timeout_s=300)
     assert codes == [0, 0], [(count_dir / f"rank{r}.log").read_text()[-3000:] for r in range(2)]
-    assert all(n and n > 50 for n in counts), counts  # the save runs many traced lines on each rank
+    lines = [c["lines"] for c in counts]
+    commit_at, cleanup_at = counts[0]["_commit"], counts[0]["_remove_stale"]
+    assert 50 < commit_at < cleanup_at < lines[0] and lines[1] > 50, counts
 
+    # 8 kills anywhere in either rank's save, then 2 of rank 0 after its commit (so both outcomes are exercised)
     rng = random.Random(13)
+    cases = [(v, rng.randint(1, lines[v])) for v in [rng.randrange(2) for _ in range(8)]]
+    cases += [(0, rng.randint(cleanup_at, lines[0])) for _ in range(2)]
     outcomes = []
-    for case in range(10):
-        victim = rng.randrange(2)
-        kill_at = rng.randint(1, counts[victim])
+    for case, (victim, kill_at) in enumerate(cases):
         case_dir = tmp_path / f"case{case}"
         case_dir.mkdir()
         codes, _ = run_ranks(case_dir, case_dir / "ckpt", {victim: kill_at, 1 - victim: -1}, timeout_s=300)
@@ -112,16 +116,21 @@ def test_kill_any_rank_at_random_points_of_a_save_leaves_a_loadable_checkpoint(t
         assert codes[victim] == -signal.SIGKILL, f"case {case}: rank {victim} was not killed at line {kill_at}: {log}"
         model = local_model(seed=5)
         extra = load_checkpoint(model, case_dir / "ckpt")  # never raises: the old or the new checkpoint is there
-        assert extra["version"] in (1, 2), extra
-        assert states_equal(model.state_dict(), old if extra["version"] == 1 else new), \
-            f"case {case} (rank {victim} killed at line {kill_at}): weights are not those of version {extra['version']}"
-        outcomes.append((victim, kill_at, extra["version"]))
+        version = extra["version"]
+        assert states_equal(model.state_dict(), old if version == 1 else new), \
+            f"case {case} (rank {victim} killed at line {kill_at}): weights are not those of version {version}"
+        if victim == 0 and kill_at < commit_at:
+            assert version == 1, f"case {case}: rank 0 died before its commit, yet version {version} loads"
+        if victim == 0 and kill_at >= cleanup_at:
+            assert version == 2, f"case {case}: rank 0 died after its commit, yet version {version} loads"
+        outcomes.append((victim, kill_at, version))
         # leftovers of the killed save are ignored above, and removed by the next save
         save_checkpoint(model, case_dir / "ckpt", extra={"version": 3})
         left = sorted(p.name for p in (case_dir / "ckpt").iterdir())
         assert left[-1] == "metadata.json" and len(left) == 2 and left[0].startswith("data-"), left
         shutil.rmtree(case_dir)
-    print("kill cases (rank, line, version loaded):", outcomes)
+    print(f"traced lines of the save: rank 0 {lines[0]} (commit at {commit_at}), rank 1 {lines[1]}; "
+          f"kills (rank, line, version loaded): {outcomes}")
 
 
 # ------------------------------------------------------------------------------------------------ corrupted files

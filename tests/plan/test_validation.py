@@ -174,3 +174,24 @@ def test_fingerprint_ignores_order_and_sees_any_change():
     renamed = ShardingPlan({"n": {"t0": overlapping(), "t1": good_t1()}})
     assert plan_fingerprint(renamed) != plan_fingerprint(a)
     assert len(plan_fingerprint(a)) == 32
+
+
+@pytest.mark.torchrec
+def test_torchrec_plans_are_validated_on_import():
+    pytest.importorskip("torchrec")
+    from rectoolkit.plan import from_torchrec, to_torchrec
+
+    gap = ParameterSharding("row_wise", ranks=[0, 1], shards=[s(0, [0, 0], [5, 4]), s(1, [6, 0], [4, 4])])
+    torchrec_plan = to_torchrec(ShardingPlan({"": {"t0": gap, "t1": good_t1()}}))  # TorchRec allows a gap
+    with pytest.raises(PlanValidationError, match=r"the TorchRec plan: the shards of table t0 do not tile it "
+                                                  r"exactly: gap at rows 5..6"):
+        from_torchrec(torchrec_plan, tables())
+
+
+@pytest.mark.parametrize("name", ["validation", "serialization", "edits", "types"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"rectoolkit.plan.{name}"))
+    assert result.attempted > 0 and result.failed == 0, result
