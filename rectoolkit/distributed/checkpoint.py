@@ -26,9 +26,11 @@ a file can replace a file, so the commit is the replacement of metadata.json:
 A rank killed at any point leaves metadata.json naming either the previous data directory or the new one,
 both complete. (tests/distributed/test_checkpoint_faults.py kills ranks at random points of a save to check it.)
 
-Loading checks everything before it touches the model: metadata.json well-formed; every file present, of its
-recorded size and SHA-256 (flipped bytes are caught); the tables, shapes and dtypes the model expects, saved
-shards that tile each table; the dense file's keys, shapes and dtypes; the dense optimizer's groups. The ranks
+Loading checks everything before it touches the model: metadata.json well-formed and of its own SHA-256; every
+file present and of its recorded size; the SHA-256 of every file the rank reads (the dense file and the rank files
+holding shards that overlap its own: flipped bytes are caught); the tables, shapes and dtypes the model expects,
+saved shards (listed in metadata.json) that tile each table; the dense file's keys, shapes and dtypes; the dense
+optimizer's groups. The ranks
 agree that all of them passed before any rank copies, so a failed load changes nothing, on any rank. Every
 error names the file and what is wrong with it. Loading reads only the overlaps of the saved shards
 (memory-mapped) and copies them: weights are bit-identical after the round trip, whatever the two plans.
@@ -45,7 +47,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
@@ -159,9 +161,11 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     try:
         _check_dense_optimizer(model, dense_optimizer)
         data.mkdir(parents=True, exist_ok=True)
-        written[_rank_file(env.rank, env.world_size)] = _write_file(
-            {"format": FORMAT_VERSION, "rank": env.rank, "world_size": env.world_size, "shards": _saved_shards(model)},
-            data / _rank_file(env.rank, env.world_size))
+        shards = _saved_shards(model)
+        written[_rank_file(env.rank, env.world_size)] = dict(_write_file(
+            {"format": FORMAT_VERSION, "rank": env.rank, "world_size": env.world_size, "shards": shards},
+            data / _rank_file(env.rank, env.world_size)),
+            shards=[[e["collection"], e["table"], *e["offsets"], *e["sizes"]] for e in shards])
         if env.rank == 0:
             written[DENSE] = _write_file(
                 {"model": _dense_state(model),
@@ -269,11 +273,16 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
             raise CheckpointError(f"{file}: {key!r} is missing or not a {kind.__name__}; the file is corrupted")
     if not DATA_DIRECTORY.match(metadata["directory"]):
         raise CheckpointError(f"{file}: 'directory' is {metadata['directory']!r}, not a data directory name")
+    expected = {_rank_file(r, metadata["world_size"]) for r in range(metadata["world_size"])} | {DENSE}
+    if set(metadata["files"]) != expected:
+        raise CheckpointError(f"{file} lists files {sorted(metadata['files'])}; a checkpoint of world size "
+                              f"{metadata['world_size']} has {sorted(expected)}")
     return metadata
 
 
-def _verified_files(path: Path, metadata: Dict[str, Any]) -> Dict[str, Path]:
-    """name -> path of every file the metadata lists, each checked for presence, size and SHA-256."""
+def _verified_files(path: Path, metadata: Dict[str, Any], checksum_of: Optional[Set[str]] = None) -> Dict[str, Path]:
+    """name -> path of every file the metadata lists, each checked for presence and size, and for SHA-256 those
+    in `checksum_of` (default: all; a load reads, so checks, only the files holding its ranks' shards)."""
     data = path / metadata["directory"]
     out = {}
     for name, record in metadata["files"].items():
@@ -285,17 +294,25 @@ def _verified_files(path: Path, metadata: Dict[str, Any]) -> Dict[str, Path]:
         if size != record.get("bytes"):
             what = "truncated" if size < record.get("bytes", 0) else "longer than written"
             raise CheckpointError(f"{file}: {size} bytes, but {record.get('bytes')} were written: the file is {what}")
-        found = _file_record(file)["sha256"]
+        found = _file_record(file)["sha256"] if checksum_of is None or name in checksum_of else record.get("sha256")
         if found != record.get("sha256"):
             raise CheckpointError(f"{file}: content checksum mismatch (SHA-256 {found[:16]}..., written "
                                   f"{str(record.get('sha256'))[:16]}...): the file was changed or corrupted after "
                                   "it was saved")
         out[name] = file
-    expected = {_rank_file(r, metadata["world_size"]) for r in range(metadata["world_size"])} | {DENSE}
-    if set(out) != expected:
-        raise CheckpointError(f"{path / METADATA} lists files {sorted(out)}; a checkpoint of world size "
-                              f"{metadata['world_size']} has {sorted(expected)}")
     return out
+
+
+def _saved_index(metadata: Dict[str, Any]) -> Dict[Tuple[str, str], List[Tuple[str, List[int], List[int]]]]:
+    """(collection, table) -> (file, offsets, sizes) of every saved shard, from metadata.json (no file is read)."""
+    index: Dict[Tuple[str, str], List[Tuple[str, List[int], List[int]]]] = {}
+    try:
+        for name, record in metadata["files"].items():
+            for collection, table, r0, c0, rows, cols in record.get("shards", []) if name != DENSE else []:
+                index.setdefault((collection, table), []).append((name, [int(r0), int(c0)], [int(rows), int(cols)]))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{METADATA}: the shard index is malformed ({error}); the file is corrupted") from error
+    return index
 
 
 def _torch_load(file: Path, **kwargs: Any) -> Any:
@@ -305,8 +322,9 @@ def _torch_load(file: Path, **kwargs: Any) -> Any:
         raise CheckpointError(f"{file}: cannot be read ({type(error).__name__}: {error})") from error
 
 
-def _read_shards(files: Dict[str, Path]) -> List[Dict[str, Any]]:
-    """Every saved shard (tensors memory-mapped), each checked for form and tagged with its file."""
+def _read_shards(files: Dict[str, Path], metadata: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The saved shards of these rank files (tensors memory-mapped), each checked for form and against the index
+    in metadata.json, and tagged with its file."""
     shards = []
     for name, file in files.items():
         if name == DENSE:
@@ -319,30 +337,42 @@ def _read_shards(files: Dict[str, Path]) -> List[Dict[str, Any]]:
             if not isinstance(weight, torch.Tensor) or list(weight.shape) != list(entry.get("sizes", [])) \
                     or not isinstance(entry.get("optimizer"), dict) or len(entry.get("offsets", [])) != 2:
                 raise CheckpointError(f"{file}: a shard entry is malformed (weight, sizes, offsets, optimizer)")
-            shards.append(dict(entry, file=file, saved_by=int(content.get("rank", 0))))
+            shards.append(dict(entry, file=file))
+        held = [[e["collection"], e["table"], *e["offsets"], *e["sizes"]] for e in content["shards"]]
+        if held != metadata["files"][name].get("shards"):
+            raise CheckpointError(f"{file}: holds shards {held}, but {METADATA} lists {metadata['files'][name].get('shards')}")
     return shards
 
 
 def load_saved_shards(path: Union[str, Path]) -> List[Dict[str, Any]]:
     """Every saved shard of a checkpoint, its files checked (tensors memory-mapped: a slice reads only that slice)."""
     path = Path(path)
-    return _read_shards(_verified_files(path, read_metadata(path)))
+    metadata = read_metadata(path)
+    return _read_shards(_verified_files(path, metadata), metadata)
 
 
 # ------------------------------------------------------------------------------------------------ load
 Copy = Tuple[torch.Tensor, Tuple[slice, ...], torch.Tensor, Tuple[slice, ...]]
 
 
-def _table_copies(coll_path: str, table: str, shape: List[int], saved: List[Dict[str, Any]], shard: ShardMetadata,
-                  weight: torch.Tensor, state: Dict[str, torch.Tensor], path: Path) -> List[Copy]:
-    """The copies that fill one local shard (weight and optimizer state) from the saved shards, all checked."""
-    label = f"{coll_path}.{table}" if coll_path else table
-    try:  # the saved shards must tile the table: then every local cell is copied exactly once
+def _check_saved_tiling(label: str, saved: List[Tuple[str, List[int], List[int]]], shape: List[int],
+                        path: Path) -> None:
+    """The saved shards of a table (file, offsets, sizes) must tile it: then every local cell is copied exactly once."""
+    try:
         check_tiling(label, ParameterSharding("row_wise", shards=[
-            ShardMetadata(e["offsets"], e["sizes"], f"rank:{e['saved_by']}/cpu") for e in saved]), *shape,
-            source=f"checkpoint {path}")
+            ShardMetadata(offsets, sizes, f"rank:{name[4:name.find('-of-')]}/cpu") for name, offsets, sizes in saved]),
+            *shape, source=f"checkpoint {path}")
     except ValueError as error:  # PlanValidationError, or a negative offset
-        raise CheckpointError(f"{error} (saved shards of files {sorted({e['file'].name for e in saved})})") from error
+        raise CheckpointError(f"{error} (saved shards in files {sorted({name for name, _, _ in saved})})") from error
+
+
+def _overlaps(offsets: List[int], sizes: List[int], other_offsets: List[int], other_sizes: List[int]) -> bool:
+    return all(max(a, b) < min(a + n, b + m) for a, n, b, m in zip(offsets, sizes, other_offsets, other_sizes))
+
+
+def _table_copies(label: str, saved: List[Dict[str, Any]], shard: ShardMetadata, weight: torch.Tensor,
+                  state: Dict[str, torch.Tensor]) -> List[Copy]:
+    """The copies that fill one local shard (weight and optimizer state) from the saved shards, all checked."""
     r0, c0 = shard.shard_offsets
     r1, c1 = r0 + weight.shape[0], c0 + weight.shape[1]
     copies: List[Copy] = []
@@ -426,17 +456,25 @@ def _prepare_load(model, path: Path, dense_optimizer: Optional[torch.optim.Optim
                   ) -> Tuple[List[Copy], Dict[str, Any]]:
     """Read and check the whole checkpoint against the model; return the copies to make and the dense file."""
     metadata = read_metadata(path)
-    files = _verified_files(path, metadata)
     _check_tables(model, metadata, path / METADATA)
+    index = _saved_index(metadata)
+    for coll_path, tables in metadata["tables"].items():
+        for table, shape in tables.items():
+            _check_saved_tiling(f"{coll_path}.{table}" if coll_path else table, index.get((coll_path, table), []),
+                                shape, path)
+    local = [(coll_path, table, shard, weight, state) for coll_path, collection in model.sharded_modules.items()
+             for table, shard, weight, state in collection.local_shards()]
+    needed = {DENSE} | {name for coll_path, table, shard, weight, _ in local
+                        for name, offsets, sizes in index.get((coll_path, table), [])
+                        if _overlaps(shard.shard_offsets, list(weight.shape), offsets, sizes)}
+    files = _verified_files(path, metadata, checksum_of=needed)
     by_table: Dict[tuple, List[Dict[str, Any]]] = {}
-    for entry in _read_shards(files):
+    for entry in _read_shards({name: files[name] for name in sorted(needed)}, metadata):
         by_table.setdefault((entry["collection"], entry["table"]), []).append(entry)
     copies: List[Copy] = []
-    for coll_path, collection in model.sharded_modules.items():
-        for table, shard, weight, state in collection.local_shards():
-            shape = metadata["tables"][coll_path][table]
-            copies += _table_copies(coll_path, table, shape, by_table.get((coll_path, table), []), shard, weight,
-                                    state, path)
+    for coll_path, table, shard, weight, state in local:
+        copies += _table_copies(f"{coll_path}.{table}" if coll_path else table,
+                                by_table.get((coll_path, table), []), shard, weight, state)
     dense = _torch_load(files[DENSE], weights_only=False)
     _check_dense(model, dense, files[DENSE], dense_optimizer)
     return copies, dense

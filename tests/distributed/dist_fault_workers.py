@@ -88,3 +88,27 @@ def plan_mismatch_worker(rank: int, W: int) -> None:
     same = {"t2": table_wise(0, 21, 12), "t1": row_wise([0, 1], 30, 4), "t0": row_wise([0, 1], 40, 8)} \
         if rank == 1 else {"t0": row_wise([0, 1], 40, 8), "t1": row_wise([0, 1], 30, 4), "t2": table_wise(0, 21, 12)}
     DistributedModelParallel(TinyModel(), plan=ShardingPlan({PATH: same}), local_world_size=W)
+
+
+def corrupted_rank_file_worker(rank: int, W: int, checkpoint_dir: str) -> None:
+    """A flipped byte in rank 1's file, which only rank 1 reads back (same plan): rank 1's checksum catches it,
+    and rank 0, whose own files are intact, refuses too: no rank changes its model."""
+    import torch.distributed as dist
+    from pathlib import Path
+
+    model = _model(0, W)
+    save_checkpoint(model, checkpoint_dir)
+    if rank == 0:
+        file = next(Path(checkpoint_dir).glob("data-*")) / "rank1-of-2.pt"
+        content = bytearray(file.read_bytes())
+        content[len(content) // 2] ^= 0x01
+        file.write_bytes(bytes(content))
+    dist.barrier()
+    other = _model(9, W)
+    before = _state(other)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(other, checkpoint_dir)
+    assert "rank1-of-2.pt: content checksum mismatch" in str(info.value), info.value
+    if rank == 0:
+        assert "rank(s) [1] failed (rank 1: CheckpointError:" in str(info.value), info.value
+    assert _equal(_state(other), before), f"rank {rank}: a refused load changed the model"

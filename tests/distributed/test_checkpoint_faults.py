@@ -31,7 +31,7 @@ from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_c
 from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
-from dist_fault_workers import failing_load_worker, failing_save_worker
+from dist_fault_workers import corrupted_rank_file_worker, failing_load_worker, failing_save_worker
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
 
@@ -346,6 +346,12 @@ def test_a_save_failing_on_one_rank_commits_nothing(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_load_refused_on_one_rank_changes_no_rank(tmp_path):
     run_workers(failing_load_worker, 2, str(tmp_path / "ckpt"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_corrupted_file_read_by_one_rank_only_stops_every_rank(tmp_path):
+    run_workers(corrupted_rank_file_worker, 2, str(tmp_path / "ckpt"))
 
 
 def test_data_directory_pattern_is_what_save_writes(saved):
