@@ -6,7 +6,8 @@ from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, sh
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.model_parallel import DistributedModelParallel, ShardedFusedOptimizer
 from rectoolkit.distributed.state import gather_table, load_table
-from rectoolkit.distributed.checkpoint import load_checkpoint, save_checkpoint
+from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding), imported on first use

@@ -7,7 +7,8 @@
 What it does, in order (one plain function each, below):
 1. find the EmbeddingBagCollection / EmbeddingCollection modules (`find_collections`);
 2. plan them if no plan is given (`make_plan`: rectoolkit.planner when available, else table-wise by size),
-   the same plan on every rank (rank 0's is broadcast);
+   the same plan on every rank (rank 0's is broadcast); a given plan or a made one is validated
+   (rectoolkit.plan.validation: every table, exact tiling, ranks) and its fingerprint compared across ranks (agree.py);
 3. replace each collection by its sharded version (`shard_collections`); each rank keeps only its shards,
    taken from the collection's current weights (a meta-device collection gets freshly initialized shards);
 4. wrap the model in DDP for the dense parameters (`wrap_dense`), on a process group of its own so that DDP's
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
@@ -34,6 +36,7 @@ from rectoolkit.distributed.state import collection_state_prefix, gather_table, 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.optim.keyed import KeyedOptimizer
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.plan.validation import validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
 Sharded = Union[ShardedEmbeddingBagCollection, ShardedEmbeddingCollection]
@@ -216,6 +219,8 @@ class DistributedModelParallel(nn.Module):
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
+        validate_plan(self.plan, module, env.world_size, source="the plan of DistributedModelParallel")
+        check_same_plan(self.plan, env)  # a stale plan file on one host would compute wrong results silently
         sharded = shard_collections(module, self.plan, env, backend)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]

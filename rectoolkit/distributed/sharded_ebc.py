@@ -37,6 +37,7 @@ from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
+from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 GROUP_CLASSES = {
@@ -94,10 +95,7 @@ class ShardedCollection(nn.Module):
         self._is_weighted = is_weighted
         self._ids_out_of_range = ids_out_of_range
         self._optimizer = optimizer
-        missing = [t.name for t in tables if t.name not in module_plan]
-        if missing:
-            raise ValueError(f"the sharding plan has no entry for table(s) {missing}; plan every table of the "
-                             f"collection (planned: {sorted(module_plan)})")
+        validate_module_plan(module_plan, tables, env.world_size, type(self).__name__)
         self.module_plan: Dict[str, ParameterSharding] = {t.name: module_plan[t.name] for t in tables}
         self._embedding_names_by_table = get_embedding_names_by_table(tables)
         self._features = [f for t in tables for f in t.feature_names]

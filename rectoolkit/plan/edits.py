@@ -14,6 +14,7 @@ import copy
 from typing import Optional
 
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
+from rectoolkit.plan.validation import validate_plan
 
 ANY_RANK = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
 ONE_BLOCK_PER_RANK = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
@@ -68,6 +69,7 @@ def move_shard(plan: ShardingPlan, table: str, shard_index: int, rank: int,
     new_ps.shards[shard_index] = ShardMetadata.on_rank(rank, old.shard_offsets[0], old.shard_offsets[1],
                                                        old.shard_sizes[0], old.shard_sizes[1], device=device)
     new_ps.ranks = [s.rank for s in new_ps.shards]
+    validate_plan(new_plan, world_size=world_size, source=f"the plan after moving shard {shard_index} of {table!r}")
     return new_plan
 
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
-from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
+from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.plan.validation import PlanValidationError, _shapes, check_tiling, validate_plan  # noqa: F401 (re-exported)
 
 PLAN_FORMAT = "rectoolkit.sharding_plan"
 SCHEMA_VERSION = 1
-
-
-class PlanValidationError(ValueError):
-    """A plan file or plan that cannot be used: names the file / table / shard and what is wrong."""
 
 
 def plan_to_dict(plan: ShardingPlan, tables: Any = None) -> Dict[str, Any]:
@@ -103,88 +100,6 @@ def load_plan(path: Union[str, Path], tables: Any = None) -> ShardingPlan:
     return plan_from_json(path.read_text(), tables, source=f"file {path}")
 
 
-def validate_plan(plan: ShardingPlan, tables: Any = None, world_size: Optional[int] = None, source: str = "plan") -> None:
-    """Raise PlanValidationError unless every table's shards tile it exactly (DATA_PARALLEL: one full replica
-    per rank), ranks are within world_size, and (with `tables`) the plan covers exactly those tables."""
-    shapes = _shapes(tables) if tables is not None else None
-    if shapes is not None:
-        planned = {(path, name) for path, name, _ in plan.items()}
-        missing = sorted(_label(k) for k in set(shapes) - planned)
-        extra = sorted(_label(k) for k in planned - set(shapes))
-        if missing or extra:
-            raise PlanValidationError(
-                f"{source} is a plan for other tables: "
-                + (f"no entry for {missing}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unknown tables {extra}" if extra else "")
-                + f" (the model has {sorted(_label(k) for k in shapes)})")
-    for path, name, ps in plan.items():
-        label = _label((path, name))
-        for shard in ps.shards:
-            if world_size is not None and shard.rank >= world_size:
-                raise PlanValidationError(f"{source}: table {label} has a shard on rank {shard.rank}, "
-                                          f"but world_size is {world_size}")
-        if shapes is not None:
-            rows, cols = shapes[(path, name)]
-        elif ps.shards:
-            rows = max(s.rows[1] for s in ps.shards)
-            cols = max(s.columns[1] for s in ps.shards)
-        else:
-            raise PlanValidationError(f"{source}: table {label} has no shards")
-        check_tiling(label, ps, rows, cols, source)
-
-
-def check_tiling(label: str, ps: ParameterSharding, rows: int, cols: int, source: str = "plan") -> None:
-    """Shards must cover [0, rows) x [0, cols) exactly once (replicas: each the full table, one per rank)."""
-    if not ps.shards:
-        raise PlanValidationError(f"{source}: table {label} ({ps.sharding_type}) has no shards")
-    if ps.sharding_type == ShardingType.DATA_PARALLEL.value:
-        for s in ps.shards:
-            if s.shard_offsets != [0, 0] or s.shard_sizes != [rows, cols]:
-                raise PlanValidationError(f"{source}: data_parallel table {label} has replica {s.shard_offsets}+"
-                                          f"{s.shard_sizes} on rank {s.rank}; each replica must be [0, 0]+[{rows}, {cols}]")
-        ranks = [s.rank for s in ps.shards]
-        if len(set(ranks)) != len(ranks):
-            raise PlanValidationError(f"{source}: data_parallel table {label} has two replicas on one rank ({ranks})")
-        return
-    for s in ps.shards:
-        if s.rows[1] > rows or s.columns[1] > cols:
-            raise PlanValidationError(
-                f"{source}: table {label} is {rows} x {cols} but a shard on rank {s.rank} covers rows {s.rows}, "
-                f"columns {s.columns}: the shards do not tile the table exactly")
-    cuts = sorted({0, cols} | {s.columns[0] for s in ps.shards} | {s.columns[1] for s in ps.shards})
-    for start, end in zip(cuts, cuts[1:]):
-        spans = sorted(s.rows for s in ps.shards if s.num_elements and s.columns[0] <= start and s.columns[1] >= end)
-        covered = 0
-        for lo, hi in spans:
-            if lo != covered:
-                what = "overlap" if lo < covered else "gap"
-                raise PlanValidationError(
-                    f"{source}: the shards of table {label} do not tile it exactly: {what} at rows "
-                    f"{min(lo, covered)}..{max(lo, covered)} in columns {start}..{end}")
-            covered = hi
-        if covered != rows:
-            raise PlanValidationError(
-                f"{source}: the shards of table {label} do not tile it exactly: rows {covered}..{rows} of columns "
-                f"{start}..{end} are in no shard")
-
-
-def _label(key: Tuple[str, str]) -> str:
-    path, name = key
-    return f"{path}.{name}" if path else name
-
-
 def _split_key(key: str) -> Tuple[str, str]:
     path, _, name = key.rpartition("/")
     return path, name
-
-
-def _shapes(tables: Any) -> Dict[Tuple[str, str], Tuple[int, int]]:
-    """(module path, table) -> (rows, cols) from a dict of shapes, PlannerTables, configs, a DataFrame or a module."""
-    if isinstance(tables, Mapping):
-        return {(k if isinstance(k, tuple) else ("", k)): tuple(v) for k, v in tables.items()}
-    if isinstance(tables, Sequence) and tables and hasattr(tables[0], "module_path") and hasattr(tables[0], "config"):
-        return {t.key: (t.rows, t.dim) for t in tables}
-    from rectoolkit.planner.tables import collect_tables
-
-    return {t.key: (t.rows, t.dim) for t in collect_tables(tables, batch_size=1)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
+from rectoolkit.plan.validation import validate_plan
 
 
 def _torchrec():
@@ -55,7 +56,7 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
     and `local_world_size` (default: all ranks on one host) for the local device index."""
     shapes: Optional[Dict] = None
     if tables is not None:
-        from rectoolkit.plan.serialization import _shapes
+        from rectoolkit.plan.validation import _shapes
 
         shapes = _shapes(tables)
     if compute_device is None:
@@ -78,7 +79,10 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
             module[name] = ParameterSharding(tr.sharding_type, tr.compute_kernel,
                                              list(tr.ranks) if tr.ranks is not None else None, shards, load_factor)
         modules[path] = module
-    return ShardingPlan(modules)
+    plan = ShardingPlan(modules)
+    if shapes is not None:  # without the shapes, DATA_PARALLEL tables have no shards yet: DMP validates them
+        validate_plan(plan, shapes, source="the TorchRec plan")
+    return plan
 
 
 def _device_type_of(torchrec_plan: Any) -> str:

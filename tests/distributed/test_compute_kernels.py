@@ -130,4 +130,4 @@ def test_checkpoint_accepts_a_dense_optimizer_over_data_parallel_replicas(tmp_pa
     dmp(torch.randn(4, 3), make_batch(features(), 4, seed=5)).sum().backward()
     dense_opt.step()
     save_checkpoint(dmp, tmp_path / "ckpt", dense_optimizer=dense_opt)  # same replica on every rank: allowed
-    assert (tmp_path / "ckpt" / "dense.pt").exists()
+    assert len(list((tmp_path / "ckpt").glob("data-*/dense.pt"))) == 1

@@ -85,5 +85,5 @@ def test_replicas_and_ranks_are_checked():
                                                     [s(0, [0, 0], [6, 4]), s(1, [0, 0], [3, 4])])}})
     with pytest.raises(PlanValidationError, match="replica"):
         validate_plan(bad, {"b": (6, 4)})
-    with pytest.raises(PlanValidationError, match="rank 1, but world_size is 1"):
+    with pytest.raises(PlanValidationError, match="table a: shard 1 is placed on rank 1 but the world size is 1"):
         validate_plan(make_plan(), world_size=1)
