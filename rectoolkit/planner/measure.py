@@ -51,6 +51,7 @@ from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
+from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
@@ -548,9 +549,7 @@ def _check_ints(minimum: int = 1, **values: Any) -> None:
 
 
 def _check_plan(name: str, plan: ShardingPlan, tables: Sequence[EmbeddingBagConfig], world_size: int) -> None:
-    """Shards tile every table, ranks exist, exactly the given tables (rectoolkit.plan.serialization's check)."""
-    from rectoolkit.plan.serialization import validate_plan
-
+    """Shards tile every table, ranks exist, exactly the given tables (rectoolkit.plan.validation)."""
     validate_plan(plan, tables, world_size, source=f"measure_plans: plan {name!r}")
 
 

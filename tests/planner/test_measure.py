@@ -145,7 +145,7 @@ def test_pick_measured_fastest_refuses_an_unknown_column_before_running():
     (dict(plans={"x": "row_wise"}), TypeError, "plan 'x' is a str"),
     (dict(plans={"bad": {"t0": plans()["row_wise"]["t0"]}}), ValueError, "no entry for ['t1', 't2']"),
     (dict(plans={"far": {**plans()["row_wise"], "t2": ps("table_wise", [on(2, 0, 0, 10, 4)])}}), ValueError,
-     "table t2 has a shard on rank 2"),
+     "shard 0 is placed on rank 2"),
     (dict(plans={"gap": {**plans()["row_wise"], "t2": ps("row_wise", [on(0, 0, 0, 4, 4), on(1, 5, 0, 5, 4)])}}),
      ValueError, "t2"),
     (dict(plans={"two": ShardingPlan({"a": plans()["row_wise"], "b": plans()["row_wise"]})}), ValueError,
