@@ -10,7 +10,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "distributed"))  # dist_harness, dist_workers: the CPU suite's workers
+for _folder in ("distributed", "quant"):  # the CPU suite's workers (dist_harness, dist_workers, quant_dist_workers)
+    sys.path.insert(0, str(REPO / "tests" / _folder))
 
 
 def dry_run() -> bool:

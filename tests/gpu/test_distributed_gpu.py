@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from gpu_helpers import dry_run, needs_gpus
+from gpu_helpers import dry_run, needs_cuda_itself, needs_gpus
 from dist_harness import run_workers
 from dist_workers import equivalence_worker
-from gpu_workers import dmp_device_worker
+from gpu_workers import dmp_device_worker, quant_sharded_worker
 
 pytestmark = pytest.mark.gpu
 
@@ -61,3 +61,29 @@ def test_dmp_trains_on_the_gpu_like_the_unsharded_model(tmp_path, world_size, ba
     assert [r["case"] for r in rows] == ["mixed_a", "mixed_b"]
     if not dry_run():
         assert all(r["device"] == "cuda:0" and r["cuda_max_allocated"] > 0 for r in rows), rows
+
+
+@pytest.mark.timeout(300)
+def test_sharded_quantized_inference_two_ranks_sharing_the_gpu(tmp_path):
+    result_file = tmp_path / "quant.json"
+    run_workers(quant_sharded_worker, 2, ONE_GPU, str(result_file), backend="gloo")  # the plan is for 2 ranks
+    rows = json.loads(result_file.read_text())
+    assert [r["dtype"] for r in rows] == ["torch.int8", "torch.quint4x2"]
+
+
+@pytest.mark.parametrize("kernel", ["fused_uvm", "fused_uvm_caching"])
+def test_uvm_kernels_are_refused_for_gpu_shards(kernel):
+    needs_cuda_itself("the refusal is about shards in GPU memory")
+    import rectoolkit as rtk
+    from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
+
+    ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4,
+                                                             feature_names=["f"])], optimizer="sgd", lr=0.1)
+    plan = {"t": rtk.ParameterSharding("table_wise", compute_kernel=kernel, ranks=[0],
+                                       shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 10, 4)])}
+    with pytest.raises(ValueError, match=rf"table 't'.*{kernel}.*rank 0 \(cuda:0\).*plan compute_kernel 'fused'"):
+        shard_embedding_bag_collection(ebc, plan, ShardingEnv.local("cuda:0"))
+    # planned 'fused', the same table shards onto the GPU
+    plan["t"] = rtk.ParameterSharding("table_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 10, 4)])
+    sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local("cuda:0"))
+    assert sharded.memory_bytes()["device"] == 10 * 4 * 4 and sharded.memory_bytes()["host"] == 0
