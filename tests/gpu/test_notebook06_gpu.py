@@ -1,11 +1,12 @@
-"""Notebook 06 (train on local workers, measure, reshard a checkpoint) runs top to bottom with CUDA visible.
-With one GPU its 2 workers train over gloo; with 2 or more, over NCCL on the GPUs (its `device_for`)."""
+"""Notebook 06 (train on local workers, measure, reshard a checkpoint) runs top to bottom with CUDA visible, its
+workers training on the GPU: with one GPU the 2 workers share it over gloo; with 2 or more, NCCL (its
+`worker_device`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_helpers import REPO
+from gpu_helpers import REPO, dry_run
 
 pytestmark = pytest.mark.gpu
 
@@ -27,3 +28,8 @@ def test_notebook_06_runs_with_cuda_visible():
     outputs = "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
                       for output in cell.get("outputs", []))
     assert "2 workers, backend" in outputs and "tensors bit-identical" in outputs, outputs[-2000:]
+    if not dry_run():
+        assert "device cuda" in outputs, outputs[:2000]
+        memory_table = [output for cell in notebook.cells if "cuda_max_allocated" in cell.source
+                        for output in cell.get("outputs", [])]
+        assert memory_table and "cuda peak" in str(memory_table), "the workers' CUDA peak memory is not shown"
