@@ -1,5 +1,12 @@
 # The README's two commands: `make lab` and `make test`. Everything is installed into .venv by this file.
-PYTHON ?= python3.11
+# PYTHON: the first of python3.13 .. python3.10, python3 that is Python 3.10 or newer (or PYTHON=... make lab).
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(firstword $(foreach candidate,python3.13 python3.12 python3.11 python3.10 python3,\
+	$(shell command -v $(candidate) >/dev/null 2>&1 && $(candidate) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+	2>/dev/null && echo $(candidate))))
+endif
+# `make test-gpu` runs on the GPU machine's own python3 (torch with CUDA already there; no registry needed)
+GPU_PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -8,9 +15,10 @@ CONSTRAINTS := -c constraints.txt
 # so it goes in without them; its light dependencies come from the `torchrec` extra.
 TORCHREC := torchrec==1.8.0
 
-.PHONY: lab test test-fast bench venv-base venv-dev clean
+.PHONY: lab test test-fast test-gpu bench venv-base venv-dev clean
 
 $(VENV)/.base:
+	@test -n "$(PYTHON)" || { echo "make: no Python 3.10 or newer found (tried python3.13 .. python3.10, python3); install one or run PYTHON=/path/to/python make $(MAKECMDGOALS)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(CONSTRAINTS) torch==2.13.0
@@ -37,6 +45,10 @@ test: $(VENV)/.dev
 
 test-fast: $(VENV)/.dev
 	$(PY) -m pytest -q -x -m "not browser and not notebooks" tests
+
+# The tests marked `gpu` on the visible CUDA device (docs/gpu.md); without make: `bash .ci/gpu`.
+test-gpu:
+	PYTHON=$(GPU_PYTHON) bash .ci/gpu
 
 bench: $(VENV)/.dev
 	$(PY) benchmarks/run_all.py

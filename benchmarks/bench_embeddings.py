@@ -1,6 +1,11 @@
 """Embedding lookup benchmark on the dlrm26 workload: forward and forward+backward+update, samples/s.
 
 Run: .venv/bin/python benchmarks/bench_embeddings.py [--batch 2048] [--iters 10] [--rounds 2] [--ab-steps 30] [--quick]
+     [--device cuda]
+
+With --device cuda every contender runs on the GPU (tables, batches and updates in GPU memory; each timed call
+ends with torch.cuda.synchronize()), the copy bandwidth is the GPU's device-to-device copy, and the table goes
+to results/embeddings_cuda.md. The fbgemm rows need fbgemm-gpu's CUDA build (n/a without it).
 
 Contenders (all fp32, SGD lr=0.01 so every path does the same update):
 - rectoolkit EBC, fbgemm kernel (fused EXACT_SGD in backward)
@@ -71,14 +76,25 @@ def make_batches(workload, batch_size: int, num_batches: int, seed: int = 0) -> 
     return batches
 
 
+DEVICE = torch.device("cpu")  # set by --device
+
+
+def _sync() -> None:
+    """Wait for the GPU's queued work, so that a call's time includes it (nothing to wait for on the CPU)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def time_it(step: Callable[[int], None], iters: int, warmup: int = 4) -> List[float]:
     """Seconds of each of `iters` calls after `warmup` calls."""
     for i in range(warmup):
         step(i)
     times = []
     for i in range(iters):
+        _sync()
         start = time.perf_counter()
         step(i)
+        _sync()
         times.append(time.perf_counter() - start)
     return times
 
@@ -91,14 +107,16 @@ def interleaved(steps: List[Callable[[int], None]], iters: int, warmup: int = 4)
     times: List[List[float]] = [[] for _ in steps]
     for i in range(iters):
         for step, out in zip(steps, times):
+            _sync()
             start = time.perf_counter()
             step(i)
+            _sync()
             out.append(time.perf_counter() - start)
     return times
 
 
 def copy_bandwidth_bytes_per_s() -> float:
-    src = torch.rand(64 * 1024 * 1024)  # 256 MiB
+    src = torch.rand(64 * 1024 * 1024, device=DEVICE)  # 256 MiB
     dst = torch.empty_like(src)
     seconds = min(time_it(lambda _: dst.copy_(src), iters=5))  # the least disturbed copy
     return 2 * src.numel() * 4 / seconds
@@ -106,9 +124,10 @@ def copy_bandwidth_bytes_per_s() -> float:
 
 def rectoolkit_steps(workload, batches, backend: str, ids_out_of_range: str = "error"):
     ebc = rtk.EmbeddingBagCollection(workload.tables, optimizer="sgd", lr=0.01, backend=backend,
-                                     ids_out_of_range=ids_out_of_range)
+                                     ids_out_of_range=ids_out_of_range, device=DEVICE)
     assert ebc.kernel.backend == backend, ebc.kernel
-    kjts = [rtk.KeyedJaggedTensor(keys=b["keys"], values=b["values"], lengths=b["lengths"]) for b in batches]
+    kjts = [rtk.KeyedJaggedTensor(keys=b["keys"], values=b["values"], lengths=b["lengths"]).to(DEVICE)
+            for b in batches]
 
     def forward(i):
         with torch.no_grad():
@@ -123,7 +142,7 @@ def rectoolkit_steps(workload, batches, backend: str, ids_out_of_range: str = "e
 
 def loop_steps(workload, batches):
     bags = torch.nn.ModuleList([torch.nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum",
-                                                      include_last_offset=True) for t in workload.tables])
+                                                      include_last_offset=True) for t in workload.tables]).to(DEVICE)
     feature_table = [t for t, table in enumerate(workload.tables) for _ in table.feature_names]
     opt = torch.optim.SGD(bags.parameters(), lr=0.01)
 
@@ -154,9 +173,10 @@ def torchrec_steps(workload, batches):
 
     tables = [torchrec.EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                                           feature_names=list(t.feature_names)) for t in workload.tables]
-    ebc = torchrec.EmbeddingBagCollection(tables=tables)
+    ebc = torchrec.EmbeddingBagCollection(tables=tables, device=DEVICE)
     opt = torch.optim.SGD(ebc.parameters(), lr=0.01)
-    kjts = [torchrec.KeyedJaggedTensor(keys=b["keys"], values=b["values"], lengths=b["lengths"]) for b in batches]
+    kjts = [torchrec.KeyedJaggedTensor(keys=b["keys"], values=b["values"], lengths=b["lengths"]).to(DEVICE)
+            for b in batches]
 
     def forward(i):
         with torch.no_grad():
@@ -179,8 +199,10 @@ def tbe_steps(workload, batches):
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
+    on_gpu = DEVICE.type == "cuda"
+    placement = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(t.num_embeddings, t.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for t in workload.tables],
+        [(t.num_embeddings, t.embedding_dim, *placement) for t in workload.tables],
         feature_table_map=[t for t, table in enumerate(workload.tables) for _ in table.feature_names],
         optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.01, bounds_check_mode=BoundsCheckMode.NONE)
     with torch.no_grad():  # real values (fbgemm starts at zeros, which would read the shared zero page)
@@ -214,8 +236,16 @@ def main(argv: Optional[List[str]] = None) -> str:
     parser.add_argument("--ab-steps", type=int, default=30, help="interleaved steps of ours vs direct TBE (0: skip)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="fewer calls (iters 4, rounds 1, ab-steps 10)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "embeddings.md"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (tables and batches on that device)")
+    parser.add_argument("--out", default=None, help="default: results/embeddings.md (cpu), embeddings_cuda.md (cuda)")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    if args.out is None:
+        args.out = str(Path(__file__).parent / "results" / ("embeddings_cuda.md" if DEVICE.type == "cuda"
+                                                              else "embeddings.md"))
     if args.quick:
         args.iters, args.rounds, args.ab_steps = 4, 1, 10
 
@@ -223,6 +253,8 @@ def main(argv: Optional[List[str]] = None) -> str:
         torch.set_num_threads(args.threads)
     workload = rtk.load_workload(args.workload)
     batches = make_batches(workload, args.batch, num_batches=4)
+    if DEVICE.type == "cuda":
+        batches = [{k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in b.items()} for b in batches]
     ids_per_batch = statistics.mean(b["values"].numel() for b in batches)
     dim = workload.tables[0].embedding_dim
     row_bytes_per_batch = ids_per_batch * dim * 4
@@ -254,8 +286,8 @@ def main(argv: Optional[List[str]] = None) -> str:
         f"### Embedding lookup, {args.workload} ({len(workload.tables)} tables, batch {args.batch}, "
         f"{ids_per_batch:,.0f} ids/batch, Zipf alpha {workload.id_distribution.get('alpha', 1.05)})",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
-        f"torch {torch.__version__}, load average {_load_average()}; copy bandwidth (read+write) "
+        f"Machine: {_device_name()}, torch threads {torch.get_num_threads()}, "
+        f"torch {torch.__version__}, load average {_load_average()}; {DEVICE.type} copy bandwidth (read+write) "
         f"{copy_bw / 1e9:.1f} GB/s. Medians of {args.iters * args.rounds} calls per contender.",
         "",
         "| contender | forward samples/s | fwd+bwd+update samples/s | forward row bandwidth GB/s | % of copy bw |",
@@ -293,6 +325,12 @@ def head_to_head(workload, batches, batch_size: int, steps: int) -> List[str]:
                      f"{1e3 * statistics.median(direct_times):.2f} | {100 * ratio:.0f}% |")
         print(f"head to head {label}: ours/direct speed {100 * ratio:.0f}%", file=sys.stderr)
     return lines
+
+
+def _device_name() -> str:
+    if DEVICE.type == "cuda":
+        return f"{torch.cuda.get_device_name(DEVICE)} (CUDA {torch.version.cuda}), host {platform.machine()}"
+    return platform.processor() or platform.machine()
 
 
 def _load_average() -> str:

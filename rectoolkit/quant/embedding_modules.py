@@ -219,7 +219,7 @@ class QuantEmbeddingBagCollection(_QuantCollection):
     Args (TorchRec's, in TorchRec's order):
         tables: EmbeddingBagConfig list; each table's `data_type` (INT8, INT4, INT2, FP16, FP32) is its storage.
         is_weighted: weight each id by the KJT's weights.
-        device: "cpu" (or "cuda" with fbgemm-gpu's CUDA build).
+        device: "cpu" or "cuda" (the pure-torch lookup runs on either; fbgemm's needs its CUDA build for "cuda").
         output_dtype: dtype of the pooled output (torch.float or torch.float16).
         table_name_to_quantized_weights: {table: (codes, scale_bias)} as fbgemm's quantizer splits them;
             usually left out: use `from_float` or `load_float_weights`.

@@ -26,41 +26,69 @@ from rectoolkit.workloads import WORKLOAD_NAMES
 
 
 def _int_list(text: str) -> List[int]:
-    return [int(part) for part in text.split(",") if part]
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 64,32,1, got {text!r}") from None
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in --help (as its help says it, or the value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if "(default" in (action.help or "") else super()._get_help_string(action)
+
+
+# TrainConfig field -> the option that sets it (for error messages)
+_OPTION_OF_FIELD = {"dense_arch_layer_sizes": "--dense-arch", "over_arch_layer_sizes": "--over-arch"}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rectoolkit.train", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     parser.add_argument("--workload", default="dlrm26", help=f"one of {WORKLOAD_NAMES} or a workload JSON file")
-    parser.add_argument("--plan", default=None, help="sharding plan JSON for DistributedModelParallel")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per step")
-    parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows (small demo runs)")
-    parser.add_argument("--embedding-dim", type=int, default=None, help="one embedding dim for every table")
-    parser.add_argument("--dense-arch", type=_int_list, default=None, help="e.g. 64,16 (last = embedding dim)")
-    parser.add_argument("--over-arch", type=_int_list, default=[64, 32, 1], help="e.g. 64,32,1")
-    parser.add_argument("--embedding-lr", type=float, default=0.05)
-    parser.add_argument("--dense-lr", type=float, default=3e-3)
-    parser.add_argument("--report-every", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--zipf-alpha", type=float, default=None)
-    parser.add_argument("--criteo", nargs="+", default=None, metavar="TSV", help="train on Criteo TSV files")
-    parser.add_argument("--backend", default=None, choices=["gloo", "nccl"])
-    parser.add_argument("--metrics-out", default=None, help="rank 0 appends each report here as a JSON line")
+    parser.add_argument("--plan", default=None, help="sharding plan JSON for DistributedModelParallel "
+                        "(default: the planner decides)")
+    parser.add_argument("--steps", type=int, default=100, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="samples per rank per step (default: the workload's batch_size_per_rank)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="cap every table's rows, for small demo runs (default: the workload's rows)")
+    parser.add_argument("--embedding-dim", type=int, default=None, help="one embedding dim for every table "
+                        "(default: the workload's dim; the smallest one when its tables differ)")
+    parser.add_argument("--dense-arch", type=_int_list, default=None,
+                        help="dense MLP sizes, e.g. 64,16; the last must be the embedding dim (default: 64,<dim>)")
+    parser.add_argument("--over-arch", type=_int_list, default=[64, 32, 1], help="over MLP sizes")
+    parser.add_argument("--embedding-lr", type=float, default=0.05, help="fused Adagrad lr of the tables")
+    parser.add_argument("--dense-lr", type=float, default=3e-3, help="Adam lr of the MLPs")
+    parser.add_argument("--report-every", type=int, default=10, help="steps between metric reports")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
+    parser.add_argument("--zipf-alpha", type=float, default=None,
+                        help="Zipf skew of the synthetic ids, 0 = uniform (default: the workload's)")
+    parser.add_argument("--criteo", nargs="+", default=None, metavar="TSV", help="train on Criteo TSV files (default: synthetic data)")
+    parser.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                        help="under torchrun (default: nccl when every local rank has a GPU, else gloo)")
+    parser.add_argument("--metrics-out", default=None, help="rank 0 appends each report here as a JSON line (default: none)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on rank 0 (default: when stderr is a terminal)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.config = TrainConfig(
+            workload=args.workload, steps=args.steps, batch_size=args.batch_size, max_rows=args.max_rows,
+            embedding_dim=args.embedding_dim, dense_arch_layer_sizes=args.dense_arch,
+            over_arch_layer_sizes=args.over_arch, embedding_lr=args.embedding_lr, dense_lr=args.dense_lr,
+            report_every=args.report_every, seed=args.seed, zipf_alpha=args.zipf_alpha, criteo_paths=args.criteo,
+            plan=args.plan, progress=args.progress)
+    except ValueError as error:  # "TrainConfig: batch_size must be ..." -> "argument --batch-size: must be ..."
+        field, _, problem = str(error).removeprefix("TrainConfig: ").partition(" ")
+        option = _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+        parser.error(f"argument {option}: {problem}")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    config = TrainConfig(workload=args.workload, steps=args.steps, batch_size=args.batch_size, max_rows=args.max_rows,
-                         embedding_dim=args.embedding_dim, dense_arch_layer_sizes=args.dense_arch,
-                         over_arch_layer_sizes=args.over_arch, embedding_lr=args.embedding_lr,
-                         dense_lr=args.dense_lr, report_every=args.report_every, seed=args.seed,
-                         zipf_alpha=args.zipf_alpha, criteo_paths=args.criteo, plan=args.plan,
-                         progress=args.progress)
+    config = args.config
     show_bar = args.progress if args.progress is not None else sys.stderr.isatty()
     writer = write_metrics_jsonl(args.metrics_out) if args.metrics_out else None
 

@@ -44,8 +44,11 @@ class TrainConfig:
 
     workload: "dlrm26", "small3" or a workload JSON path (tables, pooling factors, id skew).
     batch_size: samples per rank per step (default: the workload's batch_size_per_rank).
-    max_rows / embedding_dim: cap every table's rows / give every table this dim (tiny demo runs; DLRM needs
-        one dim for all tables).
+    max_rows / embedding_dim: cap every table's rows / give every table this dim (tiny demo runs). DLRM needs
+        one dim for all tables: by default a workload whose tables have several dims (small3) trains with the
+        smallest of them.
+    Counts (steps, batch_size, max_rows, embedding_dim, report_every, layer sizes) must be positive and rates
+    not negative: anything else raises a ValueError naming the field (never a silent default).
     embedding_lr (fused Adagrad on the tables), dense_lr (Adam on the MLPs).
     plan: a ShardingPlan, or a path to its JSON, for DistributedModelParallel (None: the planner decides).
     criteo_paths: train on these Criteo TSV files instead of synthetic data.
@@ -70,6 +73,21 @@ class TrainConfig:
     plan: Any = None
     progress: Optional[bool] = None
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "max_rows", "embedding_dim", "report_every", "auc_window_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"TrainConfig: {name} must be a positive integer, got {value!r}")
+        for name in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
+            sizes = getattr(self, name)
+            if sizes is not None and (not sizes or any(not isinstance(s, int) or s < 1 for s in sizes)):
+                raise ValueError(f"TrainConfig: {name} must be a non-empty list of positive integers, got {sizes!r}")
+        for name in ("embedding_lr", "dense_lr", "signal"):
+            if not float(getattr(self, name)) >= 0:  # also refuses NaN
+                raise ValueError(f"TrainConfig: {name} must be a number >= 0, got {getattr(self, name)!r}")
+        if self.zipf_alpha is not None and not float(self.zipf_alpha) >= 0:
+            raise ValueError(f"TrainConfig: zipf_alpha must be >= 0 (0: uniform ids), got {self.zipf_alpha!r}")
+
 
 # ------------------------------------------------------------------------------------------ recipe steps
 def make_tables(config: TrainConfig) -> Tuple[List[EmbeddingBagConfig], Dict[str, float], int, float]:
@@ -82,6 +100,8 @@ def make_tables(config: TrainConfig) -> Tuple[List[EmbeddingBagConfig], Dict[str
             changes["num_embeddings"] = min(table.num_embeddings, config.max_rows)
         if config.embedding_dim is not None:
             changes["embedding_dim"] = config.embedding_dim
+        elif len({t.embedding_dim for t in workload.tables}) > 1:  # DLRM's interaction needs one dim
+            changes["embedding_dim"] = min(t.embedding_dim for t in workload.tables)
         tables.append(dataclasses.replace(table, **changes))
     alpha = config.zipf_alpha
     if alpha is None:
@@ -183,12 +203,14 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
 
 
 def _gather(ctx: WorkerContext, tensor: torch.Tensor) -> torch.Tensor:
-    """Every rank's tensor concatenated (same shapes on every rank), or the tensor itself on one process."""
+    """Every rank's tensor concatenated (same shapes on every rank), or the tensor itself on one process.
+    The collective runs on ctx.device (NCCL takes CUDA tensors only); the result comes back where `tensor` was."""
     if ctx.world_size == 1 or not dist.is_initialized():
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(ctx.world_size)]
-    dist.all_gather(parts, tensor)
-    return torch.cat(parts)
+    local = tensor.to(ctx.device)
+    parts = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).to(tensor.device)
 
 
 def _progress_bar(config: TrainConfig, ctx: WorkerContext):
@@ -207,7 +229,7 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     Returns {"steps", "final_loss", "final_auc", "first_loss", "first_auc", "samples_per_s", "mode"}.
     """
     tables, pooling_factors, dense_features, alpha = make_tables(config)
-    batch_size = config.batch_size or load_workload(config.workload).batch_size_per_rank
+    batch_size = config.batch_size if config.batch_size is not None else load_workload(config.workload).batch_size_per_rank
     mode = sharding_mode(ctx, config.plan)
     model = build_model(config, tables, dense_features, fuse_embedding_optimizer=(mode != "ddp"), device=ctx.device)
     model = shard_model(model, ctx, config.plan, mode)
@@ -262,9 +284,11 @@ def _step_metrics(ctx: WorkerContext, step: int, losses: List[float], window, th
                   stop_requested: bool) -> Tuple[Dict[str, Any], bool]:
     """Loss (mean since the last report, over all ranks), AUC over the window of all ranks, samples/s; and
     whether any rank was asked to stop (so that all ranks stop at the same step)."""
-    loss = torch.tensor([sum(losses), float(len(losses)), float(stop_requested)], dtype=torch.float64)
+    loss = torch.tensor([sum(losses), float(len(losses)), float(stop_requested)], dtype=torch.float64,
+                        device=ctx.device)  # NCCL reduces CUDA tensors only
     if ctx.world_size > 1 and dist.is_initialized():
         dist.all_reduce(loss)
+    loss = loss.cpu()
     scores = _gather(ctx, torch.cat([s for s, _ in window]))
     labels = _gather(ctx, torch.cat([y for _, y in window]))
     samples_per_s = throughput.rate()

@@ -20,9 +20,11 @@ from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.sparse import KeyedJaggedTensor
 
 
-def _entry(rank: int, fn: Callable, world_size: int, init_file: str, args: tuple) -> None:
+def _entry(rank: int, fn: Callable, world_size: int, init_file: str, args: tuple, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # NCCL: one GPU per rank
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
     try:
         fn(rank, world_size, *args)
@@ -45,11 +47,11 @@ def finish_worker() -> None:
     os._exit(0)
 
 
-def run_workers(fn: Callable, world_size: int, *args) -> None:
-    """Run fn(rank, world_size, *args) on world_size spawned processes joined by gloo."""
+def run_workers(fn: Callable, world_size: int, *args, backend: str = "gloo") -> None:
+    """Run fn(rank, world_size, *args) on world_size spawned processes joined by gloo (or `backend`)."""
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.start_processes(_entry, args=(fn, world_size, init_file, args), nprocs=world_size, join=True,
+        mp.start_processes(_entry, args=(fn, world_size, init_file, args, backend), nprocs=world_size, join=True,
                            start_method="spawn")
 
 

@@ -12,6 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection, shard_embedding_collection
@@ -80,23 +81,26 @@ def batch_sizes_for(case: str, W: int) -> List[int]:
     return [BATCH + (r if case.startswith("mixed") else 0) for r in range(W)]
 
 
-def equivalence_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
+def equivalence_worker(rank: int, W: int, cases: List[tuple], result_file: str, device: str = "cpu") -> None:
     """(case, local_world_size) pairs; pooled and sequence collections: outputs, gradients (dense) or updated
-    weights (fused Adagrad), bytes."""
+    weights (fused Adagrad), bytes. The shards live on `device` (tests/gpu: "cuda:0", or "cuda:{rank}" for one GPU
+    per rank), the reference on the CPU."""
     results = []
     for case, L in cases:
         for collection in ("ebc", "ec"):
             for optimizer in (None, "adagrad"):
                 for weighted in ((False, True) if collection == "ebc" and optimizer is None else (False,)):
-                    results.append(_check(rank, W, L, case, collection, optimizer, weighted))
+                    results.append(_check(rank, W, L, case, collection, optimizer, weighted,
+                                          torch.device(device.format(rank=rank))))
     if rank == 0:
         with open(result_file, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
 
 
-def _check(rank, W, L, case, collection, optimizer, weighted) -> dict:
-    env = ShardingEnv.from_process_group(local_world_size=L) if W > 1 else ShardingEnv.local()
+def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.device("cpu")) -> dict:
+    env = ShardingEnv.from_process_group(local_world_size=L, device=device) if dist.is_initialized() \
+        else ShardingEnv.local(device)
     tables = bag_tables() if collection == "ebc" else seq_tables()
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}
     sizes = batch_sizes_for(case, W)
@@ -124,9 +128,10 @@ def _check(rank, W, L, case, collection, optimizer, weighted) -> dict:
         grad_out = torch.randn(ref_values.shape, generator=g)
         (ref_values * grad_out).sum().backward()
         mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
-        out = sharded(batches[rank]).values()
-        out_diff = _max_diff(out, ref_values[mine].detach())
-        (out * grad_out[mine]).sum().backward()
+        out = sharded(batches[rank].to(device)).values()
+        assert out.device == device, f"rank {rank}: output on {out.device}, shards on {device}"
+        out_diff = _max_diff(out.cpu(), ref_values[mine].detach())
+        (out * grad_out[mine].to(device)).sum().backward()
     else:
         out_diff, loss = 0.0, 0.0
         for name, jt in ref_out.items():
@@ -134,15 +139,16 @@ def _check(rank, W, L, case, collection, optimizer, weighted) -> dict:
             loss = loss + (jt.values() * weights).sum()
             ref_out[name] = (jt, weights)
         loss.backward()
-        mine = sharded(batches[rank])
+        mine = sharded(batches[rank].to(device))
         local_loss = 0.0
         for name, jt in mine.items():
             ref_jt, weights = ref_out[name]
             start = sum(int(batches[r][name].lengths().sum()) for r in range(rank))
             n = jt.values().shape[0]
-            assert torch.equal(jt.lengths(), batches[rank][name].lengths())
-            out_diff = max(out_diff, _max_diff(jt.values(), ref_jt.values()[start:start + n].detach()))
-            local_loss = local_loss + (jt.values() * weights[start:start + n]).sum()
+            assert jt.values().device == device, f"rank {rank}: {name} on {jt.values().device}, shards on {device}"
+            assert torch.equal(jt.lengths().cpu(), batches[rank][name].lengths())
+            out_diff = max(out_diff, _max_diff(jt.values().cpu(), ref_jt.values()[start:start + n].detach()))
+            local_loss = local_loss + (jt.values() * weights[start:start + n].to(device)).sum()
         local_loss.backward()
 
     # gradients (dense) or weights after the fused update
@@ -151,10 +157,11 @@ def _check(rank, W, L, case, collection, optimizer, weighted) -> dict:
     for table, shard_md, weight, _ in sharded.local_shards():
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         ref_weight = modules[table].weight
+        assert weight.device == device, f"rank {rank}: shard of {table} on {weight.device}, expected {device}"
         if optimizer is None:
-            grad_diff = max(grad_diff, _max_diff(weight.grad, ref_weight.grad[r0:r1, c0:c1]))
+            grad_diff = max(grad_diff, _max_diff(weight.grad.cpu(), ref_weight.grad[r0:r1, c0:c1]))
         else:
-            grad_diff = max(grad_diff, _max_diff(weight.detach(), ref_weight.detach()[r0:r1, c0:c1]))
+            grad_diff = max(grad_diff, _max_diff(weight.detach().cpu(), ref_weight.detach()[r0:r1, c0:c1]))
     _bytes_match(env, plan, tables, W, L, batches, weighted)
     tolerance = 1e-5
     where = f"rank {rank}, case {case}, batch sizes {sizes}, {collection}, optimizer={optimizer}, weighted={weighted}"
