@@ -101,3 +101,16 @@ def test_same_keys_and_outputs_as_torchrec(form):
     a, b = ours(rtk.KeyedJaggedTensor(**_inputs())), theirs(torchrec.KeyedJaggedTensor(**_inputs()))
     assert a.keys() == b.keys()
     torch.testing.assert_close(a.values(), b.values())
+
+
+@pytest.mark.torchrec
+def test_position_weights_learn_the_same_gradient_as_torchrec():
+    torchrec = pytest.importorskip("torchrec")
+    ours, theirs = _build(rtk, "collection"), _build(torchrec, "collection")
+    theirs.load_state_dict(ours.state_dict())
+    ours(rtk.KeyedJaggedTensor(**_inputs())).values().pow(2).sum().backward()
+    theirs(torchrec.KeyedJaggedTensor(**_inputs())).values().pow(2).sum().backward()
+    for key in KEYS:
+        gradient = ours._feature_processors.position_weights[key].grad
+        assert gradient is not None and gradient.abs().sum() > 0
+        torch.testing.assert_close(gradient, theirs._feature_processors.position_weights[key].grad)

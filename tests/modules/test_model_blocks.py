@@ -9,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from rectoolkit.modules.crossnet import CrossNet, LowRankCrossNet, VectorCrossNet
+from rectoolkit.modules.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
 from rectoolkit.modules.deepfm import DeepFM, FactorizationMachine
 from rectoolkit.modules.mlp import MLP, Perceptron
 
@@ -79,6 +79,8 @@ def test_bad_inputs_name_the_numbers():
         CrossNet(8, 2)(torch.randn(4, 7))
     with pytest.raises(ValueError, match="low_rank=0"):
         LowRankCrossNet(8, 2, low_rank=0)
+    with pytest.raises(ValueError, match="num_experts=0"):
+        LowRankMixtureCrossNet(8, 2, num_experts=0)
     with pytest.raises(ValueError, match=r"shape \[2, 5\] but in_size=6"):
         Perceptron(6, 3)(torch.randn(2, 5))
     with pytest.raises(ValueError, match="'tanh' is not one of"):
@@ -99,7 +101,8 @@ def _same_weights_same_outputs(ours, theirs, *inputs):
 
 @pytest.mark.torchrec
 @pytest.mark.parametrize("name,args", [("CrossNet", (12, 3)), ("LowRankCrossNet", (12, 3, 2)),
-                                       ("VectorCrossNet", (12, 3))])
+                                       ("VectorCrossNet", (12, 3)), ("LowRankMixtureCrossNet", (12, 2, 1, 3)),
+                                       ("LowRankMixtureCrossNet", (12, 2, 3, 2))])
 def test_crossnets_match_torchrec(name, args):
     crossnet = pytest.importorskip("torchrec.modules.crossnet")
     ours_module = importlib.import_module("rectoolkit.modules.crossnet")
