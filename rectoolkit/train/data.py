@@ -39,6 +39,12 @@ class Batch(NamedTuple):
     sparse_features: KeyedJaggedTensor
     labels: torch.Tensor
 
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        """The batch on `device` (TorchRec's `Batch.to`)."""
+        return Batch(self.dense_features.to(device, non_blocking=non_blocking),
+                     self.sparse_features.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
 
 def hash_unit(ids: torch.Tensor, salt) -> torch.Tensor:
     """A fixed pseudo-random value in [-1, 1) for every (id, salt): a 32-bit integer hash, no storage.

@@ -12,8 +12,8 @@
     >>> model(torch.randn(2, 3), kjt).shape
     torch.Size([2, 1])
 
-Same constructor, submodule names and math as `torchrec.models.dlrm.DLRM`, so weights copy across
-(tests/train/test_model.py checks the outputs agree).
+Same constructor, submodule names, state_dict keys and math as `torchrec.models.dlrm.DLRM`, so a state_dict
+loads either way (tests/train/test_dlrm_model.py checks the outputs agree).
 """
 
 from __future__ import annotations
@@ -23,16 +23,7 @@ from typing import List
 import torch
 from torch import nn
 
-
-def mlp(in_features: int, layer_sizes: List[int], last_activation: bool = True) -> nn.Sequential:
-    """Linear layers of the given sizes with ReLU between them (and after the last when `last_activation`)."""
-    layers: List[nn.Module] = []
-    for index, out_features in enumerate(layer_sizes):
-        layers.append(nn.Linear(in_features, out_features))
-        if last_activation or index < len(layer_sizes) - 1:
-            layers.append(nn.ReLU())
-        in_features = out_features
-    return nn.Sequential(*layers)
+from rectoolkit.modules.mlp import MLP
 
 
 class SparseArch(nn.Module):
@@ -59,7 +50,7 @@ class DenseArch(nn.Module):
 
     def __init__(self, in_features: int, layer_sizes: List[int]) -> None:
         super().__init__()
-        self.model = mlp(in_features, layer_sizes, last_activation=True)
+        self.model = MLP(in_features, layer_sizes, activation="relu")
 
     def forward(self, dense_features: torch.Tensor) -> torch.Tensor:
         return self.model(dense_features)
@@ -84,11 +75,18 @@ class InteractionArch(nn.Module):
 
 
 class OverArch(nn.Module):
-    """MLP over the interactions; the last layer has no activation (it gives the logit)."""
+    """MLP over the interactions; the last layer is a plain Linear (it gives the logit).
+
+    TorchRec's layout, so state_dict keys match: `model.0` is the ReLU MLP, `model.1` the last Linear.
+    """
 
     def __init__(self, in_features: int, layer_sizes: List[int]) -> None:
         super().__init__()
-        self.model = mlp(in_features, layer_sizes, last_activation=False)
+        if len(layer_sizes) < 2:
+            raise ValueError(f"OverArch: over_arch_layer_sizes={list(layer_sizes)} needs at least two sizes "
+                             f"(hidden layers, then the output), e.g. [{in_features}, 1]")
+        self.model = nn.Sequential(MLP(in_features, layer_sizes[:-1], activation="relu"),
+                                   nn.Linear(layer_sizes[-2], layer_sizes[-1]))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.model(features)

@@ -1,0 +1,6 @@
+"""Whole recommendation models at TorchRec's paths (`torchrec.models`): DLRM, DLRM_DCN, SimpleDeepFMNN."""
+
+from rectoolkit.models.deepfm import SimpleDeepFMNN
+from rectoolkit.models.dlrm import DLRM, DLRM_DCN
+
+__all__ = ["DLRM", "DLRM_DCN", "SimpleDeepFMNN"]

@@ -1,0 +1,116 @@
+"""Position-weighted feature processors and FeatureProcessedEmbeddingBagCollection: a hand loop, clear errors,
+and TorchRec 1.8 with the same weights (outputs and state_dict keys equal)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.modules.feature_processor_ import PositionWeightedModule, PositionWeightedModuleCollection
+from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+KEYS = ["hist", "user"]
+MAX_LENGTHS = {"hist": 4, "user": 3}
+
+
+def _tables(lib):
+    return [lib.EmbeddingBagConfig(name="t_hist", num_embeddings=10, embedding_dim=3, feature_names=["hist"]),
+            lib.EmbeddingBagConfig(name="t_user", num_embeddings=6, embedding_dim=2, feature_names=["user"])]
+
+
+def _inputs():
+    lengths = torch.tensor([3, 0, 4, 1, 2, 3])  # batch 3: hist [3, 0, 4], user [1, 2, 3]
+    values = torch.tensor([7, 3, 9, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4])
+    return dict(keys=KEYS, values=values, lengths=lengths)
+
+
+def _random_position_weights(module):
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.rand(parameter.shape, generator=generator) + 0.5)
+
+
+@pytest.mark.parametrize("name", ["rectoolkit.modules.feature_processor_", "rectoolkit.modules.fp_embedding_modules"])
+def test_docstring_examples(name):
+    assert doctest.testmod(importlib.import_module(name)).failed == 0
+
+
+@pytest.mark.parametrize("form", ["collection", "dict"])
+def test_pooled_is_the_position_weighted_sum_by_a_hand_loop(form):
+    ebc = rtk.EmbeddingBagCollection(_tables(rtk), is_weighted=True)
+    processors = (PositionWeightedModuleCollection(MAX_LENGTHS) if form == "collection"
+                  else {key: PositionWeightedModule(length) for key, length in MAX_LENGTHS.items()})
+    fp_ebc = FeatureProcessedEmbeddingBagCollection(ebc, processors)
+    _random_position_weights(fp_ebc._feature_processors)
+    pooled = fp_ebc(rtk.KeyedJaggedTensor(**_inputs())).to_dict()
+    state = fp_ebc.state_dict()
+    inputs, start = _inputs(), 0
+    for index, length in enumerate(inputs["lengths"].tolist()):
+        key, sample = KEYS[index // 3], index % 3
+        table = state[f"_embedding_bag_collection.embedding_bags.t_{key}.weight"]
+        position_weight = (state[f"_feature_processors.position_weights.{key}"] if form == "collection"
+                           else state[f"_feature_processors.{key}.position_weight"])
+        expected = sum((position_weight[j] * table[inputs["values"][start + j]] for j in range(length)),
+                       torch.zeros(table.shape[1]))
+        torch.testing.assert_close(pooled[key][sample], expected)
+        start += length
+
+
+def test_features_without_position_weights_get_weight_one():
+    kjt = rtk.KeyedJaggedTensor(**_inputs())
+    weights = PositionWeightedModuleCollection({"hist": 4})(kjt).weights()
+    torch.testing.assert_close(weights[7:], torch.ones(6))
+
+
+def test_bad_input_names_the_feature_and_numbers():
+    kjt = rtk.KeyedJaggedTensor(**_inputs())
+    with pytest.raises(ValueError, match="feature 'hist' has a bag of 4 ids but its max_feature_length is 3"):
+        PositionWeightedModuleCollection({"hist": 3, "user": 3})(kjt)
+    with pytest.raises(ValueError, match=r"max_feature_lengths \{'user': 0\} must be positive"):
+        PositionWeightedModuleCollection({"hist": 3, "user": 0})
+    with pytest.raises(ValueError, match="is not weighted; build it with is_weighted=True"):
+        FeatureProcessedEmbeddingBagCollection(rtk.EmbeddingBagCollection(_tables(rtk)),
+                                               PositionWeightedModuleCollection(MAX_LENGTHS))
+    with pytest.raises(ValueError, match=r"missing \['user'\], not a feature \['item'\]"):
+        FeatureProcessedEmbeddingBagCollection(rtk.EmbeddingBagCollection(_tables(rtk), is_weighted=True),
+                                               {"hist": PositionWeightedModule(4), "item": PositionWeightedModule(4)})
+
+
+def _build(lib, form):
+    fp_module = importlib.import_module(f"{lib.__name__}.modules.feature_processor_")
+    fp_ebc_module = importlib.import_module(f"{lib.__name__}.modules.fp_embedding_modules")
+    processors = (fp_module.PositionWeightedModuleCollection(MAX_LENGTHS) if form == "collection"
+                  else {key: fp_module.PositionWeightedModule(length) for key, length in MAX_LENGTHS.items()})
+    ebc = lib.EmbeddingBagCollection(tables=_tables(lib), is_weighted=True)
+    return fp_ebc_module.FeatureProcessedEmbeddingBagCollection(ebc, processors)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("form", ["collection", "dict"])
+def test_same_keys_and_outputs_as_torchrec(form):
+    torchrec = pytest.importorskip("torchrec")
+    ours, theirs = _build(rtk, form), _build(torchrec, form)
+    _random_position_weights(ours._feature_processors)
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    a, b = ours(rtk.KeyedJaggedTensor(**_inputs())), theirs(torchrec.KeyedJaggedTensor(**_inputs()))
+    assert a.keys() == b.keys()
+    torch.testing.assert_close(a.values(), b.values())
+
+
+@pytest.mark.torchrec
+def test_position_weights_learn_the_same_gradient_as_torchrec():
+    torchrec = pytest.importorskip("torchrec")
+    ours, theirs = _build(rtk, "collection"), _build(torchrec, "collection")
+    theirs.load_state_dict(ours.state_dict())
+    ours(rtk.KeyedJaggedTensor(**_inputs())).values().pow(2).sum().backward()
+    theirs(torchrec.KeyedJaggedTensor(**_inputs())).values().pow(2).sum().backward()
+    for key in KEYS:
+        gradient = ours._feature_processors.position_weights[key].grad
+        assert gradient is not None and gradient.abs().sum() > 0
+        torch.testing.assert_close(gradient, theirs._feature_processors.position_weights[key].grad)
