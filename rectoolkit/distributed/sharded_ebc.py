@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from rectoolkit.distributed.bags import FeatureBatch, check_ids_in_range
+from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec, check_ids_in_range
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
@@ -82,6 +82,16 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
     return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
 
 
+def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
+                    module_plan: Mapping[str, ParameterSharding]) -> Dict[str, ParameterSharding]:
+    """The plan cut down to `tables` (a collection's, or one group's), raising for tables it does not plan."""
+    missing = [t.name for t in tables if t.name not in module_plan]
+    if missing:
+        raise ValueError(f"the sharding plan has no entry for table(s) {missing}; plan every table of the "
+                         f"collection (planned: {sorted(module_plan)})")
+    return {t.name: module_plan[t.name] for t in tables}
+
+
 class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
@@ -94,11 +104,7 @@ class ShardedCollection(nn.Module):
         self._is_weighted = is_weighted
         self._ids_out_of_range = ids_out_of_range
         self._optimizer = optimizer
-        missing = [t.name for t in tables if t.name not in module_plan]
-        if missing:
-            raise ValueError(f"the sharding plan has no entry for table(s) {missing}; plan every table of the "
-                             f"collection (planned: {sorted(module_plan)})")
-        self.module_plan: Dict[str, ParameterSharding] = {t.name: module_plan[t.name] for t in tables}
+        self.module_plan: Dict[str, ParameterSharding] = plan_for_tables(tables, module_plan)
         self._embedding_names_by_table = get_embedding_names_by_table(tables)
         self._features = [f for t in tables for f in t.feature_names]
         self._embedding_names = [n for names in self._embedding_names_by_table for n in names]
@@ -121,11 +127,13 @@ class ShardedCollection(nn.Module):
             if not chosen:
                 continue
             group_tables = [t for t, _ in chosen]
-            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(
-                env, group_tables, [keys for _, keys in chosen], self.module_plan, offsets, pooled, is_weighted,
-                None if dense_kernel else optimizer,
-                {t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
-                backend, dtype, embedding_dim)
+            spec = ShardingGroupSpec(
+                env=env, tables=group_tables, output_keys=[keys for _, keys in chosen],
+                module_plan=plan_for_tables(group_tables, self.module_plan), key_offsets=offsets, pooled=pooled,
+                weighted=is_weighted, optimizer=None if dense_kernel else optimizer,
+                initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
+                backend=backend, dtype=dtype, embedding_dim=embedding_dim)
+            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
 
     def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
         batch = FeatureBatch.from_kjt(features, self._features, type(self).__name__, self.env.device)
