@@ -35,6 +35,7 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
+from rectoolkit.modules.layout import FeatureLayout
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 
 
@@ -107,30 +108,24 @@ class FeatureBatch:
     _cache: Dict[tuple, "RoutedIds"] = field(default_factory=dict)
 
     @classmethod
-    def from_kjt(cls, features, feature_names: Sequence[str], owner: str,
+    def from_kjt(cls, features, layout: FeatureLayout, weighted: bool, ids_out_of_range: str, rank: int,
                  device: Optional[torch.device] = None) -> "FeatureBatch":
-        keys = features.keys()
-        position = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in feature_names if f not in position]
-        if missing:
-            raise ValueError(f"{owner}: the KeyedJaggedTensor has no feature(s) {missing}; it has keys {list(keys)}")
-        stride = features.stride()
-        lengths = features.lengths().view(len(keys), stride)
-        starts = features.offset_per_key()
-        values, weights = features.values(), features.weights_or_none()
-        if device is not None and values.device != device:  # e.g. a CPU batch for CUDA shards
-            values, lengths = values.to(device), lengths.to(device)
+        """The collection's features (gathered and checked by its front door, rectoolkit.modules.layout), split."""
+        gathered = layout.gather(features, weighted)
+        ids = layout.check_ids(gathered, ids_out_of_range, subject=f"rank {rank}: ")
+        lengths, weights, stride = gathered.lengths, gathered.weights, gathered.batch_size
+        if device is not None and ids.device != device:  # e.g. a CPU batch for CUDA shards
+            ids, lengths = ids.to(device), lengths.to(device)
             weights = weights.to(device) if weights is not None else None
-        out = cls(stride, {}, {}, {}, {})
-        running = 0
-        for f in feature_names:
-            i = position[f]
-            out.values[f] = values[starts[i]:starts[i + 1]].to(torch.int64)
-            out.lengths[f] = lengths[i].to(torch.int64)
-            out.weights[f] = weights[starts[i]:starts[i + 1]] if weights is not None else None
-            out.value_starts[f] = running
-            running += starts[i + 1] - starts[i]
-        return out
+        names = layout.feature_names
+        per_feature = lengths.view(len(names), stride).to(torch.int64)
+        counts = per_feature.sum(1).tolist()
+        starts = [0]
+        for count in counts:
+            starts.append(starts[-1] + count)
+        return cls(stride, dict(zip(names, ids.split(counts))), dict(zip(names, per_feature)),
+                   dict(zip(names, weights.split(counts) if weights is not None else [None] * len(names))),
+                   dict(zip(names, starts)))
 
     def cached(self, key: tuple, compute: Callable[[], "RoutedIds"]) -> "RoutedIds":
         """compute(), once per batch and key (several groups and column blocks route the same row range)."""
@@ -147,31 +142,6 @@ class RoutedIds(NamedTuple):
     ids: torch.Tensor  # int64, relative to the shard's first row
     weights: Optional[torch.Tensor]
     positions: Optional[torch.Tensor]  # where the ids sit in the collection's values; None: all of the feature's
-
-
-def check_ids_in_range(batch: FeatureBatch, tables: Sequence[BaseEmbeddingConfig], rank: int, mode: str) -> None:
-    """Raise (naming feature, table, rank, id) for ids outside their table, or map them in with mode="hash"."""
-    if mode == "unchecked":
-        return
-    checked, extremes = [], []
-    for table in tables:
-        for f in table.feature_names:
-            ids = batch.values[f]
-            if mode == "hash":
-                batch.values[f] = torch.remainder(ids, table.num_embeddings)
-            elif ids.numel():
-                checked.append((table, f))
-                extremes.append(torch.stack(torch.aminmax(ids)))
-    if not checked:
-        return
-    for (table, f), (low, high) in zip(checked, torch.stack(extremes).tolist()):  # one sync for all features
-        if low < 0 or high >= table.num_embeddings:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"rank {rank}: id {bad} of feature {f!r} is out of range for table {table.name!r} with "
-                f"num_embeddings={table.num_embeddings} (valid ids are 0..{table.num_embeddings - 1}). Fix the "
-                "ids, enlarge the table, or build the collection with ids_out_of_range='hash'."
-            )
 
 
 # ------------------------------------------------------------------------------------------------ input_dist

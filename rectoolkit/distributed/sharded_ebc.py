@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec, check_ids_in_range
+from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
@@ -36,6 +36,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
+from rectoolkit.modules.layout import FeatureLayout, guard_gradient
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -107,6 +108,9 @@ class ShardedCollection(nn.Module):
         self.module_plan: Dict[str, ParameterSharding] = plan_for_tables(tables, module_plan)
         self._embedding_names_by_table = get_embedding_names_by_table(tables)
         self._features = [f for t in tables for f in t.feature_names]
+        self._layout = FeatureLayout(type(self).__name__, self._features,
+                                     [t.name for t in tables for _ in t.feature_names],
+                                     [t.num_embeddings for t in tables for _ in t.feature_names])
         self._embedding_names = [n for names in self._embedding_names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         offsets, running = {}, 0
@@ -136,11 +140,8 @@ class ShardedCollection(nn.Module):
             self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
 
     def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
-        batch = FeatureBatch.from_kjt(features, self._features, type(self).__name__, self.env.device)
-        if self._is_weighted and any(w is None for w in batch.weights.values()):
-            raise ValueError(f"{type(self).__name__}(is_weighted=True) needs a KeyedJaggedTensor with weights")
-        check_ids_in_range(batch, self._tables, self.env.rank, self._ids_out_of_range)
-        return batch
+        return FeatureBatch.from_kjt(features, self._layout, self._is_weighted, self._ids_out_of_range, self.env.rank,
+                                     self.env.device)
 
     # ------------------------------------------------------------------ shards and state
     def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
@@ -204,6 +205,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             block_t, columns = group(batch)
             out_t = out_t.index_add(0, columns, block_t)
         out = out_t.t().contiguous()
+        if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
+            out = guard_gradient(out, type(self).__name__)
         if self._mean_features is not None:
             scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
                      for f, mean in zip(self._features, self._mean_features)]
