@@ -50,7 +50,10 @@ def set_finite_checks(enabled: Optional[bool]) -> None:
 
 
 def finite_checks_enabled() -> bool:
-    """True unless set_finite_checks(False) or RECTOOLKIT_CHECK_FINITE=0 (also "false", "no", "off")."""
+    """True unless set_finite_checks(False) or RECTOOLKIT_CHECK_FINITE=0 (also "false", "no", "off"), or while
+    torch.export / torch.compile traces (the checks read values; an exported program has no Python to run them)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
     if _finite_checks_override is not None:
         return _finite_checks_override
     return os.environ.get(FINITE_CHECKS_ENV, "1").strip().lower() not in {"0", "false", "no", "off"}

@@ -89,14 +89,14 @@ def test_kjt_in_keyed_tensor_out_exports_with_pytree_nodes():
     register_jagged_pytree_nodes()
     register_jagged_pytree_nodes()  # idempotent
     qebc = QuantEmbeddingBagCollection.from_float(_ebc(weighted=False), dtype=torch.int8, backend="torch")
-    example = _kjt(batch=3, seed=4, keys=tuple(FEATURES))
+    example = _kjt(batch=3, seed=4, keys=tuple(FEATURES), weighted=False)
     batch, num_ids = Dim("batch"), Dim("num_ids")
     from torch.fx.experimental import _config as shape_config
 
     with shape_config.patch(backed_size_oblivious=True):
         program = torch.export.export(qebc, (example,), strict=False,
-                                      dynamic_shapes=([{0: num_ids}, {0: 3 * batch}, {0: num_ids}],))
-    kjt = _kjt(batch=8, seed=5, keys=tuple(FEATURES))
+                                      dynamic_shapes=([{0: num_ids}, {0: 3 * batch}, None],))
+    kjt = _kjt(batch=8, seed=5, keys=tuple(FEATURES), weighted=False)
     out = program.module()(kjt)
     assert isinstance(out, rtk.KeyedTensor) and out.keys() == FEATURES
     torch.testing.assert_close(out.values(), qebc(kjt).values())
