@@ -31,7 +31,7 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from rectoolkit.modules.layout import FeatureLayout, guard_gradient
+from rectoolkit.modules.layout import FeatureLayout, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -269,7 +269,26 @@ class EmbeddingBagCollection(_BatchedCollection):
         return self._embedding_bag_configs
 
 
-class EmbeddingCollection(_BatchedCollection):
+class SequenceCollectionAccessors:
+    """TorchRec's accessors of an EmbeddingCollection, shared by the float and quantized ones."""
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_dim(self) -> int:
+        return self._embedding_dim
+
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def embedding_names_by_table(self) -> List[List[str]]:
+        return self._embedding_names_by_table
+
+    def _output_names(self) -> List[str]:
+        return [name for names in self._embedding_names_by_table for name in names]
+
+
+class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
     """One embedding per id: KeyedJaggedTensor -> {feature: JaggedTensor of [num ids, dim]}, as in TorchRec.
 
     All tables need one embedding_dim (TorchRec's rule). Arguments as EmbeddingBagCollection, plus
@@ -301,30 +320,10 @@ class EmbeddingCollection(_BatchedCollection):
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         self._sync_kernel()
-        values, lengths, _, batch_size = self._layout.gather(features, weighted=False)
-        rows = self._kernel(values, self._complete_cumsum(lengths))
+        gathered = self._layout.gather(features, weighted=False)
+        rows = self._kernel(gathered.values, self._complete_cumsum(gathered.lengths))
+        if rows.device.type == "meta":
+            raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
             rows = guard_gradient(rows, type(self).__name__)
-        per_feature_lengths = lengths.view(len(self._flat_features), batch_size)
-        counts = per_feature_lengths.sum(1).tolist() if rows.device.type != "meta" else None
-        if counts is None:
-            raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
-        names = [n for group in self._embedding_names_by_table for n in group]
-        value_chunks = values.split(counts)
-        return {
-            name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
-                               weights=value_chunks[f] if self._need_indices else None)
-            for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))
-        }
-
-    def need_indices(self) -> bool:
-        return self._need_indices
-
-    def embedding_dim(self) -> int:
-        return self._embedding_dim
-
-    def embedding_configs(self) -> List[EmbeddingConfig]:
-        return self._embedding_configs
-
-    def embedding_names_by_table(self) -> List[List[str]]:
-        return self._embedding_names_by_table
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)

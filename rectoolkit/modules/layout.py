@@ -16,7 +16,7 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
 ``RECTOOLKIT_CHECK_FINITE=0`` (read at every call) or ``set_finite_checks(False)`` (wins over the variable).
 
     >>> import torch
-    >>> from rectoolkit.sparse import KeyedJaggedTensor
+    >>> from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
     >>> layout = FeatureLayout("EmbeddingBagCollection", ["user", "item"], ["t_user", "t_item"], [10, 20])
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(["item", "user"], torch.tensor([7, 8, 1]), torch.tensor([2, 0, 1, 0]))
     >>> gathered = layout.gather(kjt, weighted=False)      # the collection's order: user, then item
@@ -32,12 +32,12 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
-from rectoolkit.sparse import KeyedJaggedTensor
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -133,6 +133,17 @@ class FeatureLayout:
             f"{self.owner}: per-id weight {float(weights[position])} of feature {self.feature_names[feature]!r} "
             f"(value {position} of the batch) is not finite; it would turn rows of table "
             f"{self.table_names[feature]!r} into NaN. Fix the weights (or set {FINITE_CHECKS_ENV}=0 to skip this check).")
+
+
+def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures,
+                     need_indices: bool) -> Dict[str, JaggedTensor]:
+    """A sequence collection's output: {embedding name: JaggedTensor of the feature's rows [ids, dim]} (with the
+    ids as weights when `need_indices`), from the rows of every gathered id."""
+    per_feature_lengths = gathered.lengths.view(len(names), gathered.batch_size)
+    counts = per_feature_lengths.sum(1).tolist()
+    ids = gathered.values.split(counts)
+    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f], weights=ids[f] if need_indices else None)
+            for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
 
 
 def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from rectoolkit.modules.embedding_modules import get_embedding_names_by_table
-from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures
+from rectoolkit.modules.embedding_modules import SequenceCollectionAccessors, get_embedding_names_by_table
+from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.rowwise import (
@@ -293,7 +293,7 @@ class QuantEmbeddingBagCollection(_QuantCollection):
         return self._embedding_bag_configs
 
 
-class QuantEmbeddingCollection(_QuantCollection):
+class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
     """Per-id lookups from quantized tables: KeyedJaggedTensor -> {feature: JaggedTensor [ids, dim]}.
 
     Arguments as QuantEmbeddingBagCollection (no is_weighted), plus need_indices. All tables share one dim.
@@ -325,16 +325,10 @@ class QuantEmbeddingCollection(_QuantCollection):
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         self._sync_storage()
-        values, lengths, _, batch_size = self._layout.gather(features, weighted=False)
-        self._check_ids(values, lengths, batch_size)
-        rows = self._lookup(values, self._complete_cumsum(lengths))
-        per_feature_lengths = lengths.view(len(self._feature_names), batch_size)
-        counts = per_feature_lengths.sum(1).tolist()
-        names = [n for group in self._embedding_names_by_table for n in group]
-        value_chunks = values.split(counts)
-        return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
-                                   weights=value_chunks[f] if self._need_indices else None)
-                for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
+        gathered = self._layout.gather(features, weighted=False)
+        self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)
+        rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
 
     @classmethod
     def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
@@ -352,18 +346,6 @@ class QuantEmbeddingCollection(_QuantCollection):
 
     def _get_name(self) -> str:
         return "QuantizedEmbeddingCollection"
-
-    def need_indices(self) -> bool:
-        return self._need_indices
-
-    def embedding_dim(self) -> int:
-        return self._embedding_dim
-
-    def embedding_configs(self) -> List[EmbeddingConfig]:
-        return self._embedding_configs
-
-    def embedding_names_by_table(self) -> List[List[str]]:
-        return self._embedding_names_by_table
 
 
 # ---------------------------------------------------------------------------------------------- from_float
