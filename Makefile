@@ -39,7 +39,9 @@ lab: $(VENV)/.base
 	$(PY) -m jupyter lab --no-browser --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(VENV)/.dev
+	$(PY) -m ruff check rectoolkit tests benchmarks
 	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --doctest-modules rectoolkit
 	RECTOOLKIT_DISABLE_FBGEMM=1 $(PY) -m pytest -q -m "not multiprocess and not browser and not notebooks" \
 		tests/sparse tests/kernels tests/modules tests/quant tests/planner tests/plan
 

@@ -43,7 +43,7 @@ def test_attribute_paths_resolve_to_the_top_level_objects(path):
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_the_same_paths_exist_in_torchrec(path):
-    torchrec = pytest.importorskip("torchrec")
+    pytest.importorskip("torchrec")
     module = importlib.import_module(f"torchrec.{path}")
     missing = [name for name in PATHS[path] if not hasattr(module, name)
                and name not in ("ParameterConstraints",)]  # a tutorial's spelling; TorchRec keeps it in planner.types
@@ -148,7 +148,7 @@ def test_planner_honours_sharders_ours_and_torchrecs():
     with pytest.raises(ValueError, match=r"no sharder for table 'big' \(an EmbeddingBagCollection\)"):
         planner.plan(ebc, [rectoolkit.distributed.embedding.EmbeddingCollectionSharder()])
 
-    torchrec = pytest.importorskip("torchrec")
+    pytest.importorskip("torchrec")
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder as TorchRecSharder
 
     # TorchRec runs no row-wise sharding on CPU: with its sharder the plan avoids it, as TorchRec's planner would

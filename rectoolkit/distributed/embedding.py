@@ -1,4 +1,5 @@
-"""TorchRec's module path torchrec.distributed.embedding: the sharder and the sharded EmbeddingCollection."""
+"""TorchRec's path torchrec.distributed.embedding (a path module, see rectoolkit.compat): the sharder and the
+sharded EmbeddingCollection."""
 
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection
 from rectoolkit.distributed.sharders import EmbeddingCollectionSharder

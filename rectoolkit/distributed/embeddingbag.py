@@ -1,4 +1,5 @@
-"""TorchRec's module path torchrec.distributed.embeddingbag: the sharder and the sharded EmbeddingBagCollection."""
+"""TorchRec's path torchrec.distributed.embeddingbag (a path module, see rectoolkit.compat): the sharder and
+the sharded EmbeddingBagCollection."""
 
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder

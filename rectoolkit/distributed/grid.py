@@ -6,29 +6,22 @@
     output_dist_inter  each reduced column block to the requesting rank, who puts the column
                        blocks side by side: [B, dim]                                            (all-to-all)
 
-COLUMN_WISE and TABLE_ROW_WISE combined; the two output levels are those of table_row_wise.py.
+COLUMN_WISE and TABLE_ROW_WISE combined: the routing and the two output levels are table_row_wise.py's, per
+column block; only the plan shape differs. Bytes (rectoolkit.plan.traffic): as TABLE_ROW_WISE, per column
+block (its cols in place of dim).
 """
 
 from __future__ import annotations
 
-from typing import Tuple
-
-import torch
-
-from rectoolkit.distributed.bags import FeatureBatch, ReceivedIds, ids_to_owners
-from rectoolkit.distributed.group import EmbeddingShardingGroup, require
-from rectoolkit.distributed.table_row_wise import TwoLevelRoutes
+from rectoolkit.distributed.group import require
+from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
 from rectoolkit.plan.types import ShardingType
 
 
-class GridSharding(EmbeddingShardingGroup):
-    """The GRID_SHARD tables of one sharded collection."""
+class GridSharding(TableRowWiseSharding):
+    """The GRID_SHARD tables of one sharded collection: table-row-wise, per column block."""
 
     sharding_type = ShardingType.GRID_SHARD
-
-    def __init__(self, env, tables, output_keys, module_plan, key_offsets, *args, **kwargs) -> None:
-        super().__init__(env, tables, output_keys, module_plan, key_offsets, *args, **kwargs)
-        self.routes = TwoLevelRoutes(env, self.bags_by_owner, key_offsets)  # checks: one host per column block
 
     def check_table_plan(self, table, ps) -> None:
         by_columns = {}
@@ -37,15 +30,3 @@ class GridSharding(EmbeddingShardingGroup):
         spread = {cols: sorted(hosts) for cols, hosts in by_columns.items() if len(hosts) > 1}
         require(not spread, table, ps, f"column blocks {spread} have row blocks on several hosts "
                 f"(local_world_size={self.env.local_world_size})")
-
-    def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
-        return ids_to_owners(self.env, batch, self.bags_by_owner, self.weighted, self.keep_positions())
-
-    def lookup(self, received: ReceivedIds) -> torch.Tensor:
-        return self.local.lookup(received)
-
-    def output_dist(self, looked_up: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
-        if not self.pooled:
-            return self.sequence_output_dist(looked_up, received)
-        reduced = self.routes.to_requesters(looked_up, received.batch_sizes)
-        return reduced, self.routes.final_columns

@@ -4,104 +4,147 @@
 
 `block` holds this rank's results and `where` their places in the collection's output: for pooled outputs
 `block` is [n, B] (transposed: one row per output column, so placing and its gradient move whole rows) and
-`where` the n output columns (columns that repeat are summed: that is how row-wise partial sums are reduced); for sequence outputs `block` is flat and `where` the flat positions in the
-[ids, dim] output. The collection adds every group's block into one zero tensor (`index_add`), so the
-gradient of each block is simply the output gradient read back at `where`.
+`where` the n output columns (columns that repeat are summed: that is how row-wise partial sums are reduced);
+for sequence outputs `block` is flat and `where` the flat positions in the [ids, dim] output. The collection
+adds every group's block into one zero tensor (`index_add`), so the gradient of each block is simply the output
+gradient read back at `where`.
 
-Each sharding type (table_wise.py, row_wise.py, ...) is a subclass that writes its three steps.
+`ShardingGroup` is the interface (data_parallel.py implements it directly). `RoutedShardingGroup` is the base
+of the five types that move ids to the shards' owners; it holds the steps they share, written once:
+
+    input_dist   ids_to_owners(), with the ids each feature shard gets chosen by the type's `route`
+    lookup       LocalShards.lookup(): this rank's shards in one batched kernel
+    output_dist  pooled results straight back to the ranks that asked (one all-to-all); sequence results
+                 (EmbeddingCollection) always go back this way
+
+A sharding type module (table_wise.py, row_wise.py, ...) says only what differs: its plan shape
+(`check_table_plan`), its routing (`route`) and, for the two-level types, its output combination.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
 
-from rectoolkit.distributed.bags import (
-    Bag,
+from rectoolkit.distributed.comm import all_to_all_with_grad
+from rectoolkit.distributed.feature_shards import (
     FeatureBatch,
+    FeatureShard,
     LocalShards,
     ReceivedIds,
-    make_bags,
+    RoutedIds,
+    ShardingGroupSpec,
+    ids_to_owners,
+    make_feature_shards,
     output_columns,
+    pooled_to_requesters,
 )
-from rectoolkit.distributed.comm import ShardingEnv, all_to_all_with_grad
-from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 
+__all__ = ["RoutedShardingGroup", "ShardingGroup", "ShardingGroupSpec", "require"]
 
-class EmbeddingShardingGroup(nn.Module):
-    """Base of the per-type modules: bags, local shards, and the sequence output_dist they all share."""
+LocalShard = Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]
+
+
+class ShardingGroup(nn.Module):
+    """The interface of a sharding type: plan check, three steps, and the shards this rank holds."""
 
     sharding_type: ShardingType
 
-    def __init__(self, env: ShardingEnv, tables: Sequence[BaseEmbeddingConfig], output_keys: Sequence[Sequence[str]],
-                 module_plan: Mapping[str, ParameterSharding], key_offsets: Mapping[str, int], pooled: bool,
-                 weighted: bool, optimizer: Optional[FusedOptimizerConfig],
-                 initial_weights: Mapping[str, torch.Tensor], backend: str = "auto",
-                 dtype: torch.dtype = torch.float32, embedding_dim: int = 0) -> None:
+    def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__()
-        self.env = env
-        self.tables = list(tables)
-        self.pooled = pooled
-        self.weighted = weighted
-        self.embedding_dim = embedding_dim  # sequence outputs: the collection's one dim
+        self.env = spec.env
+        self.tables = spec.tables
+        self.pooled = spec.pooled
+        self.weighted = spec.weighted
+        self.module_plan = spec.module_plan
         for table in self.tables:
-            self.check_table_plan(table, module_plan[table.name])
-        self.module_plan = {t.name: module_plan[t.name] for t in self.tables}
-        self.bags_by_owner: List[List[Bag]] = make_bags(self.tables, output_keys, module_plan, env.world_size)
-        self.cols_by_owner = [sum(b.cols for b in bags) for bags in self.bags_by_owner]
-        my_bags = self.bags_by_owner[env.rank]
-        if not pooled and len({b.cols for b in my_bags}) > 1:
-            raise ValueError(f"rank {env.rank} holds column shards of widths {sorted({b.cols for b in my_bags})} of "
-                             "an EmbeddingCollection; give the column shards one width (or place them on other ranks)")
-        self.local = LocalShards(env, my_bags, {t.name: t for t in self.tables}, module_plan, pooled, optimizer,
-                                 initial_weights, backend, dtype)
-        self.register_buffer("out_columns", output_columns(self.bags_by_owner, key_offsets).to(env.device),
-                             persistent=False)
+            self.check_table_plan(table, spec.module_plan[table.name])
 
-    # -------------------------------------------------------------- the three steps (written per type)
     def check_table_plan(self, table: BaseEmbeddingConfig, ps: ParameterSharding) -> None:
         """Raise if the table's shards do not have this type's shape."""
 
-    def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
+    def input_dist(self, batch: FeatureBatch):
         raise NotImplementedError
 
-    def lookup(self, received: ReceivedIds) -> torch.Tensor:
+    def lookup(self, received) -> torch.Tensor:
         raise NotImplementedError
 
-    def output_dist(self, looked_up: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
+    def output_dist(self, looked_up: torch.Tensor, received) -> Tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def forward(self, batch: FeatureBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         received = self.input_dist(batch)
-        looked_up = self.lookup(received)
-        return self.output_dist(looked_up, received)
+        return self.output_dist(self.lookup(received), received)
 
-    # -------------------------------------------------------------- shared by every type
+    def local_shards(self) -> List[LocalShard]:
+        """(table, shard, weight, optimizer state) of every shard this rank holds."""
+        raise NotImplementedError
+
+    def shard_memory_bytes(self) -> Dict[str, int]:
+        raise NotImplementedError
+
+
+class RoutedShardingGroup(ShardingGroup):
+    """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL)."""
+
+    def __init__(self, spec: ShardingGroupSpec) -> None:
+        super().__init__(spec)
+        self.embedding_dim = spec.embedding_dim
+        self.by_owner: List[List[FeatureShard]] = make_feature_shards(
+            self.tables, spec.output_keys, spec.module_plan, self.env.world_size)
+        self.cols_by_owner = [sum(p.cols for p in pieces) for pieces in self.by_owner]
+        mine = self.by_owner[self.env.rank]
+        if not self.pooled and len({p.cols for p in mine}) > 1:
+            raise ValueError(f"rank {self.env.rank} holds column shards of widths {sorted({p.cols for p in mine})} "
+                             "of an EmbeddingCollection; give the column shards one width (or place them on other "
+                             "ranks)")
+        self.local = LocalShards(spec, mine)
+        self.register_buffer("out_columns", output_columns(self.by_owner, spec.key_offsets).to(self.env.device),
+                             persistent=False)
+
+    def route(self, batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
+        """The ids of `shard.feature` that go to `shard` (written by each type)."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- the three steps
+    def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
+        return ids_to_owners(self.env, batch, self.by_owner, self.route, self.weighted, keep_positions=not self.pooled)
+
+    def lookup(self, received: ReceivedIds) -> torch.Tensor:
+        return self.local.lookup(received)
+
+    def output_dist(self, looked_up: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
+        if not self.pooled:
+            return self.sequence_output_dist(looked_up, received)
+        return self.pooled_output_dist(looked_up, received)
+
+    def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One level: each owner sends every rank its [B_i, cols] block; the blocks land at their output columns
+        (column blocks side by side; row blocks on the same columns, so the collection sums the partial sums)."""
+        return pooled_to_requesters(self.env, pooled, received.batch_sizes, self.cols_by_owner), self.out_columns
+
     def sequence_output_dist(self, rows: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
         """output_dist of an EmbeddingCollection: each id's row slice goes back to the rank that sent the id."""
         W, me = self.env.world_size, self.env.rank
-        width = [bags[0].cols if bags else 0 for bags in self.bags_by_owner]
+        width = [pieces[0].cols if pieces else 0 for pieces in self.by_owner]
         send_splits = [n * width[me] for n in received.ids_received]
         receive_splits = [sum(received.ids_sent[owner]) * width[owner] for owner in range(W)]
         block = all_to_all_with_grad(self.env, rows.reshape(-1), send_splits, receive_splits, "output_dist")
         D = self.embedding_dim
         where = []
         for owner in range(W):
-            for bag, positions in zip(self.bags_by_owner[owner], received.positions_sent[owner]):
-                columns = torch.arange(bag.col_start, bag.col_end, device=positions.device)
+            for piece, positions in zip(self.by_owner[owner], received.positions_sent[owner]):
+                columns = torch.arange(piece.col_start, piece.col_end, device=positions.device)
                 where.append((positions.unsqueeze(1) * D + columns).reshape(-1))
         where = torch.cat(where) if where else torch.empty(0, dtype=torch.int64)
         return block, where.to(self.env.device)
 
-    def keep_positions(self) -> bool:
-        return not self.pooled
-
-    def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
-        """(table, shard, weight, optimizer state) of every shard this rank holds."""
+    # -------------------------------------------------------------- state
+    def local_shards(self) -> List[LocalShard]:
         kernel = self.local.kernel
         if kernel is None:
             return []

@@ -35,7 +35,7 @@ from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.optim.keyed import KeyedOptimizer
-from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
@@ -49,44 +49,23 @@ def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
 
 
 def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
-    """A plan for every collection: rectoolkit.planner's when it is available, else greedy table-wise.
-    `sharders`, if given, limit the planner's sharding types (EmbeddingShardingPlanner.plan).
+    """A plan for every collection, by rectoolkit.planner. `sharders`, if given, limit the planner's sharding
+    types (EmbeddingShardingPlanner.plan).
 
     Computed on rank 0 and broadcast, so every rank shards alike.
     """
     plan = None
     if env.rank == 0:
-        try:
-            from rectoolkit.planner import EmbeddingShardingPlanner, Topology
-        except ImportError:
-            plan = greedy_table_wise_plan(module, env)
-        else:
-            topology = Topology(world_size=env.world_size, compute_device=env.device.type,
-                                local_world_size=env.local_world_size)
-            plan = EmbeddingShardingPlanner(topology=topology).plan(module, sharders)
+        from rectoolkit.planner import EmbeddingShardingPlanner, Topology  # the planner imports this package
+
+        topology = Topology(world_size=env.world_size, compute_device=env.device.type,
+                            local_world_size=env.local_world_size)
+        plan = EmbeddingShardingPlanner(topology=topology).plan(module, sharders)
     if env.world_size > 1:
         box = [plan]
         dist.broadcast_object_list(box, src=0, group=env.pg)
         plan = box[0]
     return plan
-
-
-def greedy_table_wise_plan(module: nn.Module, env: ShardingEnv) -> ShardingPlan:
-    """Each table whole on the rank that holds the fewest bytes so far (largest tables first)."""
-    load = [0] * env.world_size
-    plan: Dict[str, Dict[str, ParameterSharding]] = {}
-    device = env.device.type
-    for path, collection in find_collections(module):
-        configs = list(collection.embedding_bag_configs() if hasattr(collection, "embedding_bag_configs")
-                       else collection.embedding_configs())
-        tables: Dict[str, ParameterSharding] = {}
-        for config in sorted(configs, key=lambda c: -c.num_embeddings * c.embedding_dim):
-            rank = min(range(env.world_size), key=lambda r: load[r])
-            load[rank] += config.num_embeddings * config.embedding_dim
-            tables[config.name] = ParameterSharding("table_wise", ranks=[rank], shards=[
-                ShardMetadata.on_rank(rank, 0, 0, config.num_embeddings, config.embedding_dim, device=device)])
-        plan[path] = {c.name: tables[c.name] for c in configs}
-    return ShardingPlan(plan)
 
 
 def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto"
@@ -198,6 +177,8 @@ class DistributedModelParallel(nn.Module):
         sharders: used only when the plan is made here (they limit its sharding types, as in TorchRec); every
             collection is sharded either way.
         init_data_parallel: wrap the dense part in DDP (default True).
+        init_parameters: must be True (TorchRec's default): shards are always initialized, from the module's
+            weights, or with each table's init_fn when the module is on the meta device; False is refused.
         local_world_size: ranks per host (TABLE_ROW_WISE / GRID_SHARD gateways); default LOCAL_WORLD_SIZE env
             variable, else all ranks on one host.
         backend: kernel backend of the shards ("auto" | "torch" | "fbgemm").
@@ -208,6 +189,10 @@ class DistributedModelParallel(nn.Module):
                  sharders: Optional[List[Any]] = None, init_data_parallel: bool = True,
                  init_parameters: bool = True, local_world_size: Optional[int] = None, backend: str = "auto") -> None:
         super().__init__()
+        if not init_parameters:
+            raise ValueError("DistributedModelParallel(init_parameters=False) is not supported: rectoolkit always "
+                             "initializes the shards (from the module's weights, or with each table's init_fn when "
+                             "the module is on the meta device); leave init_parameters at True")
         if not isinstance(env, ShardingEnv):
             env = ShardingEnv.from_process_group(env, local_world_size=local_world_size,
                                                  device=torch.device(device) if device is not None else None)

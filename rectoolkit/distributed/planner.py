@@ -1,4 +1,5 @@
-"""TorchRec's module path torchrec.distributed.planner; the planner itself is rectoolkit.planner."""
+"""TorchRec's module path torchrec.distributed.planner (a path module, see rectoolkit.compat); the planner
+itself is rectoolkit.planner."""
 
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, Topology
 

@@ -6,23 +6,42 @@
     output_dist   each rank sends rank i its [B, dim] partial sums; rank i adds them up    (all-to-all + sum:
                   a reduce-scatter, written so that gloo, which has none, runs it)
 
+Every row block's partial sums target the same output columns, so the collection's `index_add` adds them up.
 Bytes (rectoolkit.plan.traffic): rank i sends block k's owner 4 B_i + 8 * (ids in block k); every owner
 returns 4 * B_i * dim.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
-from rectoolkit.distributed.bags import FeatureBatch, ReceivedIds, ids_to_owners, pooled_to_requesters
-from rectoolkit.distributed.group import EmbeddingShardingGroup, require
+from rectoolkit.distributed.feature_shards import FeatureBatch, FeatureShard, RoutedIds
+from rectoolkit.distributed.group import RoutedShardingGroup, require
+from rectoolkit.distributed.table_wise import every_id
 from rectoolkit.plan.types import ShardingType
 
 
-class RowWiseSharding(EmbeddingShardingGroup):
-    """The ROW_WISE tables of one sharded collection."""
+def bucket_by_rows(batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
+    """Routing of a row block: the ids of the feature in [row_start, row_end), shifted to the block's rows,
+    with each sample's count of them (its lengths) and where they sit (for sequence outputs)."""
+    if shard.full_rows:
+        return every_id(batch, shard)
+
+    def bucket() -> RoutedIds:
+        ids, lengths, weights = batch.values[shard.feature], batch.lengths[shard.feature], batch.weights[shard.feature]
+        keep = (ids >= shard.row_start) & (ids < shard.row_end)
+        kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
+        ends = lengths.cumsum(0)
+        positions = keep.nonzero().squeeze(1)
+        return RoutedIds(kept_before[ends] - kept_before[ends - lengths], ids[positions] - shard.row_start,
+                         weights[positions] if weights is not None else None,
+                         positions + batch.value_starts[shard.feature])
+
+    return batch.cached((shard.feature, shard.row_start, shard.row_end), bucket)
+
+
+class RowWiseSharding(RoutedShardingGroup):
+    """The ROW_WISE tables of one sharded collection (output: the base's one level; partial sums added)."""
 
     sharding_type = ShardingType.ROW_WISE
 
@@ -30,14 +49,5 @@ class RowWiseSharding(EmbeddingShardingGroup):
         require(all(s.columns == (0, table.embedding_dim) for s in ps.shards), table, ps,
                 "a row block does not hold all columns (use GRID_SHARD to cut columns too)")
 
-    def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
-        return ids_to_owners(self.env, batch, self.bags_by_owner, self.weighted, self.keep_positions())
-
-    def lookup(self, received: ReceivedIds) -> torch.Tensor:
-        return self.local.lookup(received)
-
-    def output_dist(self, looked_up: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
-        if not self.pooled:
-            return self.sequence_output_dist(looked_up, received)
-        partial_sums = pooled_to_requesters(self.env, looked_up, received.batch_sizes, self.cols_by_owner)
-        return partial_sums, self.out_columns  # every block targets the same columns: they are summed
+    def route(self, batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
+        return bucket_by_rows(batch, shard)

@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from rectoolkit.distributed.bags import FeatureBatch, check_ids_in_range
+from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
@@ -36,6 +36,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
+from rectoolkit.modules.layout import FeatureLayout, guard_gradient
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -83,6 +84,16 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
     return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
 
 
+def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
+                    module_plan: Mapping[str, ParameterSharding]) -> Dict[str, ParameterSharding]:
+    """The plan cut down to `tables` (a collection's, or one group's), raising for tables it does not plan."""
+    missing = [t.name for t in tables if t.name not in module_plan]
+    if missing:
+        raise ValueError(f"the sharding plan has no entry for table(s) {missing}; plan every table of the "
+                         f"collection (planned: {sorted(module_plan)})")
+    return {t.name: module_plan[t.name] for t in tables}
+
+
 class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
@@ -96,9 +107,12 @@ class ShardedCollection(nn.Module):
         self._ids_out_of_range = ids_out_of_range
         self._optimizer = optimizer
         validate_module_plan(module_plan, tables, env.world_size, type(self).__name__)
-        self.module_plan: Dict[str, ParameterSharding] = {t.name: module_plan[t.name] for t in tables}
+        self.module_plan: Dict[str, ParameterSharding] = plan_for_tables(tables, module_plan)
         self._embedding_names_by_table = get_embedding_names_by_table(tables)
         self._features = [f for t in tables for f in t.feature_names]
+        self._layout = FeatureLayout(type(self).__name__, self._features,
+                                     [t.name for t in tables for _ in t.feature_names],
+                                     [t.num_embeddings for t in tables for _ in t.feature_names])
         self._embedding_names = [n for names in self._embedding_names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         offsets, running = {}, 0
@@ -119,18 +133,17 @@ class ShardedCollection(nn.Module):
             if not chosen:
                 continue
             group_tables = [t for t, _ in chosen]
-            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(
-                env, group_tables, [keys for _, keys in chosen], self.module_plan, offsets, pooled, is_weighted,
-                None if dense_kernel else optimizer,
-                {t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
-                backend, dtype, embedding_dim)
+            spec = ShardingGroupSpec(
+                env=env, tables=group_tables, output_keys=[keys for _, keys in chosen],
+                module_plan=plan_for_tables(group_tables, self.module_plan), key_offsets=offsets, pooled=pooled,
+                weighted=is_weighted, optimizer=None if dense_kernel else optimizer,
+                initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
+                backend=backend, dtype=dtype, embedding_dim=embedding_dim)
+            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
 
     def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
-        batch = FeatureBatch.from_kjt(features, self._features, type(self).__name__, self.env.device)
-        if self._is_weighted and any(w is None for w in batch.weights.values()):
-            raise ValueError(f"{type(self).__name__}(is_weighted=True) needs a KeyedJaggedTensor with weights")
-        check_ids_in_range(batch, self._tables, self.env.rank, self._ids_out_of_range)
-        return batch
+        return FeatureBatch.from_kjt(features, self._layout, self._is_weighted, self._ids_out_of_range, self.env.rank,
+                                     self.env.device)
 
     # ------------------------------------------------------------------ shards and state
     def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
@@ -194,6 +207,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             block_t, columns = group(batch)
             out_t = out_t.index_add(0, columns, block_t)
         out = out_t.t().contiguous()
+        if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
+            out = guard_gradient(out, type(self).__name__)
         if self._mean_features is not None:
             scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
                      for f, mean in zip(self._features, self._mean_features)]

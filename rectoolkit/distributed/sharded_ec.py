@@ -23,6 +23,7 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedCollection, _copy, _initial_weights
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.embedding_modules import EmbeddingCollection
+from rectoolkit.modules.layout import guard_gradient
 from rectoolkit.plan.types import ParameterSharding
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -47,6 +48,8 @@ class ShardedEmbeddingCollection(ShardedCollection):
         for group in self.groups.values():
             block, where = group(batch)
             out = out.index_add(0, where, block)
+        if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
+            out = guard_gradient(out, type(self).__name__)
         rows = out.view(-1, self._dim).split(counts)
         return {name: JaggedTensor(values=r, lengths=batch.lengths[f],
                                    weights=batch.values[f] if self._need_indices else None)

@@ -15,8 +15,7 @@ from typing import List, Type
 from torch import nn
 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from rectoolkit.plan.types import EmbeddingComputeKernel, ShardingType
-from rectoolkit.planner.enumerate import CPU_KERNELS, CUDA_KERNELS
+from rectoolkit.plan.types import CPU_KERNELS, CUDA_KERNELS, EmbeddingComputeKernel, ShardingType
 
 # the planner's kernels per device, plus "dense" (plain weights), which a plan may also ask for
 _TRAINING_KERNELS = {

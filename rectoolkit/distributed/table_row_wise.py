@@ -6,110 +6,33 @@
                        g = host * L + local(i); the gateway adds them up                      (all-to-all + sum)
     output_dist_inter  the gateway sends rank i the reduced [B, dim]                           (all-to-all)
 
-Only reduced sums cross hosts (the point of the type: the fast intra-host links carry the partial sums).
-Bytes (rectoolkit.plan.traffic): intra 4 * B_i * dim per (row block, feature); inter 4 * B_i * dim per
-(column block, feature). Sequence outputs (EmbeddingCollection) go back in one level, as for ROW_WISE.
+Routing is row-wise's (row_wise.bucket_by_rows); the output combination is two-level (two_level.py), so only
+reduced sums cross hosts. Bytes (rectoolkit.plan.traffic): intra 4 * B_i * dim per (row block, feature);
+inter 4 * B_i * dim per (column block, feature). Sequence outputs (EmbeddingCollection) go back in one level,
+as for ROW_WISE.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Tuple
 
 import torch
 
-from rectoolkit.distributed.bags import Bag, FeatureBatch, ReceivedIds, ids_to_owners
-from rectoolkit.distributed.comm import ShardingEnv, all_to_all_with_grad, from_ragged, to_ragged
-from rectoolkit.distributed.group import EmbeddingShardingGroup, require
+from rectoolkit.distributed.feature_shards import ReceivedIds, ShardingGroupSpec
+from rectoolkit.distributed.group import require
+from rectoolkit.distributed.row_wise import RowWiseSharding
+from rectoolkit.distributed.two_level import TwoLevelRoutes
 from rectoolkit.plan.types import ShardingType
 
 
-class TwoLevelRoutes:
-    """Who sends what in the two output_dist levels; every rank computes the same routes from the bags.
-
-    A *unit* is (output key, column block): what a gateway reduces and sends across hosts. Each column
-    block lives on one host, so units are grouped by host.
-    """
-
-    def __init__(self, env: ShardingEnv, bags_by_owner: Sequence[Sequence[Bag]], key_offsets: Mapping[str, int]):
-        L, W = env.local_world_size, env.world_size
-        self.env, self.hosts, self.L = env, W // L, L
-        units: List[Dict[Tuple[str, int, int], int]] = [dict() for _ in range(self.hosts)]  # per host: unit -> column
-        self.unit_cols = [0] * self.hosts
-        for owner, bags in enumerate(bags_by_owner):
-            host = owner // L
-            for bag in bags:
-                unit = (bag.output_key, bag.col_start, bag.col_end)
-                if any(unit in units[h] for h in range(self.hosts) if h != host):
-                    raise ValueError(f"table {bag.table!r}: columns {bag.col_start}..{bag.col_end} have row blocks on "
-                                     "two hosts; each column block of a two-level table must stay inside one host")
-                if unit not in units[host]:
-                    units[host][unit] = self.unit_cols[host]
-                    self.unit_cols[host] += bag.cols
-        self.cols_by_owner = [sum(b.cols for b in bags) for bags in bags_by_owner]
-        my_host = env.host
-        self.my_host_ranks = [r for r in range(W) if r // L == my_host]
-        # gateway side: received rows arrive as (owner of my host, served rank by host h, bag column); each
-        # goes to row h * unit_cols + (its unit's column) of the reduced [H * unit_cols, B] block
-        width = self.unit_cols[my_host]
-        gateway_rows = [h * width + torch.arange(units[my_host][(b.output_key, b.col_start, b.col_end)],
-                                                 units[my_host][(b.output_key, b.col_start, b.col_end)] + b.cols)
-                        for owner in self.my_host_ranks for h in range(self.hosts) for b in bags_by_owner[owner]]
-        self.gateway_rows = _cat_or_empty(gateway_rows).to(env.device)
-        # receiver side: where each unit column goes in the collection's output, host by host
-        final_cols = [torch.arange(key_offsets[key] + c0, key_offsets[key] + c1)
-                      for host in range(self.hosts) for (key, c0, c1) in units[host]]
-        self.final_columns = _cat_or_empty(final_cols).to(env.device)
-        # the owner's rows for source i, regrouped by the gateway serving i: local index first, then host
-        self.source_ranks = [l + h * L for l in range(L) for h in range(self.hosts)]
-        self.source_order = torch.tensor(self.source_ranks, device=env.device)
-
-    def to_requesters(self, pooled: torch.Tensor, batch_sizes: Sequence[int]) -> torch.Tensor:
-        """output_dist_intra then output_dist_inter, on transposed blocks ([cols, B], see bags.LocalShards.lookup).
-
-        Returns [all unit columns (host by host), B_me]. Blocks for rank i carry its B_i columns (to_ragged).
-        """
-        env, W, L, H = self.env, self.env.world_size, self.L, self.hosts
-        my_host, me_local = env.host, env.local_rank
-        mine = self.cols_by_owner[env.rank]
-        same_host = [r // L == my_host for r in range(W)]
-        # intra: partial sums for the H ranks a gateway serves, to that gateway (a rank of my host)
-        B = pooled.shape[1]
-        regrouped = pooled.view(W, mine * B).index_select(0, self.source_order).view(W * mine, B)
-        served = [batch_sizes[i] for i in self.source_ranks]  # batch size of each regrouped block
-        per_gateway = [sum(batch_sizes[h * L + g % L] for h in range(H)) for g in range(W)]
-        received = all_to_all_with_grad(
-            env, to_ragged(regrouped, [mine] * W, served), [mine * per_gateway[g] if same_host[g] else 0 for g in range(W)],
-            [self.cols_by_owner[o] * per_gateway[env.rank] if same_host[o] else 0 for o in range(W)],
-            "output_dist_intra")
-        # the gateway adds up the partial sums of each rank it serves (rank h * L + me_local on host h)
-        mine_served = [batch_sizes[h * L + me_local] for h in range(H)]
-        B_served = max(mine_served)
-        rows = from_ragged(received, [self.cols_by_owner[o] for o in self.my_host_ranks for _ in range(H)],
-                           mine_served * len(self.my_host_ranks), B_served)
-        width = self.unit_cols[my_host]
-        reduced = rows.new_zeros(H * width, B_served).index_add(0, self.gateway_rows, rows)
-        # inter: the reduced sums to the ranks this gateway serves (same local index on every host)
-        same_local = [r % L == me_local for r in range(W)]
-        received = all_to_all_with_grad(
-            env, to_ragged(reduced, [width] * H, mine_served),
-            [width * batch_sizes[i] if same_local[i] else 0 for i in range(W)],
-            [self.unit_cols[g // L] * batch_sizes[env.rank] if same_local[g] else 0 for g in range(W)],
-            "output_dist_inter")
-        return received.view(-1, batch_sizes[env.rank])
-
-
-def _cat_or_empty(parts):
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-
-
-class TableRowWiseSharding(EmbeddingShardingGroup):
-    """The TABLE_ROW_WISE tables of one sharded collection."""
+class TableRowWiseSharding(RowWiseSharding):
+    """The TABLE_ROW_WISE tables of one sharded collection: row-wise routing, two-level output."""
 
     sharding_type = ShardingType.TABLE_ROW_WISE
 
-    def __init__(self, env, tables, output_keys, module_plan, key_offsets, *args, **kwargs) -> None:
-        super().__init__(env, tables, output_keys, module_plan, key_offsets, *args, **kwargs)
-        self.routes = TwoLevelRoutes(env, self.bags_by_owner, key_offsets)
+    def __init__(self, spec: ShardingGroupSpec) -> None:
+        super().__init__(spec)
+        self.routes = TwoLevelRoutes(self.env, self.by_owner, spec.key_offsets)  # checks: one host per column block
 
     def check_table_plan(self, table, ps) -> None:
         require(all(s.columns == (0, table.embedding_dim) for s in ps.shards), table, ps,
@@ -118,14 +41,5 @@ class TableRowWiseSharding(EmbeddingShardingGroup):
         require(len(hosts) == 1, table, ps, f"its row blocks sit on hosts {sorted(hosts)} "
                 f"(local_world_size={self.env.local_world_size}); keep them on one host, or use ROW_WISE")
 
-    def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
-        return ids_to_owners(self.env, batch, self.bags_by_owner, self.weighted, self.keep_positions())
-
-    def lookup(self, received: ReceivedIds) -> torch.Tensor:
-        return self.local.lookup(received)
-
-    def output_dist(self, looked_up: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
-        if not self.pooled:
-            return self.sequence_output_dist(looked_up, received)
-        reduced = self.routes.to_requesters(looked_up, received.batch_sizes)
-        return reduced, self.routes.final_columns
+    def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.routes.to_requesters(pooled, received.batch_sizes), self.routes.final_columns

@@ -1,9 +1,11 @@
-"""TorchRec's module path torchrec.distributed.types: the plan types (defined in rectoolkit.plan.types) and the
-sharding environment (rectoolkit.distributed.comm). ParameterConstraints is here too, where some tutorials import
-it from (TorchRec itself keeps it in torchrec.distributed.planner.types)."""
+"""TorchRec's module path torchrec.distributed.types (a path module: re-exports only; see rectoolkit.compat).
 
-from typing import Generic, TypeVar
+The plan types (defined in rectoolkit.plan.types), the sharding environment (rectoolkit.distributed.comm) and
+LazyAwaitable (rectoolkit.distributed.awaitable). ParameterConstraints is here too, where some tutorials import
+it from (TorchRec itself keeps it in torchrec.distributed.planner.types).
+"""
 
+from rectoolkit.distributed.awaitable import LazyAwaitable
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.plan.types import (
     EmbeddingModuleShardingPlan,
@@ -13,36 +15,6 @@ from rectoolkit.plan.types import (
     ShardMetadata,
 )
 from rectoolkit.planner.constraints import ParameterConstraints
-
-W = TypeVar("W")
-
-
-class LazyAwaitable(Generic[W]):
-    """TorchRec's deferred result: subclasses compute it in `_wait_impl`, and `wait()` runs that once.
-
-    rectoolkit's sharded modules return their results directly (a KeyedTensor's `wait()` returns itself), so this
-    class is only for code written against TorchRec's type.
-
-        >>> class Ones(LazyAwaitable[list]):
-        ...     def _wait_impl(self):
-        ...         return [1, 1]
-        >>> Ones().wait()
-        [1, 1]
-    """
-
-    def __init__(self) -> None:
-        self._result: "W | None" = None
-        self._done = False
-
-    def _wait_impl(self) -> W:
-        raise NotImplementedError(f"{type(self).__name__} must implement _wait_impl() to return its result")
-
-    def wait(self) -> W:
-        if not self._done:
-            self._result = self._wait_impl()
-            self._done = True
-        return self._result
-
 
 __all__ = ["EmbeddingModuleShardingPlan", "LazyAwaitable", "ParameterConstraints", "ParameterSharding", "ShardingEnv", "ShardingPlan",
            "ShardingType", "ShardMetadata"]

@@ -1,5 +1,5 @@
-"""TorchRec's module path for the table configs (torchrec.modules.embedding_configs); they live in
-rectoolkit.modules.configs, and QuantConfig in rectoolkit.quant.config."""
+"""TorchRec's module path torchrec.modules.embedding_configs (a path module: re-exports only, see
+rectoolkit.compat). The configs live in rectoolkit.modules.configs, QuantConfig in rectoolkit.quant.config."""
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from rectoolkit.quant.config import QuantConfig

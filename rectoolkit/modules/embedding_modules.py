@@ -31,6 +31,7 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules.layout import FeatureLayout, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -83,6 +84,9 @@ class _BatchedCollection(nn.Module):
         self._embedding_names_by_table = get_embedding_names_by_table(tables)
         self._flat_features = [f for names in self._feature_names for f in names]
         self._feature_table_map = [t for t, names in enumerate(self._feature_names) for _ in names]
+        self._layout = FeatureLayout(type(self).__name__, self._flat_features,
+                                     [tables[t].name for t in self._feature_table_map],
+                                     [tables[t].num_embeddings for t in self._feature_table_map])
         dtypes = {torch.float32 if t.data_type == DataType.FP32 else torch.float16 for t in tables}
         if len(dtypes) > 1:
             raise ValueError("all tables of one collection must share a data_type (FP32 or FP16 here)")
@@ -195,31 +199,6 @@ class _BatchedCollection(nn.Module):
         if self.fused_optimizer is not None:
             self.fused_optimizer.sync_hyperparameters()
 
-    def _gather_features(self, features: KeyedJaggedTensor):
-        """(values, lengths, weights, batch size) of this collection's features, in table order."""
-        keys = features.keys()
-        stride = features.stride()
-        if list(keys) == self._flat_features:
-            return features.values(), features.lengths(), features.weights_or_none(), stride
-        position = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in self._flat_features if f not in position]
-        if missing:
-            needed_by = {f: self._configs()[self._feature_table_map[self._flat_features.index(f)]].name for f in missing}
-            raise ValueError(
-                f"{type(self).__name__}: the KeyedJaggedTensor has no feature(s) {missing} "
-                f"(needed by tables {needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine)."
-            )
-        lengths = features.lengths()
-        if lengths.numel() != len(keys) * stride:
-            raise ValueError("variable batch sizes per feature are not supported by the collections; pad to one stride")
-        order = [position[f] for f in self._flat_features]
-        starts = features.offset_per_key()
-        values, weights = features.values(), features.weights_or_none()
-        segments = [values[starts[i]:starts[i + 1]] for i in order]
-        new_weights = torch.cat([weights[starts[i]:starts[i + 1]] for i in order]) if weights is not None else None
-        new_lengths = lengths.view(len(keys), stride)[order].reshape(-1)
-        return torch.cat(segments), new_lengths, new_weights, stride
-
     @staticmethod
     def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
         """Offsets [0, l0, l0+l1, ...] as int64 (fbgemm's one-pass op when it is loaded)."""
@@ -271,10 +250,10 @@ class EmbeddingBagCollection(_BatchedCollection):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool each feature's ids with its table: KJT (B bags per feature) -> KeyedTensor [B, sum of dims]."""
         self._sync_kernel()
-        values, lengths, weights, batch_size = self._gather_features(features)
-        if self._is_weighted and weights is None:
-            raise ValueError("EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights")
-        pooled = self._kernel(values, self._complete_cumsum(lengths), weights if self._is_weighted else None)
+        values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted)
+        pooled = self._kernel(values, self._complete_cumsum(lengths), weights)
+        if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
+            pooled = guard_gradient(pooled, type(self).__name__)
         if self._has_mean:
             counts = lengths.to(pooled.device).view(len(self._flat_features), batch_size).t().clamp(min=1).to(pooled.dtype)
             scale = torch.where(self._mean_features.to(counts.device), 1.0 / counts, torch.ones_like(counts))
@@ -290,7 +269,26 @@ class EmbeddingBagCollection(_BatchedCollection):
         return self._embedding_bag_configs
 
 
-class EmbeddingCollection(_BatchedCollection):
+class SequenceCollectionAccessors:
+    """TorchRec's accessors of an EmbeddingCollection, shared by the float and quantized ones."""
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_dim(self) -> int:
+        return self._embedding_dim
+
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def embedding_names_by_table(self) -> List[List[str]]:
+        return self._embedding_names_by_table
+
+    def _output_names(self) -> List[str]:
+        return [name for names in self._embedding_names_by_table for name in names]
+
+
+class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
     """One embedding per id: KeyedJaggedTensor -> {feature: JaggedTensor of [num ids, dim]}, as in TorchRec.
 
     All tables need one embedding_dim (TorchRec's rule). Arguments as EmbeddingBagCollection, plus
@@ -322,28 +320,10 @@ class EmbeddingCollection(_BatchedCollection):
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         self._sync_kernel()
-        values, lengths, _, batch_size = self._gather_features(features)
-        rows = self._kernel(values, self._complete_cumsum(lengths))
-        per_feature_lengths = lengths.view(len(self._flat_features), batch_size)
-        counts = per_feature_lengths.sum(1).tolist() if rows.device.type != "meta" else None
-        if counts is None:
+        gathered = self._layout.gather(features, weighted=False)
+        rows = self._kernel(gathered.values, self._complete_cumsum(gathered.lengths))
+        if rows.device.type == "meta":
             raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
-        names = [n for group in self._embedding_names_by_table for n in group]
-        value_chunks = values.split(counts)
-        return {
-            name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
-                               weights=value_chunks[f] if self._need_indices else None)
-            for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))
-        }
-
-    def need_indices(self) -> bool:
-        return self._need_indices
-
-    def embedding_dim(self) -> int:
-        return self._embedding_dim
-
-    def embedding_configs(self) -> List[EmbeddingConfig]:
-        return self._embedding_configs
-
-    def embedding_names_by_table(self) -> List[List[str]]:
-        return self._embedding_names_by_table
+        if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
+            rows = guard_gradient(rows, type(self).__name__)
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)

@@ -71,6 +71,11 @@ class EmbeddingComputeKernel(enum.Enum):
         raise ValueError(f"unknown compute kernel {value!r}; use one of {[m.value for m in cls]}")
 
 
+# The kernels the planner proposes per device (a plan may also ask for "dense": plain weights).
+CUDA_KERNELS = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
+CPU_KERNELS = (EmbeddingComputeKernel.FUSED,)
+
+
 @dataclass(frozen=True)
 class ShardMetadata:
     """One shard: its offsets and sizes in (rows, columns) of the table, and where it lives.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from rectoolkit.modules.table_sources import find_table_configs
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardingType
 
 
@@ -152,6 +153,4 @@ def _shapes(tables: Any) -> Dict[Tuple[str, str], Tuple[int, int]]:
         return {(k if isinstance(k, tuple) else ("", k)): tuple(v) for k, v in tables.items()}
     if isinstance(tables, Sequence) and tables and hasattr(tables[0], "module_path") and hasattr(tables[0], "config"):
         return {t.key: (t.rows, t.dim) for t in tables}
-    from rectoolkit.planner.tables import collect_tables
-
-    return {t.key: (t.rows, t.dim) for t in collect_tables(tables, batch_size=1)}
+    return {(path, c.name): (c.num_embeddings, c.embedding_dim) for path, c, _, _ in find_table_configs(tables)}

@@ -22,7 +22,14 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
+from rectoolkit.plan.types import (
+    CPU_KERNELS,
+    CUDA_KERNELS,
+    EmbeddingComputeKernel,
+    ParameterSharding,
+    ShardingType,
+    ShardMetadata,
+)
 from rectoolkit.planner.tables import PlannerTable
 from rectoolkit.planner.topology import Topology
 
@@ -35,8 +42,6 @@ POOLED_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.
 SEQUENCE_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
                   ShardingType.DATA_PARALLEL)
 # Kernels in order of speed: the search takes the first one that fits.
-CUDA_KERNELS = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
-CPU_KERNELS = (EmbeddingComputeKernel.FUSED,)
 KERNEL_SPEED_ORDER = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE,
                       EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
 

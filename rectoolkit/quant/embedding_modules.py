@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from rectoolkit.modules.embedding_modules import get_embedding_names_by_table
+from rectoolkit.modules.embedding_modules import SequenceCollectionAccessors, get_embedding_names_by_table
+from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.rowwise import (
@@ -85,6 +86,8 @@ class _QuantCollection(nn.Module):
         self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
         feature_table_map = [i for i, t in enumerate(tables) for _ in t.feature_names]
         self._feature_table_names = [tables[i].name for i in feature_table_map]
+        self._layout = FeatureLayout(type(self).__name__, self._feature_names, self._feature_table_names,
+                                     [tables[i].num_embeddings for i in feature_table_map], hash_allowed=False)
         self._lookup = QuantBatchedLookup(
             [QuantTableSpec(t.num_embeddings, t.embedding_dim, t.data_type, t.name) for t in tables],
             feature_table_map=feature_table_map, pooled=pooled, row_alignment=row_alignment, backend=backend,
@@ -161,39 +164,11 @@ class _QuantCollection(nn.Module):
         return self._lookup.storage_bytes()
 
     # ------------------------------------------------------------------ inputs
-    def _features_in_order(self, features: KeyedJaggedTensor):
-        """(values, lengths, weights, batch size) of this collection's features, in table order."""
-        keys = features.keys()
-        if list(keys) != self._feature_names:
-            missing = [f for f in self._feature_names if f not in keys]
-            if missing:
-                raise ValueError(
-                    f"{type(self).__name__}: the KeyedJaggedTensor has no feature(s) {missing} "
-                    f"(needed by tables {[self._feature_table_names[self._feature_names.index(f)] for f in missing]}); "
-                    f"it has keys {list(keys)}. Add them (empty lengths are fine).")
-            features = features.permute(self._feature_names)
-        return features.values(), features.lengths(), features.weights_or_none(), features.stride()
-
     def _check_ids(self, values: torch.Tensor, lengths: torch.Tensor, batch_size: int) -> None:
-        """Raise naming the feature, sample, id and table when an id is outside its table (one min/max per feature)."""
-        if self._ids_out_of_range == "unchecked" or _tracing() or values.numel() == 0:
-            return
-        per_feature = lengths.view(len(self._feature_names), batch_size)
-        counts = per_feature.sum(1).tolist()
-        rows = self._lookup.rows_per_feature.tolist()
-        segments = values.split(counts)
-        present = [feature for feature, segment in enumerate(segments) if segment.numel()]
-        extremes = [torch.aminmax(segments[feature]) for feature in present]
-        stats = torch.stack([low for low, _ in extremes] + [high for _, high in extremes]).tolist()  # one read-back
-        for index, feature in enumerate(present):
-            if stats[index] < 0 or stats[len(present) + index] >= rows[feature]:
-                segment = segments[feature]
-                position = int(((segment < 0) | (segment >= rows[feature])).nonzero()[0, 0])
-                sample = int(torch.searchsorted(per_feature[feature].to(torch.int64).cumsum(0), position, right=True))
-                raise ValueError(
-                    f"{type(self).__name__}: id {int(segment[position])} of feature {self._feature_names[feature]!r} "
-                    f"(sample {sample}) is out of range for table {self._feature_table_names[feature]!r} "
-                    f"with {rows[feature]} rows; fix the ids or enlarge the table.")
+        """Raise naming the feature, sample, id and table when an id is outside its table (modules.layout)."""
+        if not _tracing():
+            self._layout.check_ids(GatheredFeatures(values, lengths, None, batch_size), self._ids_out_of_range,
+                                   subject=f"{type(self).__name__}: ")
 
     @staticmethod
     def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
@@ -261,8 +236,8 @@ class QuantEmbeddingBagCollection(_QuantCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool each feature's ids with its quantized table: KJT -> KeyedTensor [B, sum of dims]."""
-        values, lengths, weights, batch_size = self._features_in_order(features)
-        pooled = self.pooled_from_tensors(values, lengths, weights if self._is_weighted else None, batch_size)
+        values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted)
+        pooled = self.pooled_from_tensors(values, lengths, weights, batch_size)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._length_per_key, values=pooled, key_dim=1)
 
     def pooled_from_tensors(self, values: torch.Tensor, lengths: torch.Tensor,
@@ -318,7 +293,7 @@ class QuantEmbeddingBagCollection(_QuantCollection):
         return self._embedding_bag_configs
 
 
-class QuantEmbeddingCollection(_QuantCollection):
+class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
     """Per-id lookups from quantized tables: KeyedJaggedTensor -> {feature: JaggedTensor [ids, dim]}.
 
     Arguments as QuantEmbeddingBagCollection (no is_weighted), plus need_indices. All tables share one dim.
@@ -350,16 +325,10 @@ class QuantEmbeddingCollection(_QuantCollection):
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         self._sync_storage()
-        values, lengths, _, batch_size = self._features_in_order(features)
-        self._check_ids(values, lengths, batch_size)
-        rows = self._lookup(values, self._complete_cumsum(lengths))
-        per_feature_lengths = lengths.view(len(self._feature_names), batch_size)
-        counts = per_feature_lengths.sum(1).tolist()
-        names = [n for group in self._embedding_names_by_table for n in group]
-        value_chunks = values.split(counts)
-        return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f],
-                                   weights=value_chunks[f] if self._need_indices else None)
-                for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
+        gathered = self._layout.gather(features, weighted=False)
+        self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)
+        rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
 
     @classmethod
     def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
@@ -377,18 +346,6 @@ class QuantEmbeddingCollection(_QuantCollection):
 
     def _get_name(self) -> str:
         return "QuantizedEmbeddingCollection"
-
-    def need_indices(self) -> bool:
-        return self._need_indices
-
-    def embedding_dim(self) -> int:
-        return self._embedding_dim
-
-    def embedding_configs(self) -> List[EmbeddingConfig]:
-        return self._embedding_configs
-
-    def embedding_names_by_table(self) -> List[List[str]]:
-        return self._embedding_names_by_table
 
 
 # ---------------------------------------------------------------------------------------------- from_float

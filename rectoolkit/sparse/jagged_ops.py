@@ -1,33 +1,16 @@
 """Small tensor routines shared by the jagged types: lengths <-> offsets, padding, printing.
 
 Each routine uses an fbgemm op only where it is measurably faster on the device at hand and
-``rectoolkit.kernels.fbgemm_available()`` is True; the pure-torch path gives identical results.
+``rectoolkit.fbgemm_probe.fbgemm_available()`` is True; the pure-torch path gives identical results.
 """
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional
 
 import torch
 
-from rectoolkit.kernels import fbgemm_available
-
-# fbgemm_available() re-reads and parses the environment on every call (~1.5-3 us, a tenth of a
-# 20 us offsets computation). Here its answer is remembered for as long as RECTOOLKIT_DISABLE_FBGEMM
-# keeps the same raw value, read straight from os.environ's backing dict where there is one.
-_ENV_NAME = "RECTOOLKIT_DISABLE_FBGEMM"
-_environ_data = getattr(os.environ, "_data", None)
-_env_key = os.environ.encodekey(_ENV_NAME) if hasattr(os.environ, "encodekey") else _ENV_NAME
-_fbgemm_decision: List[object] = [object(), False]
-
-
-def use_fbgemm() -> bool:
-    """fbgemm_available(), cached per value of RECTOOLKIT_DISABLE_FBGEMM."""
-    env = _environ_data.get(_env_key) if _environ_data is not None else os.environ.get(_ENV_NAME)
-    if env != _fbgemm_decision[0]:
-        _fbgemm_decision[0], _fbgemm_decision[1] = env, fbgemm_available()
-    return bool(_fbgemm_decision[1])
+from rectoolkit.fbgemm_probe import fbgemm_available as use_fbgemm  # cheap: cached per value of the variable
 
 
 def _fbgemm_cumsum_is_faster(lengths: torch.Tensor) -> bool:

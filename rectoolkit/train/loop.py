@@ -111,14 +111,8 @@ def make_tables(config: TrainConfig) -> Tuple[List[EmbeddingBagConfig], Dict[str
 
 
 def sharding_mode(ctx: WorkerContext, plan: Any) -> str:
-    """"local" (one process, no plan), "dmp" (rectoolkit's DistributedModelParallel) or "ddp" (fallback)."""
-    if ctx.world_size == 1 and plan is None:
-        return "local"
-    try:
-        from rectoolkit.distributed import DistributedModelParallel  # noqa: F401
-    except ImportError:
-        return "ddp"
-    return "dmp"
+    """"local" (one process, no plan) or "dmp" (rectoolkit's DistributedModelParallel)."""
+    return "local" if ctx.world_size == 1 and plan is None else "dmp"
 
 
 def build_model(config: TrainConfig, tables: List[EmbeddingBagConfig], dense_features: int, fuse_embedding_optimizer: bool,
@@ -142,17 +136,12 @@ def load_plan(plan: Any) -> Any:
 
 
 def shard_model(model: nn.Module, ctx: WorkerContext, plan: Any, mode: str) -> nn.Module:
-    """Apply the model parallelism: DistributedModelParallel (one call), or plain DDP until it exists."""
+    """Apply the model parallelism: DistributedModelParallel (one call), or nothing for a local run."""
     if mode == "local":
         return model
-    if mode == "dmp":
-        from rectoolkit.distributed import DistributedModelParallel
+    from rectoolkit.distributed import DistributedModelParallel
 
-        return DistributedModelParallel(model, plan=load_plan(plan), device=ctx.device)
-    if plan is not None and ctx.is_main:
-        print("rectoolkit.train: DistributedModelParallel is not available; the plan is ignored and the whole "
-              "model is replicated with DDP", file=sys.stderr)
-    return nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    return DistributedModelParallel(model, plan=load_plan(plan), device=ctx.device)
 
 
 def make_optimizers(model: nn.Module, config: TrainConfig) -> List[Any]:
@@ -231,7 +220,7 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     tables, pooling_factors, dense_features, alpha = make_tables(config)
     batch_size = config.batch_size if config.batch_size is not None else load_workload(config.workload).batch_size_per_rank
     mode = sharding_mode(ctx, config.plan)
-    model = build_model(config, tables, dense_features, fuse_embedding_optimizer=(mode != "ddp"), device=ctx.device)
+    model = build_model(config, tables, dense_features, fuse_embedding_optimizer=True, device=ctx.device)
     model = shard_model(model, ctx, config.plan, mode)
     optimizers = make_optimizers(model, config)
     batches = make_data(config, ctx, tables, pooling_factors, dense_features, alpha, batch_size)

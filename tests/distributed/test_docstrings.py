@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["comm", "sharded_ebc", "sharded_ec", "state", "sharders", "types"])
+@pytest.mark.parametrize("name", ["comm", "sharded_ebc", "sharded_ec", "state", "sharders", "awaitable"])
 def test_docstring_examples(name):
     module = importlib.import_module(f"rectoolkit.distributed.{name}")
     result = doctest.testmod(module)

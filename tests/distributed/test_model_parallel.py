@@ -9,7 +9,6 @@ under another. Then, in this process, the same checkpoint loads under world size
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch

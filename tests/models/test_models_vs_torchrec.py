@@ -62,8 +62,8 @@ def _build(kind, lib, models):
 @pytest.mark.torchrec
 @pytest.mark.parametrize("kind", ["DLRM", "DLRM_DCN", "SimpleDeepFMNN"])
 def test_same_keys_and_outputs_as_torchrec(kind):
-    torchrec = pytest.importorskip("torchrec")
-    import torchrec.models.deepfm  # noqa: F401  (TorchRec's package does not import its models)
+    pytest.importorskip("torchrec")
+    import torchrec.models.deepfm  # TorchRec's package does not import its models
     import torchrec.models.dlrm  # noqa: F401
     import rectoolkit.models.deepfm  # noqa: F401
     import rectoolkit.models.dlrm  # noqa: F401

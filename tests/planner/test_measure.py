@@ -11,7 +11,6 @@ from __future__ import annotations
 import doctest
 import json
 
-import numpy as np
 import pytest
 
 import rectoolkit as rtk

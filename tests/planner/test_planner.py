@@ -160,7 +160,7 @@ def test_report_frames_are_consistent():
     topo = Topology(world_size=4, local_world_size=2, compute_device="cuda", hbm_cap=GIB, batch_size=64)
     tables = [bag(f"t{i}", 10 ** (3 + i % 3), 32) for i in range(6)]
     planner = EmbeddingShardingPlanner(topo, stats=WorkloadStats({f"t{i}_f": 1.0 + i for i in range(6)}))
-    plan = planner.plan(tables)
+    planner.plan(tables)
     report = planner.report()
     assert list(report.placement.columns) == ["module", "table", "shard", "sharding_type", "compute_kernel", "rank",
                                               "host", "row_offset", "rows", "col_offset", "columns", "weight_bytes",

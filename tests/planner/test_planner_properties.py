@@ -1,7 +1,6 @@
 """Laws of every plan: shards tile each table exactly, memory stays within capacity, constraints hold."""
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -29,12 +29,13 @@ def _ebc(weighted=True):
     return rtk.EmbeddingBagCollection(tables, is_weighted=weighted)
 
 
-def _kjt(batch, seed, keys=("c", "a", "b")):
+def _kjt(batch, seed, keys=("c", "a", "b"), weighted=True):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 4, (len(keys) * batch,), generator=g)
     values = torch.randint(0, 60, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(values.numel(), generator=g)
     return rtk.KeyedJaggedTensor.from_lengths_sync(keys=list(keys), values=values, lengths=lengths,
-                                                   weights=torch.rand(values.numel(), generator=g))
+                                                   weights=weights if weighted else None)
 
 
 @pytest.mark.timeout(120)
@@ -55,8 +56,8 @@ def test_exported_program_equals_eager_for_any_batch(dtype):
 @pytest.mark.timeout(120)
 def test_float_collection_exports_with_the_same_numbers():
     ebc = _ebc(weighted=False)
-    program = export_for_serving(ebc, _kjt(batch=2, seed=1))
-    kjt = _kjt(batch=5, seed=2)
+    program = export_for_serving(ebc, _kjt(batch=2, seed=1, weighted=False))
+    kjt = _kjt(batch=5, seed=2, weighted=False)
     out = program.module()(*serving_inputs(kjt, FEATURES))
     torch.testing.assert_close(out, ebc(kjt).values(), rtol=1e-6, atol=1e-7)
 
@@ -88,14 +89,14 @@ def test_kjt_in_keyed_tensor_out_exports_with_pytree_nodes():
     register_jagged_pytree_nodes()
     register_jagged_pytree_nodes()  # idempotent
     qebc = QuantEmbeddingBagCollection.from_float(_ebc(weighted=False), dtype=torch.int8, backend="torch")
-    example = _kjt(batch=3, seed=4, keys=tuple(FEATURES))
+    example = _kjt(batch=3, seed=4, keys=tuple(FEATURES), weighted=False)
     batch, num_ids = Dim("batch"), Dim("num_ids")
     from torch.fx.experimental import _config as shape_config
 
     with shape_config.patch(backed_size_oblivious=True):
         program = torch.export.export(qebc, (example,), strict=False,
-                                      dynamic_shapes=([{0: num_ids}, {0: 3 * batch}, {0: num_ids}],))
-    kjt = _kjt(batch=8, seed=5, keys=tuple(FEATURES))
+                                      dynamic_shapes=([{0: num_ids}, {0: 3 * batch}, None],))
+    kjt = _kjt(batch=8, seed=5, keys=tuple(FEATURES), weighted=False)
     out = program.module()(kjt)
     assert isinstance(out, rtk.KeyedTensor) and out.keys() == FEATURES
     torch.testing.assert_close(out.values(), qebc(kjt).values())

@@ -221,7 +221,7 @@ def test_features_in_any_key_order_and_errors():
                                                      lengths=torch.tensor([1, 1])))
     bad = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["user", "item", "seen"], values=torch.tensor([1, 2, 50]),
                                                   lengths=torch.tensor([1, 1, 1]))
-    with pytest.raises(ValueError, match=r"id 50 of feature 'seen' .* table 't_item' with 50 rows"):
+    with pytest.raises(ValueError, match=r"id 50 of feature 'seen' .* table 't_item' with num_embeddings=50"):
         qebc(bad)
     # an empty feature before the bad one: the error still names the right feature and sample
     negative = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["user", "item", "seen"], values=torch.tensor([3, 4, -1]),

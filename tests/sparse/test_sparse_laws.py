@@ -1,6 +1,5 @@
 """Laws of the jagged types, checked on random inputs with hypothesis."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

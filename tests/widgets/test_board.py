@@ -8,12 +8,20 @@ from rectoolkit.widgets.board import PlacementBoard
 from rectoolkit.plan.edits import MoveError, move_shard
 
 
-def test_front_end_copies_are_identical():
-    for name in ASSET_NAMES:
-        source, shipped = SOURCE_DIR / name, STATIC_DIR / name
-        assert source.read_text() == shipped.read_text(), (
-            f"{shipped} differs from {source}: run `python -m rectoolkit.widgets.assets`")
+def test_front_end_has_one_copy_and_the_build_ships_it(tmp_path):
+    """widgets/ is the only copy in the repository; setup.py's build_py puts it into the package."""
+    import subprocess
+    import sys
+
+    assert not STATIC_DIR.exists() or not any(STATIC_DIR.iterdir()), f"{STATIC_DIR}: a second copy in the tree"
     assert asset_path("placement_board.js") == SOURCE_DIR / "placement_board.js"
+    repo = SOURCE_DIR.parent
+    result = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=repo,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in ASSET_NAMES:
+        shipped = tmp_path / "rectoolkit" / "widgets" / "static" / name
+        assert shipped.read_bytes() == (SOURCE_DIR / name).read_bytes(), name
 
 
 def test_board_state_matches_plan(plan, tables):

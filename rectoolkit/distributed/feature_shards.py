@@ -1,23 +1,24 @@
-"""The pieces every sharding type is built from: bags, local shards, and the three steps' building blocks.
+"""The pieces every sharding type is built from: feature shards, the local batch, and the three steps.
 
-A *bag* is one (shard, feature) pair: the ids of feature f that fall in the rows of shard s, pooled (or looked
-up) by the rank that owns s. Every sharding type is a rule for which bags exist; the wire protocol
-(rectoolkit.plan.traffic) is defined per bag, and so is the code here:
+A *feature shard* is one (shard, feature) pair: the ids of feature f that a sharding type routes to shard s,
+looked up (pooled, for bag collections) by the rank that owns s. A sharding type is a rule for which ids of a
+feature each shard gets (its routing) and for how the results come back (its output combination); the wire
+protocol (rectoolkit.plan.traffic) is defined per feature shard, and so is the code here:
 
-    input_dist   ids_to_owners():      lengths (int32) then ids (int64) [then weights], bag by bag, to each owner
-    lookup       LocalShards.lookup(): one batched-kernel call over every (source rank, bag) this rank owns
-    output_dist  pooled_to_requesters() / two_level_to_requesters() / rows_to_requesters()
+    input_dist   ids_to_owners():      lengths (int32) then ids (int64) [then weights], shard by shard, to each owner
+    lookup       LocalShards.lookup(): one batched-kernel call over every (source rank, feature shard) this rank owns
+    output_dist  pooled_to_requesters() (one level); two_level.py (TABLE_ROW_WISE, GRID_SHARD)
 
-The owner runs its kernel with one kernel "feature" per (source rank, bag), all with one batch size B, so the
-received buffers are used as they arrive (no reordering). Ranks may bring different batch sizes: input_dist
-tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up to the
-largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
+The owner runs its kernel with one kernel "feature" per (source rank, feature shard), all with one batch size B,
+so the received buffers are used as they arrive (no reordering). Ranks may bring different batch sizes:
+input_dist tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up
+to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -34,11 +35,12 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
+from rectoolkit.modules.layout import FeatureLayout
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 
 
 @dataclass(frozen=True)
-class Bag:
+class FeatureShard:
     """One (shard, feature) pair: which ids go where, and where the result lands in the output."""
 
     table: str
@@ -61,10 +63,10 @@ class Bag:
         return self.row_start == 0 and self.row_end == self.table_rows
 
 
-def make_bags(tables: Sequence[BaseEmbeddingConfig], output_keys: Sequence[Sequence[str]],
-              module_plan: Mapping[str, ParameterSharding], world_size: int) -> List[List[Bag]]:
-    """bags_by_owner[rank]: the bags each rank serves, ordered by (table, shard, feature) - every rank agrees."""
-    bags_by_owner: List[List[Bag]] = [[] for _ in range(world_size)]
+def make_feature_shards(tables: Sequence[BaseEmbeddingConfig], output_keys: Sequence[Sequence[str]],
+                        module_plan: Mapping[str, ParameterSharding], world_size: int) -> List[List[FeatureShard]]:
+    """by_owner[rank]: the feature shards each rank serves, ordered by (table, shard, feature) - every rank agrees."""
+    by_owner: List[List[FeatureShard]] = [[] for _ in range(world_size)]
     for table, keys in zip(tables, output_keys):
         ps = module_plan[table.name]
         check_shards_cover(table, ps)
@@ -73,10 +75,10 @@ def make_bags(tables: Sequence[BaseEmbeddingConfig], output_keys: Sequence[Seque
                 raise ValueError(f"table {table.name!r}: shard {shard_index} is placed on rank {shard.rank} but the "
                                  f"world size is {world_size}; re-plan for {world_size} ranks")
             for feature, key in zip(table.feature_names, keys):
-                bags_by_owner[shard.rank].append(Bag(
+                by_owner[shard.rank].append(FeatureShard(
                     table.name, feature, key, shard_index, shard.rank, *shard.rows, *shard.columns,
                     table.num_embeddings))
-    return bags_by_owner
+    return by_owner
 
 
 def check_shards_cover(table: BaseEmbeddingConfig, ps: ParameterSharding) -> None:
@@ -96,86 +98,50 @@ def check_shards_cover(table: BaseEmbeddingConfig, ps: ParameterSharding) -> Non
 # ------------------------------------------------------------------------------------------------ local batch
 @dataclass
 class FeatureBatch:
-    """This rank's KJT split per feature, with a cache of row-range selections (shared by all groups)."""
+    """This rank's KJT split per feature, with a cache of routed ids (shared by all groups)."""
 
     batch_size: int
     values: Dict[str, torch.Tensor]  # int64 ids
     lengths: Dict[str, torch.Tensor]  # int64, [B]
     weights: Dict[str, Optional[torch.Tensor]]
     value_starts: Dict[str, int]  # start of the feature's ids in the collection's concatenated values
-    _cache: Dict[Tuple[str, int, int], tuple] = field(default_factory=dict)
+    _cache: Dict[tuple, "RoutedIds"] = field(default_factory=dict)
 
     @classmethod
-    def from_kjt(cls, features, feature_names: Sequence[str], owner: str,
+    def from_kjt(cls, features, layout: FeatureLayout, weighted: bool, ids_out_of_range: str, rank: int,
                  device: Optional[torch.device] = None) -> "FeatureBatch":
-        keys = features.keys()
-        position = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in feature_names if f not in position]
-        if missing:
-            raise ValueError(f"{owner}: the KeyedJaggedTensor has no feature(s) {missing}; it has keys {list(keys)}")
-        stride = features.stride()
-        lengths = features.lengths().view(len(keys), stride)
-        starts = features.offset_per_key()
-        values, weights = features.values(), features.weights_or_none()
-        if device is not None and values.device != device:  # e.g. a CPU batch for CUDA shards
-            values, lengths = values.to(device), lengths.to(device)
+        """The collection's features (gathered and checked by its front door, rectoolkit.modules.layout), split."""
+        gathered = layout.gather(features, weighted)
+        ids = layout.check_ids(gathered, ids_out_of_range, subject=f"rank {rank}: ")
+        lengths, weights, stride = gathered.lengths, gathered.weights, gathered.batch_size
+        if device is not None and ids.device != device:  # e.g. a CPU batch for CUDA shards
+            ids, lengths = ids.to(device), lengths.to(device)
             weights = weights.to(device) if weights is not None else None
-        out = cls(stride, {}, {}, {}, {})
-        running = 0
-        for f in feature_names:
-            i = position[f]
-            out.values[f] = values[starts[i]:starts[i + 1]].to(torch.int64)
-            out.lengths[f] = lengths[i].to(torch.int64)
-            out.weights[f] = weights[starts[i]:starts[i + 1]] if weights is not None else None
-            out.value_starts[f] = running
-            running += starts[i + 1] - starts[i]
-        return out
+        names = layout.feature_names
+        per_feature = lengths.view(len(names), stride).to(torch.int64)
+        counts = per_feature.sum(1).tolist()
+        starts = [0]
+        for count in counts:
+            starts.append(starts[-1] + count)
+        return cls(stride, dict(zip(names, ids.split(counts))), dict(zip(names, per_feature)),
+                   dict(zip(names, weights.split(counts) if weights is not None else [None] * len(names))),
+                   dict(zip(names, starts)))
 
-    def select(self, feature: str, row_start: int, row_end: int, full_rows: bool):
-        """(lengths [B], ids - row_start, weights, positions) of the ids of `feature` in [row_start, row_end)."""
-        key = (feature, row_start, row_end)
+    def cached(self, key: tuple, compute: Callable[[], "RoutedIds"]) -> "RoutedIds":
+        """compute(), once per batch and key (several groups and column blocks route the same row range)."""
         hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        ids, lengths, weights = self.values[feature], self.lengths[feature], self.weights[feature]
-        start = self.value_starts[feature]
-        if full_rows:
-            result = (lengths, ids, weights, None, (start, start + ids.numel()))
-        else:
-            keep = (ids >= row_start) & (ids < row_end)
-            kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
-            ends = lengths.cumsum(0)
-            sample_lengths = kept_before[ends] - kept_before[ends - lengths]
-            positions = keep.nonzero().squeeze(1)
-            result = (sample_lengths, ids[positions] - row_start,
-                      weights[positions] if weights is not None else None, positions + start, None)
-        self._cache[key] = result
-        return result
+        if hit is None:
+            hit = self._cache[key] = compute()
+        return hit
 
 
-def check_ids_in_range(batch: FeatureBatch, tables: Sequence[BaseEmbeddingConfig], rank: int, mode: str) -> None:
-    """Raise (naming feature, table, rank, id) for ids outside their table, or map them in with mode="hash"."""
-    if mode == "unchecked":
-        return
-    checked, extremes = [], []
-    for table in tables:
-        for f in table.feature_names:
-            ids = batch.values[f]
-            if mode == "hash":
-                batch.values[f] = torch.remainder(ids, table.num_embeddings)
-            elif ids.numel():
-                checked.append((table, f))
-                extremes.append(torch.stack(torch.aminmax(ids)))
-    if not checked:
-        return
-    for (table, f), (low, high) in zip(checked, torch.stack(extremes).tolist()):  # one sync for all features
-        if low < 0 or high >= table.num_embeddings:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"rank {rank}: id {bad} of feature {f!r} is out of range for table {table.name!r} with "
-                f"num_embeddings={table.num_embeddings} (valid ids are 0..{table.num_embeddings - 1}). Fix the "
-                "ids, enlarge the table, or build the collection with ids_out_of_range='hash'."
-            )
+class RoutedIds(NamedTuple):
+    """The ids of one feature shard, as a sharding type's routing chose them from the local batch."""
+
+    lengths: torch.Tensor  # [B] ids per sample
+    ids: torch.Tensor  # int64, relative to the shard's first row
+    weights: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]  # where the ids sit in the collection's values; None: all of the feature's
 
 
 # ------------------------------------------------------------------------------------------------ input_dist
@@ -183,11 +149,11 @@ def check_ids_in_range(batch: FeatureBatch, tables: Sequence[BaseEmbeddingConfig
 class ReceivedIds:
     """What an owner received in input_dist, plus what the sender must remember to place the answers."""
 
-    lengths: torch.Tensor  # int32, (source rank, bag, sample) order; source i has batch_sizes[i] samples
+    lengths: torch.Tensor  # int32, (source rank, feature shard, sample) order; source i has batch_sizes[i] samples
     ids: torch.Tensor  # int64, same order
     weights: Optional[torch.Tensor]
     batch_sizes: List[int]  # every source rank's local batch size
-    ids_sent: List[List[int]] = field(default_factory=list)  # [owner][bag] ids this rank sent (sequence outputs)
+    ids_sent: List[List[int]] = field(default_factory=list)  # [owner][feature shard] ids this rank sent (sequence outputs)
     positions_sent: List[List[torch.Tensor]] = field(default_factory=list)  # where those ids sit in the output
     ids_received: List[int] = field(default_factory=list)  # per source rank
 
@@ -197,9 +163,13 @@ class ReceivedIds:
         return max(self.batch_sizes) if self.batch_sizes else 0
 
 
-def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, bags_by_owner: Sequence[Sequence[Bag]], weighted: bool,
-                  keep_positions: bool = False) -> ReceivedIds:
-    """input_dist: for every bag, send its lengths (int32) and its ids (int64) [and weights] to the bag's owner.
+Route = Callable[[FeatureBatch, FeatureShard], RoutedIds]
+
+
+def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
+                  route: Route, weighted: bool, keep_positions: bool = False) -> ReceivedIds:
+    """input_dist: for every feature shard, send the lengths (int32) and ids (int64) [and weights] that `route`
+    picks for it to its owner.
 
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
@@ -209,29 +179,23 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, bags_by_owner: Sequence
     ids_sent: List[List[int]] = []
     positions_sent: List[List[torch.Tensor]] = []
     for owner in range(W):
-        length_parts, id_parts, weight_parts, counts, positions = [], [], [], [], []
-        for bag in bags_by_owner[owner]:
-            lengths, ids, weights, bag_positions, span = batch.select(bag.feature, bag.row_start, bag.row_end, bag.full_rows)
-            length_parts.append(lengths)
-            id_parts.append(ids)
-            if weighted:
-                weight_parts.append(weights)
-            counts.append(ids.numel())
-            if keep_positions:
-                positions.append(bag_positions if bag_positions is not None
-                                 else torch.arange(*span, device=ids.device))
-        message = [_cat(id_parts, torch.int64, env.device), _cat(length_parts, torch.int32, env.device)]
+        routed = [route(batch, shard) for shard in by_owner[owner]]
+        message = [_cat([r.ids for r in routed], torch.int64, env.device),
+                   _cat([r.lengths for r in routed], torch.int32, env.device)]
         if weighted:
-            message.append(_cat(weight_parts, torch.float32, env.device))
+            message.append(_cat([r.weights for r in routed], torch.float32, env.device))
         messages.append(message)
-        ids_sent.append(counts)
-        positions_sent.append(positions)
+        ids_sent.append([r.ids.numel() for r in routed])
+        if keep_positions:
+            positions_sent.append([r.positions if r.positions is not None else
+                                   batch.value_starts[shard.feature] + torch.arange(r.ids.numel(), device=r.ids.device)
+                                   for shard, r in zip(by_owner[owner], routed)])
     sizes_to_owners = torch.tensor([[B, sum(counts)] for counts in ids_sent], dtype=torch.int64, device=env.device)
     sizes = all_to_all(env, sizes_to_owners.view(-1), [2] * W, [2] * W, "metadata").view(W, 2).tolist()
     batch_sizes = [b for b, _ in sizes]
     ids_received = [n for _, n in sizes]
-    my_bags = len(bags_by_owner[env.rank])
-    parts = all_to_all_messages(env, messages, [[n, my_bags * b] + ([n] if weighted else []) for b, n in sizes],
+    mine = len(by_owner[env.rank])
+    parts = all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
                                 "input_dist")
     return ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes, ids_sent, positions_sent,
                        ids_received)
@@ -243,6 +207,28 @@ def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) ->
     return torch.cat([p.to(dtype) for p in parts]) if len(parts) > 1 else parts[0].to(dtype)
 
 
+# ------------------------------------------------------------------------------------------------ a group's inputs
+@dataclass
+class ShardingGroupSpec:
+    """What one sharding group (the tables of one sharding type in one collection) is built from."""
+
+    env: ShardingEnv
+    tables: List[BaseEmbeddingConfig]
+    output_keys: List[List[str]]  # per table, the output name of each of its features
+    module_plan: Dict[str, ParameterSharding]  # the group's tables only (cut by the collection)
+    key_offsets: Mapping[str, int]  # first output column of every output key (pooled outputs)
+    pooled: bool  # EmbeddingBagCollection (True) or EmbeddingCollection
+    weighted: bool
+    optimizer: Optional[FusedOptimizerConfig]  # None: plain autograd weights
+    initial_weights: Mapping[str, torch.Tensor]  # full tables to slice shards from; missing: init_fn
+    backend: str = "auto"
+    dtype: torch.dtype = torch.float32
+    embedding_dim: int = 0  # sequence outputs: the collection's one dim
+
+    def table(self, name: str) -> BaseEmbeddingConfig:
+        return next(t for t in self.tables if t.name == name)
+
+
 # ------------------------------------------------------------------------------------------------ lookup
 class LocalShards(nn.Module):
     """The shards this rank owns for one sharding type, in one batched kernel (only these are allocated).
@@ -250,34 +236,32 @@ class LocalShards(nn.Module):
     `weights[f"{table}__{shard_index}"]` is the shard's Parameter (a view of the kernel's storage).
     """
 
-    def __init__(self, env: ShardingEnv, my_bags: Sequence[Bag], tables: Mapping[str, BaseEmbeddingConfig],
-                 module_plan: Mapping[str, ParameterSharding], pooled: bool,
-                 optimizer: Optional[FusedOptimizerConfig], initial_weights: Mapping[str, torch.Tensor],
-                 backend: str = "auto", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, spec: "ShardingGroupSpec", mine: Sequence[FeatureShard]) -> None:
         super().__init__()
-        self.env = env
-        self.pooled = pooled
+        env = self.env = spec.env
+        self.pooled = spec.pooled
         self.shard_keys: List[Tuple[str, int]] = []
-        for bag in my_bags:
-            if (bag.table, bag.shard_index) not in self.shard_keys:
-                self.shard_keys.append((bag.table, bag.shard_index))
-        self.bag_shard = [self.shard_keys.index((b.table, b.shard_index)) for b in my_bags]
-        self.bag_cols = [b.cols for b in my_bags]
-        self.shards: List[ShardMetadata] = [module_plan[t].shards[k] for t, k in self.shard_keys]
+        for piece in mine:
+            if (piece.table, piece.shard_index) not in self.shard_keys:
+                self.shard_keys.append((piece.table, piece.shard_index))
+        self.piece_shard = [self.shard_keys.index((p.table, p.shard_index)) for p in mine]
+        self.piece_cols = [p.cols for p in mine]
+        self.shards: List[ShardMetadata] = [spec.module_plan[t].shards[k] for t, k in self.shard_keys]
         self.weights = nn.ParameterDict()
         self.kernel: Optional[BatchedEmbeddingKernel] = None
         if not self.shard_keys:
             return
         specs = [TableSpec(s.shard_sizes[0], s.shard_sizes[1], f"{t}__{k}") for (t, k), s in zip(self.shard_keys, self.shards)]
-        # Kernel features are (source rank, bag) pairs. fbgemm's TBE needs the features of one table next to
-        # each other, so the kernel sees them ordered by (shard, source, bag); the data arrives ordered by
-        # (source, bag) and is permuted on the way in (ids) and out (results) when the orders differ.
-        W, n = env.world_size, len(my_bags)
+        # Kernel features are (source rank, feature shard) pairs. fbgemm's TBE needs the features of one table
+        # next to each other, so the kernel sees them ordered by (shard, source, feature shard); the data arrives
+        # ordered by (source, feature shard) and is permuted on the way in (ids) and out (results) when the
+        # orders differ.
+        W, n = env.world_size, len(mine)
         arrival = [(i, b) for i in range(W) for b in range(n)]
-        kernel_order = sorted(range(len(arrival)), key=lambda a: (self.bag_shard[arrival[a][1]], a))
+        kernel_order = sorted(range(len(arrival)), key=lambda a: (self.piece_shard[arrival[a][1]], a))
         self.permuted = kernel_order != list(range(len(arrival)))
         self.kernel_order = torch.tensor(kernel_order, dtype=torch.int64, device=env.device)
-        kernel_cols = [self.bag_cols[arrival[a][1]] for a in kernel_order]
+        kernel_cols = [self.piece_cols[arrival[a][1]] for a in kernel_order]
         starts = [0]
         for c in kernel_cols:
             starts.append(starts[-1] + c)
@@ -285,25 +269,25 @@ class LocalShards(nn.Module):
         back = [torch.arange(starts[position[a]], starts[position[a]] + kernel_cols[position[a]]) for a in range(len(arrival))]
         self.back_columns = torch.cat(back).to(env.device)
         self.kernel = make_batched_embedding(
-            specs, feature_table_map=[self.bag_shard[arrival[a][1]] for a in kernel_order],
-            pooling="sum" if pooled else "none", optimizer=optimizer, device=env.device, backend=backend,
-            dtype=dtype, ids_out_of_range="unchecked",
-            feature_names=[f"rank{arrival[a][0]}:{my_bags[arrival[a][1]].feature}" for a in kernel_order])
+            specs, feature_table_map=[self.piece_shard[arrival[a][1]] for a in kernel_order],
+            pooling="sum" if spec.pooled else "none", optimizer=spec.optimizer, device=env.device,
+            backend=spec.backend, dtype=spec.dtype, ids_out_of_range="unchecked",
+            feature_names=[f"rank{arrival[a][0]}:{mine[arrival[a][1]].feature}" for a in kernel_order])
         with torch.no_grad():
             for (table, k), shard, param in zip(self.shard_keys, self.shards, self.kernel.table_weights):
                 (r0, r1), (c0, c1) = shard.rows, shard.columns
-                source = initial_weights.get(table)
+                source = spec.initial_weights.get(table)
                 if source is not None:
                     param.copy_(source[r0:r1, c0:c1])
                 else:
-                    tables[table].init_fn(param)
+                    spec.table(table).init_fn(param)
                 self.weights[f"{table}__{k}"] = param
-        if optimizer is not None:
+        if spec.optimizer is not None:
             for param in self.kernel.table_weights:
                 param._in_backward_optimizers = ["fused"]  # skipped by in_backward_optimizer_filter
 
     def lookup(self, received: ReceivedIds) -> torch.Tensor:
-        """Pooled: TRANSPOSED, [W * sum(bag cols), B], rows in (source rank, bag, column) order, so that each
+        """Pooled: TRANSPOSED, [W * sum(shard cols), B], rows in (source rank, feature shard, column) order, so each
         source's block is contiguous and every later placement works on whole rows of B values (B: the
         largest source batch; a smaller source's block ends in zero columns, see pooled_to_requesters).
         Sequence: [ids received, cols] in arrival order."""
@@ -312,9 +296,9 @@ class LocalShards(nn.Module):
             shape = (0, B) if self.pooled else (0, 0)
             return torch.zeros(shape, device=self.env.device, requires_grad=torch.is_grad_enabled())
         lengths, ids, weights = received.lengths, received.ids, received.weights
-        bags = len(self.bag_cols)
+        pieces = len(self.piece_cols)
         # sources with fewer samples get empty bags at the end (no ids move: only lengths are padded)
-        lengths = from_ragged(lengths, [bags] * self.env.world_size, received.batch_sizes, B).reshape(-1)
+        lengths = from_ragged(lengths, [pieces] * self.env.world_size, received.batch_sizes, B).reshape(-1)
         id_order = None
         if self.permuted and self.pooled and fbgemm_available():  # fbgemm's op does the same in one call
             lengths, ids, weights = torch.ops.fbgemm.permute_2D_sparse_data(
@@ -377,8 +361,9 @@ def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, batch_sizes: Se
     return received.view(sum(cols_by_owner), batch_sizes[me])
 
 
-def output_columns(bags_by_owner: Sequence[Sequence[Bag]], key_offsets: Mapping[str, int]) -> torch.Tensor:
-    """Output column of every received row, in the (owner, bag, column) order pooled_to_requesters returns."""
-    columns = [torch.arange(key_offsets[b.output_key] + b.col_start, key_offsets[b.output_key] + b.col_end)
-               for bags in bags_by_owner for b in bags]
+def output_columns(by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int]) -> torch.Tensor:
+    """Output column of every received row, in the (owner, feature shard, column) order pooled_to_requesters
+    returns."""
+    columns = [torch.arange(key_offsets[p.output_key] + p.col_start, key_offsets[p.output_key] + p.col_end)
+               for pieces in by_owner for p in pieces]
     return torch.cat(columns) if columns else torch.empty(0, dtype=torch.int64)  # moved to the device by the caller

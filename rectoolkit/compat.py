@@ -1,0 +1,35 @@
+"""TorchRec's module paths in rectoolkit: the declared compatibility part.
+
+Code written for TorchRec imports from module paths (`torchrec.distributed.types.ShardingPlan`,
+`torchrec.modules.embedding_configs.EmbeddingBagConfig`, ...); with `import rectoolkit as torchrec` those paths
+resolve here. Some are rectoolkit's real modules (TORCHREC_NAMED_MODULES: the module TorchRec names is where the
+code lives). The others are *path modules* (PATH_MODULES): files that exist only so the path resolves, hold
+re-exports and a docstring, and no logic. They are the only modules allowed to import against the layering
+(e.g. modules.embedding_configs re-exports quant.config.QuantConfig), so the real packages keep a downward
+import graph; tests/viz/test_layering.py checks both rules.
+
+To add a TorchRec path: if no real module sits there, write a path module (a docstring naming the path, the
+imports, `__all__`), add it to PATH_MODULES, and add the path and its names to tests/test_torchrec_paths.py.
+
+    >>> import importlib
+    >>> all(importlib.import_module(path) for path in PATH_MODULES)
+    True
+"""
+
+# rectoolkit path -> the TorchRec path it stands for; re-exports only
+PATH_MODULES = {
+    "rectoolkit.modules.embedding_configs": "torchrec.modules.embedding_configs",
+    "rectoolkit.distributed.types": "torchrec.distributed.types",
+    "rectoolkit.distributed.planner": "torchrec.distributed.planner",
+    "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
+    "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
+}
+
+# real rectoolkit modules that sit at TorchRec's path
+TORCHREC_NAMED_MODULES = {
+    "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
+    "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
+    "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
+    "rectoolkit.optim.keyed": "torchrec.optim.keyed",
+    "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
+}

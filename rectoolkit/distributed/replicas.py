@@ -1,0 +1,125 @@
+"""Replicated tables (DATA_PARALLEL): the local lookup and the backward that keeps replicas equal.
+
+    forward    embedding_bag (or embedding) per feature on the local replica
+    backward   each table's dense gradient (one flat buffer) -> dp_allreduce -> the fused optimizer's rule
+               (rectoolkit.kernels.fused_optimizers.apply_table_update) or the summed gradient into .grad
+
+dp_allreduce is a reduce-scatter then an all-gather per table, chunk k of a table's N values to rank k, rank i
+sending rank j 4 * (chunk_j + chunk_i) bytes (rectoolkit.plan.traffic.dp_chunk_sizes).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from rectoolkit.distributed.comm import ShardingEnv, all_reduce_sum, all_to_all
+from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
+from rectoolkit.plan.traffic import dp_chunk_sizes
+
+
+def make_replicas(spec: ShardingGroupSpec) -> nn.ParameterDict:
+    """A full copy of every table: from the initial weights, or init_fn on rank 0 broadcast to all ranks."""
+    replicas = nn.ParameterDict()
+    with torch.no_grad():
+        for table in spec.tables:
+            source = spec.initial_weights.get(table.name)
+            param = nn.Parameter(torch.empty(table.num_embeddings, table.embedding_dim, dtype=spec.dtype,
+                                             device=spec.env.device))
+            if source is not None:
+                param.copy_(source)
+            else:
+                table.init_fn(param)
+                if spec.env.world_size > 1:  # replicas must start equal
+                    dist.broadcast(param.data, src=0, group=spec.env.pg)
+            replicas[table.name] = param
+    return replicas
+
+
+class GradientBuffer:
+    """One zeroed flat buffer for every table's gradient. Kept from step to step when `reuse` (a fused optimizer
+    consumes it; allocating megabytes every step costs more than the arithmetic); dense mode hands the gradients
+    to .grad, so it gets a fresh one each time."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.reuse = reuse
+        self.flat: Optional[torch.Tensor] = None
+
+    def zeroed(self, params: Sequence[torch.Tensor]) -> tuple:
+        """(flat buffer, per-table [rows, dim] views of it)."""
+        flat = self.flat
+        if flat is None:
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            if self.reuse:
+                self.flat = flat
+        else:
+            flat.zero_()
+        return flat, [piece.view_as(p) for piece, p in zip(flat.split([p.numel() for p in params]), params)]
+
+
+def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[int]) -> None:
+    """dp_allreduce of every table's gradient (`sizes`: values per table, in `flat`'s order), in place.
+
+    On 1 or 2 ranks that is exactly what one ring all-reduce of the whole buffer does (half of it each way in each
+    phase), so the backend's all-reduce runs it in one collective; on more ranks a ring would route bytes through
+    neighbours, so each table is reduce-scattered and all-gathered with all-to-alls.
+    """
+    W, me = env.world_size, env.rank
+    if W <= 2:
+        bytes_to = [0] * W
+        for size in sizes:
+            chunks = dp_chunk_sizes(size, W)
+            for j in range(W):
+                bytes_to[j] += flat.element_size() * (chunks[j] + chunks[me])
+        all_reduce_sum(env, flat, bytes_to, "dp_allreduce")
+        return
+    for piece in flat.split(list(sizes)):
+        chunks = dp_chunk_sizes(piece.numel(), W)
+        scattered = all_to_all(env, piece, chunks, [chunks[me]] * W, "dp_allreduce")
+        mine = scattered.view(W, chunks[me]).sum(0)
+        piece.copy_(all_to_all(env, mine.repeat(W), [chunks[me]] * W, chunks, "dp_allreduce"))
+
+
+class ReplicaLookup(torch.autograd.Function):
+    """Forward: the local replicas' lookup, [sum of dims, B] transposed (pooled) or flat rows (sequence).
+    Backward: the dense gradients, then `group.reduce_and_update` (see module docstring)."""
+
+    @staticmethod
+    def forward(ctx, group, batch: FeatureBatch, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.group, ctx.batch = group, batch
+        outputs = []
+        for f, t in zip(group.features, group.feature_table):
+            ids, lengths = batch.values[f], batch.lengths[f]
+            if group.pooled:
+                offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
+                torch.cumsum(lengths, 0, out=offsets[1:])
+                psw = batch.weights[f] if group.weighted else None
+                outputs.append(F.embedding_bag(ids, weights[t], offsets, mode="sum", per_sample_weights=psw,
+                                               include_last_offset=True).t())
+            else:
+                outputs.append(F.embedding(ids, weights[t]).reshape(-1))
+        return torch.cat(outputs) if len(outputs) > 1 else outputs[0].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        group, batch = ctx.group, ctx.batch
+        flat, grads = group.gradients.zeroed(list(group.weights.values()))
+        column = 0  # the output's rows: feature after feature, as forward concatenated them
+        for f, t in zip(group.features, group.feature_table):
+            ids, lengths, dim = batch.values[f], batch.lengths[f], grads[t].shape[1]
+            if group.pooled:
+                bags = grad_out[column:column + dim].t().contiguous()  # contiguous rows: 4x faster to repeat
+                per_id = bags.repeat_interleave(lengths, dim=0, output_size=ids.numel())
+                if group.weighted:
+                    per_id = per_id * batch.weights[f].unsqueeze(1)
+                column += dim
+            else:
+                per_id = grad_out[column:column + ids.numel() * dim].view(-1, dim)
+                column += ids.numel() * dim
+            grads[t].index_add_(0, ids, per_id.to(flat.dtype))
+        to_autograd: List[Optional[torch.Tensor]] = group.reduce_and_update(flat, grads)
+        return (None, None) + tuple(to_autograd)

@@ -1,0 +1,168 @@
+"""A collection's front door: its features taken out of a KeyedJaggedTensor, in its order, and checked.
+
+The float (modules.embedding_modules), quantized (quant.embedding_modules) and sharded
+(distributed.sharded_ebc / sharded_ec) collections all take their input here, so they accept and refuse the
+same things, with the same errors (each names the collection, the feature and the fix):
+
+- a feature the collection needs is missing from the KJT, or the KJT has a batch size per feature;
+- float ids (a pandas id column with a missing value becomes float): refused, never truncated;
+- per-id weights: required by a weighted collection, refused by an unweighted one (they would be ignored);
+- NaN or inf per-id weights: refused before they reach the tables;
+- ids outside their table: `FeatureLayout.check_ids` (rectoolkit.kernels.id_ranges, the one id check; the
+  float collection's kernel runs the same check).
+
+`guard_gradient` refuses NaN or inf output gradients before a fused optimizer writes them into the tables.
+The two finiteness checks cost a reduction per batch; switch them off with the environment variable
+``RECTOOLKIT_CHECK_FINITE=0`` (read at every call) or ``set_finite_checks(False)`` (wins over the variable).
+
+    >>> import torch
+    >>> from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+    >>> layout = FeatureLayout("EmbeddingBagCollection", ["user", "item"], ["t_user", "t_item"], [10, 20])
+    >>> kjt = KeyedJaggedTensor.from_lengths_sync(["item", "user"], torch.tensor([7, 8, 1]), torch.tensor([2, 0, 1, 0]))
+    >>> gathered = layout.gather(kjt, weighted=False)      # the collection's order: user, then item
+    >>> gathered.values.tolist(), gathered.lengths.tolist(), gathered.batch_size
+    ([1, 7, 8], [1, 0, 2, 0], 2)
+    >>> layout.gather(KeyedJaggedTensor.from_lengths_sync(["user", "item"], torch.tensor([1.0]), torch.tensor([1, 0, 0, 0])),
+    ...               weighted=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: EmbeddingBagCollection: the ids of the KeyedJaggedTensor are torch.float32; ids must be integers (a float id column usually comes from missing values: drop or fill them, then convert with .long())
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import torch
+
+from rectoolkit.kernels.id_ranges import IdRanges
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+
+FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
+_finite_checks_override: Optional[bool] = None
+
+
+def set_finite_checks(enabled: Optional[bool]) -> None:
+    """Turn the NaN/inf checks of per-id weights and of gradients on or off (None: follow RECTOOLKIT_CHECK_FINITE)."""
+    global _finite_checks_override
+    _finite_checks_override = enabled
+
+
+def finite_checks_enabled() -> bool:
+    """True unless set_finite_checks(False) or RECTOOLKIT_CHECK_FINITE=0 (also "false", "no", "off"), or while
+    torch.export / torch.compile traces (the checks read values; an exported program has no Python to run them)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if _finite_checks_override is not None:
+        return _finite_checks_override
+    return os.environ.get(FINITE_CHECKS_ENV, "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+class GatheredFeatures(NamedTuple):
+    """A collection's features out of a KJT: values and lengths feature after feature in the collection's order."""
+
+    values: torch.Tensor  # integer ids
+    lengths: torch.Tensor  # [F * B]
+    weights: Optional[torch.Tensor]  # per-id weights (weighted collections only)
+    batch_size: int
+
+
+class FeatureLayout:
+    """The features a collection reads (in table order), the table each one reads, and the checks on a batch."""
+
+    def __init__(self, owner: str, feature_names: Sequence[str], table_names: Sequence[str],
+                 rows_per_feature: Sequence[int], hash_allowed: bool = True) -> None:
+        self.owner = owner
+        self.feature_names: List[str] = list(feature_names)
+        self.table_names: List[str] = list(table_names)
+        self.id_ranges = IdRanges(rows_per_feature, feature_names, table_names, hash_allowed=hash_allowed)
+
+    def gather(self, features: KeyedJaggedTensor, weighted: bool) -> GatheredFeatures:
+        """This collection's features out of `features`, checked (see the module docstring)."""
+        keys, stride = features.keys(), features.stride()
+        values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
+        if list(keys) != self.feature_names:
+            position = {k: i for i, k in enumerate(keys)}
+            missing = [f for f in self.feature_names if f not in position]
+            if missing:
+                needed_by = {f: self.table_names[self.feature_names.index(f)] for f in missing}
+                raise ValueError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
+                                 f"{needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine).")
+            if lengths.numel() != len(keys) * stride:
+                raise ValueError(f"{self.owner}: variable batch sizes per feature are not supported by the "
+                                 "collections; pad every feature to one stride")
+            order = [position[f] for f in self.feature_names]
+            starts = features.offset_per_key()
+            values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
+            weights = _cat([weights[starts[i]:starts[i + 1]] for i in order], weights) if weights is not None else None
+            lengths = lengths.view(len(keys), stride)[order].reshape(-1)
+        self.refuse_float_ids(values)
+        if weighted and weights is None:
+            raise ValueError(f"{self.owner}(is_weighted=True) needs a KeyedJaggedTensor with weights (per-id weights)")
+        if not weighted and weights is not None:
+            raise ValueError(f"{self.owner} is not weighted but the KeyedJaggedTensor has per-id weights, which it "
+                             "would ignore; build the collection with is_weighted=True, or drop the weights "
+                             "(KeyedJaggedTensor(keys, values, lengths=...) without weights=)")
+        if weights is not None and finite_checks_enabled():
+            self._check_finite_weights(weights, lengths, stride)
+        return GatheredFeatures(values, lengths, weights, stride)
+
+    def refuse_float_ids(self, values: torch.Tensor) -> None:
+        if values.is_floating_point():
+            raise ValueError(f"{self.owner}: the ids of the KeyedJaggedTensor are {values.dtype}; ids must be integers "
+                             "(a float id column usually comes from missing values: drop or fill them, then convert "
+                             "with .long())")
+
+    def check_ids(self, gathered: GatheredFeatures, mode: str, subject: str = "") -> torch.Tensor:
+        """The gathered ids (int64) checked against their tables, or hashed into them with mode="hash"."""
+        self.refuse_float_ids(gathered.values)
+        ids = gathered.values.to(torch.int64)
+        if mode == "unchecked" or not ids.numel():
+            return ids
+        ids_per_feature = gathered.lengths.view(len(self.feature_names), -1).sum(1).to(torch.int64)
+        return self.id_ranges.check(ids, ids_per_feature, mode, subject, bag_lengths=lambda: gathered.lengths)
+
+    def _check_finite_weights(self, weights: torch.Tensor, lengths: torch.Tensor, stride: int) -> None:
+        if not weights.is_floating_point() or bool(torch.isfinite(weights).all()):
+            return
+        position = int((~torch.isfinite(weights)).nonzero()[0, 0])
+        ends = lengths.view(len(self.feature_names), stride).sum(1).cumsum(0).tolist() if stride else []
+        feature = next((f for f, end in enumerate(ends) if position < end), 0)
+        raise ValueError(
+            f"{self.owner}: per-id weight {float(weights[position])} of feature {self.feature_names[feature]!r} "
+            f"(value {position} of the batch) is not finite; it would turn rows of table "
+            f"{self.table_names[feature]!r} into NaN. Fix the weights (or set {FINITE_CHECKS_ENV}=0 to skip this check).")
+
+
+def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures,
+                     need_indices: bool) -> Dict[str, JaggedTensor]:
+    """A sequence collection's output: {embedding name: JaggedTensor of the feature's rows [ids, dim]} (with the
+    ids as weights when `need_indices`), from the rows of every gathered id."""
+    per_feature_lengths = gathered.lengths.view(len(names), gathered.batch_size)
+    counts = per_feature_lengths.sum(1).tolist()
+    ids = gathered.values.split(counts)
+    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f], weights=ids[f] if need_indices else None)
+            for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
+
+
+def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
+    """Make backward raise, before any fused optimizer update, when the gradient of `output` has NaN or inf.
+
+    Returns `output` (a hook is attached when it requires grad and the finiteness checks are on)."""
+    if output.requires_grad and finite_checks_enabled():
+        def check(grad: torch.Tensor) -> torch.Tensor:
+            if not bool(torch.isfinite(grad).all()):
+                bad = int((~torch.isfinite(grad)).sum())
+                raise ValueError(f"{owner}: the gradient reaching the embeddings has {bad} NaN/inf values; the fused "
+                                 "optimizer would write them into the tables, so backward stops here (the tables are "
+                                 f"unchanged). Check the loss and the dense layers (or set {FINITE_CHECKS_ENV}=0 to "
+                                 "skip this check).")
+            return grad
+
+        output.register_hook(check)
+    return output
+
+
+def _cat(parts: List[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts) if parts else like[:0]
