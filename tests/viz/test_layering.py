@@ -39,7 +39,7 @@ import rectoolkit.compat  # noqa: E402
 
 PACKAGE_ROOT = Path(rectoolkit.compat.__file__).parent
 LAYERS = ["fbgemm_probe", "sparse", "kernels", "optim", "modules", "plan", "planner", "distributed", "quant",
-          "launch", "workloads", "data", "train", "viz", "widgets", "compat", "__init__"]
+          "launch", "workloads", "data", "train", "models", "datasets", "viz", "widgets", "compat", "__init__"]
 NOTEBOOK_PACKAGES = ("ipywidgets", "plotly", "matplotlib", "IPython", "anywidget", "rectoolkit.viz", "rectoolkit.widgets")
 SHARDING = ("rectoolkit.distributed", "rectoolkit.plan", "rectoolkit.planner", "rectoolkit.quant")
 
