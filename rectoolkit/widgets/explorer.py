@@ -91,7 +91,9 @@ class PlanExplorer(w.VBox):
         self.settings.local_search = local_search
         self.baseline: Optional[ShardingPlan] = None
         self.last_timing_ms: Dict[str, float] = {}
-        self._quiet = False
+        # Controls written by the explorer itself (to follow another control) must not re-plan on their own:
+        # `_put` writes them while `_writing_controls` is set, and `_on_control` ignores those writes.
+        self._writing_controls = False
         self._build_controls(plan_path)
         self.result: PlanningResult = plan_and_report(self.settings, self.table_set)
         self._build_views()
@@ -112,14 +114,10 @@ class PlanExplorer(w.VBox):
 
     def set(self, **changes: Any) -> PlanningResult:
         """Change settings from Python (same path as the controls): world_size=8, optimizer="adam", ..."""
-        self._quiet = True
-        try:
-            for name, value in changes.items():
-                self._pending_value = value
-                control = self._control_for(name)
-                control.value = value
-        finally:
-            self._quiet = False
+        for name, value in changes.items():
+            control = self._control_for(name, value)
+            self._put(control, value)
+            self._follow(control)
         self.replan()
         return self.result
 
@@ -127,13 +125,10 @@ class PlanExplorer(w.VBox):
         """Force a table's sharding type ("row_wise", ...; "auto" lets the planner choose) and re-plan."""
         if table not in {t.name for t in self.table_set.tables}:
             raise KeyError(f"no table {table!r}; tables are {[t.name for t in self.table_set.tables]}")
-        self._quiet = True
-        try:
-            self.table_picker.value = table
-            self.type_picker.value = ShardingType.parse(sharding_type).value if sharding_type != AUTO else AUTO
-        finally:
-            self._quiet = False
+        self._put(self.table_picker, table)
+        self._put(self.type_picker, ShardingType.parse(sharding_type).value if sharding_type != AUTO else AUTO)
         self._apply_forced()
+        self.replan()
         return self.result
 
     def replan(self) -> PlanningResult:
@@ -270,11 +265,8 @@ class PlanExplorer(w.VBox):
         self.forced_label = w.HTML()
         self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="260px"))
         for control in (self.world_size, self.local_world_size, self.memory, self.batch_size, self.optimizer,
-                        self.objective, self.device):
-            control.observe(self._on_setting, names="value")
-        self.world_size.observe(self._on_world_size, names="value")
-        self.table_picker.observe(self._on_table_pick, names="value")
-        self.type_picker.observe(lambda _: None if self._quiet else self._apply_forced(), names="value")
+                        self.objective, self.device, self.table_picker, self.type_picker):
+            control.observe(self._on_control, names="value")
         self.clear_forced.on_click(self._on_clear_forced)
         self.status = w.HTML()
         self.controls = w.VBox([
@@ -289,7 +281,7 @@ class PlanExplorer(w.VBox):
         self.memory_fig, self.time_fig, self.comm_fig, self.diff_fig = LazyFigure(), LazyFigure(), LazyFigure(), LazyFigure()
         self.memory_note, self.time_note = w.HTML(), w.HTML()
         self.collective = w.Dropdown(options=[TOTAL], value=TOTAL, description="collective")
-        self.collective.observe(lambda _: self._draw_comm(), names="value")
+        self.collective.observe(self._on_control, names="value")
         plan = self.result.plan or ShardingPlan({"": {}})
         self.board = PlacementBoard(plan, self.table_set.tables, world_size=self.settings.world_size,
                                     local_world_size=self.settings.local_world_size)
@@ -325,7 +317,7 @@ class PlanExplorer(w.VBox):
 
     # ------------------------------------------------------------------ events
 
-    def _control_for(self, name: str):
+    def _control_for(self, name: str, value: Any):
         controls = {"world_size": self.world_size, "local_world_size": self.local_world_size,
                     "ranks_per_host": self.local_world_size, "memory_per_rank_gib": self.memory,
                     "batch_size": self.batch_size, "optimizer": self.optimizer, "objective": self.objective,
@@ -334,32 +326,44 @@ class PlanExplorer(w.VBox):
             raise KeyError(f"no setting {name!r}; settings are {sorted(controls)}")
         control = controls[name]
         if name == "world_size":
-            if not isinstance(self._pending_value, int) or self._pending_value < 1:
-                raise ValueError(f"world_size must be a positive int, got {self._pending_value!r}")
-            if self._pending_value not in control.options:
-                control.options = sorted(set(control.options) | {self._pending_value})
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"world_size must be a positive int, got {value!r}")
+            if value not in control.options:
+                self._put(control, control.value, options=sorted(set(control.options) | {value}))
         return control
 
-    def _on_setting(self, _change) -> None:
-        if not self._quiet:
+    def _put(self, control, value: Any, options: Optional[List[Any]] = None) -> None:
+        """Write a control from Python without its observer re-planning (the caller re-plans once)."""
+        was_writing, self._writing_controls = self._writing_controls, True
+        try:
+            if options is not None:
+                control.options = options
+            control.value = value
+        finally:
+            self._writing_controls = was_writing
+
+    def _on_control(self, change) -> None:
+        """The one observer of every control: a user's change (a click, or `control.value = x` in Python)."""
+        if self._writing_controls:
+            return
+        control = change["owner"]
+        if control is self.collective:
+            self._draw_comm()
+            return
+        self._follow(control)
+        if control is not self.table_picker:
             self.replan()
 
-    def _on_world_size(self, change) -> None:
-        divisors = self._divisors(change["new"])
-        current = self.local_world_size.value
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            self.local_world_size.options = divisors
-            self.local_world_size.value = current if current in divisors else divisors[-1]
-        finally:
-            self._quiet = was_quiet
-
-    def _on_table_pick(self, change) -> None:
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            self.type_picker.value = self.settings.forced.get(change["new"], AUTO)
-        finally:
-            self._quiet = was_quiet
+    def _follow(self, control) -> None:
+        """Bring the controls that depend on `control` in line with it, before anything re-plans."""
+        if control is self.world_size:
+            divisors = self._divisors(int(self.world_size.value))
+            current = self.local_world_size.value
+            self._put(self.local_world_size, current if current in divisors else divisors[-1], options=divisors)
+        elif control is self.table_picker:
+            self._put(self.type_picker, self.settings.forced.get(self.table_picker.value, AUTO))
+        elif control is self.type_picker:
+            self._apply_forced()
 
     def _apply_forced(self) -> None:
         table, choice = self.table_picker.value, self.type_picker.value
@@ -367,12 +371,11 @@ class PlanExplorer(w.VBox):
             self.settings.forced.pop(table, None)
         else:
             self.settings.forced[table] = choice
-        self.replan()
 
     def _on_clear_forced(self, _button) -> None:
         self.settings.forced.clear()
         self.settings.moves.clear()
-        self._on_table_pick({"new": self.table_picker.value})
+        self._follow(self.table_picker)
         self.replan()
 
     def _on_board_move(self, _plan, table: str, shard: int, rank: int) -> None:
@@ -492,14 +495,9 @@ class PlanExplorer(w.VBox):
         if not self.result.ok or self.result.comm is None:
             return
         options = list(comm_options(self.result.comm))
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            if list(self.collective.options) != options:
-                current = self.collective.value
-                self.collective.options = options
-                self.collective.value = current if current in options else TOTAL
-        finally:
-            self._quiet = was_quiet
+        if list(self.collective.options) != options:
+            current = self.collective.value
+            self._put(self.collective, current if current in options else TOTAL, options=options)
         self.comm_fig.show(*comm_matrix_traces(self.result.comm, self.collective.value))
 
     def _draw_choices(self) -> None:
