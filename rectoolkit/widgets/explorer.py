@@ -27,7 +27,7 @@ from rectoolkit.viz.diff import plan_diff_traces
 from rectoolkit.viz.frames import plan_diff
 from rectoolkit.viz.memory import memory_traces
 from rectoolkit.viz.placement import rank_table_traces, shard_placement_traces
-from rectoolkit.viz.style import format_bytes
+from rectoolkit.viz.style import format_bytes, humanize
 from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
@@ -46,15 +46,13 @@ _EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
 
 def html_table(frame, columns: List[str], max_height_px: int = 380) -> str:
     """A small scrollable HTML table (faster than DataFrame.to_html for a redraw on every click)."""
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return "" if value != value else f"{value:.4g}"
+    def cell(value: Any, column: str) -> str:
         if isinstance(value, list) and len(value) > 8:
             return html.escape(f"{value[:4]} ... ({len(value)} ranks)")
-        return html.escape("" if value is None else str(value))
+        return html.escape(humanize(value, column))
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{cell(v, c)}</td>" for v, c in zip(row, columns)) + "</tr>"
                    for row in frame[columns].itertuples(index=False, name=None))
     return (f'<div style="max-height:{max_height_px}px;overflow:auto"><table class="rtk-choices" '
             'style="border-collapse:collapse;font-size:12px"><thead style="position:sticky;top:0;background:#f3f4f6">'
@@ -138,6 +136,7 @@ class PlanExplorer(w.VBox):
         `last_timing_ms` holds the CPU time of this process for planning and drawing (and the wall time).
         """
         start, start_wall = time.process_time(), time.perf_counter()
+        self._set_busy("planning")
         try:
             settings = ExplorerSettings(
                 world_size=int(self.world_size.value), local_world_size=int(self.local_world_size.value),
@@ -150,11 +149,13 @@ class PlanExplorer(w.VBox):
         except ValueError as error:
             self.result = PlanningResult(settings=self.settings, error=str(error))
             self._render()
+            self._set_busy(None)
             return self.result
         self.settings = settings
         self.result = plan_and_report(settings, self.table_set)
         planned = time.process_time()
         self._render()
+        self._set_busy(None)
         done = time.process_time()
         self.last_timing_ms = {"plan_ms": 1e3 * (planned - start), "draw_ms": 1e3 * (done - planned),
                                "total_ms": 1e3 * (done - start), "wall_ms": 1e3 * (time.perf_counter() - start_wall)}
@@ -269,16 +270,18 @@ class PlanExplorer(w.VBox):
             control.observe(self._on_control, names="value")
         self.clear_forced.on_click(self._on_clear_forced)
         self.status = w.HTML()
+        self.busy = w.HTML(layout=w.Layout(width="160px"))  # "planning ..." while the kernel works
         self.controls = w.VBox([
-            w.HBox([self.world_size, self.local_world_size, self.memory, self.batch_size]),
+            w.HBox([self.world_size, self.local_world_size, self.memory, self.batch_size, self.busy]),
             w.HBox([self.device, self.optimizer, self.objective, self.table_picker, self.type_picker,
                     self.clear_forced]),
             self.forced_label,
         ])
 
     def _build_views(self) -> None:
-        self.placement_fig, self.rank_table_fig = LazyFigure(), LazyFigure()
-        self.memory_fig, self.time_fig, self.comm_fig, self.diff_fig = LazyFigure(), LazyFigure(), LazyFigure(), LazyFigure()
+        self.placement_fig, self.rank_table_fig = LazyFigure("the shard placement"), LazyFigure("the rank x table map")
+        self.memory_fig, self.time_fig = LazyFigure("memory per rank"), LazyFigure("time per rank")
+        self.comm_fig, self.diff_fig = LazyFigure("bytes per link"), LazyFigure("the comparison")
         self.memory_note, self.time_note = w.HTML(), w.HTML()
         self.collective = w.Dropdown(options=[TOTAL], value=TOTAL, description="collective")
         self.collective.observe(self._on_control, names="value")
@@ -383,7 +386,16 @@ class PlanExplorer(w.VBox):
         self.replan()
 
     def _on_tab(self, _change) -> None:
-        self._render_tab(self.tabs.selected_index)
+        index = self.tabs.selected_index
+        if index in self._stale:
+            self._set_busy(f"drawing {self.TAB_NAMES[index]}")
+            self._render_tab(index)
+            self._set_busy(None)
+
+    def _set_busy(self, what: Optional[str]) -> None:
+        """Show what the kernel is doing (sent at once, so the browser shows it while the work runs)."""
+        self.busy.value = ("" if what is None else
+                           f'<span class="rtk-busy" style="color:#b45309">&#8987; {html.escape(what)} ...</span>')
 
     def _guard(self, action) -> None:
         try:
