@@ -41,6 +41,7 @@ DEVICES = ["cuda", "cpu"]
 OBJECTIVES = ["time", "memory", "bytes"]
 SHARDING_CHOICES = [AUTO] + [t.value for t in ShardingType]
 
+DEFAULT_WORKDIR = Path.home() / "rectoolkit-work"
 _EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
 
 
@@ -74,7 +75,9 @@ class PlanExplorer(w.VBox):
         topology: a planner Topology to start from (world size, ranks per host, memory, batch size).
         world_size, local_world_size, memory_per_rank_gib, batch_size, optimizer, objective: start values.
         forced: table -> sharding type to start with.
-        plan_path: where "Save plan" writes the JSON.
+        plan_path: the file "Save plan" writes (JSON); a relative path is taken inside `workdir`.
+        workdir: the folder for saved files, shown in the Export tab (default: ~/rectoolkit-work, outside any
+            repository, so saving from a notebook never writes into the notebooks' folder).
         local_search: False plans with the planner's greedy pass only (faster re-plans for many tables).
     """
 
@@ -82,7 +85,8 @@ class PlanExplorer(w.VBox):
                  local_world_size: Optional[int] = None, memory_per_rank_gib: Optional[float] = None,
                  batch_size: Optional[int] = None, optimizer: str = "sgd", objective: str = "time",
                  compute_device: Optional[str] = None, forced: Optional[Dict[str, str]] = None,
-                 plan_path: str = "plan.json", local_search: bool = True) -> None:
+                 plan_path: str = "plan.json", local_search: bool = True,
+                 workdir: Optional[str] = None) -> None:
         self.table_set = as_table_set(tables)
         self.settings = self._initial_settings(topology, world_size, local_world_size, memory_per_rank_gib,
                                                batch_size, optimizer, objective, compute_device, forced)
@@ -92,7 +96,8 @@ class PlanExplorer(w.VBox):
         # Controls written by the explorer itself (to follow another control) must not re-plan on their own:
         # `_put` writes them while `_writing_controls` is set, and `_on_control` ignores those writes.
         self._writing_controls = False
-        self._build_controls(plan_path)
+        self.workdir = Path(workdir).expanduser().resolve() if workdir is not None else DEFAULT_WORKDIR
+        self._build_controls(str(self.workdir / Path(plan_path).expanduser()))
         self.result: PlanningResult = plan_and_report(self.settings, self.table_set)
         self._build_views()
         super().__init__([self.status, self.controls, self.tabs])
@@ -197,7 +202,8 @@ class PlanExplorer(w.VBox):
         """Write the current plan as JSON (the planner's format) and return the path."""
         if self.plan is None:
             raise ValueError(f"there is no plan to save: {self.error}")
-        target = Path(path or self.plan_path.value)
+        target = self.workdir / Path(path or self.plan_path.value).expanduser()  # an absolute path stays as given
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(planning.plan_to_json(self.plan, self.table_set.tables))
         self.export_message.value = f"saved the plan to <code>{html.escape(str(target))}</code>"
         return target
@@ -264,7 +270,7 @@ class PlanExplorer(w.VBox):
         self.clear_forced = w.Button(description="all auto", tooltip="let the planner choose every table's type",
                                      layout=w.Layout(width="90px"))
         self.forced_label = w.HTML()
-        self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="260px"))
+        self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="520px"))
         for control in (self.world_size, self.local_world_size, self.memory, self.batch_size, self.optimizer,
                         self.objective, self.device, self.table_picker, self.type_picker):
             control.observe(self._on_control, names="value")
@@ -302,7 +308,8 @@ class PlanExplorer(w.VBox):
         self.save_button.on_click(lambda _: self._guard(self.save_plan))
         self.export_button.on_click(lambda _: self._guard(self._show_export))
         self.pin_button.on_click(lambda _: self._guard(self.compare_with))
-        self.load_button.on_click(lambda _: self._guard(lambda: self.compare_with(path=self.plan_path.value)))
+        self.load_button.on_click(lambda _: self._guard(
+            lambda: self.compare_with(path=str(self.workdir / Path(self.plan_path.value).expanduser()))))
         self.diff_note = w.HTML("Pin a plan or load a saved one, then change settings to see what moves.")
         self.tabs = w.Tab(children=[
             w.VBox([self.placement_fig.container, self.rank_table_fig.container]),
@@ -542,6 +549,8 @@ class PlanExplorer(w.VBox):
     def _show_export(self) -> None:
         if self.plan is None:
             raise ValueError(f"there is no plan to export: {self.error}")
-        self.export_text.value = planning.torchrec_export_text(self.plan, self.plan_path.value)
+        path = self.workdir / Path(self.plan_path.value).expanduser()
+        self.export_text.value = planning.torchrec_export_text(self.plan, str(path))
         self.export_text.layout.display = ""
-        self.export_message.value = "The plan for TorchRec (save it first so the file exists)"
+        saved = "" if path.exists() else " (save it first so the file exists)"
+        self.export_message.value = f"The plan for TorchRec, loading <code>{html.escape(str(path))}</code>{saved}"
