@@ -92,7 +92,7 @@ def _short_bytes(value: float, unit: str, scale: float) -> str:
 def binary_ticks(max_bytes: float, count: int = 5) -> Tuple[List[float], List[str]]:
     """Tick positions and labels for a bytes axis from 0 to `max_bytes`, in binary units (GiB, MiB, ...).
 
-    Steps are 1, 2 or 5 times a power of two of the unit, so ticks read '4 GiB', '8 GiB' (never '17.2G').
+    Steps are powers of two of the unit, so ticks read '4 GiB', '8 GiB', '16 GiB' (never '17.2G').
     """
     top = float(max_bytes) if max_bytes and max_bytes > 0 else 1.0
     unit, scale = "B", 1.0
@@ -100,8 +100,7 @@ def binary_ticks(max_bytes: float, count: int = 5) -> Tuple[List[float], List[st
         if top >= size:
             unit, scale = name, float(size)
     raw = top / scale / max(1, count - 1)
-    step = next(s for s in (0.125, 0.25, 0.5, 1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256,
-                            500, 512, 1000, 1024) if s >= raw) if raw <= 1024 else raw
+    step = next(2.0 ** k for k in range(-3, 11) if 2.0 ** k >= raw)  # powers of two: 16 GiB is a tick
     if unit == "B":
         step = max(step, 1)
     values = [i * step * scale for i in range(int(top / (step * scale) + 1e-9) + 2)]
