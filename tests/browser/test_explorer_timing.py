@@ -51,7 +51,7 @@ def watch(page, targets, root=".rtk-explorer"):
     page.evaluate(WATCH, [root, [list(t) for t in targets]])
 
 
-def measured(page, names, quiet_ms=1500, timeout_ms=120_000):
+def measured(page, names, quiet_ms=1500, timeout_ms=120_000, record=None):
     """Wait for every target, then for `quiet_ms` without DOM changes; return ms since the action."""
     page.wait_for_function(f"() => window.__rtk && {json.dumps(list(names))}.every(n => n in window.__rtk.hits)",
                            timeout=timeout_ms)
@@ -65,11 +65,12 @@ def measured(page, names, quiet_ms=1500, timeout_ms=120_000):
     result = {name: rec["hits"][name] - rec["t0"] for name in names}
     result["visible"] = (rec["first"] - rec["t0"]) if rec["first"] is not None else None
     result["settled"] = max([(rec["last"] or rec["t0"]) - rec["t0"]] + [result[n] for n in names])
+    print(names, {k: round(v) if v is not None else None for k, v in result.items()}, flush=True)
     return result
 
 
 def texts(locator):
-    return [t.strip() for t in locator.all_inner_texts()]
+    return [(t or "").strip() for t in locator.all_text_contents()]
 
 
 def boxes_overlap(a, b):
@@ -95,9 +96,10 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
 
     # 1. the explorer appears, with its first figure drawn
     watch(page, [("explorer", ".rtk-explorer .rtk-status", "26 tables on 8 ranks"),
+                 ("controls", ".rtk-explorer .widget-dropdown select", ""),
                  ("figure", ".rtk-explorer .js-plotly-plot .gtitle", "Shard placement")], root="body")
     page.keyboard.press("Shift+Enter")
-    timings["explorer appears"] = measured(page, ["explorer", "figure"])
+    timings["explorer appears"] = measured(page, ["controls", "explorer", "figure"])
     wait_until_idle(page)
     out = page.locator(".jp-OutputArea-output")
     explorer = out.locator(".rtk-explorer")
