@@ -58,9 +58,9 @@ def comm_matrix_traces(matrices: Mapping[str, np.ndarray], collective: str = TOT
                    x=0, xanchor="left"),
         xaxis=dict(title=dict(text="destination rank"), type="category", side="bottom"),
         yaxis=dict(title=dict(text="source rank"), type="category", autorange="reversed"),
-        height=max(320, min(700, 140 + 34 * world_size)),
+        height=max(350, min(730, 170 + 34 * world_size)),
         width=max(380, min(760, 200 + 34 * world_size)),
-        margin=dict(l=60, r=10, t=50, b=50),
+        margin=dict(l=60, r=10, t=80, b=50),  # room for the two-line title above the cells
     )
     return [trace], layout
 

@@ -116,6 +116,14 @@ def bytes_axis(max_bytes: float, title: str = "bytes", **extra: Any) -> dict:
     return dict(title=dict(text=title), tickmode="array", tickvals=values, ticktext=labels, **extra)
 
 
+def signed_bytes_axis(largest_change: float, title: str) -> dict:
+    """A bytes axis symmetric around 0 (gains above, losses below), in binary units: '-8 MiB', '8 MiB'."""
+    values, labels = binary_ticks(abs(largest_change) or 1.0)
+    return dict(title=dict(text=title), tickmode="array", tickvals=[-v for v in values[:0:-1]] + values,
+                ticktext=[f"-{label}" for label in labels[:0:-1]] + labels,
+                range=[-values[-1] * 1.05, values[-1] * 1.05])
+
+
 def humanize(value: Any, column: str = "") -> str:
     """One table cell for people: bytes in binary units (by column name), ms with few digits, big ints
     with separators, floats with 4 significant digits.

@@ -60,3 +60,12 @@ def test_humanized_cells():
     assert humanize(0.123456789012345, "ratio") == "0.1235"
     assert humanize(np.int64(1000000), "rows") == "1,000,000"
     assert humanize("row_wise", "sharding_type") == "row_wise"
+
+
+def test_plan_diff_axis_is_symmetric_in_binary_units():
+    from rectoolkit.viz.style import signed_bytes_axis
+
+    axis = signed_bytes_axis(-3 * MIB, "bytes (new - old)")  # 3 MiB / 4 steps -> a 1 MiB step
+    assert axis["ticktext"] == ["-3 MiB", "-2 MiB", "-1 MiB", "0 B", "1 MiB", "2 MiB", "3 MiB"]
+    assert axis["tickvals"] == [k * MIB for k in range(-3, 4)]
+    assert axis["range"][0] < -3 * MIB and axis["range"][1] > 3 * MIB
