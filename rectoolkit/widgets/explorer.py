@@ -117,6 +117,11 @@ class PlanExplorer(w.VBox):
 
     def set(self, **changes: Any) -> PlanningResult:
         """Change settings from Python (same path as the controls): world_size=8, optimizer="adam", ..."""
+        world = changes.get("world_size", self.world_size.value)
+        per_host = changes.get("local_world_size", changes.get("ranks_per_host"))
+        if per_host is not None and isinstance(world, int) and world >= 1 and per_host not in self._divisors(world):
+            raise ValueError(f"ranks per host {per_host!r} must divide the world size ({world}); "
+                             f"choose one of {self._divisors(world)}")  # checked before any control changes
         for name, value in changes.items():
             control = self._control_for(name, value)
             self._put(control, value)

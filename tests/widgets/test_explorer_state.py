@@ -116,3 +116,14 @@ def test_smaller_world_size_brings_ranks_per_host_along(world_size):
     assert explorer.error is None, explorer.error
     assert f"on {world_size} ranks" in explorer.status.value
     assert list(explorer.rank_table_fig.data[0].y) == [f"rank {r}" for r in range(world_size)]
+
+
+def test_set_refuses_ranks_per_host_that_do_not_divide_the_world_size():
+    explorer = PlanExplorer(TABLES, world_size=8, local_world_size=8, memory_per_rank_gib=16)
+    with pytest.raises(ValueError, match=r"ranks per host 8 must divide the world size \(4\)"):
+        explorer.set(world_size=4, local_world_size=8)
+    assert explorer.world_size.value == 8 and explorer.local_world_size.value == 8  # nothing changed
+    check_consistent(explorer)
+    explorer.set(world_size=6, local_world_size=3)
+    assert (explorer.settings.world_size, explorer.settings.local_world_size) == (6, 3)
+    check_consistent(explorer)
