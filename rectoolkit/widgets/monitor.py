@@ -76,7 +76,7 @@ class TrainingMonitor(w.VBox):
         self.bytes_figure, self.memory_figure = LazyFigure(), LazyFigure()  # made when there is something to show
         # side by side, each chart at its own fixed width; they wrap under each other in a narrow notebook
         self.comparison = w.HBox([self.bytes_figure.container, self.memory_figure.container],
-                                 layout=w.Layout(flex_flow="row wrap", gap="12px"))
+                                 layout=w.Layout(flex_flow="row wrap"))
         if estimated_bytes is not None or estimated_memory is not None:
             self._draw_comparison([])
         super().__init__([w.HBox([self.start_button, self.stop_button, self.progress]), self.status,
