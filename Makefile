@@ -36,7 +36,8 @@ venv-dev: $(VENV)/.dev
 
 lab: $(VENV)/.base
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
-	$(PY) -m jupyter lab --no-browser --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(PY) -m jupyter lab --no-browser --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) \
+		--ContentsManager.pre_save_hook=rectoolkit.widgets.clean_notebooks.keep_notebooks_clean
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check rectoolkit tests benchmarks

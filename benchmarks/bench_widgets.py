@@ -78,8 +78,8 @@ def main(num_tables: int = 100, world_size: int = 8, repeats: int = 3, local_sea
         f"## PlanExplorer re-plan + redraw, {num_tables} tables on {world_size} ranks, "
         f"{'full search (greedy + local moves/swaps)' if local_search else 'greedy search only (local_search=False)'}",
         "",
-        f"CPU ms per control change (median of {2 * repeats}); widget built in {build_s:.1f} s wall (first plotly "
-        "FigureWidget import included). plan = planner.plan + planner.report; redraw = visible tab; "
+        f"CPU ms per control change (median of {2 * repeats}); widget built in {build_s:.1f} s wall (first figure "
+        "included). plan = planner.plan + planner.report; redraw = visible tab; "
         "total = plan + redraw. Target: total < 200 ms.",
         "",
         "| change | plan ms | redraw ms (visible tab) | redraw ms (all tabs) | total ms | state |",

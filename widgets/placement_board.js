@@ -35,7 +35,7 @@ function renderBoard(model, el, state) {
 
   const hint = document.createElement("div");
   hint.className = "rtk-board-hint";
-  hint.textContent = "Drag a shard to another rank (or click a shard, then a rank's header) to override the plan.";
+  hint.textContent = model.get("hint") || "";
   root.appendChild(hint);
 
   const grid = document.createElement("div");
@@ -95,7 +95,8 @@ function renderBoard(model, el, state) {
       block.style.background = shard.color;
       block.style.minHeight = `${shard.height}px`;
       block.title = shard.tooltip;
-      block.draggable = Boolean(shard.movable);
+      // replicas can be picked up too: the kernel refuses the move and says why on the board
+      block.draggable = true;
       if (!shard.movable) block.classList.add("rtk-fixed");
       if (state.selected === shard.id) block.classList.add("rtk-selected");
       block.textContent = shard.label;
@@ -105,7 +106,6 @@ function renderBoard(model, el, state) {
       });
       block.addEventListener("click", (event) => {
         event.stopPropagation();
-        if (!shard.movable) return;
         state.selected = state.selected === shard.id ? null : shard.id;
         renderBoard(model, el, state);
       });
@@ -125,12 +125,12 @@ function renderBoard(model, el, state) {
 function render({ model, el }) {
   const state = { selected: null };
   const redraw = () => renderBoard(model, el, state);
-  for (const name of ["columns", "shards", "message", "message_kind", "title"]) {
+  for (const name of ["columns", "shards", "message", "message_kind", "title", "hint"]) {
     model.on(`change:${name}`, redraw);
   }
   redraw();
   return () => {
-    for (const name of ["columns", "shards", "message", "message_kind", "title"]) {
+    for (const name of ["columns", "shards", "message", "message_kind", "title", "hint"]) {
       model.off(`change:${name}`, redraw);
     }
   };

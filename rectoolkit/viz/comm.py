@@ -15,10 +15,10 @@ from typing import Dict, List, Mapping, Tuple
 import numpy as np
 
 from rectoolkit.viz.frames import total_matrix
-from rectoolkit.viz.style import format_bytes
+from rectoolkit.viz.style import bytes_axis, format_bytes
 
 TOTAL = "total"
-MAX_TEXT_RANKS = 16  # write the bytes in each cell up to this many ranks
+MAX_TEXT_RANKS = 6  # write the bytes in each cell up to this many ranks (the hover always has them)
 
 
 def comm_options(matrices: Mapping[str, np.ndarray], keep_empty: bool = False) -> Dict[str, np.ndarray]:
@@ -44,20 +44,23 @@ def comm_matrix_traces(matrices: Mapping[str, np.ndarray], collective: str = TOT
     world_size = matrix.shape[0]
     labels = [str(r) for r in range(world_size)]
     text = _cell_text(matrix)
+    # the colour range always starts at 0, so equal traffic everywhere is one colour with readable ticks
+    top = float(matrix.max()) if matrix.size and matrix.max() > 0 else 1.0
     trace = dict(
-        type="heatmap", z=matrix, x=labels, y=labels, text=text, colorscale="Viridis", zmin=0,
+        type="heatmap", z=matrix, x=labels, y=labels, text=text, colorscale="Viridis", zmin=0, zmax=top,
         texttemplate="%{text}" if world_size <= MAX_TEXT_RANKS else None, textfont=dict(size=10),
         hovertemplate="rank %{y} -> rank %{x}: %{text}<extra>" + collective + "</extra>",
-        colorbar=dict(title=dict(text="bytes")), xgap=1, ygap=1,
+        colorbar=bytes_axis(top), xgap=1 if world_size <= 32 else 0, ygap=1 if world_size <= 32 else 0,
     )
     off_diag = float(matrix.sum() - np.trace(matrix))
     layout = dict(
-        title=dict(text=f"Bytes per step, {collective} ({format_bytes(off_diag)} across links)"),
+        title=dict(text=f"Bytes per step, {collective}<br><sub>{format_bytes(off_diag)} across links</sub>",
+                   x=0, xanchor="left"),
         xaxis=dict(title=dict(text="destination rank"), type="category", side="bottom"),
         yaxis=dict(title=dict(text="source rank"), type="category", autorange="reversed"),
-        height=max(320, min(700, 140 + 34 * world_size)),
+        height=max(350, min(730, 170 + 34 * world_size)),
         width=max(380, min(760, 200 + 34 * world_size)),
-        margin=dict(l=60, r=10, t=50, b=50),
+        margin=dict(l=60, r=10, t=80, b=50),  # room for the two-line title above the cells
     )
     return [trace], layout
 
@@ -83,11 +86,14 @@ def comm_matrix_figure(matrices: Mapping[str, np.ndarray], collective: str = TOT
             buttons.append(dict(
                 label=name, method="update",
                 args=[{"z": [matrix], "text": [_cell_text(matrix)]},
-                      {"title.text": f"Bytes per step, {name} ({format_bytes(off_diag)} across links)"}],
+                      {"title.text": f"Bytes per step, {name}<br><sub>{format_bytes(off_diag)} across links</sub>"}],
             ))
         active = list(options).index(collective) if collective in options else 0
-        layout["updatemenus"] = [dict(buttons=buttons, active=active, x=1.0, xanchor="right", y=1.16, yanchor="top")]
-        layout["margin"] = dict(l=60, r=10, t=80, b=50)
+        # the menu sits on the right of the top margin, the title on its left: they never overlap
+        layout["updatemenus"] = [dict(buttons=buttons, active=active, x=1.0, xanchor="right", y=1.0, yanchor="bottom",
+                                      pad=dict(b=8))]
+        layout["margin"] = dict(l=60, r=10, t=90, b=50)
+        layout["width"] = max(520, layout["width"])
     return go.Figure(data=traces, layout=layout)
 
 

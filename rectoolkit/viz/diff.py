@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from rectoolkit.viz.frames import PlanDiff, PlanLike, TablesLike, plan_diff
-from rectoolkit.viz.style import OVERFLOW_COLOR, format_bytes
+from rectoolkit.viz.style import OVERFLOW_COLOR, format_bytes, signed_bytes_axis
 
 GAIN_COLOR = "#DC2626"  # a rank that holds more after the change
 LOSS_COLOR = "#16A34A"  # a rank that holds less
@@ -49,8 +49,9 @@ def plan_diff_traces(diff: PlanDiff) -> Tuple[List[dict], dict]:
     layout = dict(
         title=dict(text=f"Plan diff: {diff.summary()}"),
         xaxis=dict(domain=[0, 1], anchor="y", type="category"),
-        yaxis=dict(domain=[0.58, 1.0], anchor="x", title=dict(text="bytes (new - old)"), zeroline=True,
-                   zerolinecolor=OVERFLOW_COLOR if (delta != 0).any() else "#9CA3AF"),
+        yaxis=dict(domain=[0.58, 1.0], anchor="x", zeroline=True,
+                   zerolinecolor=OVERFLOW_COLOR if (delta != 0).any() else "#9CA3AF",
+                   **signed_bytes_axis(float(np.abs(delta).max(initial=0)), "bytes (new - old)")),
         showlegend=False, height=520, margin=dict(l=70, r=10, t=60, b=20), plot_bgcolor="white",
     )
     return [bars, table], layout

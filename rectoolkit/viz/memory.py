@@ -19,7 +19,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from rectoolkit.viz.style import CAPACITY_COLOR, OVERFLOW_COLOR, component_color, format_bytes, pretty_component
+from rectoolkit.viz.style import (CAPACITY_COLOR, OVERFLOW_COLOR, bytes_axis, component_color, format_bytes,
+                                  pretty_component)
+
+TINY_SHARE = 0.05  # below this share of capacity the axis follows the usage, with a note, not the capacity
 
 # Parts of a rank's memory, in stacking order. The planner's report (rectoolkit.planner.PlanReport.memory)
 # names them without a suffix; other tables may use "<part>_bytes".
@@ -116,13 +119,26 @@ def memory_traces(memory: pd.DataFrame, components: Optional[Sequence[str]] = No
         customdata=[format_bytes(c) if np.isfinite(c) else "" for c in cap],
         hovertemplate="%{x} capacity %{customdata}<extra></extra>",
     ))
+    peak = float(total.max()) if total.size else 0.0
+    largest_cap = float(np.nanmax(cap)) if np.isfinite(cap).any() else 0.0
+    annotations = []
+    if largest_cap and peak < TINY_SHARE * largest_cap:
+        # a 280 MiB stack on a 32 GiB axis looks empty: scale to the usage and say where the capacity is
+        top = max(peak, 1.0) * 1.15
+        annotations.append(dict(
+            text=f"estimated peak {format_bytes(peak)} is {100 * peak / largest_cap:.2g}% of the "
+                 f"{format_bytes(largest_cap)} capacity (the capacity line is above this axis)",
+            xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
+            font=dict(size=11, color="#92400E")))
+    else:
+        top = max(peak, largest_cap) * 1.08
     layout = dict(
-        title=dict(text=title),
+        title=dict(text=title, x=0, xanchor="left"),
         barmode="overlay",
-        yaxis=dict(title=dict(text="bytes"), rangemode="tozero", tickformat="~s", ticksuffix="B"),  # 2GB, not 2B
+        yaxis=bytes_axis(top, range=[0, top]),
         xaxis=dict(type="category"),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        margin=dict(l=60, r=10, t=60, b=40),
+        annotations=annotations,
+        margin=dict(l=70, r=10, t=70, b=40),  # the legend stands on the right (never over the title)
         height=360,
         plot_bgcolor="white",
     )

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rectoolkit.viz.frames import PlanLike, TablesLike, placement_frame, rank_table_bytes
-from rectoolkit.viz.style import REPLICATED_COLOR, format_bytes, rank_color
+from rectoolkit.viz.style import REPLICATED_COLOR, bytes_axis, format_bytes, rank_color
 
 CELL = 1.0  # each table gets a CELL x CELL slot; its rectangle is scaled inside it
 GAP = 0.5  # room between slots for the two-line label
@@ -163,9 +163,9 @@ def rank_table_traces(placement: pd.DataFrame, world_size: Optional[int] = None)
     text = [[format_bytes(v) if v else "" for v in row] for row in values.tolist()]
     traces = [dict(
         type="heatmap", z=np.where(values > 0, values, np.nan), x=list(grid.columns),
-        y=[f"rank {r}" for r in grid.index], text=text, colorscale="Blues",
-        hovertemplate="%{y} holds %{text} of %{x}<extra></extra>", colorbar=dict(title=dict(text="bytes")),
-        xgap=1, ygap=1,
+        y=[f"rank {r}" for r in grid.index], text=text, colorscale="Blues", reversescale=True,
+        hovertemplate="%{y} holds %{text} of %{x}<extra></extra>", zmin=0, zmax=max(1.0, float(values.max(initial=0))),
+        colorbar=bytes_axis(max(1.0, float(values.max(initial=0)))), xgap=1, ygap=1,
     )]
     layout = dict(
         title=dict(text="Bytes of each table on each rank"),

@@ -4,12 +4,14 @@
     (True, True)
     >>> format_bytes(3 * 2**30)
     '3.00 GiB'
+    >>> binary_ticks(16 * 2**30)[1]
+    ['0 B', '4 GiB', '8 GiB', '12 GiB', '16 GiB']
 """
 
 from __future__ import annotations
 
 import colorsys
-from typing import List
+from typing import Any, List, Tuple
 
 # Plotly's qualitative "Plotly" palette followed by "D3"-like extras: distinct for the first 20 ranks.
 _RANK_PALETTE = [
@@ -80,6 +82,78 @@ def format_bytes(num_bytes: float) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"
+
+
+def _short_bytes(value: float, unit: str, scale: float) -> str:
+    number = value / scale
+    return f"{number:.0f} {unit}" if number == round(number) else f"{number:.3g} {unit}"
+
+
+def binary_ticks(max_bytes: float, count: int = 5) -> Tuple[List[float], List[str]]:
+    """Tick positions and labels for a bytes axis from 0 to `max_bytes`, in binary units (GiB, MiB, ...).
+
+    Steps are powers of two of the unit, so ticks read '4 GiB', '8 GiB', '16 GiB' (never '17.2G').
+    """
+    top = float(max_bytes) if max_bytes and max_bytes > 0 else 1.0
+    unit, scale = "B", 1.0
+    for name, size in (("KiB", 2 ** 10), ("MiB", 2 ** 20), ("GiB", 2 ** 30), ("TiB", 2 ** 40)):
+        if top >= size:
+            unit, scale = name, float(size)
+    raw = top / scale / max(1, count - 1)
+    step = next(2.0 ** k for k in range(-3, 11) if 2.0 ** k >= raw)  # powers of two: 16 GiB is a tick
+    if unit == "B":
+        step = max(step, 1)
+    values = [i * step * scale for i in range(int(top / (step * scale) + 1e-9) + 2)]
+    values = [v for v in values if v <= top * 1.0000001] or [0.0]
+    if values[-1] < top * 0.999:  # one tick past the top, so the highest bar is below a labelled line
+        values.append(values[-1] + step * scale)
+    return values, ["0 B" if v == 0 else _short_bytes(v, unit, scale) for v in values]
+
+
+def bytes_axis(max_bytes: float, title: str = "bytes", **extra: Any) -> dict:
+    """A plotly axis (or colour bar) dict with binary-unit ticks from 0 to `max_bytes`."""
+    values, labels = binary_ticks(max_bytes)
+    return dict(title=dict(text=title), tickmode="array", tickvals=values, ticktext=labels, **extra)
+
+
+def signed_bytes_axis(largest_change: float, title: str) -> dict:
+    """A bytes axis symmetric around 0 (gains above, losses below), in binary units: '-8 MiB', '8 MiB'."""
+    values, labels = binary_ticks(abs(largest_change) or 1.0)
+    return dict(title=dict(text=title), tickmode="array", tickvals=[-v for v in values[:0:-1]] + values,
+                ticktext=[f"-{label}" for label in labels[:0:-1]] + labels,
+                range=[-values[-1] * 1.05, values[-1] * 1.05])
+
+
+def humanize(value: Any, column: str = "") -> str:
+    """One table cell for people: bytes in binary units (by column name), ms with few digits, big ints
+    with separators, floats with 4 significant digits.
+
+        >>> humanize(206209024.0, "weights_bytes"), humanize(0.012345678, "total_ms"), humanize(1234567)
+        ('196.66 MiB', '0.012 ms', '1,234,567')
+    """
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "dtype"):
+        return str(value)
+    number = float(value)
+    name = column.lower()
+    if name.endswith("bytes") or name in ("bytes", "memory", "size"):
+        return format_bytes(number)
+    if name.endswith("_ms") or name == "ms":
+        return format_ms(number)
+    if number == int(number) and abs(number) < 1e15:
+        return f"{int(number):,}"
+    return f"{number:.4g}"
+
+
+def humanized(frame: Any) -> Any:
+    """A copy of a DataFrame for reading: every cell through `humanize` (by its column's name).
+
+        >>> import pandas as pd
+        >>> humanized(pd.DataFrame({"bytes": [206209024.0], "ms": [15.823211669921875]})).to_dict("records")
+        [{'bytes': '196.66 MiB', 'ms': '15.82 ms'}]
+    """
+    return frame.apply(lambda column: column.map(lambda value: humanize(value, str(column.name))))
 
 
 def format_ms(ms: float) -> str:

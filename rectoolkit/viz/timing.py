@@ -58,10 +58,9 @@ def rank_time_traces(times: pd.DataFrame, components: Optional[Sequence[str]] = 
         ))
     full_title = f"{title} (slowest: {labels[slowest]}, {format_ms(total[slowest])})" if len(total) else title
     layout = dict(
-        title=dict(text=full_title), barmode="stack",
-        yaxis=dict(title=dict(text="ms per step")), xaxis=dict(type="category"),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        margin=dict(l=60, r=10, t=60, b=40), height=340, plot_bgcolor="white",
+        title=dict(text=full_title, x=0, xanchor="left"), barmode="stack",
+        yaxis=dict(title=dict(text="ms per step"), rangemode="tozero"), xaxis=dict(type="category"),
+        margin=dict(l=60, r=10, t=60, b=40), height=340, plot_bgcolor="white",  # legend on the right
     )
     return traces, layout
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rectoolkit.viz.frames import total_matrix
-from rectoolkit.viz.style import COMPONENT_COLORS, format_bytes
+from rectoolkit.viz.style import COMPONENT_COLORS, bytes_axis, format_bytes
 
 CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"))
 
@@ -100,10 +100,14 @@ def measured_vs_estimated_traces(estimated, measured, quantity: str = "bytes sen
              hovertemplate="%{x} measured %{customdata}<extra></extra>"),
     ]
     layout = dict(
-        title=dict(text=f"Measured vs estimated: {quantity}"), barmode="group",
-        yaxis=dict(title=dict(text=unit)), xaxis=dict(type="category"),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        height=320, margin=dict(l=60, r=10, t=60, b=40), plot_bgcolor="white",
+        title=dict(text=f"Measured vs estimated:<br>{quantity}", x=0, xanchor="left", font=dict(size=14)),
+        barmode="group",
+        yaxis=(bytes_axis(max(float(np.max(est, initial=0)), float(np.max(meas, initial=0))) * 1.05)
+               if unit == "bytes" else dict(title=dict(text=unit))),
+        xaxis=dict(type="category"),
+        # legend under the bars: two of these charts stand side by side, each needs its own width
+        legend=dict(orientation="h", y=-0.15, yanchor="top", x=0),
+        height=340, width=460, margin=dict(l=70, r=10, t=70, b=70), plot_bgcolor="white",
     )
     return traces, layout
 

@@ -26,13 +26,14 @@ import traitlets
 
 from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.viz.frames import TablesLike, placement_frame, table_configs, weights_per_rank
-from rectoolkit.viz.style import format_bytes, rank_color
+from rectoolkit.viz.style import REPLICATED_COLOR, format_bytes, rank_color
 from rectoolkit.widgets.assets import read_asset
 from rectoolkit.plan.edits import MoveError, move_shard
 
-# A fixed palette for tables, so the blocks of one table look alike in every column.
-TABLE_PALETTE = ["#2563EB", "#DC2626", "#059669", "#7C3AED", "#D97706", "#0891B2", "#DB2777", "#65A30D",
-                 "#4F46E5", "#EA580C", "#0D9488", "#9333EA", "#CA8A04", "#475569"]
+# Colours follow the Placement view: a block has its rank's colour, replicas (DATA_PARALLEL) are grey.
+HINT = ("Colour = rank, as in the Placement tab. Drag a shard to another rank (or click it, then a rank's "
+        "header) to override the plan. Grey striped blocks are data-parallel replicas: one on every rank, "
+        "they cannot move.")
 
 
 class PlacementBoard(anywidget.AnyWidget):
@@ -55,6 +56,7 @@ class PlacementBoard(anywidget.AnyWidget):
     message = traitlets.Unicode("").tag(sync=True)
     message_kind = traitlets.Unicode("info").tag(sync=True)
     title = traitlets.Unicode("Placement board").tag(sync=True)
+    hint = traitlets.Unicode(HINT).tag(sync=True)
     move_request = traitlets.Dict().tag(sync=True)
 
     def __init__(self, plan: ShardingPlan, tables: TablesLike = None, world_size: Optional[int] = None,
@@ -138,7 +140,6 @@ class PlacementBoard(anywidget.AnyWidget):
              "capacity": capacities[rank], "over": bool(capacities[rank] and memory[rank] > capacities[rank])}
             for rank in range(self.world_size)
         ]
-        table_order = {name: i for i, name in enumerate(dict.fromkeys(placement["table"]))}
         biggest = max(1, int(placement["bytes"].max())) if len(placement) else 1
         shard_counts = placement["table"].value_counts().to_dict()
         shards = []
@@ -152,11 +153,12 @@ class PlacementBoard(anywidget.AnyWidget):
                 "type": row.sharding_type,
                 "bytes": int(row.bytes),
                 "movable": not fixed,
-                "color": TABLE_PALETTE[table_order[row.table] % len(TABLE_PALETTE)],
+                "color": REPLICATED_COLOR if fixed else rank_color(int(row.rank)),
                 "height": int(14 + 36 * math.sqrt(row.bytes / biggest)),
-                "label": row.table if shard_counts[row.table] == 1 else f"{row.table} #{row.shard}",
+                "label": (f"{row.table} (replica)" if fixed else
+                          row.table if shard_counts[row.table] == 1 else f"{row.table} #{row.shard}"),
                 "tooltip": (f"{row.table} shard {row.shard} ({row.sharding_type}): rows {row.row_start}:{row.row_end}, "
                             f"cols {row.col_start}:{row.col_end}, {format_bytes(row.bytes)}"
-                            + (" - replica, cannot move" if fixed else "")),
+                            + (" - a data-parallel replica (one on every rank): it cannot move" if fixed else "")),
             })
         self.shards = shards

@@ -27,7 +27,7 @@ from rectoolkit.viz.diff import plan_diff_traces
 from rectoolkit.viz.frames import plan_diff
 from rectoolkit.viz.memory import memory_traces
 from rectoolkit.viz.placement import rank_table_traces, shard_placement_traces
-from rectoolkit.viz.style import format_bytes
+from rectoolkit.viz.style import format_bytes, humanize
 from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
@@ -41,20 +41,19 @@ DEVICES = ["cuda", "cpu"]
 OBJECTIVES = ["time", "memory", "bytes"]
 SHARDING_CHOICES = [AUTO] + [t.value for t in ShardingType]
 
+DEFAULT_WORKDIR = Path.home() / "rectoolkit-work"
 _EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
 
 
 def html_table(frame, columns: List[str], max_height_px: int = 380) -> str:
     """A small scrollable HTML table (faster than DataFrame.to_html for a redraw on every click)."""
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return "" if value != value else f"{value:.4g}"
+    def cell(value: Any, column: str) -> str:
         if isinstance(value, list) and len(value) > 8:
             return html.escape(f"{value[:4]} ... ({len(value)} ranks)")
-        return html.escape("" if value is None else str(value))
+        return html.escape(humanize(value, column))
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{cell(v, c)}</td>" for v, c in zip(row, columns)) + "</tr>"
                    for row in frame[columns].itertuples(index=False, name=None))
     return (f'<div style="max-height:{max_height_px}px;overflow:auto"><table class="rtk-choices" '
             'style="border-collapse:collapse;font-size:12px"><thead style="position:sticky;top:0;background:#f3f4f6">'
@@ -76,7 +75,9 @@ class PlanExplorer(w.VBox):
         topology: a planner Topology to start from (world size, ranks per host, memory, batch size).
         world_size, local_world_size, memory_per_rank_gib, batch_size, optimizer, objective: start values.
         forced: table -> sharding type to start with.
-        plan_path: where "Save plan" writes the JSON.
+        plan_path: the file "Save plan" writes (JSON); a relative path is taken inside `workdir`.
+        workdir: the folder for saved files, shown in the Export tab (default: ~/rectoolkit-work, outside any
+            repository, so saving from a notebook never writes into the notebooks' folder).
         local_search: False plans with the planner's greedy pass only (faster re-plans for many tables).
     """
 
@@ -84,15 +85,19 @@ class PlanExplorer(w.VBox):
                  local_world_size: Optional[int] = None, memory_per_rank_gib: Optional[float] = None,
                  batch_size: Optional[int] = None, optimizer: str = "sgd", objective: str = "time",
                  compute_device: Optional[str] = None, forced: Optional[Dict[str, str]] = None,
-                 plan_path: str = "plan.json", local_search: bool = True) -> None:
+                 plan_path: str = "plan.json", local_search: bool = True,
+                 workdir: Optional[str] = None) -> None:
         self.table_set = as_table_set(tables)
         self.settings = self._initial_settings(topology, world_size, local_world_size, memory_per_rank_gib,
                                                batch_size, optimizer, objective, compute_device, forced)
         self.settings.local_search = local_search
         self.baseline: Optional[ShardingPlan] = None
         self.last_timing_ms: Dict[str, float] = {}
-        self._quiet = False
-        self._build_controls(plan_path)
+        # Controls written by the explorer itself (to follow another control) must not re-plan on their own:
+        # `_put` writes them while `_writing_controls` is set, and `_on_control` ignores those writes.
+        self._writing_controls = False
+        self.workdir = Path(workdir).expanduser().resolve() if workdir is not None else DEFAULT_WORKDIR
+        self._build_controls(str(self.workdir / Path(plan_path).expanduser()))
         self.result: PlanningResult = plan_and_report(self.settings, self.table_set)
         self._build_views()
         super().__init__([self.status, self.controls, self.tabs])
@@ -112,14 +117,15 @@ class PlanExplorer(w.VBox):
 
     def set(self, **changes: Any) -> PlanningResult:
         """Change settings from Python (same path as the controls): world_size=8, optimizer="adam", ..."""
-        self._quiet = True
-        try:
-            for name, value in changes.items():
-                self._pending_value = value
-                control = self._control_for(name)
-                control.value = value
-        finally:
-            self._quiet = False
+        world = changes.get("world_size", self.world_size.value)
+        per_host = changes.get("local_world_size", changes.get("ranks_per_host"))
+        if per_host is not None and isinstance(world, int) and world >= 1 and per_host not in self._divisors(world):
+            raise ValueError(f"ranks per host {per_host!r} must divide the world size ({world}); "
+                             f"choose one of {self._divisors(world)}")  # checked before any control changes
+        for name, value in changes.items():
+            control = self._control_for(name, value)
+            self._put(control, value)
+            self._follow(control)
         self.replan()
         return self.result
 
@@ -127,13 +133,10 @@ class PlanExplorer(w.VBox):
         """Force a table's sharding type ("row_wise", ...; "auto" lets the planner choose) and re-plan."""
         if table not in {t.name for t in self.table_set.tables}:
             raise KeyError(f"no table {table!r}; tables are {[t.name for t in self.table_set.tables]}")
-        self._quiet = True
-        try:
-            self.table_picker.value = table
-            self.type_picker.value = ShardingType.parse(sharding_type).value if sharding_type != AUTO else AUTO
-        finally:
-            self._quiet = False
+        self._put(self.table_picker, table)
+        self._put(self.type_picker, ShardingType.parse(sharding_type).value if sharding_type != AUTO else AUTO)
         self._apply_forced()
+        self.replan()
         return self.result
 
     def replan(self) -> PlanningResult:
@@ -143,6 +146,7 @@ class PlanExplorer(w.VBox):
         `last_timing_ms` holds the CPU time of this process for planning and drawing (and the wall time).
         """
         start, start_wall = time.process_time(), time.perf_counter()
+        self._set_busy("planning")
         try:
             settings = ExplorerSettings(
                 world_size=int(self.world_size.value), local_world_size=int(self.local_world_size.value),
@@ -155,11 +159,13 @@ class PlanExplorer(w.VBox):
         except ValueError as error:
             self.result = PlanningResult(settings=self.settings, error=str(error))
             self._render()
+            self._set_busy(None)
             return self.result
         self.settings = settings
         self.result = plan_and_report(settings, self.table_set)
         planned = time.process_time()
         self._render()
+        self._set_busy(None)
         done = time.process_time()
         self.last_timing_ms = {"plan_ms": 1e3 * (planned - start), "draw_ms": 1e3 * (done - planned),
                                "total_ms": 1e3 * (done - start), "wall_ms": 1e3 * (time.perf_counter() - start_wall)}
@@ -201,7 +207,8 @@ class PlanExplorer(w.VBox):
         """Write the current plan as JSON (the planner's format) and return the path."""
         if self.plan is None:
             raise ValueError(f"there is no plan to save: {self.error}")
-        target = Path(path or self.plan_path.value)
+        target = self.workdir / Path(path or self.plan_path.value).expanduser()  # an absolute path stays as given
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(planning.plan_to_json(self.plan, self.table_set.tables))
         self.export_message.value = f"saved the plan to <code>{html.escape(str(target))}</code>"
         return target
@@ -268,28 +275,27 @@ class PlanExplorer(w.VBox):
         self.clear_forced = w.Button(description="all auto", tooltip="let the planner choose every table's type",
                                      layout=w.Layout(width="90px"))
         self.forced_label = w.HTML()
-        self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="260px"))
+        self.plan_path = w.Text(value=plan_path, description="file", layout=w.Layout(width="520px"))
         for control in (self.world_size, self.local_world_size, self.memory, self.batch_size, self.optimizer,
-                        self.objective, self.device):
-            control.observe(self._on_setting, names="value")
-        self.world_size.observe(self._on_world_size, names="value")
-        self.table_picker.observe(self._on_table_pick, names="value")
-        self.type_picker.observe(lambda _: None if self._quiet else self._apply_forced(), names="value")
+                        self.objective, self.device, self.table_picker, self.type_picker):
+            control.observe(self._on_control, names="value")
         self.clear_forced.on_click(self._on_clear_forced)
         self.status = w.HTML()
+        self.busy = w.HTML(layout=w.Layout(width="160px"))  # "planning ..." while the kernel works
         self.controls = w.VBox([
-            w.HBox([self.world_size, self.local_world_size, self.memory, self.batch_size]),
+            w.HBox([self.world_size, self.local_world_size, self.memory, self.batch_size, self.busy]),
             w.HBox([self.device, self.optimizer, self.objective, self.table_picker, self.type_picker,
                     self.clear_forced]),
             self.forced_label,
         ])
 
     def _build_views(self) -> None:
-        self.placement_fig, self.rank_table_fig = LazyFigure(), LazyFigure()
-        self.memory_fig, self.time_fig, self.comm_fig, self.diff_fig = LazyFigure(), LazyFigure(), LazyFigure(), LazyFigure()
+        self.placement_fig, self.rank_table_fig = LazyFigure("the shard placement"), LazyFigure("the rank x table map")
+        self.memory_fig, self.time_fig = LazyFigure("memory per rank"), LazyFigure("time per rank")
+        self.comm_fig, self.diff_fig = LazyFigure("bytes per link"), LazyFigure("the comparison")
         self.memory_note, self.time_note = w.HTML(), w.HTML()
         self.collective = w.Dropdown(options=[TOTAL], value=TOTAL, description="collective")
-        self.collective.observe(lambda _: self._draw_comm(), names="value")
+        self.collective.observe(self._on_control, names="value")
         plan = self.result.plan or ShardingPlan({"": {}})
         self.board = PlacementBoard(plan, self.table_set.tables, world_size=self.settings.world_size,
                                     local_world_size=self.settings.local_world_size)
@@ -307,7 +313,8 @@ class PlanExplorer(w.VBox):
         self.save_button.on_click(lambda _: self._guard(self.save_plan))
         self.export_button.on_click(lambda _: self._guard(self._show_export))
         self.pin_button.on_click(lambda _: self._guard(self.compare_with))
-        self.load_button.on_click(lambda _: self._guard(lambda: self.compare_with(path=self.plan_path.value)))
+        self.load_button.on_click(lambda _: self._guard(
+            lambda: self.compare_with(path=str(self.workdir / Path(self.plan_path.value).expanduser()))))
         self.diff_note = w.HTML("Pin a plan or load a saved one, then change settings to see what moves.")
         self.tabs = w.Tab(children=[
             w.VBox([self.placement_fig.container, self.rank_table_fig.container]),
@@ -325,7 +332,7 @@ class PlanExplorer(w.VBox):
 
     # ------------------------------------------------------------------ events
 
-    def _control_for(self, name: str):
+    def _control_for(self, name: str, value: Any):
         controls = {"world_size": self.world_size, "local_world_size": self.local_world_size,
                     "ranks_per_host": self.local_world_size, "memory_per_rank_gib": self.memory,
                     "batch_size": self.batch_size, "optimizer": self.optimizer, "objective": self.objective,
@@ -334,32 +341,44 @@ class PlanExplorer(w.VBox):
             raise KeyError(f"no setting {name!r}; settings are {sorted(controls)}")
         control = controls[name]
         if name == "world_size":
-            if not isinstance(self._pending_value, int) or self._pending_value < 1:
-                raise ValueError(f"world_size must be a positive int, got {self._pending_value!r}")
-            if self._pending_value not in control.options:
-                control.options = sorted(set(control.options) | {self._pending_value})
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"world_size must be a positive int, got {value!r}")
+            if value not in control.options:
+                self._put(control, control.value, options=sorted(set(control.options) | {value}))
         return control
 
-    def _on_setting(self, _change) -> None:
-        if not self._quiet:
+    def _put(self, control, value: Any, options: Optional[List[Any]] = None) -> None:
+        """Write a control from Python without its observer re-planning (the caller re-plans once)."""
+        was_writing, self._writing_controls = self._writing_controls, True
+        try:
+            if options is not None:
+                control.options = options
+            control.value = value
+        finally:
+            self._writing_controls = was_writing
+
+    def _on_control(self, change) -> None:
+        """The one observer of every control: a user's change (a click, or `control.value = x` in Python)."""
+        if self._writing_controls:
+            return
+        control = change["owner"]
+        if control is self.collective:
+            self._draw_comm()
+            return
+        self._follow(control)
+        if control is not self.table_picker:
             self.replan()
 
-    def _on_world_size(self, change) -> None:
-        divisors = self._divisors(change["new"])
-        current = self.local_world_size.value
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            self.local_world_size.options = divisors
-            self.local_world_size.value = current if current in divisors else divisors[-1]
-        finally:
-            self._quiet = was_quiet
-
-    def _on_table_pick(self, change) -> None:
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            self.type_picker.value = self.settings.forced.get(change["new"], AUTO)
-        finally:
-            self._quiet = was_quiet
+    def _follow(self, control) -> None:
+        """Bring the controls that depend on `control` in line with it, before anything re-plans."""
+        if control is self.world_size:
+            divisors = self._divisors(int(self.world_size.value))
+            current = self.local_world_size.value
+            self._put(self.local_world_size, current if current in divisors else divisors[-1], options=divisors)
+        elif control is self.table_picker:
+            self._put(self.type_picker, self.settings.forced.get(self.table_picker.value, AUTO))
+        elif control is self.type_picker:
+            self._apply_forced()
 
     def _apply_forced(self) -> None:
         table, choice = self.table_picker.value, self.type_picker.value
@@ -367,12 +386,11 @@ class PlanExplorer(w.VBox):
             self.settings.forced.pop(table, None)
         else:
             self.settings.forced[table] = choice
-        self.replan()
 
     def _on_clear_forced(self, _button) -> None:
         self.settings.forced.clear()
         self.settings.moves.clear()
-        self._on_table_pick({"new": self.table_picker.value})
+        self._follow(self.table_picker)
         self.replan()
 
     def _on_board_move(self, _plan, table: str, shard: int, rank: int) -> None:
@@ -380,7 +398,16 @@ class PlanExplorer(w.VBox):
         self.replan()
 
     def _on_tab(self, _change) -> None:
-        self._render_tab(self.tabs.selected_index)
+        index = self.tabs.selected_index
+        if index in self._stale:
+            self._set_busy(f"drawing {self.TAB_NAMES[index]}")
+            self._render_tab(index)
+            self._set_busy(None)
+
+    def _set_busy(self, what: Optional[str]) -> None:
+        """Show what the kernel is doing (sent at once, so the browser shows it while the work runs)."""
+        self.busy.value = ("" if what is None else
+                           f'<span class="rtk-busy" style="color:#b45309">&#8987; {html.escape(what)} ...</span>')
 
     def _guard(self, action) -> None:
         try:
@@ -492,14 +519,9 @@ class PlanExplorer(w.VBox):
         if not self.result.ok or self.result.comm is None:
             return
         options = list(comm_options(self.result.comm))
-        was_quiet, self._quiet = self._quiet, True
-        try:
-            if list(self.collective.options) != options:
-                current = self.collective.value
-                self.collective.options = options
-                self.collective.value = current if current in options else TOTAL
-        finally:
-            self._quiet = was_quiet
+        if list(self.collective.options) != options:
+            current = self.collective.value
+            self._put(self.collective, current if current in options else TOTAL, options=options)
         self.comm_fig.show(*comm_matrix_traces(self.result.comm, self.collective.value))
 
     def _draw_choices(self) -> None:
@@ -532,6 +554,8 @@ class PlanExplorer(w.VBox):
     def _show_export(self) -> None:
         if self.plan is None:
             raise ValueError(f"there is no plan to export: {self.error}")
-        self.export_text.value = planning.torchrec_export_text(self.plan, self.plan_path.value)
+        path = self.workdir / Path(self.plan_path.value).expanduser()
+        self.export_text.value = planning.torchrec_export_text(self.plan, str(path))
         self.export_text.layout.display = ""
-        self.export_message.value = "The plan for TorchRec (save it first so the file exists)"
+        saved = "" if path.exists() else " (save it first so the file exists)"
+        self.export_message.value = f"The plan for TorchRec, loading <code>{html.escape(str(path))}</code>{saved}"

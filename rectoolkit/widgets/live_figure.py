@@ -1,21 +1,32 @@
-"""A plotly FigureWidget kept in sync with (traces, layout) specs by setting only what changed.
+"""A figure in a widget, redrawn from (traces, layout) specs, with plotly.js loaded once per page.
 
-Plotly validates every property it is given, so re-sending a whole figure on each click is slow. A
-LiveFigure remembers the last spec it drew and, when the trace structure is unchanged, sets only the
-properties whose values differ, inside one `batch_update()` (one message to the browser).
+A plotly `FigureWidget` carries its own copy of plotly.js (about 5 MB, sent to the browser and parsed again
+for every figure), which made each tab of the explorer open blank for seconds. A LiveFigure instead shows
+the figure as plotly's own output type (`application/vnd.plotly.v1+json`) inside an ipywidgets `Output`:
+JupyterLab's plotly renderer (installed with plotly) loads plotly.js once per page and draws every figure
+with it. Only the figure's JSON travels on a redraw, and nothing is sent when nothing changed. While a
+figure is being drawn its box shows "drawing ..." (a placeholder the figure covers when it appears).
 
     >>> live = LiveFigure([dict(type="bar", x=["a"], y=[1])], dict(title=dict(text="one")))
     >>> live.show([dict(type="bar", x=["a"], y=[2])], dict(title=dict(text="one")))
     ['data[0].y']
-    >>> live.widget.data[0].y
+    >>> live.data[0].y
     (2,)
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+FIGURE_CLASS = "rtk-figure"
+# The placeholder sits under the plot (the plot's white paper covers it once plotly.js has drawn).
+FIGURE_CSS = (f"<style>.{FIGURE_CLASS}{{position:relative;min-height:120px}}"
+              f".{FIGURE_CLASS}::before{{content:'drawing the figure ...';position:absolute;top:48px;left:24px;"
+              "color:#6b7280;font-size:13px;z-index:0}"
+              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}</style>")
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -59,76 +70,95 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-class LiveFigure:
-    """Owns one `go.FigureWidget`; `show(traces, layout)` redraws it with the fewest property writes.
+def to_json_value(value: Any) -> Any:
+    """Numpy arrays and scalars -> lists and Python numbers (NaN / inf -> None), recursively, for JSON."""
+    value = json_safe(value)
+    if isinstance(value, np.ndarray):
+        return [to_json_value(v) for v in value.tolist()] if value.dtype.kind == "O" else value.tolist()
+    if isinstance(value, np.generic):
+        return to_json_value(value.item())
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    return value
 
-    Returns the list of what was written ("data[i].key", "layout.key" or "rebuild"), which tests use to
-    check that an update happened in place.
+
+def _changes(traces: Sequence[dict], layout: dict, old_traces: Sequence[dict], old_layout: dict) -> List[str]:
+    """What differs from the last drawing: "data[i].key", "layout.key", or "rebuild" (other traces)."""
+    same_structure = len(traces) == len(old_traces) and all(
+        new.get("type") == old.get("type") and new.keys() == old.keys() for new, old in zip(traces, old_traces))
+    if not same_structure:
+        return ["rebuild"]
+    written = [f"data[{index}].{key}" for index, (new, old) in enumerate(zip(traces, old_traces))
+               for key, value in new.items() if key != "type" and not same_value(value, old.get(key))]
+    written += [f"layout.{key}" for key in sorted(set(layout) | set(old_layout))
+                if not same_value(layout.get(key), old_layout.get(key))]
+    return written
+
+
+class LiveFigure:
+    """Owns one `Output` widget (in the box `widget`); `show(traces, layout)` redraws it when something changed.
+
+    Returns the list of what changed ("data[i].key", "layout.key" or "rebuild"), which tests use to check
+    that an update happened. `data` and `layout` give the figure as plotly objects (built on demand).
     """
 
     def __init__(self, traces: Sequence[dict], layout: dict) -> None:
-        import plotly.graph_objects as go
+        import ipywidgets as w
 
-        traces = [json_safe(dict(t)) for t in traces]
-        self.widget = go.FigureWidget(data=traces, layout=dict(layout))
-        self._traces: List[dict] = [dict(t) for t in traces]
-        self._layout: dict = dict(layout)
+        self.output = w.Output()
+        self.widget = w.VBox([w.HTML(FIGURE_CSS), self.output])  # the style travels with the figure
+        self.widget.add_class(FIGURE_CLASS)
+        self._traces: List[dict] = []
+        self._layout: dict = {}
+        self._figure = None
+        self._draw([json_safe(dict(t)) for t in traces], json_safe(dict(layout)))
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         traces = [json_safe(dict(t)) for t in traces]
         layout = json_safe(dict(layout))
-        fig = self.widget
-        written: List[str] = []
-        same_structure = len(traces) == len(self._traces) and all(
-            new.get("type") == old.get("type") and new.keys() == old.keys() for new, old in zip(traces, self._traces))
-        if not same_structure:
-            with fig.batch_update():
-                fig.data = []
-            fig.add_traces(traces)
-            written.append("rebuild")
-        else:
-            with fig.batch_update():
-                for index, (new, old) in enumerate(zip(traces, self._traces)):
-                    for key, value in new.items():
-                        if key != "type" and not same_value(value, old.get(key)):
-                            fig.data[index][key] = value
-                            written.append(f"data[{index}].{key}")
-                self._write_layout(layout, written)
-        if not same_structure:
-            with fig.batch_update():
-                self._write_layout(layout, written)
-        self._traces, self._layout = traces, layout
+        written = _changes(traces, layout, self._traces, self._layout)
+        if written:
+            self._draw(traces, layout)
         return written
 
-    def _write_layout(self, layout: dict, written: List[str]) -> None:
-        fig = self.widget
-        for key in set(layout) | set(self._layout):
-            new, old = layout.get(key), self._layout.get(key)
-            if not same_value(new, old):
-                fig.layout[key] = new
-                written.append(f"layout.{key}")
+    def _draw(self, traces: List[dict], layout: dict) -> None:
+        self._traces, self._layout, self._figure = traces, layout, None
+        figure = {"data": to_json_value(traces), "layout": to_json_value(layout),
+                  "config": {"displaylogo": False, "responsive": True}}
+        title = (layout.get("title") or {}).get("text", "") if isinstance(layout.get("title"), dict) else ""
+        self.output.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {PLOTLY_MIME: figure, "text/plain": f"<figure: {title}>"}},)
+
+    def _plotly_figure(self):
+        if self._figure is None:
+            import plotly.graph_objects as go
+
+            self._figure = go.Figure(data=self._traces, layout=self._layout)
+        return self._figure
 
     @property
     def data(self):
-        return self.widget.data
+        return self._plotly_figure().data
 
     @property
     def layout(self):
-        return self.widget.layout
+        return self._plotly_figure().layout
 
 
 class LazyFigure:
-    """A LiveFigure made on its first `show()`, inside a fixed `container` box.
+    """A LiveFigure made on its first `show()`, inside a fixed `container` box that shows a placeholder
+    ("drawing <what> ...") until then."""
 
-    Every plotly FigureWidget carries plotly.js in its state (about 5 MB sent to the browser), so a widget
-    with many tabs creates each figure only when its tab is first drawn.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, what: str = "the figure") -> None:
         import ipywidgets as w
 
-        self.container = w.VBox()
-        self.live: "LiveFigure | None" = None
+        self.container = w.VBox([w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
+                                        f"drawing {what} ...</div>")])
+        self.live: Optional[LiveFigure] = None
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         if self.live is None:
@@ -143,8 +173,8 @@ class LazyFigure:
 
     @property
     def data(self):
-        return self.live.widget.data if self.live is not None else ()
+        return self.live.data if self.live is not None else ()
 
     @property
     def layout(self):
-        return self.live.widget.layout if self.live is not None else None
+        return self.live.layout if self.live is not None else None

@@ -61,6 +61,7 @@ class TrainingMonitor(w.VBox):
         self.job = None
         self.results: Optional[List[Any]] = None
         self._poller: Optional[threading.Thread] = None
+        self._started_at = 0.0
         self._lock = threading.Lock()
 
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
@@ -73,7 +74,9 @@ class TrainingMonitor(w.VBox):
         traces, layout = training_curves_traces([], title="Loss, AUC and samples/s")
         self.curves = LiveFigure(traces, layout)
         self.bytes_figure, self.memory_figure = LazyFigure(), LazyFigure()  # made when there is something to show
-        self.comparison = w.HBox([self.bytes_figure.container, self.memory_figure.container])
+        # side by side, each chart at its own fixed width; they wrap under each other in a narrow notebook
+        self.comparison = w.HBox([self.bytes_figure.container, self.memory_figure.container],
+                                 layout=w.Layout(flex_flow="row wrap"))
         if estimated_bytes is not None or estimated_memory is not None:
             self._draw_comparison([])
         super().__init__([w.HBox([self.start_button, self.stop_button, self.progress]), self.status,
@@ -96,7 +99,8 @@ class TrainingMonitor(w.VBox):
             self._show_error(f"could not start: {type(error).__name__}: {error}")
             return
         self.start_button.disabled, self.stop_button.disabled = True, False
-        self.status.value = f"running on {self.world_size} workers (pids {self.job.pids})"
+        self._started_at = time.perf_counter()
+        self._show_starting()
         self._poller = threading.Thread(target=self._poll, name="rectoolkit-monitor", daemon=True)
         self._poller.start()
 
@@ -134,9 +138,22 @@ class TrainingMonitor(w.VBox):
             if len(frame):
                 last_step = int(frame["step"].max())
                 self.progress.value = min(last_step, self.progress.max)
+                if self.job is not None and not self.job.done:
+                    self.status.value = (f"running on {self.world_size} workers (pids {self.job.pids}): "
+                                         f"step {last_step}")
+            elif self.job is not None and not self.job.done:
+                self._show_starting()
             self._draw_comparison(records)
             if self.job is not None and self.job.done:
                 self._finish()
+
+    def _show_starting(self) -> None:
+        """Until the first report: the workers are starting (Python, torch and the process group take
+        10-20 s on a busy machine), so the empty charts do not look broken."""
+        waited = time.perf_counter() - self._started_at
+        self.status.value = (f'<span class="rtk-starting" style="color:#b45309">&#8987; starting '
+                             f"{self.world_size} workers (pids {self.job.pids}): {waited:.0f} s, waiting for the "
+                             "first step (importing torch and joining the process group)</span>")
 
     def _latest_per_rank(self, records: List[Dict[str, Any]], key: Union[str, Sequence[str]],
                          per_step: bool = False) -> Optional[np.ndarray]:

@@ -63,7 +63,9 @@ def lab_server(artifacts):
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          "--ServerApp.port_retries=0", "--allow-root", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={tmp / 'root'}", f"--LabApp.workspaces_dir={tmp / 'ws'}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         # as under `make lab`: saving a notebook whose cells are unchanged leaves its file as it was
+         "--ContentsManager.pre_save_hook=rectoolkit.widgets.clean_notebooks.keep_notebooks_clean"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -67,3 +67,21 @@ def test_two_level_moves_stay_in_host():
         move_shard(plan, "t", 0, 2, world_size=4, local_world_size=2)
     moved = move_shard(plan, "t", 0, 2, world_size=4, local_world_size=4)
     assert [s.rank for s in moved.plan[""]["t"].shards] == [2, 1]
+
+
+def test_board_colours_follow_the_placement_view_and_replicas_refuse_with_a_message(plan, tables):
+    from rectoolkit.viz.placement import shard_placement_traces
+    from rectoolkit.viz.frames import placement_frame
+    from rectoolkit.viz.style import REPLICATED_COLOR
+
+    board = PlacementBoard(plan, tables, world_size=2)
+    placement_view = {t["name"]: t.get("fillcolor") for t in shard_placement_traces(placement_frame(plan, tables), 2)[0]}
+    for shard in board.shards:
+        if shard["type"] == "data_parallel":
+            assert shard["color"] == REPLICATED_COLOR == placement_view["replicated (data parallel)"]
+            assert "replica" in shard["label"] and shard["movable"] is False
+        else:
+            assert shard["color"] == placement_view[f"rank {shard['rank']}"]
+    board.move_request = {"id": "small/0", "rank": 1, "nonce": 1}  # what a drop in the browser sends
+    assert board.message_kind == "error" and "DATA_PARALLEL" in board.message and "small" in board.message
+    assert [s["rank"] for s in board.shards if s["table"] == "small"] == [0, 1]

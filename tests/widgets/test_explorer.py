@@ -1,6 +1,7 @@
 """PlanExplorer: each control re-plans through the real planner and redraws; errors show in the widget."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -193,3 +194,19 @@ def test_topology_sets_the_start_values(table_set):
     explorer.show_tab("Memory")
     capacity = [t for t in explorer.memory_fig.data if t.name == "capacity"][0]
     assert list(capacity.y) == [2 ** 30] * 4
+
+
+def test_saved_plan_goes_where_the_message_says(table_set, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the served notebooks folder: nothing may land here
+    workdir = tmp_path / "work"
+    explorer = PlanExplorer(table_set, world_size=2, memory_per_rank_gib=1.0, batch_size=64, workdir=str(workdir))
+    assert explorer.plan_path.value == str(workdir / "plan.json")  # the box shows the whole path
+    explorer.save_button.click()
+    saved = workdir / "plan.json"
+    assert saved.is_file() and json.loads(saved.read_text())
+    assert str(saved) in explorer.export_message.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    explorer.export_button.click()
+    assert str(saved) in explorer.export_text.value and str(saved) in explorer.export_message.value
+    default = PlanExplorer(table_set, world_size=2, memory_per_rank_gib=1.0, batch_size=64)
+    assert default.plan_path.value == str(Path.home() / "rectoolkit-work" / "plan.json")

@@ -112,3 +112,23 @@ def test_for_training_runs_the_recipe_beside_estimates():
     np.testing.assert_array_equal(measured_memory, monitor.estimated_memory)
     measured_bytes = np.asarray(monitor.bytes_figure.data[1].y, dtype=float)
     np.testing.assert_allclose(measured_bytes, monitor.estimated_bytes, rtol=0.2)  # random ids vs expected ids
+
+
+def _slow_start(ctx, gate_path):
+    deadline = time.time() + 60
+    while not os.path.exists(gate_path) and time.time() < deadline:  # the test opens the gate
+        time.sleep(0.05)
+    ctx.report(step=1, loss=1.0)
+    return ctx.rank
+
+
+def test_panel_says_workers_are_starting_until_the_first_report(tmp_path):
+    gate = tmp_path / "go"
+    monitor = TrainingMonitor(_slow_start, 2, str(gate), total_steps=1)
+    monitor.start()
+    assert "starting 2 workers" in monitor.status.value  # at once, before any worker reported
+    time.sleep(0.5)
+    assert "starting 2 workers" in monitor.status.value and not monitor.history()
+    gate.write_text("go")
+    monitor.wait(60)
+    assert monitor.results == [0, 1] and "finished" in monitor.status.value
