@@ -24,6 +24,7 @@ import numpy as np
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.viz.comm import TOTAL, comm_matrix_traces, comm_options
 from rectoolkit.viz.diff import plan_diff_traces
+from rectoolkit.viz.measured import measured_vs_estimated_traces
 from rectoolkit.viz.frames import plan_diff
 from rectoolkit.viz.memory import memory_traces
 from rectoolkit.viz.placement import rank_table_traces, shard_placement_traces
@@ -33,7 +34,8 @@ from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
 from rectoolkit.widgets.inputs import as_table_set
 from rectoolkit.widgets.live_figure import LazyFigure
-from rectoolkit.widgets.planning import AUTO, ExplorerSettings, PlanningResult, plan_and_report
+from rectoolkit.widgets.planning import (AUTO, ExplorerSettings, PlanningResult, measure_current_and_pinned,
+                                         plan_and_report)
 
 WORLD_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512]
 OPTIMIZERS = ["sgd", "row_wise_adagrad", "adagrad", "adam"]
@@ -79,6 +81,8 @@ class PlanExplorer(w.VBox):
         workdir: the folder for saved files, shown in the Export tab (default: ~/rectoolkit-work, outside any
             repository, so saving from a notebook never writes into the notebooks' folder).
         local_search: False plans with the planner's greedy pass only (faster re-plans for many tables).
+        profile: the calibration profile the time estimates use (a CalibrationProfile, a JSON path, or "default";
+            rectoolkit.planner.profile), shown in the Measure tab; None: TorchRec's bandwidth-only terms.
     """
 
     def __init__(self, tables: Any, topology: Any = None, world_size: Optional[int] = None,
@@ -86,7 +90,11 @@ class PlanExplorer(w.VBox):
                  batch_size: Optional[int] = None, optimizer: str = "sgd", objective: str = "time",
                  compute_device: Optional[str] = None, forced: Optional[Dict[str, str]] = None,
                  plan_path: str = "plan.json", local_search: bool = True,
-                 workdir: Optional[str] = None) -> None:
+                 workdir: Optional[str] = None, profile: Any = None) -> None:
+        from rectoolkit.planner.profile import load_profile
+
+        self.profile = load_profile(profile)
+        self.measurements = None  # the last Measure run (rectoolkit.planner.measure.PlanMeasurements)
         self.table_set = as_table_set(tables)
         self.settings = self._initial_settings(topology, world_size, local_world_size, memory_per_rank_gib,
                                                batch_size, optimizer, objective, compute_device, forced)
@@ -98,7 +106,7 @@ class PlanExplorer(w.VBox):
         self._writing_controls = False
         self.workdir = Path(workdir).expanduser().resolve() if workdir is not None else DEFAULT_WORKDIR
         self._build_controls(str(self.workdir / Path(plan_path).expanduser()))
-        self.result: PlanningResult = plan_and_report(self.settings, self.table_set)
+        self.result: PlanningResult = plan_and_report(self.settings, self.table_set, self.profile)
         self._build_views()
         super().__init__([self.status, self.controls, self.tabs])
         self.add_class("rtk-explorer")
@@ -162,7 +170,7 @@ class PlanExplorer(w.VBox):
             self._set_busy(None)
             return self.result
         self.settings = settings
-        self.result = plan_and_report(settings, self.table_set)
+        self.result = plan_and_report(settings, self.table_set, self.profile)
         planned = time.process_time()
         self._render()
         self._set_busy(None)
@@ -171,7 +179,7 @@ class PlanExplorer(w.VBox):
                                "total_ms": 1e3 * (done - start), "wall_ms": 1e3 * (time.perf_counter() - start_wall)}
         return self.result
 
-    TAB_NAMES = ("Placement", "Board", "Memory", "Time", "Communication", "Tables", "Compare", "Export")
+    TAB_NAMES = ("Placement", "Board", "Memory", "Time", "Communication", "Tables", "Compare", "Export", "Measure")
 
     def show_tab(self, name: str) -> None:
         """Open a tab by its title ("Memory", ...); it is redrawn if the plan changed since it was last shown."""
@@ -316,6 +324,11 @@ class PlanExplorer(w.VBox):
         self.load_button.on_click(lambda _: self._guard(
             lambda: self.compare_with(path=str(self.workdir / Path(self.plan_path.value).expanduser()))))
         self.diff_note = w.HTML("Pin a plan or load a saved one, then change settings to see what moves.")
+        self.measure_steps = w.BoundedIntText(value=5, min=1, max=200, description="steps", layout=w.Layout(width="150px"))
+        self.measure_button = w.Button(description="Measure", icon="play",
+                                       tooltip="run the current (and pinned) plan on local CPU workers")
+        self.measure_button.on_click(lambda _: self._guard_measure())
+        self.measure_note, self.measure_fig = w.HTML(), LazyFigure("estimated vs measured step time")
         self.tabs = w.Tab(children=[
             w.VBox([self.placement_fig.container, self.rank_table_fig.container]),
             self.board,
@@ -326,6 +339,7 @@ class PlanExplorer(w.VBox):
             w.VBox([w.HBox([self.pin_button, self.load_button]), self.diff_note, self.diff_fig.container]),
             w.VBox([w.HBox([self.plan_path, self.save_button, self.export_button]), self.export_message,
                     self.export_text]),
+            w.VBox([w.HBox([self.measure_steps, self.measure_button]), self.measure_note, self.measure_fig.container]),
         ])
         for index, title in enumerate(self.TAB_NAMES):
             self.tabs.set_title(index, title)
@@ -439,7 +453,45 @@ class PlanExplorer(w.VBox):
                 self.board.show_error(self.result.error or "no plan")
             return
         [self._draw_placement, self._draw_board, self._draw_memory, self._draw_time, self._draw_comm,
-         self._draw_choices, self._draw_diff, lambda: None][index]()
+         self._draw_choices, self._draw_diff, lambda: None, self._draw_measure][index]()
+
+    def measure(self, steps: int = 5, rounds: int = 2):
+        """Run the current plan, and the pinned baseline if any, on local CPU workers for a few steps
+        (rectoolkit.planner.measure_plans) and show measured beside estimated step time per rank (Measure tab).
+        Blocks while the workers run (tens of seconds); returns the PlanMeasurements."""
+        self._set_busy(f"measuring on {self.settings.world_size} local workers")
+        try:
+            self.measurements = measure_current_and_pinned(self.result, self.table_set, self.baseline, self.profile,
+                                                           steps=steps, rounds=rounds)
+        finally:
+            self._set_busy(None)
+        self._stale.add(self.TAB_NAMES.index("Measure"))
+        self._render_tab(self.tabs.selected_index)
+        return self.measurements
+
+    def _guard_measure(self) -> None:
+        try:
+            self.measure(int(self.measure_steps.value))
+        except Exception as error:  # shown in the tab, never as a traceback
+            self.measure_note.value = _error_box(f"{type(error).__name__}: {error}")
+
+    def _draw_measure(self) -> None:
+        if self.profile is None:
+            terms = ("<b>Time terms:</b> TorchRec's bandwidth-only defaults (no calibration profile; make one with "
+                     "<code>python -m rectoolkit.planner.calibrate</code> and pass <code>profile=\"default\"</code>)")
+        else:
+            rows = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.profile.summary_rows())
+            where = self.profile.machine.get("host", "?")
+            terms = f"<b>Calibration profile</b> (measured on {html.escape(str(where))}):<ul>{rows}</ul>"
+        if self.measurements is None:
+            self.measure_note.value = ("Measure runs the current plan (and the pinned one) for a few steps on local "
+                                       f"CPU workers and shows measured beside estimated step time.<br>{terms}")
+            return
+        info = self.measurements.info
+        table = html_table(self.measurements.plans, ["plan", "est_step_ms", "step_ms", "cpu_ms"])
+        self.measure_note.value = (f"{table}<small>{info['world_size']} ranks, batch {info['batch_size']} per rank, "
+                                   f"load average {info['load_average_before'][0]} before the run</small><br>{terms}")
+        self.measure_fig.show(*measured_vs_estimated_traces(self.measurements.ranks))
 
     def _draw_status(self) -> None:
         forced = ", ".join(f"{t}={k}" for t, k in sorted(self.settings.forced.items())) or "none"

@@ -88,15 +88,16 @@ class PlanningResult:
 # ----------------------------------------------------------------------------------------------- planner calls
 
 
-def build_topology(settings: ExplorerSettings):
-    """The planner's Topology: memory per rank is HBM on "cuda" and host memory (DDR) on "cpu"."""
+def build_topology(settings: ExplorerSettings, profile: Any = None):
+    """The planner's Topology: memory per rank is HBM on "cuda" and host memory (DDR) on "cpu"; `profile`: the
+    calibration profile its time estimates use (rectoolkit.planner.profile; None: TorchRec's bandwidth terms)."""
     from rectoolkit.planner import Topology
 
     memory = settings.memory_per_rank_bytes
     on_gpu = settings.compute_device != "cpu"
     return Topology(world_size=settings.world_size, compute_device=settings.compute_device,
                     local_world_size=settings.local_world_size, batch_size=settings.batch_size,
-                    hbm_cap=memory if on_gpu else None, ddr_cap=None if on_gpu else memory)
+                    hbm_cap=memory if on_gpu else None, ddr_cap=None if on_gpu else memory, profile=profile)
 
 
 def build_constraints(settings: ExplorerSettings, table_set: TableSet) -> Dict[str, Any]:
@@ -111,25 +112,26 @@ def build_constraints(settings: ExplorerSettings, table_set: TableSet) -> Dict[s
             for table, kind in settings.forced.items() if kind and kind != AUTO}
 
 
-def make_planner(settings: ExplorerSettings, table_set: TableSet):
+def make_planner(settings: ExplorerSettings, table_set: TableSet, profile: Any = None):
     from rectoolkit.planner import EmbeddingShardingPlanner, WorkloadStats
 
     stats = WorkloadStats(pooling_factors=dict(table_set.pooling_factors), batch_size=settings.batch_size)
-    return EmbeddingShardingPlanner(build_topology(settings), batch_size=settings.batch_size,
+    return EmbeddingShardingPlanner(build_topology(settings, profile), batch_size=settings.batch_size,
                                     constraints=build_constraints(settings, table_set),
                                     objective=settings.objective, optimizer=settings.optimizer, stats=stats,
                                     dense_bytes_per_rank=None if table_set.module is not None else 0.0,
                                     local_search=settings.local_search)
 
 
-def plan_and_report(settings: ExplorerSettings, table_set: TableSet) -> PlanningResult:
-    """Plan the tables under `settings`, apply hand moves, and collect the report's frames.
+def plan_and_report(settings: ExplorerSettings, table_set: TableSet, profile: Any = None) -> PlanningResult:
+    """Plan the tables under `settings` (time terms from `profile`, a CalibrationProfile), apply hand moves, and
+    collect the report's frames.
 
     Planner errors (PlannerError, ValueError, ...) come back in `result.error` with the planner's explanation.
     """
     result = PlanningResult(settings=settings)
     try:
-        planner = make_planner(settings, table_set)
+        planner = make_planner(settings, table_set, profile)
         plan = planner.plan(table_set.planner_input)
         if settings.moves:
             plan = _apply_moves(settings, plan, result.notes)
@@ -141,6 +143,27 @@ def plan_and_report(settings: ExplorerSettings, table_set: TableSet) -> Planning
     result.planner = planner
     _fill(result, plan, report, table_set)
     return result
+
+
+def measure_current_and_pinned(result: PlanningResult, table_set: TableSet, baseline: Optional[ShardingPlan],
+                               profile: Any = None, steps: int = 5, rounds: int = 2):
+    """Run the current plan (and the pinned baseline) on local CPU workers: rectoolkit.planner.measure_plans,
+    estimates from the same topology on CPU with `profile`. Returns its PlanMeasurements."""
+    from rectoolkit.modules.configs import EmbeddingBagConfig
+    from rectoolkit.planner import measure_plans
+
+    if not result.ok:
+        raise ValueError(f"nothing to measure: {result.error}")
+    if not all(isinstance(t, EmbeddingBagConfig) for t in table_set.tables):
+        raise ValueError("Measure runs EmbeddingBagCollection tables; these include sequence tables")
+    plans = {"current": result.plan}
+    if baseline is not None and baseline.plan != result.plan.plan:
+        plans["pinned"] = baseline
+    settings = result.settings.with_changes(compute_device="cpu")
+    factors = {f: float(table_set.pooling_factors.get(f, 1.0)) for t in table_set.tables for f in t.feature_names}
+    return measure_plans(plans, table_set.tables, settings.world_size, steps=steps, rounds=rounds,
+                         batch_size=settings.batch_size, pooling_factors=factors,
+                         topology=build_topology(settings, profile), optimizer=settings.optimizer)
 
 
 def full_choices(result: PlanningResult) -> Optional[pd.DataFrame]:
