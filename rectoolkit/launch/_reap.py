@@ -41,16 +41,16 @@ def kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _stat_session(pid_dir: Path) -> int:
+def _stat(pid_dir: Path) -> List[str]:
     # /proc/PID/stat: "pid (comm) state ppid pgrp session ..."; comm may contain spaces and parentheses
-    fields = (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[3])
+    return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
 
 
-def tagged_processes(tag_prefix: str, sessions: Iterable[int] = ()) -> List[int]:
-    """Pids (other than ours) whose environment carries a tag starting with `tag_prefix`, or that are in one
-    of `sessions`. Linux only (reads /proc); returns [] where /proc is missing."""
-    marker = f"{TAG_VARIABLE}={tag_prefix}".encode()
+def tagged_processes(tag_prefix: str, sessions: Iterable[int] = (), variable: str = TAG_VARIABLE) -> List[int]:
+    """Live pids (not ours, not zombies) whose environment sets `variable` to `tag_prefix` or to a tag under
+    it (`job` finds `job.0`, `job.1`; `job.1` does not find `job.10`), or that are in one of `sessions`.
+    Linux only (reads /proc); returns [] where /proc is missing."""
+    marker = f"{variable}={tag_prefix}".encode()
     sessions = set(sessions)
     found, own = [], os.getpid()
     proc = Path("/proc")
@@ -60,13 +60,16 @@ def tagged_processes(tag_prefix: str, sessions: Iterable[int] = ()) -> List[int]
         if not pid_dir.name.isdigit() or int(pid_dir.name) == own:
             continue
         try:
-            if sessions and _stat_session(pid_dir) in sessions:
+            stat = _stat(pid_dir)
+            if stat[0] == "Z":
+                continue
+            if int(stat[3]) in sessions:
                 found.append(int(pid_dir.name))
                 continue
             environ = (pid_dir / "environ").read_bytes()
         except (OSError, IndexError, ValueError):  # gone, another user's, or a kernel thread
             continue
-        if any(entry.startswith(marker) for entry in environ.split(b"\0")):
+        if any(entry == marker or entry.startswith(marker + b".") for entry in environ.split(b"\0")):
             found.append(int(pid_dir.name))
     return found
 
@@ -77,7 +80,7 @@ def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) 
     killed: List[int] = []
     sessions = list(sessions)
     for _ in range(rounds):
-        pids = [pid for pid in tagged_processes(tag_prefix, sessions) if _alive(pid)]
+        pids = tagged_processes(tag_prefix, sessions)
         if not pids:
             break
         for pid in pids:
@@ -88,11 +91,3 @@ def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) 
             killed.append(pid)
     return killed
 
-
-def _alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

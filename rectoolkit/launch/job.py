@@ -335,8 +335,10 @@ class Job:
                 code = exit_status(state.process.pid)
                 if code is None:
                     continue
-                # whatever it started dies with it; its group id cannot be reused until it is reaped below
+                # whatever it started dies with it: its group, its session, its tag (while it is an unreaped
+                # zombie, its pid, group and session ids cannot be reused by an unrelated process)
                 kill_group(state.process.pid, signal.SIGKILL)
+                kill_tagged(f"{self._tag}.{state.rank}", sessions=[state.process.pid])
                 state.returncode = state.process.wait()
                 state.exited_s = now
             if state.has_result or state.failure is not None:
@@ -458,14 +460,14 @@ class Job:
             if state.conn is not None:
                 state.conn.close()
                 state.conn = None
-        kill_tagged(self._tag, sessions=[r.process.pid for r in self._ranks])  # helpers that left the group
+        kill_tagged(self._tag)  # a helper that left its worker's group and session, or was started late
         for thread in self._output_threads:
             thread.join(timeout=1.0)
         failures = [r.failure for r in self._ranks if r.failure is not None]
-        if self._error is None and failures:
-            self._error = culprit(failures)
-        elif self._error is None and self._stop_reason == "user":
+        if self._error is None and self._stop_reason == "user":  # what stopped ranks raised is no failure
             self._error = JobStopped(f"the job was stopped before rank(s) {self._unfinished_ranks()} finished")
+        elif self._error is None and failures:
+            self._error = culprit(failures)
         del self._store
         _LIVE_JOBS.discard(self)
         self._finished = True
