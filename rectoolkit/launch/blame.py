@@ -109,9 +109,16 @@ def never_arrived(rank: int, waiting: Sequence[int], stack: str, collective_time
     return WorkerError(rank, "RankHung", message, trace)
 
 
-def culprit(failures: Sequence[Failure]) -> WorkerError:
-    """The error to raise: the earliest primary failure (else the earliest one), the rest as `other_errors`."""
+def culprit(failures: Sequence[Failure], returned: Sequence[int] = ()) -> WorkerError:
+    """The error to raise: the earliest primary failure (else the earliest one), the rest as `other_errors`.
+
+    When only consequences are left and some ranks had already returned (`returned`), the message says so:
+    a peer that returned is the usual reason for a collective that fails for lack of a peer.
+    """
     ordered: List[Failure] = sorted(failures, key=lambda f: (not f.primary, f.time))
     first = ordered[0].error
-    return WorkerError(first.rank, first.exc_type, first.exc_message, first.traceback,
-                       [f.error for f in ordered[1:]])
+    message = first.exc_message
+    if not ordered[0].primary and returned:
+        message += (f" (rank(s) {list(returned)} had already returned: did every rank call the same "
+                    f"collectives?)")
+    return WorkerError(first.rank, first.exc_type, message, first.traceback, [f.error for f in ordered[1:]])

@@ -467,7 +467,7 @@ class Job:
         if self._error is None and self._stop_reason == "user":  # what stopped ranks raised is no failure
             self._error = JobStopped(f"the job was stopped before rank(s) {self._unfinished_ranks()} finished")
         elif self._error is None and failures:
-            self._error = culprit(failures)
+            self._error = culprit(failures, [r.rank for r in self._ranks if r.has_result])
         del self._store
         _LIVE_JOBS.discard(self)
         self._finished = True

@@ -31,6 +31,7 @@ from pathlib import Path
 from rectoolkit.launch import JobStopped, LaunchTimeout, WorkerError, launch, start
 
 MARK = os.environ["FAULT_MARK"]
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a kernel, even if pytest runs with SIGINT ignored
 
 def marked_processes():
     """Live processes (not this one) whose environment carries this case's mark: workers and helpers."""
@@ -259,6 +260,29 @@ except WorkerError as error:
     assert "stuck_forever_in_a_loop" in error["text"] and "stuck_forever_in_a_loop" in error["traceback"]
     waited = {rank for rank, _, message in error["others"] if "collective_timeout_s" in message}
     assert waited and waited <= {0, 1}, error["others"]  # the ranks that timed out waiting are kept, as such
+    assert result["leftover"] == []
+
+
+def test_a_collective_that_fails_because_a_peer_returned_says_so(tmp_path):
+    result = run_case(tmp_path, '''
+def work(ctx):
+    import torch
+    import torch.distributed as dist
+    dist.barrier()
+    if ctx.rank == 1:
+        time.sleep(1.0)  # rank 0 has returned (and closed its connections) by now
+        dist.all_reduce(torch.ones(2))
+    return ctx.rank
+
+try:
+    launch(work, 2, collective_timeout_s=30.0, grace_s=1.0, echo_output=False)
+    emit(error=None)
+except WorkerError as error:
+    emit(error=error_summary(error), leftover=marked_processes())
+''')
+    error = result["error"]
+    assert error is not None and error["rank"] == 1, error
+    assert "rank(s) [0] had already returned: did every rank call the same collectives?" in error["text"]
     assert result["leftover"] == []
 
 

@@ -254,6 +254,7 @@ def test_request_stop_is_cooperative_and_stop_kills():
 INTERRUPT_SCRIPT = """
 import os, signal, sys, time
 from rectoolkit.launch import launch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when pytest was started with SIGINT ignored
 
 def work(ctx):  # defined in a __main__ script: not importable by the workers
     import time
