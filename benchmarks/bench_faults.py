@@ -94,7 +94,8 @@ print("NEXT " + json.dumps({"ok": results == [3, 3]}), flush=True)
 '''
 
 
-def run(repetitions: int) -> dict:
+def run(repetitions: int, progress=None) -> dict:
+    """Run the repetitions; `progress(result_so_far)` after each caller (results are written as they come)."""
     load_before = os.getloadavg()
     reps, next_ok, failures = [], [], []
     began = time.perf_counter()
@@ -117,6 +118,10 @@ def run(repetitions: int) -> dict:
             if not any(line.startswith("NEXT ") for line in lines):
                 failures.append(err[-2000:] if isinstance(err, str) else str(err))
             print(f"caller {seed}: {sum(1 for line in lines if line.startswith('REP '))} repetitions", flush=True)
+            if progress is not None:
+                progress({"reps": reps, "next_ok": next_ok, "failures": failures, "load_before": load_before,
+                          "wall_s": time.perf_counter() - began, "load_after": os.getloadavg(),
+                          "repetitions": repetitions})
     finally:
         script.unlink(missing_ok=True)
     return {"reps": reps, "next_ok": next_ok, "failures": failures, "wall_s": time.perf_counter() - began,
@@ -149,7 +154,7 @@ def report(result: dict) -> str:
         "",
         "| measure | value |",
         "| --- | --- |",
-        f"| repetitions that ended | {len(reps)} of {result['repetitions']} |",
+        f"| repetitions that ended | {len(reps)} of {result['repetitions']} planned |",
         f"| KeyboardInterrupt raised in the caller | {len(interrupted)} |",
         f"| other outcomes | {', '.join(others) if others else 'none'} |",
         f"| signal -> KeyboardInterrupt, s (median / p95 / max) | {quantiles(raise_s)} |",
@@ -164,12 +169,16 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    repetitions = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    text = report(run(repetitions))
-    print(text)
+def write(result: dict) -> str:
+    text = report(result)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "faults.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    repetitions = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    print(write(run(repetitions, progress=write)))
 
 
 if __name__ == "__main__":

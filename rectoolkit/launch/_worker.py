@@ -26,11 +26,18 @@ import cloudpickle
 from rectoolkit.launch._reap import TAG_VARIABLE, kill_group, kill_tagged
 
 
+_DYING = threading.Lock()
+
+
 def _die_with_helpers() -> None:
-    """The launcher is gone: kill what this worker started (its tag, its group), then the worker itself."""
-    kill_tagged(os.environ.get(TAG_VARIABLE, f"no-tag-{os.getpid()}"))
-    kill_group(os.getpgrp(), signal.SIGKILL)
-    os._exit(3)
+    """The launcher is gone: kill what this worker started (its tag, its group), then the worker itself.
+
+    The watcher thread and the main thread's exit may both get here; the lock makes the second wait for the
+    first to finish (its os._exit ends the process), so no exit cuts a sweep short."""
+    with _DYING:
+        kill_tagged(os.environ.get(TAG_VARIABLE, f"no-tag-{os.getpid()}"))
+        kill_group(os.getpgrp(), signal.SIGKILL)
+        os._exit(3)
 
 
 def _where_main_thread_is() -> str:
@@ -111,13 +118,16 @@ def main(fd: int) -> None:
         try:
             send("error", {"exc_type": type(exc).__name__, "message": str(exc),
                            "traceback": traceback.format_exc(), "time": time.time()})
-        except OSError:
-            pass
+        except OSError:  # the launcher is gone
+            exit_code = 3
     if exit_code == 0 and dist.is_initialized():
         dist.destroy_process_group()  # only on success: after a failure a peer may be gone, so just exit
     sys.stdout.flush()
     sys.stderr.flush()
     conn.close()
+    launcher_gone = exit_code == 3 or os.getppid() != spec["parent_pid"]
+    if launcher_gone:  # nobody else will kill what this worker started
+        _die_with_helpers()
     os._exit(exit_code)
 
 
