@@ -64,6 +64,11 @@ def is_consequence(exc_type: str, message: str) -> bool:
     return exc_type in ("DistNetworkError", "DistStoreError") or bool(_CONSEQUENCE.search(message))
 
 
+def is_timeout(message: str) -> bool:
+    """True for a rank's error that says it gave up waiting (a collective or the store timed out)."""
+    return bool(re.search(r"timed out|timeout", message, re.IGNORECASE))
+
+
 def in_collective(stack: str) -> bool:
     """True if a rank's main-thread stack shows it inside torch.distributed (waiting in a collective)."""
     return "torch/distributed/" in stack.replace("\\", "/")

@@ -53,7 +53,8 @@ import torch
 import torch.distributed as dist
 
 from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_tagged
-from rectoolkit.launch.blame import Failure, culprit, died, in_collective, is_consequence, location, never_arrived
+from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
+                                    never_arrived)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
 
 _END = object()
@@ -316,10 +317,10 @@ class Job:
             self._probe_then(self._running_ranks(), self._blame_the_absent)
 
     def _blame_the_absent(self) -> None:
-        """After a consequence (a peer lost, a collective timed out): a rank still running that is not inside
-        a collective, or that does not answer, is the one its peers waited for."""
+        """After a collective timed out: a rank still running that is not inside a collective, or that does not
+        answer, is the one its peers waited for. (A lost peer is found by its exit instead.)"""
         failed = [r for r in self._ranks if r.failure is not None]
-        if any(r.failure.primary for r in failed):
+        if any(r.failure.primary for r in failed) or not any(is_timeout(r.error.exc_message) for r in failed):
             return
         waiting = [r.rank for r in failed]
         first = min(r.failure.time for r in failed)

@@ -249,7 +249,8 @@ def stuck_forever_in_a_loop():
         time.sleep(0.1)
 
 try:
-    launch(work, 3, num_threads=1, collective_timeout_s=4.0, grace_s=1.0, echo_output=False)
+    # the timeout also bounds start-up's rendezvous: not too short for 3 workers on a loaded 2-core machine
+    launch(work, 3, num_threads=1, collective_timeout_s=10.0, grace_s=1.0, echo_output=False)
     emit(error=None)
 except WorkerError as error:
     emit(error=error_summary(error), leftover=marked_processes())
