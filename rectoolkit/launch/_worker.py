@@ -4,13 +4,15 @@ It reads its spec from the socket FD that the launcher passed it (rank, world si
 store's address, the cloudpickled worker function), sets up torch.distributed, calls `fn(ctx, *args)`, and
 sends back metrics, the return value or the formatted traceback. The function travels by value
 (cloudpickle), so a function defined in a notebook cell or a `__main__` script works. A watcher thread
-exits the process as soon as the launcher goes away, so no worker outlives its caller.
+answers the launcher's requests (stop, "where are you?") and, as soon as the launcher goes away, kills
+this worker with its whole process group and everything carrying its tag, so nothing outlives its caller.
 """
 
 from __future__ import annotations
 
 import linecache
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,19 +23,43 @@ from typing import Any, Dict
 
 import cloudpickle
 
+from rectoolkit.launch._reap import TAG_VARIABLE, kill_group, kill_tagged
 
-def _watch_parent(conn: Connection, parent_pid: int, stop_event: threading.Event) -> None:
-    """Exit at once when the launcher dies (its socket end closes or our parent pid changes)."""
+
+_DYING = threading.Lock()
+
+
+def _die_with_helpers() -> None:
+    """The launcher is gone: kill what this worker started (its tag, its group), then the worker itself.
+
+    The watcher thread and the main thread's exit may both get here; the lock makes the second wait for the
+    first to finish (its os._exit ends the process), so no exit cuts a sweep short."""
+    with _DYING:
+        kill_tagged(os.environ.get(TAG_VARIABLE, f"no-tag-{os.getpid()}"))
+        kill_group(os.getpgrp(), signal.SIGKILL)
+        os._exit(3)
+
+
+def _where_main_thread_is() -> str:
+    """The main thread's current stack, for the launcher's "which rank hangs, and where?" question."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(main thread not found)"
+
+
+def _watch_parent(conn: Connection, parent_pid: int, stop_event: threading.Event, send) -> None:
+    """Answer the launcher's requests; die at once when the launcher dies (socket closed or parent changed)."""
     while True:
         if os.getppid() != parent_pid:
-            os._exit(3)
+            _die_with_helpers()
         try:
             if conn.poll(0.5):
                 kind, _ = cloudpickle.loads(conn.recv_bytes())
                 if kind == "stop":
                     stop_event.set()
+                elif kind == "where":
+                    send("where", _where_main_thread_is())
         except (EOFError, OSError):
-            os._exit(3)
+            _die_with_helpers()
 
 
 def _pick_device(backend: str, local_rank: int):
@@ -60,7 +86,7 @@ def main(fd: int) -> None:
             conn.send_bytes(data)
 
     stop_event = threading.Event()
-    threading.Thread(target=_watch_parent, args=(conn, spec["parent_pid"], stop_event), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(conn, spec["parent_pid"], stop_event, send), daemon=True).start()
 
     rank = spec["rank"]
     exit_code = 0
@@ -92,13 +118,16 @@ def main(fd: int) -> None:
         try:
             send("error", {"exc_type": type(exc).__name__, "message": str(exc),
                            "traceback": traceback.format_exc(), "time": time.time()})
-        except OSError:
-            pass
+        except OSError:  # the launcher is gone
+            exit_code = 3
     if exit_code == 0 and dist.is_initialized():
         dist.destroy_process_group()  # only on success: after a failure a peer may be gone, so just exit
     sys.stdout.flush()
     sys.stderr.flush()
     conn.close()
+    launcher_gone = exit_code == 3 or os.getppid() != spec["parent_pid"]
+    if launcher_gone:  # nobody else will kill what this worker started
+        _die_with_helpers()
     os._exit(exit_code)
 
 

@@ -10,10 +10,13 @@ class LaunchError(RuntimeError):
 
 
 class WorkerError(LaunchError):
-    """A worker raised (or died): names the rank and carries that worker's formatted traceback.
+    """A worker raised, died or hung: names the rank at fault and carries that worker's formatted traceback.
 
-    Attributes: `rank`, `exc_type` (e.g. "ValueError"), `exc_message`, `traceback` (the worker's text),
-    `other_errors` (errors other ranks reported while the job was being stopped, usually consequences).
+    Attributes: `rank`, `exc_type` (the exception's class name, e.g. "ValueError"; "WorkerDied" for a process
+    that ended without a word, e.g. killed by a signal; "RankHung" for a rank that never arrived at a
+    collective its peers timed out in), `exc_message`, `traceback` (the worker's text, or where a hung rank
+    was), `other_errors` (what other ranks reported, usually consequences such as "Connection closed by
+    peer"; see `rectoolkit.launch.blame`).
     """
 
     def __init__(self, rank: int, exc_type: str, exc_message: str, traceback: str,

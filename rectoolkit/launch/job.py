@@ -13,12 +13,19 @@
         print(metrics)
     results = job.results()            # each rank's return value, or raises WorkerError / LaunchTimeout
 
-How it works: every worker is a fresh `python -m rectoolkit.launch._worker` process (in its own process
-group) talking to the caller over a socket pair. The worker function travels by value with cloudpickle, so
-functions defined in a notebook cell or a `__main__` script work. The caller hosts the rendezvous
-TCPStore (so the port is free by construction). A monitor thread reads metrics, results and tracebacks;
-on the first failure, a timeout or `stop()`, it sends SIGTERM to every worker's process group and SIGKILL
-after `grace_s`. Workers exit by themselves when the caller goes away.
+How it works: every worker is a fresh `python -m rectoolkit.launch._worker` process, the leader of a session
+and process group of its own, talking to the caller over a socket pair. The worker function travels by value
+with cloudpickle, so functions defined in a notebook cell or a `__main__` script work. The caller hosts the
+rendezvous TCPStore (so the port is free by construction). A monitor thread reads metrics, results and
+tracebacks; on the first failure, a timeout or `stop()`, it sends SIGTERM to every worker's process group
+and SIGKILL after `grace_s`. A worker's group is killed as soon as the worker exits, and at the end of the
+job everything still carrying the job's tag is killed (see `_reap`), so no helper a worker started survives.
+Workers kill themselves (and their helpers) when the caller goes away.
+
+Interrupts: the caller's thread, where Ctrl-C / Jupyter's interrupt raises KeyboardInterrupt at any
+bytecode, only reads a lock-free SimpleQueue, sets flags and joins the monitor; everything else (signals,
+reaping, errors) happens in the monitor thread. So an interrupt at any moment stops the job and re-raises,
+and the next launch works. Which rank is blamed for a failure is decided in `blame`.
 """
 
 from __future__ import annotations
@@ -34,20 +41,27 @@ import sys
 import threading
 import time
 import types
+import uuid
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 
+from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_tagged
+from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
+                                    never_arrived)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
 
 _END = object()
 _POLL_S = 0.1
+_DRAIN_S = 1.0  # how long an exited worker's last messages get to arrive
+_PROBE_S = 3.0  # how long ranks get to say where their main thread is
+STRAGGLER_TIMEOUT_S = 120.0  # default: as long as a collective may wait for a late rank
 _LIVE_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()
 
 
@@ -79,7 +93,7 @@ def _notebook_sources(max_bytes: int = 4_000_000) -> Dict[str, tuple]:
 
 @dataclass
 class _Rank:
-    """What the monitor knows about one worker."""
+    """What the monitor knows about one worker. Only the monitor thread changes it."""
 
     rank: int
     process: subprocess.Popen
@@ -89,29 +103,27 @@ class _Rank:
     started: bool = False
     has_result: bool = False
     result: Any = None
-    error: Optional[WorkerError] = None
-    error_time: float = 0.0
+    returned_s: Optional[float] = None
+    failure: Optional[Failure] = None
     last_step: Any = None
+    returncode: Optional[int] = None  # set once the monitor has reaped the process
     exited_s: Optional[float] = None
+    signals_sent: List[int] = field(default_factory=list)  # what the launcher sent it while it was alive
+    where: Optional[str] = None  # its answer to the last "where is your main thread?"
+
+    @property
+    def error(self) -> Optional[WorkerError]:
+        return self.failure.error if self.failure is not None else None
 
     @property
     def state(self) -> str:
-        if self.error is not None:
+        if self.failure is not None:
             return "failed"
         if self.has_result:
-            return "finished" if self.process.returncode is not None else "finishing"
-        if self.process.returncode is not None:
+            return "finished" if self.returncode is not None else "finishing"
+        if self.returncode is not None:
             return "stopped"
         return "running" if self.started else "starting"
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
 
 
 class Job:
@@ -122,11 +134,15 @@ class Job:
 
     def __init__(self, fn: Callable[..., Any], world_size: int, args: Sequence[Any], kwargs: Mapping[str, Any],
                  backend: Optional[str], num_threads: Optional[int], timeout_s: Optional[float],
-                 idle_timeout_s: Optional[float], collective_timeout_s: float, grace_s: float,
-                 on_metrics: Optional[Callable[[Dict[str, Any]], None]], env: Optional[Mapping[str, str]],
-                 echo_output: bool) -> None:
+                 idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
+                 grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
+                 env: Optional[Mapping[str, str]], echo_output: bool) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
+                            ("straggler_timeout_s", straggler_timeout_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
         backend = backend or default_backend(world_size)
         if backend == "nccl" and torch.cuda.device_count() < world_size:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
@@ -143,41 +159,50 @@ class Job:
         self.history: List[Dict[str, Any]] = []
         self._timeout_s = timeout_s
         self._idle_timeout_s = idle_timeout_s
+        self._straggler_timeout_s = straggler_timeout_s
+        self._collective_timeout_s = collective_timeout_s
         self._grace_s = grace_s
         self._on_metrics = on_metrics
         self._echo_output = echo_output
-        self._queue: "queue.Queue[Any]" = queue.Queue()
-        self._lock = threading.Lock()
+        self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # inherited by everything the workers start
+        # The caller's thread (where Ctrl-C strikes) only sets these flags, reads the SimpleQueue and joins the
+        # monitor thread; it never holds a lock the monitor needs, so an interrupt anywhere cannot hang the job.
+        self._stop_requested = False
+        self._cooperative_stop_requested = False
+        self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._finished = False
         self._stop_reason: Optional[str] = None
         self._kill_deadline: Optional[float] = None
+        self._probe: Optional[Tuple[float, List[_Rank], Callable[[], None]]] = None
         self._error: Optional[LaunchError] = None
         self._callback_error: Optional[BaseException] = None
-        self._done = threading.Event()
         self._start_monotonic = time.monotonic()
         self._start_wall = time.time()
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self._ranks: List[_Rank] = []
         self._output_threads: List[threading.Thread] = []
-        try:
-            for rank in range(world_size):
-                self._ranks.append(self._spawn(rank, payload, collective_timeout_s, env))
-        except BaseException:
-            self._terminate_all(signal.SIGKILL)
-            raise
-        _LIVE_JOBS.add(self)
         self._monitor_thread = threading.Thread(target=self._monitor, name="rectoolkit-launch-monitor", daemon=True)
-        self._monitor_thread.start()
+        try:
+            self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+            for rank in range(world_size):
+                self._spawn(rank, payload, env)
+            _LIVE_JOBS.add(self)
+            self._monitor_thread.start()
+        except BaseException:  # an interrupt or a failure while starting: leave nothing behind
+            if self._monitor_thread.ident is not None:
+                self.stop()
+            else:
+                self._abort_start()
+            raise
 
     # ---------------------------------------------------------------- spawning
-    def _spawn(self, rank: int, payload: bytes, collective_timeout_s: float,
-               env: Optional[Mapping[str, str]]) -> _Rank:
+    def _spawn(self, rank: int, payload: bytes, env: Optional[Mapping[str, str]]) -> None:
         parent_end, child_end = socket.socketpair()
         worker_env = dict(os.environ)
         worker_env.update({
             "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.world_size), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self._store.port), "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": str(self.num_threads),
+            "OMP_NUM_THREADS": str(self.num_threads), TAG_VARIABLE: f"{self._tag}.{rank}",
         })
         worker_env.update({str(k): str(v) for k, v in (env or {}).items()})
         process = subprocess.Popen(
@@ -185,21 +210,29 @@ class Job:
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=worker_env, start_new_session=True,
         )
+        state = _Rank(rank=rank, process=process, conn=Connection(parent_end.detach()),
+                      last_message_s=time.monotonic())
+        self._ranks.append(state)
         child_end.close()
-        conn = Connection(parent_end.detach())
-        state = _Rank(rank=rank, process=process, conn=conn, last_message_s=time.monotonic())
         spec = {
             "rank": rank, "world_size": self.world_size, "local_rank": rank, "backend": self.backend,
-            "store_host": "127.0.0.1", "store_port": self._store.port, "collective_timeout_s": collective_timeout_s,
-            "num_threads": self.num_threads, "sys_path": [p for p in sys.path if p], "payload": payload,
-            "parent_pid": os.getpid(), "linecache": _notebook_sources(),
+            "store_host": "127.0.0.1", "store_port": self._store.port,
+            "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
+            "sys_path": [p for p in sys.path if p], "payload": payload, "parent_pid": os.getpid(),
+            "linecache": _notebook_sources(),
         }
-        conn.send_bytes(cloudpickle.dumps(spec))
+        state.conn.send_bytes(cloudpickle.dumps(spec))
         reader = threading.Thread(target=self._read_output, args=(state,), daemon=True,
                                   name=f"rectoolkit-launch-output-{rank}")
         reader.start()
         self._output_threads.append(reader)
-        return state
+
+    def _abort_start(self) -> None:
+        for state in self._ranks:
+            kill_group(state.process.pid, signal.SIGKILL)
+            state.process.wait()
+            state.conn.close()
+        kill_tagged(self._tag)  # a worker spawned but not yet recorded
 
     def _read_output(self, state: _Rank) -> None:
         for raw in iter(state.process.stdout.readline, b""):
@@ -219,12 +252,18 @@ class Job:
                     time.sleep(_POLL_S)
                 for conn in ready:
                     self._receive(next(r for r in self._ranks if r.conn is conn))
+                if self._stop_requested:
+                    self._begin_stop("user")
+                if self._cooperative_stop_requested:
+                    self._cooperative_stop_requested = False
+                    self._send_all("stop")
                 self._check_processes()
                 self._check_timeouts()
+                self._check_probe()
                 self._escalate()
         except BaseException as exc:  # a bug here must not leave workers behind
             self._error = LaunchError(f"the launch monitor failed: {exc!r}")
-            self._terminate_all(signal.SIGKILL)
+            self._signal_all(signal.SIGKILL)
         finally:
             self._finish()
 
@@ -242,136 +281,204 @@ class Job:
         state.last_message_s = time.monotonic()
         if kind == "started":
             state.started = True
+        elif kind == "where":
+            state.where = payload
         elif kind == "metrics":
             metrics = {"rank": state.rank, "time_s": round(time.time() - self._start_wall, 4), **payload}
             state.last_step = payload.get("step", state.last_step)
             self.history.append(metrics)
-            self._queue.put(metrics)
+            self._events.put(metrics)
             if self._on_metrics is not None and self._callback_error is None:
                 try:
                     self._on_metrics(metrics)
                 except Exception as exc:  # keep the job running; the error is re-raised by wait()
                     self._callback_error = exc
         elif kind == "result":
-            state.has_result, state.result = True, payload
+            state.has_result, state.result, state.returned_s = True, payload, time.monotonic()
         elif kind == "error":
             message = payload["message"]
             if "Timed out" in message or "timed out" in message:
                 message += (" (a collective did not complete within collective_timeout_s: did every rank call "
                             "the same collectives in the same order?)")
-            self._set_error(state, WorkerError(state.rank, payload["exc_type"], message, payload["traceback"]),
-                            payload["time"])
+            error = WorkerError(state.rank, payload["exc_type"], message, payload["traceback"])
+            self._fail(state, Failure(error, payload["time"], not is_consequence(error.exc_type, message)))
 
-    def _set_error(self, state: _Rank, error: WorkerError, when: float) -> None:
-        if state.error is None:
-            state.error, state.error_time = error, when
-        self._begin_stop("failure")
+    def _fail(self, state: _Rank, failure: Failure) -> None:
+        """Record a rank's failure; stop the job, after asking the others where they are if it may be a
+        consequence of a rank that hangs elsewhere."""
+        if state.failure is None:
+            state.failure = failure
+        if self._stop_reason is not None:
+            return
+        if failure.primary:
+            self._probe = None
+            self._begin_stop("failure")
+        elif self._probe is None:
+            self._probe_then(self._running_ranks(), self._blame_the_absent)
+
+    def _blame_the_absent(self) -> None:
+        """After a collective timed out: a rank still running that is not inside a collective, or that does not
+        answer, is the one its peers waited for. (A lost peer is found by its exit instead.)"""
+        failed = [r for r in self._ranks if r.failure is not None]
+        if any(r.failure.primary for r in failed) or not any(is_timeout(r.error.exc_message) for r in failed):
+            return
+        waiting = [r.rank for r in failed]
+        first = min(r.failure.time for r in failed)
+        for state in self._running_ranks():
+            if state.where is None or not in_collective(state.where):
+                state.failure = Failure(never_arrived(state.rank, waiting, state.where or "",
+                                                      self._collective_timeout_s), first, True)
 
     def _check_processes(self) -> None:
         now = time.monotonic()
         for state in self._ranks:
-            if state.exited_s is None and state.process.poll() is not None:
+            if state.returncode is None:
+                code = exit_status(state.process.pid)
+                if code is None:
+                    continue
+                # whatever it started dies with it: its group, its session, its tag (while it is an unreaped
+                # zombie, its pid, group and session ids cannot be reused by an unrelated process)
+                kill_group(state.process.pid, signal.SIGKILL)
+                kill_tagged(f"{self._tag}.{state.rank}", sessions=[state.process.pid])
+                state.returncode = state.process.wait()
                 state.exited_s = now
-            if state.exited_s is None or state.has_result or state.error is not None:
+            if state.has_result or state.failure is not None:
                 continue
-            # exited without a result or an error message: wait for its socket to drain, then blame it,
-            # unless we stopped it ourselves
-            if self._stop_reason is None and (state.conn is None or now - state.exited_s > 1.0):
+            if state.conn is not None and now - state.exited_s < _DRAIN_S:
+                continue  # its last messages (an exception?) may still be on the way
+            stopped_by_us = state.signals_sent and (state.returncode >= 0 or -state.returncode in state.signals_sent)
+            if not stopped_by_us:
                 tail = "".join(list(state.output)[-20:])
-                message = (f"the worker process {_describe_exit(state.process.returncode)} without reporting a "
-                           f"result or an exception (killed by the OS for memory? a crash in native code?)")
-                self._set_error(state, WorkerError(state.rank, "WorkerDied", message,
-                                                   f"last output of rank {state.rank}:\n{tail}" if tail else ""),
-                                time.time() - (now - state.exited_s) - _POLL_S)
+                self._fail(state, Failure(died(state.rank, state.returncode, tail),
+                                          time.time() - (now - state.exited_s) - _POLL_S, True))
+
+    def _running_ranks(self) -> List[_Rank]:
+        return [r for r in self._ranks if r.returncode is None and not r.has_result and r.failure is None]
 
     def _unfinished_ranks(self) -> List[int]:
-        return [r.rank for r in self._ranks if not r.has_result and r.error is None]
+        return [r.rank for r in self._ranks if not r.has_result and r.failure is None]
 
-    def _last_steps(self, ranks: Sequence[int]) -> str:
-        return ", ".join(f"rank {r}: {self._ranks[r].last_step if self._ranks[r].last_step is not None else 'none'}"
-                         for r in ranks)
+    def _whereabouts(self, ranks: Sequence[int]) -> str:
+        parts = []
+        for rank in ranks:
+            state = self._ranks[rank]
+            step = state.last_step if state.last_step is not None else "none"
+            place = location(state.where) if state.where else "(no answer)"
+            parts.append(f"rank {rank} (last reported step: {step}) is at {place}")
+        return "; ".join(parts)
 
     def _check_timeouts(self) -> None:
-        if self._stop_reason is not None:
+        if self._stop_reason is not None or self._probe is not None:
             return
         now = time.monotonic()
         unfinished = self._unfinished_ranks()
-        if self._timeout_s is not None and now - self._start_monotonic > self._timeout_s and unfinished:
-            self._error = LaunchTimeout(
-                f"the job did not finish within timeout_s={self._timeout_s:g}: rank(s) {unfinished} were still "
-                f"running (last reported step: {self._last_steps(unfinished)}). A rank waiting in a collective "
-                f"that another rank never entered looks like this; otherwise raise timeout_s.", unfinished)
-            self._begin_stop("timeout")
+        if not unfinished:
             return
-        if self._idle_timeout_s is not None:
+        returned = [r for r in self._ranks if r.returned_s is not None]
+        if self._timeout_s is not None and now - self._start_monotonic > self._timeout_s:
+            self._timeout(unfinished, f"the job did not finish within timeout_s={self._timeout_s:g}: rank(s) "
+                                      f"{unfinished} were still running", "otherwise raise timeout_s")
+        elif (self._straggler_timeout_s is not None and returned
+              and now - min(r.returned_s for r in returned) > self._straggler_timeout_s):
+            self._timeout(unfinished, f"rank(s) {unfinished} were still running straggler_timeout_s="
+                                      f"{self._straggler_timeout_s:g} s after rank(s) {[r.rank for r in returned]} "
+                                      f"returned", "otherwise raise straggler_timeout_s (None: wait forever)")
+        elif self._idle_timeout_s is not None:
             idle = [r.rank for r in self._ranks if r.rank in unfinished
                     and now - r.last_message_s > self._idle_timeout_s]
             if idle:
-                self._error = LaunchTimeout(
-                    f"rank(s) {idle} sent nothing for idle_timeout_s={self._idle_timeout_s:g} s (last reported "
-                    f"step: {self._last_steps(idle)}); they look hung, e.g. in a collective that another rank "
-                    f"never entered. Report metrics more often or raise idle_timeout_s.", idle)
-                self._begin_stop("timeout")
+                self._timeout(idle, f"rank(s) {idle} sent nothing for idle_timeout_s={self._idle_timeout_s:g} s",
+                              "otherwise report metrics more often or raise idle_timeout_s")
+
+    def _timeout(self, ranks: List[int], what: str, fix: str) -> None:
+        """Ask the late ranks where they are, then stop the job with a LaunchTimeout that says it."""
+        def stop_with_timeout() -> None:
+            self._error = LaunchTimeout(
+                f"{what}: {self._whereabouts(ranks)}. A rank waiting in a collective that another rank never "
+                f"entered, or stuck in a loop, looks like this; {fix}.", ranks)
+
+        self._probe_then([self._ranks[r] for r in ranks], stop_with_timeout)
+
+    def _probe_then(self, ranks: List[_Rank], then: Callable[[], None]) -> None:
+        for state in ranks:
+            state.where = None
+            self._send(state, "where")
+        self._probe = (time.monotonic() + _PROBE_S, ranks, then)
+
+    def _check_probe(self) -> None:
+        if self._probe is None:
+            return
+        deadline, ranks, then = self._probe
+        if time.monotonic() < deadline and any(r.where is None and r.returncode is None for r in ranks):
+            return
+        self._probe = None
+        if self._stop_reason is None:
+            then()
+            self._begin_stop("timeout" if isinstance(self._error, LaunchTimeout) else "failure")
+
+    def _send(self, state: _Rank, kind: str) -> None:
+        if state.conn is not None:
+            try:
+                state.conn.send_bytes(cloudpickle.dumps((kind, None)))
+            except OSError:
+                pass
+
+    def _send_all(self, kind: str) -> None:
+        for state in self._ranks:
+            self._send(state, kind)
 
     def _begin_stop(self, reason: str) -> None:
-        with self._lock:
-            if self._stop_reason is not None:
-                return
-            self._stop_reason = reason
-            self._kill_deadline = time.monotonic() + self._grace_s
-        self._terminate_all(signal.SIGTERM)
+        if self._stop_reason is not None:
+            return
+        self._stop_reason = reason
+        self._kill_deadline = time.monotonic() + self._grace_s
+        self._signal_all(signal.SIGTERM)
 
     def _escalate(self) -> None:
         if self._kill_deadline is not None and time.monotonic() > self._kill_deadline:
-            self._terminate_all(signal.SIGKILL)
+            self._kill_deadline = time.monotonic() + 1.0  # again later, for a process slow to go
+            self._signal_all(signal.SIGKILL)
 
-    def _terminate_all(self, sig: int) -> None:
+    def _signal_all(self, sig: int) -> None:
+        """Send `sig` to every live worker's whole process group (the worker and anything it started)."""
         for state in self._ranks:
-            if state.process.poll() is None:
-                try:
-                    os.killpg(state.process.pid, sig)  # the worker and anything it started
-                except ProcessLookupError:
-                    pass
+            if state.returncode is not None:
+                continue
+            if exit_status(state.process.pid) is None:  # an exit we have not seen yet was not our doing
+                state.signals_sent.append(sig)
+            kill_group(state.process.pid, sig)
 
     def _all_exited_and_drained(self) -> bool:
         now = time.monotonic()
-        for state in self._ranks:
-            if state.process.poll() is None:
-                return False
-            if state.exited_s is None:
-                state.exited_s = now
-            if state.conn is not None and now - state.exited_s < 1.0:
-                return False  # give its last messages a moment to arrive
-        return True
+        return all(r.returncode is not None and (r.conn is None or now - r.exited_s >= _DRAIN_S)
+                   for r in self._ranks)
 
     def _finish(self) -> None:
         for state in self._ranks:
-            if state.process.poll() is None:  # only reached when the monitor itself failed
-                state.process.kill()
-            state.process.wait()
+            if state.returncode is None:  # only reached when the monitor itself failed
+                kill_group(state.process.pid, signal.SIGKILL)
+                state.returncode = state.process.wait()
             if state.conn is not None:
                 state.conn.close()
                 state.conn = None
+        kill_tagged(self._tag)  # a helper that left its worker's group and session, or was started late
         for thread in self._output_threads:
             thread.join(timeout=1.0)
-        # the earliest error is the cause; later ones are usually peers losing their connection to it
-        errors = sorted((r for r in self._ranks if r.error is not None), key=lambda r: r.error_time)
-        if self._stop_reason == "failure" and errors:
-            first = errors[0].error
-            self._error = WorkerError(first.rank, first.exc_type, first.exc_message, first.traceback,
-                                      [r.error for r in errors[1:]])
-        elif self._stop_reason == "user" and self._error is None:
+        failures = [r.failure for r in self._ranks if r.failure is not None]
+        if self._error is None and self._stop_reason == "user":  # what stopped ranks raised is no failure
             self._error = JobStopped(f"the job was stopped before rank(s) {self._unfinished_ranks()} finished")
+        elif self._error is None and failures:
+            self._error = culprit(failures, [r.rank for r in self._ranks if r.has_result])
         del self._store
         _LIVE_JOBS.discard(self)
-        self._done.set()
-        self._queue.put(_END)
+        self._finished = True
+        self._events.put(_END)
 
     # ---------------------------------------------------------------- public API
     @property
     def done(self) -> bool:
         """True once every worker has exited (successfully or not)."""
-        return self._done.is_set()
+        return self._finished
 
     @property
     def error(self) -> Optional[LaunchError]:
@@ -386,7 +493,7 @@ class Job:
     def status(self) -> List[Dict[str, Any]]:
         """One row per rank: rank, pid, state (starting/running/finishing/finished/failed/stopped), last step."""
         return [{"rank": r.rank, "pid": r.process.pid, "state": r.state, "last_step": r.last_step,
-                 "returncode": r.process.returncode} for r in self._ranks]
+                 "returncode": r.returncode} for r in self._ranks]
 
     def output(self, rank: int) -> str:
         """The last lines (up to 200) that rank printed."""
@@ -398,16 +505,26 @@ class Job:
         Ends by raising the job's error (WorkerError / LaunchTimeout) unless `raise_on_error=False`.
         """
         while True:
-            try:
-                item = self._queue.get(timeout=_POLL_S)
+            try:  # a timeout, so that a signal delivered to another thread is still handled promptly
+                item = self._events.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
             if item is _END:
-                self._queue.put(_END)  # let other consumers end too
+                self._events.put(_END)  # let other consumers end too
                 break
             yield item
         if raise_on_error and self._error is not None and not isinstance(self._error, JobStopped):
             raise self._error
+
+    def _join(self, timeout: Optional[float]) -> bool:
+        """Wait for the monitor to finish (True) or `timeout` seconds to pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._finished:
+            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._monitor_thread.join(left)
+        return True
 
     def wait(self, timeout: Optional[float] = None) -> List[Any]:
         """Block until every worker has exited; return each rank's return value (index = rank).
@@ -415,7 +532,7 @@ class Job:
         Raises the WorkerError / LaunchTimeout / JobStopped that ended the job, or TimeoutError when `timeout`
         (seconds, for this call only) passes first.
         """
-        if not self._done.wait(timeout):
+        if not self._join(timeout):
             raise TimeoutError(f"the job is still running after {timeout} s (ranks {self._unfinished_ranks()})")
         if self._error is not None:
             raise self._error
@@ -427,19 +544,14 @@ class Job:
 
     def request_stop(self) -> None:
         """Ask the workers to stop cooperatively: `ctx.stop_requested()` becomes True in each of them."""
-        for state in self._ranks:
-            conn = state.conn
-            if conn is not None:
-                try:
-                    conn.send_bytes(cloudpickle.dumps(("stop", None)))
-                except OSError:
-                    pass
+        self._cooperative_stop_requested = True
 
     def stop(self) -> None:
-        """Stop every worker now (SIGTERM, SIGKILL after `grace_s`) and wait until all have exited."""
-        if not self.done:
-            self._begin_stop("user")
-        self._done.wait()
+        """Stop every worker now (SIGTERM to its process group, SIGKILL after `grace_s`) and wait until all
+        have exited. Called from `on_metrics` (the monitor's thread), it only asks."""
+        self._stop_requested = True
+        if threading.current_thread() is not self._monitor_thread:
+            self._join(None)
 
     def __repr__(self) -> str:
         states = ", ".join(f"{r.rank}:{r.state}" for r in self._ranks)
@@ -448,39 +560,46 @@ class Job:
 
 def start(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optional[Mapping[str, Any]] = None,
           backend: Optional[str] = None, num_threads: Optional[int] = None, timeout_s: Optional[float] = None,
-          idle_timeout_s: Optional[float] = None, collective_timeout_s: float = 120.0, grace_s: float = 3.0,
+          idle_timeout_s: Optional[float] = None, straggler_timeout_s: Optional[float] = STRAGGLER_TIMEOUT_S,
+          collective_timeout_s: float = 120.0, grace_s: float = 3.0,
           on_metrics: Optional[Callable[[Dict[str, Any]], None]] = None, env: Optional[Mapping[str, str]] = None,
           echo_output: bool = True) -> Job:
     """Start `fn(ctx, *args, **kwargs)` on `world_size` local processes; return a `Job` at once.
 
     - `backend`: "gloo" or "nccl"; default nccl when `world_size` GPUs are visible, gloo otherwise.
     - `num_threads`: torch threads per worker (default: cores // world_size, at least 1).
-    - `timeout_s`: the whole job's time limit; `idle_timeout_s`: limit on a rank's silence (no report);
-      `collective_timeout_s`: the process group's timeout, so a collective that never completes raises.
+    - `timeout_s`: the whole job's time limit (default: none); `idle_timeout_s`: limit on a rank's silence
+      (no report; default: none).
+    - `straggler_timeout_s`: once one rank has returned, how long the others get to return too (default
+      120 s, None: no limit); a rank still running then is reported (a LaunchTimeout naming it and where
+      its main thread is) and the job stopped.
+    - `collective_timeout_s`: the process group's timeout, so a collective that never completes raises; the
+      error then names the rank that never arrived, not only the ranks that waited.
     - `grace_s`: how long a stopped worker gets after SIGTERM before SIGKILL.
     - `on_metrics(metrics)`: called in the job's monitor thread for each report (widgets); metrics are also
       kept in `job.history` and streamed by `job.metrics()`.
     - `env`: extra environment variables for the workers; `echo_output`: print worker output as "[rank r] ...".
     """
     return Job(fn, world_size, args, kwargs or {}, backend, num_threads, timeout_s, idle_timeout_s,
-               collective_timeout_s, grace_s, on_metrics, env, echo_output)
+               straggler_timeout_s, collective_timeout_s, grace_s, on_metrics, env, echo_output)
 
 
 def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optional[Mapping[str, Any]] = None,
            backend: Optional[str] = None, num_threads: Optional[int] = None, timeout_s: Optional[float] = None,
-           idle_timeout_s: Optional[float] = None, collective_timeout_s: float = 120.0, grace_s: float = 3.0,
+           idle_timeout_s: Optional[float] = None, straggler_timeout_s: Optional[float] = STRAGGLER_TIMEOUT_S,
+           collective_timeout_s: float = 120.0, grace_s: float = 3.0,
            on_metrics: Optional[Callable[[Dict[str, Any]], None]] = None, env: Optional[Mapping[str, str]] = None,
            echo_output: bool = True) -> List[Any]:
     """Run `fn(ctx, *args, **kwargs)` on `world_size` local processes and return each rank's return value.
 
     Blocks; `on_metrics` is called in the caller's thread for each report as it arrives. A worker that raises
-    ends the job with a WorkerError naming its rank (with its traceback) after every other worker was
-    stopped; an interrupt (Ctrl-C, Jupyter's stop button) stops every worker and re-raises. Arguments as in
-    `start`.
+    or dies ends the job with a WorkerError naming that rank (with its traceback, or the signal that killed
+    it) after every other worker was stopped; an interrupt (Ctrl-C, Jupyter's stop button) stops every
+    worker, and everything they started, and re-raises. Arguments as in `start`.
     """
     job = start(fn, world_size, *args, kwargs=kwargs, backend=backend, num_threads=num_threads,
-                timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, collective_timeout_s=collective_timeout_s,
-                grace_s=grace_s, env=env, echo_output=echo_output)
+                timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, straggler_timeout_s=straggler_timeout_s,
+                collective_timeout_s=collective_timeout_s, grace_s=grace_s, env=env, echo_output=echo_output)
     try:
         for metrics in job.metrics():
             if on_metrics is not None:

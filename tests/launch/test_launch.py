@@ -168,7 +168,7 @@ def test_worker_exception_names_rank_with_traceback_and_stops_the_others_quickly
     assert error.rank == 1 and error.exc_type == "ValueError" and error.exc_message == "bad value 42"
     assert "rank 1 failed: ValueError: bad value 42" in str(error)
     assert "inner_helper" in error.traceback and "raise ValueError" in error.traceback
-    assert elapsed < 20, f"took {elapsed:.1f} s to report the failure"
+    assert elapsed < 90, f"took {elapsed:.1f} s to report the failure"  # not rank 0's 120 s; generous under load
     assert [row["state"] for row in job.status()] == ["stopped", "failed"]
     assert not any(_alive(pid) for pid in job.pids)
 
@@ -188,7 +188,7 @@ def test_worker_that_dies_without_exception_is_reported():
     assert "exited with code 7" in str(info.value) and "about to die" in str(info.value)
 
 
-def test_collective_hang_is_bounded_by_the_process_group_timeout():
+def test_collective_hang_is_bounded_by_the_process_group_timeout_and_names_the_absent_rank():
     work = _notebook_function("""
         import time, torch
         import torch.distributed as dist
@@ -199,8 +199,10 @@ def test_collective_hang_is_bounded_by_the_process_group_timeout():
     """, "work")
     with pytest.raises(WorkerError) as info:
         launch(work, 2, collective_timeout_s=2.0, grace_s=1.0, echo_output=False)
-    assert info.value.rank == 0
-    assert "collective_timeout_s" in str(info.value) and "all_reduce" in info.value.traceback
+    assert info.value.rank == 1 and info.value.exc_type == "RankHung"  # the rank that never arrived
+    assert "time.sleep(120)" in str(info.value)
+    [waited] = info.value.other_errors  # the rank that timed out waiting, kept as a consequence
+    assert waited.rank == 0 and "collective_timeout_s" in waited.exc_message and "all_reduce" in waited.traceback
 
 
 def test_launcher_timeout_names_the_unfinished_ranks():
@@ -213,9 +215,10 @@ def test_launcher_timeout_names_the_unfinished_ranks():
             return ctx.rank
     """, "work")
     with pytest.raises(LaunchTimeout) as info:
-        launch(work, 2, timeout_s=6.0, grace_s=1.0, echo_output=False)
+        launch(work, 2, timeout_s=30.0, grace_s=1.0, echo_output=False)  # rank 0 returns well before, even loaded
     assert info.value.ranks == [1]
-    assert "rank(s) [1]" in str(info.value) and "rank 1: 3" in str(info.value)
+    assert "rank(s) [1]" in str(info.value) and "rank 1 (last reported step: 3) is at" in str(info.value)
+    assert "time.sleep(120)" in str(info.value)  # where rank 1's main thread was
 
 
 def test_request_stop_is_cooperative_and_stop_kills():
@@ -251,6 +254,7 @@ def test_request_stop_is_cooperative_and_stop_kills():
 INTERRUPT_SCRIPT = """
 import os, signal, sys, time
 from rectoolkit.launch import launch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when pytest was started with SIGINT ignored
 
 def work(ctx):  # defined in a __main__ script: not importable by the workers
     import time

@@ -1,0 +1,93 @@
+"""Finding and killing every process a worker started, so that nothing outlives its job.
+
+Each worker is the leader of a session and process group of its own (`start_new_session=True`), and its
+environment carries a tag (`RECTOOLKIT_LAUNCH_TAG=<job id>.<rank>`) that every process it starts inherits.
+A worker's group is killed as a whole when the worker exits (helpers die with it), and at the end of the job
+`/proc` is swept for anything still carrying the job's tag or still in a worker's session: a helper that
+moved to a process group of its own, or even daemonized into a new session, is found by its tag.
+
+The group is killed while the worker is still an unreaped zombie (`exit_status` looks without reaping), so
+its process-group id cannot have been reused by an unrelated process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+TAG_VARIABLE = "RECTOOLKIT_LAUNCH_TAG"
+
+
+def exit_status(pid: int) -> Optional[int]:
+    """The child's return code (negative: killed by that signal) once it has exited, else None; never reaps."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped by someone else
+        return 0
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return -info.si_status
+    return info.si_status
+
+
+def kill_group(pgid: int, sig: int) -> None:
+    """Send `sig` to every process of group `pgid` (no error when the group is already gone)."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stat(pid_dir: Path) -> List[str]:
+    # /proc/PID/stat: "pid (comm) state ppid pgrp session ..."; comm may contain spaces and parentheses
+    return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tagged_processes(tag_prefix: str, sessions: Iterable[int] = (), variable: str = TAG_VARIABLE) -> List[int]:
+    """Live pids (not ours, not zombies) whose environment sets `variable` to `tag_prefix` or to a tag under
+    it (`job` finds `job.0`, `job.1`; `job.1` does not find `job.10`), or that are in one of `sessions`.
+    Linux only (reads /proc); returns [] where /proc is missing."""
+    marker = f"{variable}={tag_prefix}".encode()
+    sessions = set(sessions)
+    found, own = [], os.getpid()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit() or int(pid_dir.name) == own:
+            continue
+        try:
+            stat = _stat(pid_dir)
+            if stat[0] == "Z":
+                continue
+            if int(stat[3]) in sessions:
+                found.append(int(pid_dir.name))
+                continue
+            environ = (pid_dir / "environ").read_bytes()
+        except (OSError, IndexError, ValueError):  # gone, another user's, or a kernel thread
+            continue
+        if any(entry == marker or entry.startswith(marker + b".") for entry in environ.split(b"\0")):
+            found.append(int(pid_dir.name))
+    return found
+
+
+def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) -> List[int]:
+    """SIGKILL every process `tagged_processes` finds, again until none is left (a helper may fork while we
+    look); return the pids killed."""
+    killed: List[int] = []
+    sessions = list(sessions)
+    for _ in range(rounds):
+        pids = tagged_processes(tag_prefix, sessions)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            killed.append(pid)
+    return killed
+
