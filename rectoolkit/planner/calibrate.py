@@ -12,7 +12,8 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    the memory bus; a large copy -> the write speed;
 3. backward: the fused backward + update against the forward, per optimizer;
 4. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
-   each sharding type beside a table-wise one) -> ms per step, per shard and per sharding-type group.
+   each sharding type beside a table-wise one) -> ms per step, per shard and per sharding-type group; and one
+   16 MiB table-wise table under a full batch -> the engine's work per id beyond what 2. and 3. price.
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).
 
@@ -239,6 +240,14 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
             torch.ones(len(keys) * batch_size, dtype=torch.int32, device=_device()))
         # CPU time: the Python and kernel work of the groups; their collectives' latency is priced by alpha
         step_ms[name] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
+    # the engine under a real batch: one 16 MiB table-wise table on rank 0, READ_BATCH x READ_POOLING ids per rank
+    rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="a", num_embeddings=rows, embedding_dim=READ_DIM,
+                                                     feature_names=["f_a"])], device=_device(), optimizer="sgd", lr=1e-6)
+    sharded = shard_embedding_bag_collection(ebc, {"a": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)}, env)
+    batch = _lookup_batch(rows, seed=rank)
+    kjt = KeyedJaggedTensor.from_lengths_sync(["f_a"], batch.values(), batch.lengths())
+    step_ms["tw_full"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
     return step_ms
 
 
@@ -349,11 +358,29 @@ def _wait_for_result(procs, results, timeout_s: float):
                            "hung); retry with quick=True or a larger timeout_s")
 
 
+def id_term(step_ms: Dict[str, float], world_size: int, read_ms_per_byte: float, write_bytes_per_ms: float,
+            backward_factor: float) -> float:
+    """ms per id a shard receives (forward + backward) that reads, writes and the backward factor leave out: the
+    16 MiB table-wise step less the tiny one, less what the read and write terms price for its rows.
+
+    >>> round(id_term({"tw_full": 20.0, "tw": 2.0}, 2, read_ms_per_byte=1e-6, write_bytes_per_ms=1e6,
+    ...               backward_factor=1.0), 7)
+    0.0003413
+    """
+    ids = world_size * READ_BATCH * READ_POOLING
+    rows_ms = (ids * READ_DIM * 4 * read_ms_per_byte + world_size * READ_BATCH * READ_DIM * 4 / write_bytes_per_ms)
+    return max(step_ms["tw_full"] - step_ms["tw"] - rows_ms * (1.0 + backward_factor), 0.0) / ids
+
+
 def _fit(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
          seconds: float) -> CalibrationProfile:
     reads = payload["reads"]
     collectives = {kind: fit_alpha_beta(samples) for kind, samples in payload["collectives"].items()}
     step, shard, group = fixed_terms(payload["fixed"], world_size)
+    curve = tuple((size, round(bw, 1)) for size, bw in reads["read_curve"])
+    middle_read = 1.0 / dict(curve)[float(READ_TABLE_BYTES[2])]
+    per_id = id_term(payload["fixed"], world_size, middle_read, reads["write_bytes_per_ms"],
+                     reads["backward_factor"]["sgd"])
     machine = dict(host=platform.node(), processor=platform.processor() or platform.machine(), cores=os.cpu_count(),
                    torch=torch.__version__, device=compute_device, backend=backend, world_size=world_size,
                    threads_per_rank=threads, repeats=repeats, seconds=round(seconds, 1),
@@ -363,8 +390,9 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     return CalibrationProfile(
         collectives=collectives,
-        read_curve=tuple((size, round(bw, 1)) for size, bw in reads["read_curve"]),
+        read_curve=curve,
         write_bytes_per_ms=round(reads["write_bytes_per_ms"], 1), step_ms=step, group_ms=group, shard_ms=shard,
+        id_ms=round(per_id, 8),
         backward_factor=reads["backward_factor"], memory_parallelism=round(reads["memory_parallelism"], 3),
         machine=machine)
 

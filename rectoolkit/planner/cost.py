@@ -8,7 +8,8 @@ model's non-embedding parameters) sit on every rank.
 
 Time comes from the topology's calibration profile (rectoolkit.planner.profile; without one, TorchRec's
 bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
-(per shard: a fixed cost + ids x dim x bytes at the read speed of a shard that size + outputs at the write speed;
+(per shard: a fixed cost + the engine's work per id + ids x dim x bytes at the read speed of a shard that size +
+outputs at the write speed;
 backward + fused update = the optimizer's measured factor x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at
 a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
 every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), the all-to-all speed
@@ -200,8 +201,8 @@ class CostModel:
         backward = forward * self.backward_factor
         if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
             backward += 3 * rows * cols * VALUE_BYTES / write_bw
-        if rows > 0:
-            forward += self.profile.shard_ms  # fixed per shard (measured for forward + backward together)
+        if rows > 0:  # fixed per shard and the engine's work per id (measured for forward + backward together)
+            forward += self.profile.shard_ms + ids * self.profile.id_ms
         return forward, backward
 
     # ---- closed forms for the search, batched over options ------------------------------------------------
@@ -342,7 +343,8 @@ class CostModel:
         write_bw = self.profile.write_bytes_per_ms
         lookup = (read_ms + output / write_bw) * (1 + self.backward_factor)
         lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / write_bw, 0.0)
-        lookup = lookup + np.where(rows > 0, self.profile.shard_ms, 0.0)  # fixed per shard
+        # fixed per shard, and the engine's work per id received
+        lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * self.profile.id_ms, 0.0)
         return lookup, hbm, ddr
 
     def _state_floats(self, cols: int) -> int:

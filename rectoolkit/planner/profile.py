@@ -14,6 +14,8 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 - writes: pooled output rows are written at `write_bytes_per_ms`.
 - fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
   and its collectives' round trips), `shard_ms` once per shard a rank holds.
+- per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
+  id (routing, id checks, offsets, gradient rows) beyond reading and writing rows.
 - backward: the fused backward + optimizer update costs `backward_factor[optimizer]` x the forward lookup.
 - sharing: local ranks share a host's cores and memory; when they all read at once they get `memory_parallelism`
   times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing).
@@ -65,6 +67,7 @@ class CalibrationProfile:
     step_ms: float = 0.0
     group_ms: Dict[str, float] = field(default_factory=dict)
     shard_ms: float = 0.0
+    id_ms: float = 0.0
     backward_factor: Dict[str, float] = field(default_factory=dict)
     memory_parallelism: float = 1.0
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
@@ -178,6 +181,7 @@ class CalibrationProfile:
                  ("output write speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
                  ("fixed per shard", f"{self.shard_ms:.3f} ms"),
+                 ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))
                   or "0 ms"),
                  ("backward + update / forward", ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.backward_factor.items()))

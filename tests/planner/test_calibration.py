@@ -13,7 +13,7 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import fixed_terms
+from rectoolkit.planner.calibrate import fixed_terms, id_term
 from rectoolkit.planner.cost import CostModel, collective_calls
 from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, fit_alpha_beta
 from rectoolkit.planner.tables import collect_tables
@@ -23,7 +23,7 @@ from rectoolkit.plan.types import ShardingType
 PROFILE = CalibrationProfile(
     collectives={"all_to_all": AlphaBeta(0.5, 1000.0), "all_reduce": AlphaBeta(1.0, 2000.0)},
     read_curve=((1e3, 100.0), (1e6, 10.0)), write_bytes_per_ms=1000.0, step_ms=2.0,
-    group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, backward_factor={"sgd": 1.5},
+    group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, id_ms=0.01, backward_factor={"sgd": 1.5},
     memory_parallelism=2.0)
 TABLE = EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])
 
@@ -48,12 +48,13 @@ def test_table_wise_step_time_by_hand():
     backward = 1.5 * forward
     # bytes: 4 lengths x 4 B + 4 ids x 8 B = 48 B in, [4, 8] fp32 = 128 B out, 128 B of gradients back
     comm_forward, comm_backward = (48 + 128) / 1000, 128 / 1000
-    expected = 2.0 + 3.0 + 4 * 0.5 + (forward + 0.25) + comm_forward + backward + comm_backward
+    engine = 0.25 + 8 * 0.01  # fixed per shard, and per id received (8 ids)
+    expected = 2.0 + 3.0 + 4 * 0.5 + (forward + engine) + comm_forward + backward + comm_backward
     assert cost.step_time_ms == pytest.approx(expected, rel=1e-9)
     (group,) = cost.step.groups
     assert group.latency_ms == pytest.approx(2.0) and group.fixed_ms == 3.0
     # the search's per-rank sums hold the same lookups and bytes, without the per-step and per-group terms
-    assert cost.time_ms[1] == pytest.approx(forward + 0.25 + backward + comm_forward + comm_backward, rel=1e-9)
+    assert cost.time_ms[1] == pytest.approx(forward + engine + backward + comm_forward + comm_backward, rel=1e-9)
 
 
 def test_local_ranks_sharing_cores_add_up_their_work():
@@ -108,6 +109,8 @@ def test_fits_by_hand():
         fit_alpha_beta([(10, 1.0), (10, 2.0)])
     steps = {"tw": 5.0, "tw4": 8.0, "row_wise": 6.0, "tw+row_wise": 9.0, "column_wise": 6.5, "tw+column_wise": 8.5}
     step, shard, groups = fixed_terms(steps, 2)
+    # 20480 ids at 1e-6 ms/byte x 256 B + 1024 outputs x 256 B at 1e6 B/ms, twice (backward factor 1)
+    assert id_term({"tw_full": 20.0, "tw": 2.0}, 2, 1e-6, 1e6, 1.0) == pytest.approx((18.0 - 2 * 5.505024) / 20480)
     assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
     assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
 
