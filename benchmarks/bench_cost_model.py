@@ -385,7 +385,7 @@ def reestimate(path: Path) -> List[Dict[str, Any]]:
         info = run_["measurements"]["info"]
         planner_tables = collect_tables(tables, info["batch_size"],
                                         stats=WorkloadStats(dict(run_["pooling_factors"]), info["batch_size"]))
-        cost_model = CostModel(topology, info["optimizer"])
+        cost_model = CostModel(topology, info["optimizer"], tables=planner_tables)
         for row in run_["measurements"]["plans"]:
             estimate = estimate_plan(cost_model, plan_from_dict(run_["plans"][row["plan"]]), planner_tables)
             # the step estimate where the cost model has one, else the slowest rank's sum

@@ -130,10 +130,14 @@ class CostModel:
     """Memory and time estimates for shards, options and whole plans on one topology."""
 
     def __init__(self, topology: Topology, optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD,
-                 dense_bytes_per_rank: float = 0.0) -> None:
+                 dense_bytes_per_rank: float = 0.0, tables: Optional[Sequence[PlannerTable]] = None) -> None:
+        """`tables`: the tables being planned. Their weight bytes over the world size are what a rank reads from
+        each step in a balanced plan, the working set its reads compete with in cache: a shard reads at the speed
+        of max(its own size, that share). Without them, each shard's own size."""
         self.topology = topology
         self.optimizer = EmbOptimType.parse(optimizer)
         self.dense_bytes_per_rank = float(dense_bytes_per_rank)
+        self.rank_share_bytes = sum(t.weight_bytes for t in tables) / topology.world_size if tables else 0.0
         self.profile = topology.time_profile
         measured = topology.profile is not None
         # link speeds: a profile's all-to-all speed inside a host (it was measured there); across hosts the
@@ -188,7 +192,7 @@ class CostModel:
         ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
         read_bytes = ids * cols * table.element_bytes
         write_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        local_per_byte = self.profile.read_ms_per_byte(rows * cols * table.element_bytes)
+        local_per_byte = self.profile.read_ms_per_byte(max(rows * cols * table.element_bytes, self.rank_share_bytes))
         if kernel in (K.FUSED_UVM, K.QUANT_UVM):
             read_ms = read_bytes / topo.hbm_to_ddr_mem_bw
         elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
@@ -336,7 +340,8 @@ class CostModel:
         else:
             hbm, ddr = np.zeros_like(stored), stored + buffers
         read = ids * cols * element
-        local_per_byte = self.profile.read_ms_per_byte(weights)  # cache-aware: by the shard's size
+        # cache-aware: by the shard's size, or the rank's share of all tables when that is larger
+        local_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
         read_ms = np.where(uvm, read / topo.hbm_to_ddr_mem_bw,
                            np.where(caching, read * (clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw),
                                     read * local_per_byte))

@@ -354,7 +354,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
         raise ValueError(f"measure_plans: topology.compute_device is {topology.compute_device!r} but the workers run on "
                          "CPU (gloo); pass Topology(..., compute_device='cpu')")
     planner_tables = collect_tables(tables, batch_size, stats=WorkloadStats(pooling_factors=factors))
-    cost_model = CostModel(topology, optimizer)
+    cost_model = CostModel(topology, optimizer, tables=planner_tables)
     estimates = {}
     for name, plan in named.items():
         _check_plan(name, plan, tables, world_size)

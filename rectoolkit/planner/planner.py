@@ -142,7 +142,7 @@ class EmbeddingShardingPlanner:
         dense = self.dense_bytes_per_rank
         if dense is None:
             dense = _dense_parameter_bytes(module)
-        cost_model = CostModel(self.topology, self.optimizer, dense)
+        cost_model = CostModel(self.topology, self.optimizer, dense, tables)
         options = []
         for index, table in enumerate(tables):
             try:
@@ -237,7 +237,8 @@ class EmbeddingShardingPlanner:
         if tables is not None:
             planner_tables = collect_tables(tables, self.batch_size, self.constraints, self.stats)
             dense = self.dense_bytes_per_rank
-            cost_model = CostModel(self.topology, self.optimizer, _dense_parameter_bytes(tables) if dense is None else dense)
+            cost_model = CostModel(self.topology, self.optimizer,
+                                   _dense_parameter_bytes(tables) if dense is None else dense, planner_tables)
             result = None
         else:
             if result is None:

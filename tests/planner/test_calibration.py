@@ -187,3 +187,16 @@ def test_measure_top_k_returns_the_measured_fastest_candidate():
     assert report.candidates.loc[report.candidates.chosen, "label"].tolist() == [fastest.label]
     with pytest.raises(ValueError, match="measure_top_k must be an int >= 0"):
         EmbeddingShardingPlanner(topo, measure_top_k=-1)
+
+
+def test_reads_compete_with_the_ranks_share_of_all_tables_in_cache():
+    big = EmbeddingBagConfig(name="big", num_embeddings=1_000_000, embedding_dim=8, feature_names=["b"])  # 32 MB
+    tables = collect_tables([TABLE, big], batch_size=4)
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE)
+    alone = CostModel(topo, "sgd").shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None)
+    shared = CostModel(topo, "sgd", tables=tables).shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None)
+    # the 3200 B shard alone reads as a 3200 B working set; beside a 32 MB table, as half of 32.0032 MB
+    share = (3200 + 32_000_000) / 2
+    assert PROFILE.read_ms_per_byte(share) > PROFILE.read_ms_per_byte(3200)
+    read_alone, read_shared = 256 * PROFILE.read_ms_per_byte(3200), 256 * PROFILE.read_ms_per_byte(share)
+    assert shared[1] - alone[1] == pytest.approx(1.5 * (read_shared - read_alone))
