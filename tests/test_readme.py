@@ -25,9 +25,11 @@ def test_readme_example_runs(index, tmp_path):
     # The values the README's comments promise (written by hand from the example's inputs).
     if "KeyedJaggedTensor(" in code:
         assert "[tensor([21, 22]), tensor([23, 24])]" in done.stdout
-    if "EmbeddingShardingPlanner" in code:
+    if "EmbeddingShardingPlanner" in code and '"large"' in code:
         for table in ("large", "wide", "small"):
             assert table in done.stdout
+    if "measure_top_k" in code:  # the calibrated planner: its explanation, then the measured plan
+        assert "Estimated step:" in done.stdout and "Candidate plans" in done.stdout and "chosen" in done.stdout
     if "rtk.launch(" in code:
         first, final = (float(x) for x in done.stdout.strip().splitlines()[-1].split(" -> "))
         assert final < first, "the training example should show the loss falling"
