@@ -143,14 +143,14 @@ def _lookup_batch(rows: int, seed: int, batch_size: int = READ_BATCH):
 
 
 def _read_ms_per_byte(module, rows: int, rank: int, repeats: int, together: bool = False) -> float:
-    """ms per byte read: the slope between a small and a large batch (the call's fixed part cancels out)."""
-    small, large = _lookup_batch(rows, rank, READ_BATCH // 8), _lookup_batch(rows, rank, READ_BATCH)
-    time_of = (lambda fn: _synced_fastest_ms(fn, repeats, clock=_clock())) if together else \
-        (lambda fn: fastest_ms(fn, repeats))
-    small_ms, large_ms = time_of(lambda: module(small)), time_of(lambda: module(large))
-    row_bytes = READ_DIM * 4
-    extra_bytes = (large.values().numel() - small.values().numel()) * row_bytes
-    return max(large_ms - small_ms, 1e-6) / extra_bytes
+    """ms per byte read by a full batch's lookup (its outputs and the call's small fixed part included: a
+    difference of two fastest times would be steadier in theory, but on a busy machine it is mostly noise)."""
+    batch = _lookup_batch(rows, rank, READ_BATCH)
+    if together:
+        ms = _synced_fastest_ms(lambda: module(batch), repeats, clock=_clock())
+    else:
+        ms = fastest_ms(lambda: module(batch), repeats)
+    return ms / (batch.values().numel() * READ_DIM * 4)
 
 
 def measure_reads(rank: int, world_size: int, repeats: int) -> Dict[str, object]:
@@ -368,7 +368,7 @@ def id_term(step_ms: Dict[str, float], world_size: int, read_ms_per_byte: float,
     0.0003413
     """
     ids = world_size * READ_BATCH * READ_POOLING
-    rows_ms = (ids * READ_DIM * 4 * read_ms_per_byte + world_size * READ_BATCH * READ_DIM * 4 / write_bytes_per_ms)
+    rows_ms = ids * READ_DIM * 4 * read_ms_per_byte + world_size * READ_BATCH * READ_DIM * 4 / write_bytes_per_ms
     return max(step_ms["tw_full"] - step_ms["tw"] - rows_ms * (1.0 + backward_factor), 0.0) / ids
 
 
