@@ -61,6 +61,11 @@ _END = object()
 _POLL_S = 0.1
 _DRAIN_S = 1.0  # how long an exited worker's last messages get to arrive
 _PROBE_S = 3.0  # how long ranks get to say where their main thread is
+# After a rank times out in a collective, how long the others get to report their own timeout before the
+# launcher asks who is elsewhere: peers waiting in the same collective time out within moments of each other (a
+# busy machine spreads that by seconds), and a peer caught between its timeout and its report is not the one
+# that hung. At most half the collective timeout.
+_SETTLE_S = 5.0
 STRAGGLER_TIMEOUT_S = 120.0  # default: as long as a collective may wait for a late rank
 _LIVE_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()
 
@@ -174,6 +179,7 @@ class Job:
         self._stop_reason: Optional[str] = None
         self._kill_deadline: Optional[float] = None
         self._probe: Optional[Tuple[float, List[_Rank], Callable[[], None]]] = None
+        self._probe_at: Optional[float] = None  # when to ask the ranks still running where they are (see _fail)
         self._error: Optional[LaunchError] = None
         self._callback_error: Optional[BaseException] = None
         self._start_monotonic = time.monotonic()
@@ -311,10 +317,11 @@ class Job:
         if self._stop_reason is not None:
             return
         if failure.primary:
-            self._probe = None
+            self._probe = self._probe_at = None
             self._begin_stop("failure")
-        elif self._probe is None:
-            self._probe_then(self._running_ranks(), self._blame_the_absent)
+        elif self._probe is None and self._probe_at is None:
+            settle = min(_SETTLE_S, (self._collective_timeout_s or 2 * _SETTLE_S) / 2)
+            self._probe_at = time.monotonic() + settle
 
     def _blame_the_absent(self) -> None:
         """After a collective timed out: a rank still running that is not inside a collective, or that does not
@@ -368,7 +375,7 @@ class Job:
         return "; ".join(parts)
 
     def _check_timeouts(self) -> None:
-        if self._stop_reason is not None or self._probe is not None:
+        if self._stop_reason is not None or self._probe is not None or self._probe_at is not None:
             return
         now = time.monotonic()
         unfinished = self._unfinished_ranks()
@@ -406,6 +413,10 @@ class Job:
         self._probe = (time.monotonic() + _PROBE_S, ranks, then)
 
     def _check_probe(self) -> None:
+        if self._probe_at is not None and time.monotonic() >= self._probe_at:
+            self._probe_at = None
+            if self._stop_reason is None and self._probe is None:
+                self._probe_then(self._running_ranks(), self._blame_the_absent)
         if self._probe is None:
             return
         deadline, ranks, then = self._probe
