@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -27,6 +28,7 @@ from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
+_LOG = logging.getLogger("rectoolkit.planner")
 CANDIDATE_INSTANCE = 4096  # tables x ranks up to which one search per sharding type runs (planning time)
 CANDIDATE_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                    ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL)
@@ -90,6 +92,9 @@ class EmbeddingShardingPlanner:
             a few steps on local workers (rectoolkit.planner.measure.measure_plans) and return the measured-fastest;
             the measurements are in `planner.last.measurements` and the report. 0 (default): no runs.
         measure_steps: timed steps per candidate when measuring.
+        debug: log `explain()` (logger "rectoolkit.planner", INFO) after every plan, as TorchRec's debug logs its stats.
+        TorchRec's planner components (enumerator, storage_reservation, proposer, partitioner, performance_model,
+        callbacks, timeout_seconds, ...) are refused with NotImplementedError unless None: this planner has its own.
 
     With a calibration profile on the topology (Topology.calibrate(), or Topology(profile=path)) and the "time"
     objective, the search runs once freely and once per sharding type (each table limited to that type where it
@@ -107,6 +112,13 @@ class EmbeddingShardingPlanner:
         unknown = set(torchrec_args) - set(_TORCHREC_ONLY_ARGS)
         if unknown:
             raise TypeError(f"EmbeddingShardingPlanner got unexpected arguments {sorted(unknown)}")
+        components = sorted(name for name, value in torchrec_args.items() if value is not None)
+        if components:
+            raise NotImplementedError(
+                f"EmbeddingShardingPlanner: {components} replace parts of TorchRec's planner, which rectoolkit's planner "
+                "does not have (its own search and cost model: see constraints=, objective=, Topology(profile=...)). "
+                "Leave them out, or plan with TorchRec's planner and read its plan with "
+                "rectoolkit.plan.torchrec_interop.from_torchrec")
         self.topology = topology if topology is not None else _default_topology()
         self.batch_size = int(batch_size) if batch_size is not None else self.topology.batch_size
         self.constraints = dict(constraints or {})
@@ -118,7 +130,7 @@ class EmbeddingShardingPlanner:
         self.stats = stats
         self.dense_bytes_per_rank = dense_bytes_per_rank
         self.local_search = local_search
-        self.debug = debug
+        self.debug = bool(debug)  # True: every plan() logs explain() (the step estimate, terms, candidates)
         if not isinstance(measure_top_k, int) or measure_top_k < 0:
             raise ValueError(f"measure_top_k must be an int >= 0 (candidates to run), got {measure_top_k!r}")
         if not isinstance(measure_steps, int) or measure_steps < 1:
@@ -165,6 +177,8 @@ class EmbeddingShardingPlanner:
         if self.objective == "time" and (self.topology.profile is not None or self.measure_top_k):
             result = self._choose_candidate(result, hbm_base, ddr_base, allowed, fill)
         self.last = result
+        if self.debug:
+            _LOG.info("%s", self.explain())
         return result.plan
 
     def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill) -> PlanningResult:

@@ -200,3 +200,17 @@ def test_reads_compete_with_the_ranks_share_of_all_tables_in_cache():
     assert PROFILE.read_ms_per_byte(share) > PROFILE.read_ms_per_byte(3200)
     read_alone, read_shared = 256 * PROFILE.read_ms_per_byte(3200), 256 * PROFILE.read_ms_per_byte(share)
     assert shared[1] - alone[1] == pytest.approx(1.5 * (read_shared - read_alone))
+
+
+def test_torchrec_planner_components_are_refused_and_debug_logs_the_explanation(caplog):
+    import logging
+
+    from rectoolkit.planner.planner import EmbeddingShardingPlanner
+
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4)
+    with pytest.raises(NotImplementedError, match=r"\['proposer', 'storage_reservation'\]"):
+        EmbeddingShardingPlanner(topo, storage_reservation=object(), proposer=object())
+    EmbeddingShardingPlanner(topo, storage_reservation=None)  # TorchRec's default: nothing replaced
+    with caplog.at_level(logging.INFO, logger="rectoolkit.planner"):
+        EmbeddingShardingPlanner(topo, debug=True).plan([TABLE])
+    assert "Estimated step:" in caplog.text
