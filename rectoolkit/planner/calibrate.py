@@ -159,7 +159,7 @@ def measure_reads(rank: int, world_size: int, repeats: int) -> Dict[str, object]
     copy_target = torch.empty_like(copy_source)
     copy_ms = fastest_ms(lambda: copy_target.copy_(copy_source), repeats)
     write_bytes_per_ms = 2.0 * copy_source.numel() * 4 / copy_ms  # read + write of a large copy
-    curve, alone, together = [], None, None
+    curve, alone, alone_middle, together = [], None, None, None
     with torch.no_grad():
         for table_bytes in READ_TABLE_BYTES:
             rows = table_bytes // (READ_DIM * 4)
@@ -169,14 +169,15 @@ def measure_reads(rank: int, world_size: int, repeats: int) -> Dict[str, object]
                 curve.append((float(table_bytes), 1.0 / per_byte))
                 alone = per_byte
             dist.barrier()
-            if table_bytes == READ_TABLE_BYTES[-1]:
+            if table_bytes == READ_TABLE_BYTES[2]:  # a typical shard's size: how well two ranks read at once
+                alone_middle = alone
                 together = _read_ms_per_byte(module, rows, rank, repeats, together=True)
             del module
     parallelism = float(world_size)
     if rank == 0 and world_size > 1:
-        parallelism = min(float(world_size), max(1.0, world_size * alone / together))
+        parallelism = min(float(world_size), max(1.0, world_size * alone_middle / together))
     middle_rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
-    batch = _lookup_batch(middle_rows, seed=rank)
+    batch = _lookup_batch(middle_rows, seed=rank, batch_size=4 * READ_BATCH)  # the backward's fixed part weighs less
     backward = {}
     for optimizer in OPTIMIZERS:
         module = _lookup_module(middle_rows, READ_DIM, optimizer)
@@ -248,6 +249,10 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
     batch = _lookup_batch(rows, seed=rank)
     kjt = KeyedJaggedTensor.from_lengths_sync(["f_a"], batch.values(), batch.lengths())
     step_ms["tw_full"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
+    # the same table row-wise: what bucketing ids by row block costs per id, beyond table-wise's routing
+    sharded = shard_embedding_bag_collection(
+        ebc, {"a": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)}, env)
+    step_ms["rw_full"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
     return step_ms
 
 
@@ -372,6 +377,18 @@ def id_term(step_ms: Dict[str, float], world_size: int, read_ms_per_byte: float,
     return max(step_ms["tw_full"] - step_ms["tw"] - rows_ms * (1.0 + backward_factor), 0.0) / ids
 
 
+def routing_id_term(step_ms: Dict[str, float], world_size: int) -> float:
+    """ms per id that row-block routing (row-wise, table-row-wise, grid) adds to table-wise routing: the full-batch
+    row-wise step less the table-wise one, less the difference of their tiny steps (their fixed parts).
+
+    >>> round(routing_id_term({"rw_full": 12.0, "tw_full": 8.0, "row_wise": 3.0, "tw": 2.0}, 2), 8)
+    0.00014648
+    """
+    ids = world_size * READ_BATCH * READ_POOLING
+    extra = (step_ms["rw_full"] - step_ms["tw_full"]) - (step_ms["row_wise"] - step_ms["tw"])
+    return max(extra, 0.0) / ids
+
+
 def _fit(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
          seconds: float) -> CalibrationProfile:
     reads = payload["reads"]
@@ -392,7 +409,7 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
         collectives=collectives,
         read_curve=curve,
         write_bytes_per_ms=round(reads["write_bytes_per_ms"], 1), step_ms=step, group_ms=group, shard_ms=shard,
-        id_ms=round(per_id, 8),
+        id_ms=round(per_id, 8), routing_id_ms=round(routing_id_term(payload["fixed"], world_size), 8),
         backward_factor=reads["backward_factor"], memory_parallelism=round(reads["memory_parallelism"], 3),
         machine=machine)
 

@@ -206,7 +206,7 @@ class CostModel:
         if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
             backward += 3 * rows * cols * VALUE_BYTES / write_bw
         if rows > 0:  # fixed per shard and the engine's work per id (measured for forward + backward together)
-            forward += self.profile.shard_ms + ids * self.profile.id_ms
+            forward += self.profile.shard_ms + ids * self.profile.id_cost_ms(sharding_type.value)
         return forward, backward
 
     # ---- closed forms for the search, batched over options ------------------------------------------------
@@ -349,7 +349,8 @@ class CostModel:
         lookup = (read_ms + output / write_bw) * (1 + self.backward_factor)
         lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / write_bw, 0.0)
         # fixed per shard, and the engine's work per id received
-        lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * self.profile.id_ms, 0.0)
+        id_ms = col([self.profile.id_cost_ms(o.sharding_type.value) for o in opts])
+        lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * id_ms, 0.0)
         return lookup, hbm, ddr
 
     def _state_floats(self, cols: int) -> int:

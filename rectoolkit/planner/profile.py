@@ -15,7 +15,8 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 - fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
   and its collectives' round trips), `shard_ms` once per shard a rank holds.
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
-  id (routing, id checks, offsets, gradient rows) beyond reading and writing rows.
+  id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every
+  id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block.
 - backward: the fused backward + optimizer update costs `backward_factor[optimizer]` x the forward lookup.
 - sharing: local ranks share a host's cores and memory; when they all read at once they get `memory_parallelism`
   times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing).
@@ -43,6 +44,7 @@ PROFILE_VERSION = 1
 COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
 BWD_COMPUTE_MULTIPLIER = 2.0  # TorchRec's backward / forward ratio, used where nothing was measured
 OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")  # EmbOptimType values
+ROW_ROUTED = ("row_wise", "table_row_wise", "grid_shard")  # groups that bucket ids by row block
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "grid_shard", "data_parallel")
 
 
@@ -68,6 +70,7 @@ class CalibrationProfile:
     group_ms: Dict[str, float] = field(default_factory=dict)
     shard_ms: float = 0.0
     id_ms: float = 0.0
+    routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
     backward_factor: Dict[str, float] = field(default_factory=dict)
     memory_parallelism: float = 1.0
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
@@ -107,6 +110,11 @@ class CalibrationProfile:
         x = np.log(np.maximum(np.asarray(working_set_bytes, dtype=float), 1.0))
         result = np.interp(x, sizes, per_byte)
         return float(result) if np.ndim(result) == 0 else result
+
+    def id_cost_ms(self, sharding_type: str) -> float:
+        """ms per id a shard of this sharding type receives, beyond its reads and writes (fwd + bwd)."""
+        routed = sharding_type in ROW_ROUTED
+        return self.id_ms + (self.routing_id_ms if routed else 0.0)
 
     def group_fixed_ms(self, sharding_type: str) -> float:
         return float(self.group_ms.get(sharding_type, 0.0))
@@ -182,6 +190,7 @@ class CalibrationProfile:
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
                  ("fixed per shard", f"{self.shard_ms:.3f} ms"),
                  ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
+                 ("row-block routing per id", f"{self.routing_id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))
                   or "0 ms"),
                  ("backward + update / forward", ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.backward_factor.items()))

@@ -214,3 +214,21 @@ def test_torchrec_planner_components_are_refused_and_debug_logs_the_explanation(
     with caplog.at_level(logging.INFO, logger="rectoolkit.planner"):
         EmbeddingShardingPlanner(topo, debug=True).plan([TABLE])
     assert "Estimated step:" in caplog.text
+
+
+def test_row_routed_groups_pay_the_routing_cost_per_id():
+    import dataclasses
+
+    profile = dataclasses.replace(PROFILE, routing_id_ms=0.02)
+    assert profile.id_cost_ms("table_wise") == 0.01 and profile.id_cost_ms("column_wise") == 0.01
+    for kind in ("row_wise", "table_row_wise", "grid_shard"):
+        assert profile.id_cost_ms(kind) == pytest.approx(0.03)
+    tables = collect_tables([TABLE], batch_size=4)
+    plain = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE), "sgd")
+    routed = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=profile), "sgd")
+    # a row-wise shard of 50 rows gets half of the 8 ids: 4 ids x 0.02 ms more; a table-wise shard nothing more
+    rw_plain = plain.shard_lookup_ms(tables[0], 50, 8, "row_wise", "fused", None)[0]
+    rw_routed = routed.shard_lookup_ms(tables[0], 50, 8, "row_wise", "fused", None)[0]
+    assert rw_routed - rw_plain == pytest.approx(4 * 0.02)
+    assert routed.shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None) == \
+        plain.shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None)
