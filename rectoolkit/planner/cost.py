@@ -8,10 +8,9 @@ model's non-embedding parameters) sit on every rank.
 
 Time comes from the topology's calibration profile (rectoolkit.planner.profile; without one, TorchRec's
 bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
-(per shard: a fixed cost + the engine's work per id + ids x dim x bytes at the read speed of a shard that size +
-outputs at the write speed;
-backward + fused update = the optimizer's measured factor x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at
-a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
+(per shard: a fixed cost + the engine's work per id + the profile's LookupTerms: per id, per row byte at the read
+speed of a shard that size, per output byte; the backward + fused update has its own LookupTerms per optimizer;
+UVM reads at hbm_to_ddr_mem_bw, cached ones at a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
 every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), the all-to-all speed
 within a host (the inter-host one across), the all-reduce speed for data-parallel gradients. The search uses closed
 forms of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
@@ -147,7 +146,8 @@ class CostModel:
         self.inter_bw = min(topology.inter_host_bw, self.intra_bw) if measured else topology.inter_host_bw
         scale = all_reduce.bytes_per_ms / all_to_all.bytes_per_ms  # all-reduce vs all-to-all speed, on any link
         self.allreduce_intra_bw, self.allreduce_inter_bw = self.intra_bw * scale, self.inter_bw * scale
-        self.backward_factor = self.profile.backward(self.optimizer.value)
+        self.forward_terms = self.profile.forward
+        self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
 
     # ---- one shard -------------------------------------------------------------------------------------
     def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
@@ -190,21 +190,20 @@ class CostModel:
         sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
         topo = self.topology
         ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
-        read_bytes = ids * cols * table.element_bytes
-        write_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
+        output_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
         local_per_byte = self.profile.read_ms_per_byte(max(rows * cols * table.element_bytes, self.rank_share_bytes))
         if kernel in (K.FUSED_UVM, K.QUANT_UVM):
-            read_ms = read_bytes / topo.hbm_to_ddr_mem_bw
+            per_byte = 1.0 / topo.hbm_to_ddr_mem_bw
         elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
             hit = _load_factor(cache_load_factor)
-            read_ms = read_bytes * (hit * local_per_byte + (1 - hit) / topo.hbm_to_ddr_mem_bw)
+            per_byte = hit * local_per_byte + (1 - hit) / topo.hbm_to_ddr_mem_bw
         else:
-            read_ms = read_bytes * local_per_byte
-        write_bw = self.profile.write_bytes_per_ms
-        forward = read_ms + write_bytes / write_bw
-        backward = forward * self.backward_factor
+            per_byte = local_per_byte
+        row_bytes = cols * table.element_bytes
+        forward = self.forward_terms.cost_ms(ids, row_bytes, per_byte, output_bytes)
+        backward = self.backward_terms.cost_ms(ids, row_bytes, per_byte, output_bytes)
         if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
-            backward += 3 * rows * cols * VALUE_BYTES / write_bw
+            backward += 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms
         if rows > 0:  # fixed per shard and the engine's work per id (measured for forward + backward together)
             forward += self.profile.shard_ms + ids * self.profile.id_cost_ms(sharding_type.value)
         return forward, backward
@@ -339,15 +338,14 @@ class CostModel:
             ddr = np.where(uvm | caching, stored, 0.0)
         else:
             hbm, ddr = np.zeros_like(stored), stored + buffers
-        read = ids * cols * element
         # cache-aware: by the shard's size, or the rank's share of all tables when that is larger
         local_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
-        read_ms = np.where(uvm, read / topo.hbm_to_ddr_mem_bw,
-                           np.where(caching, read * (clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw),
-                                    read * local_per_byte))
-        write_bw = self.profile.write_bytes_per_ms
-        lookup = (read_ms + output / write_bw) * (1 + self.backward_factor)
-        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / write_bw, 0.0)
+        per_byte = np.where(uvm, 1.0 / topo.hbm_to_ddr_mem_bw,
+                            np.where(caching, clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw, local_per_byte))
+        row_bytes = cols * element
+        lookup = (self.forward_terms.cost_ms(ids, row_bytes, per_byte, output)
+                  + self.backward_terms.cost_ms(ids, row_bytes, per_byte, output))
+        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         # fixed per shard, and the engine's work per id received
         id_ms = col([self.profile.id_cost_ms(o.sharding_type.value) for o in opts])
         lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * id_ms, 0.0)

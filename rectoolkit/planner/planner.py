@@ -294,8 +294,10 @@ def _shard_terms(result: PlanningResult, table_name: str) -> str:
     table = next(t for t in result.tables if table_name in (t.name, t.label))
     ps = result.plan.plan[table.module_path][table.name]
     model = result.cost_model
-    lines = [f"Time terms of its shards ({ps.sharding_type}, backward + update {model.backward_factor:.2f}x the "
-             f"forward, fixed {model.profile.shard_ms:.3f} ms per shard):"]
+    back = model.backward_terms
+    lines = [f"Time terms of its shards ({ps.sharding_type}, fixed {model.profile.shard_ms:.3f} ms per shard; backward + "
+             f"{model.optimizer.value} update: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
+             f"{back.output_ms_per_byte * 1e6:.3f} ns per output byte):"]
     for shard in ps.shards:
         rows, cols = shard.shard_sizes
         forward, backward = model.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel,
