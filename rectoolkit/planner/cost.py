@@ -148,6 +148,7 @@ class CostModel:
         self.allreduce_intra_bw, self.allreduce_inter_bw = self.intra_bw * scale, self.inter_bw * scale
         self.forward_terms = self.profile.forward
         self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
+        self._state_floats_by_cols: Dict[int, int] = {}
 
     # ---- one shard -------------------------------------------------------------------------------------
     def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
@@ -228,11 +229,10 @@ class CostModel:
         W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
         a, e = 1.0 / self.intra_bw, 1.0 / self.inter_bw
         opts = [o for o, _ in pairs]
-        terms = [_table_terms(t) for _, t in pairs]
         col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
-        samples = col([x.samples_per_rank for x in terms])
-        ids = col([x.ids_per_rank for x in terms])
-        id_bytes = col([x.id_bytes for x in terms])
+        samples = col([t.samples_per_rank for _, t in pairs])
+        ids = col([t.ids_per_rank for _, t in pairs])
+        id_bytes = col([t.id_bytes for _, t in pairs])
         pooled = col([t.pooled for _, t in pairs], bool)
         table_rows = col([t.rows for _, t in pairs], np.int64)
         dims = col([t.dim for _, t in pairs], np.int64)
@@ -302,7 +302,7 @@ class CostModel:
         time = comm_ms + lookup
         totals = 0.5 * (intra + inter).sum(axis=1)
         for i, option in enumerate(opts):
-            option.time_ms = time[i]
+            option.time_ms, option.fixed_vectors = time[i], None
             option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
             option.peak_bytes = float(hbm[i].max() + ddr[i].max())
             option.bytes_per_group = float(totals[i])
@@ -321,14 +321,13 @@ class CostModel:
         dense = col([k == K.DENSE for k in kernels], bool)
         clf = col([_load_factor(o.cache_load_factor) for o in opts])
         senders = col([1 if o.sharding_type == ShardingType.DATA_PARALLEL else topo.world_size for o in opts])
-        terms = [_table_terms(t) for _, t in pairs]
         table_rows = col([t.rows for _, t in pairs])
         element = col([t.element_bytes for _, t in pairs])
         pooled = col([t.pooled for _, t in pairs], bool)
-        id_bytes = col([x.id_bytes for x in terms])
+        id_bytes = col([t.id_bytes for _, t in pairs])
         state_floats = col([self._state_floats(int(c)) for c in np.asarray(cols).reshape(len(opts), -1)[:, 0]])
-        ids = senders * col([x.ids_per_rank for x in terms]) * rows / table_rows
-        samples = senders * col([x.samples_per_rank for x in terms])
+        ids = senders * col([t.ids_per_rank for _, t in pairs]) * rows / table_rows
+        samples = senders * col([t.samples_per_rank for _, t in pairs])
         weights = rows * cols * element
         stored = weights + 4.0 * rows * state_floats + np.where(dense, rows * cols * VALUE_BYTES, 0.0)
         output = VALUE_BYTES * cols * np.where(pooled, samples, ids)
@@ -352,10 +351,10 @@ class CostModel:
         return lookup, hbm, ddr
 
     def _state_floats(self, cols: int) -> int:
-        cache = self.__dict__.setdefault("_state_floats_cache", {})
-        if cols not in cache:
-            cache[cols] = optimizer_state_bytes(self.optimizer, 1, cols) // 4
-        return cache[cols]
+        """Optimizer state floats per row of a shard `cols` wide (memoized: the search asks per option)."""
+        if cols not in self._state_floats_by_cols:
+            self._state_floats_by_cols[cols] = optimizer_state_bytes(self.optimizer, 1, cols) // 4
+        return self._state_floats_by_cols[cols]
 
     # ---- whole plans ---------------------------------------------------------------------------------------
     def evaluate(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes: Optional[Sequence[int]] = None,
@@ -547,23 +546,3 @@ def _sub_configs(members) -> list:
 def _add(total: Dict[str, np.ndarray], part: Dict[str, np.ndarray]) -> None:
     for name, matrix in part.items():
         total[name] += matrix
-
-
-@dataclass
-class _TableTerms:
-    samples_per_rank: float  # sum over features of the batch size
-    ids_per_rank: float  # sum over features of batch size x pooling factor
-    id_bytes: int  # bytes per id on the wire (id + weight if weighted)
-
-
-def _table_terms(table: PlannerTable) -> _TableTerms:
-    terms = table.__dict__.get("_terms")
-    if terms is None:
-        terms = table.__dict__["_terms"] = _compute_table_terms(table)
-    return terms
-
-
-def _compute_table_terms(table: PlannerTable) -> _TableTerms:
-    return _TableTerms(float(sum(table.batch_sizes)),
-                       float(sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors))),
-                       ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0))

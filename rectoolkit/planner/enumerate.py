@@ -73,6 +73,7 @@ class ShardingOption:
     total_time_ms: float = 0.0  # sum over ranks of the option's time, placement independent
     least_time_ms: float = 0.0  # the least time it adds to every rank, wherever it is placed
     peak_bytes: float = 0.0  # the most HBM plus the most DDR it puts on one rank
+    fixed_vectors: object = None  # fixed kind: [3, W] time, HBM, DDR stacked (rectoolkit.planner.state.fixed_vectors)
 
     def __post_init__(self) -> None:
         # read often by the search: plain strings and ints hash faster than enum members
