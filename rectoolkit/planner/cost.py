@@ -35,6 +35,7 @@ rectoolkit.quant.sizes.shard_bytes (per-row scale/bias and row alignment) instea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -42,8 +43,7 @@ import numpy as np
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType, optimizer_state_bytes
 from rectoolkit.modules.configs import EmbeddingBagConfig, EmbeddingConfig
-from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, ID_BYTES, LENGTH_BYTES, VALUE_BYTES,
-                                     WEIGHT_BYTES,
+from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BYTES, VALUE_BYTES,
                                      expected_id_counter, step_traffic)
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
@@ -83,6 +83,21 @@ class PlanCost:
     @property
     def total_bytes(self) -> float:
         return float(sum(m.sum() - np.trace(m) for m in self.traffic.values()))
+
+
+@dataclass
+class ShardCosts:
+    """CostModel.shard_costs: bytes by memory part and where they live, and lookup ms, each an [N, k] array."""
+
+    weights: np.ndarray
+    optimizer: np.ndarray
+    gradients: np.ndarray
+    input_buffer: np.ndarray
+    output_buffer: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
 
 
 @dataclass
@@ -150,64 +165,66 @@ class CostModel:
         self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
         self._state_floats_by_cols: Dict[int, int] = {}
 
-    # ---- one shard -------------------------------------------------------------------------------------
-    def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
-        """(ids, samples) one shard receives per step: from every rank, or (DP) from its own batch."""
-        senders = 1 if data_parallel else self.topology.world_size
-        fraction = rows / table.rows
-        ids = senders * sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors)) * fraction
-        return ids, senders * float(sum(table.batch_sizes))
+    # ---- shards: one vectorized formula; the scalar calls are its 1 x 1 case -------------------------------------
+    def shard_costs(self, tables: Sequence[PlannerTable], sharding_types: Sequence, kernels: Sequence,
+                    cache_load_factors: Sequence[Optional[float]], rows: np.ndarray, cols: np.ndarray) -> "ShardCosts":
+        """Memory and lookup time of shards: entry i of the lists describes row i of `rows` and `cols` ([N, k]
+        arrays: k shards of the same table, sharding type and kernel). Memory of a shard on its rank: weights +
+        optimizer state (+ a dense gradient) + input buffer (lengths and ids it receives) + output buffer (rows it
+        produces); time: the profile's LookupTerms forward and backward, plus a fixed cost per shard and the
+        engine's work per id on the forward."""
+        topo = self.topology
+        rows, cols = np.asarray(rows, dtype=float), np.asarray(cols, dtype=float)
+        column = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
+        sharding_types = [ShardingType.parse(t) for t in sharding_types]
+        kernels = [K.parse(k) for k in kernels]
+        uvm = column([k in (K.FUSED_UVM, K.QUANT_UVM) for k in kernels], bool)
+        caching = column([k in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING) for k in kernels], bool)
+        dense = column([k == K.DENSE for k in kernels], bool)
+        hbm_fraction = column([_load_factor(f) for f in cache_load_factors])
+        # ids and samples a shard receives per step: from every rank, or (data-parallel) from its own batch
+        senders = column([1 if t == ShardingType.DATA_PARALLEL else topo.world_size for t in sharding_types])
+        table_rows = column([t.rows for t in tables])
+        element_bytes = column([t.element_bytes for t in tables])
+        ids = senders * column([t.ids_per_rank for t in tables]) * rows / table_rows
+        samples = senders * column([t.samples_per_rank for t in tables])
+        state_floats = column([self._state_floats(int(c)) for c in cols.reshape(len(tables), -1)[:, 0]])
+        weights = rows * cols * element_bytes
+        optimizer = 4.0 * rows * state_floats
+        gradients = np.where(dense, rows * cols * VALUE_BYTES, 0.0)
+        input_buffer = LENGTH_BYTES * samples + column([t.id_bytes for t in tables]) * ids
+        output_buffer = VALUE_BYTES * cols * np.where(column([t.pooled for t in tables], bool), samples, ids)
+        stored, buffers = weights + optimizer + gradients, input_buffer + output_buffer
+        if topo.uses_hbm:
+            hbm = np.where(uvm, buffers, np.where(caching, buffers + hbm_fraction * weights, stored + buffers))
+            ddr = np.where(uvm | caching, stored, 0.0)
+        else:
+            hbm, ddr = np.zeros_like(stored), stored + buffers
+        # cache-aware reads: at the speed of the shard's size, or of the rank's share of all tables when larger
+        local_ms_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
+        far_ms_per_byte = 1.0 / topo.hbm_to_ddr_mem_bw
+        read_ms_per_byte = np.where(uvm, far_ms_per_byte, np.where(
+            caching, hbm_fraction * local_ms_per_byte + (1 - hbm_fraction) * far_ms_per_byte, local_ms_per_byte))
+        row_bytes = cols * element_bytes
+        forward = self.forward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
+        backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
+        # a dense gradient: zeroed, accumulated and applied over the whole shard
+        backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
+        engine_id_ms = column([self.profile.id_cost_ms(t.value) for t in sharding_types])
+        forward = forward + np.where(rows > 0, self.profile.shard_ms + ids * engine_id_ms, 0.0)
+        return ShardCosts(weights, optimizer, gradients, input_buffer, output_buffer, hbm, ddr, forward, backward)
 
     def shard_memory(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
                      cache_load_factor: Optional[float]) -> Dict[str, float]:
         """Bytes by part for one shard on its rank, plus 'hbm' and 'ddr' totals."""
-        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
-        dp = sharding_type == ShardingType.DATA_PARALLEL
-        ids, samples = self._ids(table, rows, dp)
-        id_bytes = ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0)
-        weights = rows * cols * table.element_bytes
-        optimizer = float(optimizer_state_bytes(self.optimizer, rows, cols))
-        gradients = float(rows * cols * VALUE_BYTES) if kernel == K.DENSE else 0.0
-        input_buffer = LENGTH_BYTES * samples + id_bytes * ids
-        output_buffer = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        parts = dict(weights=weights, optimizer=optimizer, gradients=gradients,
-                     input_buffer=input_buffer, output_buffer=output_buffer)
-        stored = weights + optimizer + gradients
-        buffers = input_buffer + output_buffer
-        if not self.topology.uses_hbm:
-            hbm, ddr = 0.0, stored + buffers
-        elif kernel in (K.FUSED_UVM, K.QUANT_UVM):
-            hbm, ddr = buffers, stored
-        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
-            hbm, ddr = buffers + _load_factor(cache_load_factor) * weights, stored
-        else:
-            hbm, ddr = stored + buffers, 0.0
-        parts.update(hbm=hbm, ddr=ddr)
-        return parts
+        costs = self.shard_costs([table], [sharding_type], [kernel], [cache_load_factor], [[rows]], [[cols]])
+        return {part: float(getattr(costs, part)[0, 0]) for part in MEMORY_PARTS[:-1] + ("hbm", "ddr")}
 
     def shard_lookup_ms(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
                         cache_load_factor: Optional[float]) -> Tuple[float, float]:
         """(forward, backward) ms of one shard's lookup per step."""
-        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
-        topo = self.topology
-        ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
-        output_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        local_per_byte = self.profile.read_ms_per_byte(max(rows * cols * table.element_bytes, self.rank_share_bytes))
-        if kernel in (K.FUSED_UVM, K.QUANT_UVM):
-            per_byte = 1.0 / topo.hbm_to_ddr_mem_bw
-        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
-            hit = _load_factor(cache_load_factor)
-            per_byte = hit * local_per_byte + (1 - hit) / topo.hbm_to_ddr_mem_bw
-        else:
-            per_byte = local_per_byte
-        row_bytes = cols * table.element_bytes
-        forward = self.forward_terms.cost_ms(ids, row_bytes, per_byte, output_bytes)
-        backward = self.backward_terms.cost_ms(ids, row_bytes, per_byte, output_bytes)
-        if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
-            backward += 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms
-        if rows > 0:  # fixed per shard and the engine's work per id (measured for forward + backward together)
-            forward += self.profile.shard_ms + ids * self.profile.id_cost_ms(sharding_type.value)
-        return forward, backward
+        costs = self.shard_costs([table], [sharding_type], [kernel], [cache_load_factor], [[rows]], [[cols]])
+        return float(costs.forward_ms[0, 0]), float(costs.backward_ms[0, 0])
 
     # ---- closed forms for the search, batched over options ------------------------------------------------
     def fill_many(self, options: Sequence[ShardingOption], tables: Sequence[PlannerTable], chunk: int = 512) -> None:
@@ -310,45 +327,11 @@ class CostModel:
             option.least_time_ms = float(time[i].min())
 
     def _shard_costs(self, pairs, rows: np.ndarray, cols: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(lookup fwd+bwd ms, HBM bytes, DDR bytes) of shards with `rows` x `cols` ([N, k] arrays, one row
-        per option). The same formulas as shard_memory / shard_lookup_ms (tests hold them equal)."""
-        topo = self.topology
-        opts = [o for o, _ in pairs]
-        col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
-        kernels = [o.compute_kernel for o in opts]
-        uvm = col([k in (K.FUSED_UVM, K.QUANT_UVM) for k in kernels], bool)
-        caching = col([k in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING) for k in kernels], bool)
-        dense = col([k == K.DENSE for k in kernels], bool)
-        clf = col([_load_factor(o.cache_load_factor) for o in opts])
-        senders = col([1 if o.sharding_type == ShardingType.DATA_PARALLEL else topo.world_size for o in opts])
-        table_rows = col([t.rows for _, t in pairs])
-        element = col([t.element_bytes for _, t in pairs])
-        pooled = col([t.pooled for _, t in pairs], bool)
-        id_bytes = col([t.id_bytes for _, t in pairs])
-        state_floats = col([self._state_floats(int(c)) for c in np.asarray(cols).reshape(len(opts), -1)[:, 0]])
-        ids = senders * col([t.ids_per_rank for _, t in pairs]) * rows / table_rows
-        samples = senders * col([t.samples_per_rank for _, t in pairs])
-        weights = rows * cols * element
-        stored = weights + 4.0 * rows * state_floats + np.where(dense, rows * cols * VALUE_BYTES, 0.0)
-        output = VALUE_BYTES * cols * np.where(pooled, samples, ids)
-        buffers = LENGTH_BYTES * samples + id_bytes * ids + output
-        if topo.uses_hbm:
-            hbm = np.where(uvm, buffers, np.where(caching, buffers + clf * weights, stored + buffers))
-            ddr = np.where(uvm | caching, stored, 0.0)
-        else:
-            hbm, ddr = np.zeros_like(stored), stored + buffers
-        # cache-aware: by the shard's size, or the rank's share of all tables when that is larger
-        local_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
-        per_byte = np.where(uvm, 1.0 / topo.hbm_to_ddr_mem_bw,
-                            np.where(caching, clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw, local_per_byte))
-        row_bytes = cols * element
-        lookup = (self.forward_terms.cost_ms(ids, row_bytes, per_byte, output)
-                  + self.backward_terms.cost_ms(ids, row_bytes, per_byte, output))
-        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
-        # fixed per shard, and the engine's work per id received
-        id_ms = col([self.profile.id_cost_ms(o.sharding_type.value) for o in opts])
-        lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * id_ms, 0.0)
-        return lookup, hbm, ddr
+        """(lookup forward + backward ms, HBM bytes, DDR bytes) of the options' shards ([N, k] arrays)."""
+        options = [o for o, _ in pairs]
+        costs = self.shard_costs([t for _, t in pairs], [o.sharding_type for o in options],
+                                 [o.compute_kernel for o in options], [o.cache_load_factor for o in options], rows, cols)
+        return costs.forward_ms + costs.backward_ms, costs.hbm, costs.ddr
 
     def _state_floats(self, cols: int) -> int:
         """Optimizer state floats per row of a shard `cols` wide (memoized: the search asks per option)."""
@@ -368,26 +351,42 @@ class CostModel:
         memory["dense"] += self.dense_bytes_per_rank
         hbm = np.zeros(W) + (self.dense_bytes_per_rank if topo.uses_hbm else 0.0)
         ddr = np.zeros(W) + (0.0 if topo.uses_hbm else self.dense_bytes_per_rank)
+        ranks, costs = self._plan_shard_costs(list(plan.items()), tables)
+        for part in MEMORY_PARTS[:-1]:
+            np.add.at(memory[part], ranks, getattr(costs, part))
+        np.add.at(hbm, ranks, costs.hbm)
+        np.add.at(ddr, ranks, costs.ddr)
         fwd, bwd = np.zeros(W), np.zeros(W)
+        np.add.at(fwd, ranks, costs.forward_ms)
+        np.add.at(bwd, ranks, costs.backward_ms)
+        traffic = self.traffic(plan, tables, batch_sizes, count_ids)
+        step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
+                                               for path, kind in _groups(plan)])
+        return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
+
+    def _plan_shard_costs(self, entries, tables: Sequence[PlannerTable]) -> Tuple[np.ndarray, "ShardCosts"]:
+        """(rank of every shard, ShardCosts as [shards] arrays) for (module path, table name, ParameterSharding)
+        entries, in one vectorized call."""
         by_key = {t.key: t for t in tables}
-        for path, name, ps in plan.items():
+        columns: Dict[str, list] = {"tables": [], "types": [], "kernels": [], "factors": [], "rows": [], "cols": []}
+        ranks = []
+        for path, name, ps in entries:
             table = by_key.get((path, name))
             if table is None:
                 raise ValueError(f"plan has table {name!r} in module {path!r} that is not among the planner's tables")
             for shard in ps.shards:
                 rows, cols = shard.shard_sizes
-                parts = self.shard_memory(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
-                for part in MEMORY_PARTS[:-1]:
-                    memory[part][shard.rank] += parts[part]
-                hbm[shard.rank] += parts["hbm"]
-                ddr[shard.rank] += parts["ddr"]
-                f, b = self.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
-                fwd[shard.rank] += f
-                bwd[shard.rank] += b
-        traffic = self.traffic(plan, tables, batch_sizes, count_ids)
-        step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
-                                               for path, kind in _groups(plan)])
-        return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
+                for key, value in zip(columns, (table, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor,
+                                                [rows], [cols])):
+                    columns[key].append(value)
+                ranks.append(shard.rank)
+        if not ranks:
+            empty = np.zeros(0)
+            return np.zeros(0, dtype=int), ShardCosts(*([empty] * 9))
+        costs = self.shard_costs(columns["tables"], columns["types"], columns["kernels"], columns["factors"],
+                                 np.array(columns["rows"]), np.array(columns["cols"]))
+        flat = ShardCosts(*(getattr(costs, f.name)[:, 0] for f in dataclasses.fields(ShardCosts)))
+        return np.array(ranks, dtype=int), flat
 
     def comm_ms(self, traffic: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """collective -> ms per rank: every byte a rank sends or receives over a link, at that link's speed."""
@@ -404,15 +403,10 @@ class CostModel:
         """One group's share of the step (GroupTime): the slowest rank at each of its synchronizing phases."""
         W = self.topology.world_size
         module_plan = {name: ps for name, ps in plan.plan[path].items() if ps.sharding_type == sharding_type}
-        by_key = {t.key: t for t in tables}
+        ranks, costs = self._plan_shard_costs([(path, name, ps) for name, ps in module_plan.items()], tables)
         fwd, bwd = np.zeros(W), np.zeros(W)
-        for name, ps in module_plan.items():
-            for shard in ps.shards:
-                rows, cols = shard.shard_sizes
-                f, b = self.shard_lookup_ms(by_key[(path, name)], rows, cols, ps.sharding_type, ps.compute_kernel,
-                                            ps.cache_load_factor)
-                fwd[shard.rank] += f
-                bwd[shard.rank] += b
+        np.add.at(fwd, ranks, costs.forward_ms)
+        np.add.at(bwd, ranks, costs.backward_ms)
         comm = self.comm_ms(self.traffic(ShardingPlan({path: module_plan}), tables, batch_sizes, count_ids))
         comm_fwd = sum(comm[name] for name in FORWARD_COLLECTIVES)
         comm_bwd = sum(comm[name] for name in comm if name not in FORWARD_COLLECTIVES)
