@@ -244,7 +244,7 @@ class CostModel:
     def _fill_batch(self, kind: str, pairs) -> None:
         topo = self.topology
         W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
-        a, e = 1.0 / self.intra_bw, 1.0 / self.inter_bw
+        intra_ms, inter_ms = 1.0 / self.intra_bw, 1.0 / self.inter_bw  # ms per byte on a link
         opts = [o for o, _ in pairs]
         col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
         samples = col([t.samples_per_rank for _, t in pairs])
@@ -261,34 +261,34 @@ class CostModel:
             out = VALUE_BYTES * block * np.where(pooled, samples, ids)
             unit = lengths_bytes + id_bytes_full + 2 * out  # input + output + its gradient
             lookup, hbm, ddr = self._shard_costs(pairs, rows, block)
-            owner = (L - 1) * unit * a + (W - L) * unit * e + lookup
+            owner = (L - 1) * unit * intra_ms + (W - L) * unit * inter_ms + lookup
             for i, option in enumerate(opts):
-                u = float(unit[i, 0])
-                option.time_ms = (float(owner[i, 0]), u * a, u * e)
+                unit_bytes = float(unit[i, 0])
+                option.time_ms = (float(owner[i, 0]), unit_bytes * intra_ms, unit_bytes * inter_ms)
                 option.hbm_bytes, option.ddr_bytes = float(hbm[i, 0]), float(ddr[i, 0])
                 option.peak_bytes = option.hbm_bytes + option.ddr_bytes
-                option.bytes_per_group = (W - 1) * u
-                option.total_time_ms = option.num_groups * (option.time_ms[0] + (L - 1) * u * a + (W - L) * u * e)
-                option.least_time_ms = option.num_groups * min(option.time_ms[0], u * a if L > 1 else np.inf,
-                                                               u * e if H > 1 else np.inf)
+                option.bytes_per_group = (W - 1) * unit_bytes
+                option.total_time_ms = option.num_groups * (option.time_ms[0] + (L - 1) * unit_bytes * intra_ms + (W - L) * unit_bytes * inter_ms)
+                option.least_time_ms = option.num_groups * min(option.time_ms[0], unit_bytes * intra_ms if L > 1 else np.inf,
+                                                               unit_bytes * inter_ms if H > 1 else np.inf)
             return
         if kind == "host":
             sizes = _row_block_sizes(table_rows, L)  # [N, L]
             fractions = sizes / table_rows
-            m = lengths_bytes + id_bytes_full * fractions  # input message to each local shard
-            m_sum = m.sum(axis=1, keepdims=True)
-            intra = m * (L - 1) + (m_sum - m)
-            inter = m * (W - L)
-            outside = m_sum.copy()
-            q = VALUE_BYTES * block * samples  # pooled: two-level output
-            x = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
-            x_sum = x.sum(axis=1, keepdims=True)
-            intra = intra + np.where(pooled, 4 * (L - 1) * H * q, 2 * (x * (L - 1) + (x_sum - x)))
-            inter = inter + np.where(pooled, 2 * (H - 1) * q, 2 * x * (W - L))
-            outside = outside + np.where(pooled, 2 * q, 2 * x_sum)
+            to_shard = lengths_bytes + id_bytes_full * fractions  # input message to each local shard
+            to_shards = to_shard.sum(axis=1, keepdims=True)
+            intra = to_shard * (L - 1) + (to_shards - to_shard)
+            inter = to_shard * (W - L)
+            outside = to_shards.copy()
+            pooled_out = VALUE_BYTES * block * samples  # pooled: two-level output
+            rows_out = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
+            rows_out_sum = rows_out.sum(axis=1, keepdims=True)
+            intra = intra + np.where(pooled, 4 * (L - 1) * H * pooled_out, 2 * (rows_out * (L - 1) + (rows_out_sum - rows_out)))
+            inter = inter + np.where(pooled, 2 * (H - 1) * pooled_out, 2 * rows_out * (W - L))
+            outside = outside + np.where(pooled, 2 * pooled_out, 2 * rows_out_sum)
             lookup, hbm, ddr = self._shard_costs(pairs, sizes, block)
-            inside = intra * a + inter * e + lookup
-            outside_ms = outside[:, 0] * e
+            inside = intra * intra_ms + inter * inter_ms + lookup
+            outside_ms = outside[:, 0] * inter_ms
             totals = 0.5 * ((intra + inter).sum(axis=1) + (W - L) * outside[:, 0])
             for i, option in enumerate(opts):
                 option.time_ms = (inside[i], float(outside_ms[i]))
@@ -305,8 +305,8 @@ class CostModel:
         fractions = sizes_rw / table_rows
         zeros = np.zeros_like(fractions)
         in_intra, in_inter = xy_link_bytes(zeros, lengths_bytes + id_bytes_full * fractions, L)
-        x = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
-        out_intra, out_inter = xy_link_bytes(x, zeros, L)
+        out_per_rank = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
+        out_intra, out_inter = xy_link_bytes(out_per_rank, zeros, L)
         values = table_rows * dims
         chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
         dp_intra, dp_inter = xy_link_bytes(chunks, chunks, L)
@@ -314,7 +314,7 @@ class CostModel:
         inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
         sizes = np.where(row_wise, sizes_rw, table_rows.astype(float))
         lookup, hbm, ddr = self._shard_costs(pairs, sizes, dims.astype(float))
-        comm_ms = np.where(row_wise, in_intra * a + in_inter * e + 2 * (out_intra * a + out_inter * e),
+        comm_ms = np.where(row_wise, in_intra * intra_ms + in_inter * inter_ms + 2 * (out_intra * intra_ms + out_inter * inter_ms),
                            dp_intra / self.allreduce_intra_bw + dp_inter / self.allreduce_inter_bw)
         time = comm_ms + lookup
         totals = 0.5 * (intra + inter).sum(axis=1)
