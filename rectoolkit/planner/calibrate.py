@@ -13,8 +13,10 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    + fused update at 16 MiB -> its terms for SGD, scaled for the other optimizers by their measured extra time; a
    16 MiB read on every rank at once -> how much local ranks share the memory bus; a large copy -> the write speed;
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
-   each sharding type beside a table-wise one) -> ms per step, per shard and per sharding-type group; and one
-   16 MiB table-wise table under a full batch -> the engine's work per id beyond what 2. prices.
+   each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
+   tables under a full batch, table-wise and replicated -> ms per shard and per data-parallel replica; a 16 MiB
+   table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
+   prices, row-block routing per id, and how well local ranks run at once.
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).
 
@@ -321,6 +323,20 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
             torch.ones(len(keys) * batch_size, dtype=torch.int32, device=_device()))
         # CPU time: the Python and kernel work of the groups; their collectives' latency is priced by alpha
         step_ms[name] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
+    # per shard under a full batch (one id per bag): one and four small tables, table-wise on rank 0 and replicated
+    for kind, label in (("table_wise", "tw"), ("data_parallel", "dp")):
+        for count in (1, 4):
+            names = [f"s{i}" for i in range(count)]
+            ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=READ_DIM,
+                                                             feature_names=[f"f_{t}"]) for t in names],
+                                         device=_device(), optimizer="sgd", lr=1e-6)
+            sharded = shard_embedding_bag_collection(
+                ebc, {t: _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for t in names}, env)
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                [f"f_{t}" for t in names], torch.arange(count * READ_BATCH, device=_device()) % rows,
+                torch.ones(count * READ_BATCH, dtype=torch.int32, device=_device()))
+            step_ms[f"{label}{count}_batch"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(),
+                                                                  repeats, clock=_clock())
     # the engine under real batches: a 16 MiB table at two pooling factors (their difference is per id), table-wise
     # on rank 0, then row-wise (row-block routing), then one such table on each rank (local ranks sharing a host)
     rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
@@ -492,6 +508,25 @@ def routing_id_term(step_ms: Dict[str, float], world_size: int, profile: Calibra
     return max((step_ms["rw_full"] - step_ms["rw_light"] - lookups) / extra_ids - profile.id_ms, 0.0)
 
 
+def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float]:
+    """(ms per table-wise shard, ms per data-parallel replica) under a full batch: four small tables against one,
+    per table, less what the lookup terms and the engine's per-id work price for its ids (a table-wise shard
+    receives every rank's bags, a replica its own rank's).
+
+    >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
+    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e12),), 1e6,
+    ...                        forward=LookupTerms(0.0, 1.0, 0.0), backward_terms={"sgd": LookupTerms(0.0, 0.0, 0.0)})
+    >>> shard_terms({"tw1_batch": 2.0, "tw4_batch": 5.0, "dp1_batch": 1.0, "dp4_batch": 7.0}, 2, p)
+    (1.0, 2.0)
+    """
+    result = []
+    for label, ids in (("tw", world_size * READ_BATCH), ("dp", READ_BATCH)):
+        per_table = (step_ms[f"{label}4_batch"] - step_ms[f"{label}1_batch"]) / 3.0
+        lookups = _engine_lookups_ms(profile, ids, ids) + ids * profile.id_ms
+        result.append(round(max(per_table - lookups, 0.0), 4))
+    return result[0], result[1]
+
+
 def parallelism_term(step_ms: Dict[str, float], world_size: int) -> float:
     """How many local ranks' lookups really run at once: the table-wise step with one 16 MiB table on rank 0 (its
     work L = the full step less the tiny one) against one such table on every rank. The model prices the latter
@@ -527,7 +562,9 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
         step_ms=step, group_ms=group, shard_ms=shard,
         memory_parallelism=round(parallelism_term(payload["fixed"], world_size), 3), machine=machine)
     profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8))
-    return dataclasses.replace(profile, routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8))
+    shard_ms, replica_ms = shard_terms(payload["fixed"], world_size, profile)
+    return dataclasses.replace(profile, routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8),
+                               shard_ms=shard_ms, replica_ms=replica_ms)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

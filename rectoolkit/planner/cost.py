@@ -211,7 +211,8 @@ class CostModel:
         # a dense gradient: zeroed, accumulated and applied over the whole shard
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         engine_id_ms = column([self.profile.id_cost_ms(t.value) for t in sharding_types])
-        forward = forward + np.where(rows > 0, self.profile.shard_ms + ids * engine_id_ms, 0.0)
+        shard_ms = column([self.profile.shard_fixed_ms(t.value) for t in sharding_types])
+        forward = forward + np.where(rows > 0, shard_ms + ids * engine_id_ms, 0.0)
         return ShardCosts(weights, optimizer, gradients, input_buffer, output_buffer, hbm, ddr, forward, backward)
 
     def shard_memory(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,

@@ -16,7 +16,8 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
   call's fixed part is left to `shard_ms`.
 - writes: `write_bytes_per_ms`, a large copy's speed (a dense kernel's passes over its whole shard).
 - fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
-  and its collectives' round trips), `shard_ms` once per shard a rank holds.
+  and its collectives' round trips), `shard_ms` once per shard a rank holds (`replica_ms` per data-parallel
+  replica: a lookup of its own batch and a whole-table update).
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
   id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every
   id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block.
@@ -94,6 +95,7 @@ class CalibrationProfile:
     step_ms: float = 0.0
     group_ms: Dict[str, float] = field(default_factory=dict)
     shard_ms: float = 0.0
+    replica_ms: float = 0.0  # per data-parallel replica, in place of shard_ms
     id_ms: float = 0.0
     routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
     memory_parallelism: float = 1.0
@@ -143,6 +145,10 @@ class CalibrationProfile:
         """ms per id a shard of this sharding type receives, beyond its reads and writes (fwd + bwd)."""
         routed = sharding_type in ROW_ROUTED
         return self.id_ms + (self.routing_id_ms if routed else 0.0)
+
+    def shard_fixed_ms(self, sharding_type: str) -> float:
+        """ms per shard of this sharding type a rank holds."""
+        return self.replica_ms if sharding_type == "data_parallel" else self.shard_ms
 
     def group_fixed_ms(self, sharding_type: str) -> float:
         return float(self.group_ms.get(sharding_type, 0.0))
@@ -223,7 +229,7 @@ class CalibrationProfile:
                  ("forward per id, per output byte", _terms_text(self.forward)),
                  ("large copy (write) speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
-                 ("fixed per shard", f"{self.shard_ms:.3f} ms"),
+                 ("fixed per shard, per data-parallel replica", f"{self.shard_ms:.3f} ms, {self.replica_ms:.3f} ms"),
                  ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
                  ("row-block routing per id", f"{self.routing_id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))

@@ -13,7 +13,8 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term
+from rectoolkit.planner.calibrate import (fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term,
+                                         shard_terms)
 from rectoolkit.planner.cost import CostModel, collective_calls
 from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.tables import collect_tables
@@ -123,6 +124,12 @@ def test_fits_by_hand():
     assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 17.0}, 2) == pytest.approx(20 / 15)
     assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 40.0}, 2) == 1.0
     assert monotone_curve([(3.0, 5.0), (1.0, 2.0), (2.0, 9.0)]) == [(1.0, 9.0), (2.0, 9.0), (3.0, 5.0)]
+    # per shard: 3 more tables cost 6 ms (2 each), less their lookups: a table-wise shard gets 1024 ids (and 1024
+    # bags of 256 B out), a replica its own 512
+    tw_lookup = 1024 * (per_id + 1e-4) + 1024 * 256 * 2e-6
+    dp_lookup = 512 * (per_id + 1e-4) + 512 * 256 * 2e-6
+    shard_batch, replica = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0}, 2, flat)
+    assert shard_batch == pytest.approx(2.0 - tw_lookup, abs=1e-4) and replica == pytest.approx(3.0 - dp_lookup, abs=1e-4)
     assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
     assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
 
@@ -173,6 +180,7 @@ def test_calibration_measures_every_term(tmp_path):
     assert speeds == sorted(speeds, reverse=True)  # no table reads slower than a larger one
     assert {"table_wise", "row_wise", "column_wise", "data_parallel"} <= set(profile.group_ms)
     assert 1.0 <= profile.memory_parallelism <= 2.0
+    assert profile.shard_ms >= 0 and profile.replica_ms >= 0 and profile.id_ms >= 0 and profile.routing_id_ms >= 0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
     assert topo.cores_per_host == os.cpu_count()
 
