@@ -47,7 +47,7 @@ from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BY
                                      expected_id_counter, step_traffic)
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
-from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, ShardingOption
+from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, HostTime, RankTime, ShardingOption
 from rectoolkit.planner.tables import PlannerTable, tables_by_module
 from rectoolkit.planner.topology import Topology
 
@@ -231,8 +231,8 @@ class CostModel:
     def fill_many(self, options: Sequence[ShardingOption], tables: Sequence[PlannerTable], chunk: int = 512) -> None:
         """Fill many options at once (numpy over options); tables[i] is the table of options[i].
 
-        Per group of an option: kind "rank" -> time_ms = (owner, host-mate, other-host) ms, hbm/ddr = owner
-        bytes; "host" -> time_ms = (inside[L], other-host), hbm/ddr = inside[L]; "fixed" -> [W] vectors.
+        Per group of an option: kind "rank" -> time_ms = RankTime(owner, host-mate, other-host ms), hbm/ddr = owner
+        bytes; "host" -> time_ms = HostTime(inside[L], other-host), hbm/ddr = inside[L]; "fixed" -> [W] vectors.
         """
         by_kind: Dict[str, list] = {}
         for option, table in zip(options, tables):
@@ -265,7 +265,7 @@ class CostModel:
             owner = (L - 1) * unit * intra_ms + (W - L) * unit * inter_ms + lookup
             for i, option in enumerate(opts):
                 unit_bytes = float(unit[i, 0])
-                option.time_ms = (float(owner[i, 0]), unit_bytes * intra_ms, unit_bytes * inter_ms)
+                option.time_ms = RankTime(float(owner[i, 0]), unit_bytes * intra_ms, unit_bytes * inter_ms)
                 option.hbm_bytes, option.ddr_bytes = float(hbm[i, 0]), float(ddr[i, 0])
                 option.peak_bytes = option.hbm_bytes + option.ddr_bytes
                 option.bytes_per_group = (W - 1) * unit_bytes
@@ -292,7 +292,7 @@ class CostModel:
             outside_ms = outside[:, 0] * inter_ms
             totals = 0.5 * ((intra + inter).sum(axis=1) + (W - L) * outside[:, 0])
             for i, option in enumerate(opts):
-                option.time_ms = (inside[i], float(outside_ms[i]))
+                option.time_ms = HostTime(inside[i], float(outside_ms[i]))
                 option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
                 option.peak_bytes = float(hbm[i].max() + ddr[i].max())
                 option.bytes_per_group = float(totals[i])
