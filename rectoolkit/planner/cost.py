@@ -418,12 +418,23 @@ class CostModel:
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
 
     def _phase_ms(self, compute_ms: np.ndarray) -> float:
-        """A compute phase between two collectives: its slowest rank, unless the ranks of a host share fewer cores
-        (or less memory bandwidth) than they need, then the host's total work over what runs at once."""
+        """A compute phase between two collectives, on the host that takes longest. Its L local ranks share cores
+        and memory: alone a rank runs at full speed, all at once they get `parallel` ranks' worth (the profile's
+        memory_parallelism, at most the cores). The busiest rank's time is then its own work plus a share of the
+        others' that grows as sharing does: max + (L / parallel - 1) / (L - 1) x (sum - max); no sharing gives the
+        slowest rank, full sharing the host's total work, and two equal ranks 2 x work / parallel.
+
+        >>> from rectoolkit.planner.profile import CalibrationProfile
+        >>> model = CostModel(Topology(world_size=2, compute_device="cpu"))
+        >>> model._phase_ms(np.array([3.0, 1.0]))  # no profile: two ranks share nothing
+        3.0
+        """
         L = self.topology.local_world_size
         parallel = min(float(L), self.profile.memory_parallelism, float(self.topology.cores_per_host or L))
-        per_host = compute_ms.reshape(-1, L).sum(axis=1) / parallel
-        return float(max(compute_ms.max(), per_host.max()))
+        per_host = compute_ms.reshape(-1, L)
+        busiest, total = per_host.max(axis=1), per_host.sum(axis=1)
+        share = (L / parallel - 1.0) / (L - 1) if L > 1 else 0.0
+        return float((busiest + share * (total - busiest)).max())
 
     def traffic(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes=None,
                 count_ids=None) -> Dict[str, np.ndarray]:
