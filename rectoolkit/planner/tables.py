@@ -86,6 +86,9 @@ def collect_tables(
 
     Pooling factor precedence: constraints.pooling_factors > stats > the DataFrame's pooling_factor > 1.0.
     """
+    if stats is not None and stats.batch_size and int(stats.batch_size) != int(batch_size):
+        raise ValueError(f"planner input: batch_size={batch_size} but stats.batch_size={stats.batch_size}; the planner "
+                         "plans for one batch size (rectoolkit.planner.planner.resolve_batch_size)")
     constraints = dict(constraints or {})
     found = _find_configs(source)
     tables: List[PlannerTable] = []
@@ -112,8 +115,7 @@ def collect_tables(
                 factors.append(float(pooling_factor))
             else:
                 factors.append(1.0)
-        default_batch = stats.batch_size if stats is not None and stats.batch_size else batch_size
-        batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(default_batch)] * num_features
+        batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(batch_size)] * num_features
         is_weighted = bool(weighted or (c is not None and c.is_weighted) or (stats is not None and stats.is_weighted))
         tables.append(PlannerTable(module_path, config, factors, batches, is_weighted, c))
     if not tables:
