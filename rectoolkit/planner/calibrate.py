@@ -7,13 +7,16 @@ on CPU, NCCL on CUDA), one torch thread per rank, and each term is fitted from t
 busy machine slows some repeats, rarely all, so the minimum moves little with load):
 
 1. collectives: all_to_all_single and all_reduce at five message sizes -> alpha (ms per call) and bytes/ms;
-2. reads: one table's pooled lookup (uniform ids) at four table sizes, from 256 KiB (in cache)
-   to 128 MiB (in memory) -> the read speed curve; the same on every rank at once -> how much local ranks share
-   the memory bus; a large copy -> the write speed;
-3. backward: the fused backward + update against the forward, per optimizer;
-4. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
-   each sharding type beside a table-wise one) -> ms per step, per shard and per sharding-type group; and one
-   16 MiB table-wise table under a full batch -> the engine's work per id beyond what 2. and 3. price.
+2. lookups: one table's pooled lookup (uniform ids) at four table sizes, from 256 KiB (in cache) to 128 MiB (in
+   memory), each at two row widths and two batch sizes -> the read speed curve (ms per row byte), the cost per id
+   and per output byte, every one a slope, so the call's fixed part is left out; the same timings of the backward
+   + fused update at 16 MiB -> its terms for SGD, scaled for the other optimizers by their measured extra time; a
+   16 MiB read on every rank at once -> how much local ranks share the memory bus; a large copy -> the write speed;
+3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
+   each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
+   tables under a full batch, table-wise and replicated -> ms per shard and per data-parallel replica; a 16 MiB
+   table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
+   prices, row-block routing per id, and how well local ranks run at once.
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).
 
@@ -25,6 +28,7 @@ From a script, call it under `if __name__ == "__main__":` (the workers are spawn
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import multiprocessing
 import os
@@ -36,16 +40,23 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from rectoolkit.planner.profile import SHARDING_TYPES, CalibrationProfile, default_profile_path, fit_alpha_beta
+from rectoolkit.plan.types import ParameterSharding, ShardMetadata
+from rectoolkit.planner.profile import (SHARDING_TYPES, CalibrationProfile, LookupTerms, default_profile_path,
+                                        fit_alpha_beta)
 
 A2A_PEER_BYTES = (64, 4 << 10, 64 << 10, 512 << 10, 2 << 20)  # bytes to each peer
 ALLREDUCE_BYTES = (256, 16 << 10, 256 << 10, 2 << 20, 8 << 20)
 READ_TABLE_BYTES = (256 << 10, 2 << 20, 16 << 20, 128 << 20)
 READ_DIM = 64
-READ_BATCH, READ_POOLING = 512, 20
+READ_BATCH, READ_POOLING = 512, 20  # the engine's full batch and the memory-sharing read
+LIGHT_POOLING = 2  # the engine's light batch: the full one less this is the per-id slope
+LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
+LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
+MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
 OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")
 ZIPF_ALPHA = 0.0  # uniform ids: a shard's working set is all of it (skewed ids would make big tables look cached)
 
@@ -132,13 +143,13 @@ def _lookup_module(rows: int, dim: int, optimizer: Optional[str]):
     return EmbeddingBagCollection([config], device=_device(), optimizer=optimizer, lr=1e-6)
 
 
-def _lookup_batch(rows: int, seed: int, batch_size: int = READ_BATCH):
+def _lookup_batch(rows: int, seed: int, batch_size: int = READ_BATCH, pooling: int = READ_POOLING):
     from rectoolkit.sparse import KeyedJaggedTensor
     from rectoolkit.train.data import zipf_ids
 
     generator = torch.Generator().manual_seed(seed)
-    ids = zipf_ids(batch_size * READ_POOLING, rows, ZIPF_ALPHA, generator)
-    lengths = torch.full((batch_size,), READ_POOLING, dtype=torch.int32)
+    ids = zipf_ids(batch_size * pooling, rows, ZIPF_ALPHA, generator)
+    lengths = torch.full((batch_size,), pooling, dtype=torch.int32)
     return KeyedJaggedTensor.from_lengths_sync(["f"], ids.to(_device()), lengths.to(_device()))
 
 
@@ -153,40 +164,113 @@ def _read_ms_per_byte(module, rows: int, rank: int, repeats: int, together: bool
     return ms / (batch.values().numel() * READ_DIM * 4)
 
 
-def measure_reads(rank: int, world_size: int, repeats: int) -> Dict[str, object]:
-    """Read speed by table size (one rank alone), all ranks at once, the write speed and backward factors."""
-    copy_source = torch.ones(16 << 20 >> 2, device=_device())
-    copy_target = torch.empty_like(copy_source)
-    copy_ms = fastest_ms(lambda: copy_target.copy_(copy_source), repeats)
-    write_bytes_per_ms = 2.0 * copy_source.numel() * 4 / copy_ms  # read + write of a large copy
-    curve, alone, alone_middle, together = [], None, None, None
-    with torch.no_grad():
+def _slopes(times: Dict[Tuple[int, int], float], read_ms_per_byte: Optional[float] = None) -> Tuple[float, float, float]:
+    """(ms per id, ms per row byte, ms per output byte) from one pass timed at LOOKUP_DIMS x (small, large) batches
+    of LOOKUP_SAMPLES bags: each difference of two batches leaves the call's fixed part out. With
+    `read_ms_per_byte` (the backward), the per-row-byte slope is returned as a multiple of it (read_factor).
+
+    >>> t = {(16, 1): 1.0 + 1024 * (1e-5 + 64e-6) + 1024 * 64 * 1e-7, (16, 32): 1.0 + 32768 * (1e-5 + 64e-6) + 1024 * 64 * 1e-7,
+    ...      (128, 1): 1.0 + 1024 * (1e-5 + 512e-6) + 1024 * 512 * 1e-7, (128, 32): 1.0 + 32768 * (1e-5 + 512e-6) + 1024 * 512 * 1e-7}
+    >>> [round(x, 9) for x in _slopes(t)]
+    [1e-05, 1e-06, 1e-07]
+    """
+    small, large = LOOKUP_IDS_PER_BAG
+    extra_ids = (large - small) * LOOKUP_SAMPLES
+    low, high = LOOKUP_DIMS
+    per_id = {d: (times[(d, large)] - times[(d, small)]) / extra_ids for d in LOOKUP_DIMS}
+    extra_row_bytes = 4.0 * (high - low)
+    per_byte = max((per_id[high] - per_id[low]) / extra_row_bytes, 0.0)
+    id_ms = max(per_id[low] - 4.0 * low * per_byte, 0.0)
+    small_ids = small * LOOKUP_SAMPLES
+    output_ms = (times[(high, small)] - times[(low, small)] - small_ids * extra_row_bytes * per_byte)
+    output_ms_per_byte = max(output_ms / (LOOKUP_SAMPLES * extra_row_bytes), 0.0)
+    if read_ms_per_byte is not None:
+        return id_ms, per_byte / read_ms_per_byte, output_ms_per_byte
+    return id_ms, per_byte, output_ms_per_byte
+
+
+def monotone_curve(curve: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """The read curve with no table reading slower than a larger one (a small table's slope is the noisiest: its
+    reads cost least), from the largest size down.
+
+    >>> monotone_curve([(1.0, 50.0), (2.0, 80.0), (3.0, 20.0)])
+    [(1.0, 80.0), (2.0, 80.0), (3.0, 20.0)]
+    """
+    points, fastest = [], 0.0
+    for size, bytes_per_ms in sorted(curve, reverse=True):
+        fastest = max(fastest, bytes_per_ms)
+        points.append((size, fastest))
+    return sorted(points)
+
+
+def _pass_times(table_bytes: int, optimizer: Optional[str], repeats: int) -> Dict[Tuple[int, int], float]:
+    """Fastest forward (optimizer None) or backward + update time of one table of `table_bytes` at each
+    (dim, ids per bag) of LOOKUP_DIMS x LOOKUP_IDS_PER_BAG; the backward is (forward + backward) - forward."""
+    times = {}
+    for dim in LOOKUP_DIMS:
+        rows = table_bytes // (dim * 4)
+        module = _lookup_module(rows, dim, optimizer)
+        for per_bag in LOOKUP_IDS_PER_BAG:
+            batch = _lookup_batch(rows, seed=per_bag, batch_size=LOOKUP_SAMPLES, pooling=per_bag)
+            with torch.no_grad():
+                forward_ms = fastest_ms(lambda: module(batch), repeats)
+            if optimizer is None:
+                times[(dim, per_bag)] = forward_ms
+            else:
+                both_ms = fastest_ms(lambda: module(batch).values().sum().backward(), repeats)
+                times[(dim, per_bag)] = both_ms - forward_ms
+    return times
+
+
+def measure_lookups(rank: int, world_size: int, repeats: int) -> Dict[str, object]:
+    """Rank 0 alone: the forward's read speed by table size, its per-id and per-output-byte costs, and the backward
+    + update's terms per optimizer; then every rank at once (how well local ranks read together) and a large copy."""
+    result: Dict[str, object] = {}
+    if rank == 0:
+        curve, id_costs, output_costs = [], [], []
         for table_bytes in READ_TABLE_BYTES:
-            rows = table_bytes // (READ_DIM * 4)
-            module = _lookup_module(rows, READ_DIM, None)
-            if rank == 0:
-                per_byte = _read_ms_per_byte(module, rows, rank, repeats)
-                curve.append((float(table_bytes), 1.0 / per_byte))
-                alone = per_byte
-            dist.barrier()
-            if table_bytes == READ_TABLE_BYTES[2]:  # a typical shard's size: how well two ranks read at once
-                alone_middle = alone
-                together = _read_ms_per_byte(module, rows, rank, repeats, together=True)
-            del module
-    parallelism = float(world_size)
-    if rank == 0 and world_size > 1:
-        parallelism = min(float(world_size), max(1.0, world_size * alone_middle / together))
-    middle_rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
-    batch = _lookup_batch(middle_rows, seed=rank, batch_size=4 * READ_BATCH)  # the backward's fixed part weighs less
-    backward = {}
-    for optimizer in OPTIMIZERS:
-        module = _lookup_module(middle_rows, READ_DIM, optimizer)
-        with torch.no_grad():
-            forward_ms = fastest_ms(lambda: module(batch), repeats)
-        both_ms = fastest_ms(lambda: module(batch).values().sum().backward(), repeats)
-        backward[optimizer] = round(max(both_ms - forward_ms, 0.0) / max(forward_ms, 1e-6), 3)
-    return dict(write_bytes_per_ms=write_bytes_per_ms, read_curve=curve,
-                memory_parallelism=parallelism, backward_factor=backward)
+            id_ms, per_byte, output_ms = _slopes(_pass_times(table_bytes, None, repeats))
+            curve.append((float(table_bytes), 1.0 / max(per_byte, MIN_MS_PER_BYTE)))
+            id_costs.append(id_ms)
+            output_costs.append(output_ms)
+        curve = monotone_curve(curve)
+        middle_per_byte = 1.0 / dict(curve)[float(READ_TABLE_BYTES[2])]
+        sgd = _slopes(_pass_times(READ_TABLE_BYTES[2], "sgd", repeats), middle_per_byte)
+        backward = {"sgd": sgd}
+        small, large = LOOKUP_IDS_PER_BAG
+        for optimizer in OPTIMIZERS[1:]:  # the same shape as SGD's, scaled by the large batch's extra time
+            dim = LOOKUP_DIMS[1]
+            rows = READ_TABLE_BYTES[2] // (dim * 4)
+            module = _lookup_module(rows, dim, optimizer)
+            extra = []
+            for per_bag in (small, large):
+                batch = _lookup_batch(rows, seed=per_bag, batch_size=LOOKUP_SAMPLES, pooling=per_bag)
+                with torch.no_grad():
+                    forward_ms = fastest_ms(lambda: module(batch), repeats)
+                extra.append(fastest_ms(lambda: module(batch).values().sum().backward(), repeats) - forward_ms)
+            sgd_extra = (large - small) * LOOKUP_SAMPLES * (sgd[0] + 4.0 * dim * sgd[1] * middle_per_byte)
+            scale = max(extra[1] - extra[0], 0.0) / max(sgd_extra, 1e-9)
+            backward[optimizer] = tuple(x * scale for x in sgd)
+        result.update(read_curve=curve, forward=(float(np.median(id_costs)), 1.0, float(np.median(output_costs))),
+                      backward=backward)
+    dist.barrier()
+    # a typical shard's size read on every rank at once against one rank alone: how much local ranks share
+    rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    module = _lookup_module(rows, READ_DIM, None)
+    with torch.no_grad():
+        alone = _read_ms_per_byte(module, rows, rank, repeats) if rank == 0 else None
+        dist.barrier()
+        together = _read_ms_per_byte(module, rows, rank, repeats, together=True)
+    if rank == 0:
+        parallelism = float(world_size)
+        if world_size > 1:
+            parallelism = min(float(world_size), max(1.0, world_size * alone / together))
+        copy_source = torch.ones(16 << 20 >> 2, device=_device())
+        copy_target = torch.empty_like(copy_source)
+        copy_ms = fastest_ms(lambda: copy_target.copy_(copy_source), repeats)
+        result.update(memory_parallelism=parallelism,
+                      write_bytes_per_ms=2.0 * copy_source.numel() * 4 / copy_ms)  # read + write of a large copy
+    return result
 
 
 def _fixed_cost_plans(world_size: int) -> Dict[str, dict]:
@@ -202,8 +286,6 @@ def _fixed_cost_plans(world_size: int) -> Dict[str, dict]:
 
 
 def _tiny_parameter_sharding(kind: str, rows: int, dim: int, world_size: int):
-    from rectoolkit.plan.types import ParameterSharding, ShardMetadata
-
     ranks = list(range(world_size))
     if kind == "table_wise":
         return ParameterSharding(kind, ranks=[0], shards=[ShardMetadata.on_rank(0, 0, 0, rows, dim)])
@@ -241,18 +323,42 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
             torch.ones(len(keys) * batch_size, dtype=torch.int32, device=_device()))
         # CPU time: the Python and kernel work of the groups; their collectives' latency is priced by alpha
         step_ms[name] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
-    # the engine under a real batch: one 16 MiB table-wise table on rank 0, READ_BATCH x READ_POOLING ids per rank
+    # per shard under a full batch (one id per bag): one and four small tables, table-wise on rank 0 and replicated
+    for kind, label in (("table_wise", "tw"), ("data_parallel", "dp")):
+        for count in (1, 4):
+            names = [f"s{i}" for i in range(count)]
+            ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=READ_DIM,
+                                                             feature_names=[f"f_{t}"]) for t in names],
+                                         device=_device(), optimizer="sgd", lr=1e-6)
+            sharded = shard_embedding_bag_collection(
+                ebc, {t: _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for t in names}, env)
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                [f"f_{t}" for t in names], torch.arange(count * READ_BATCH, device=_device()) % rows,
+                torch.ones(count * READ_BATCH, dtype=torch.int32, device=_device()))
+            step_ms[f"{label}{count}_batch"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(),
+                                                                  repeats, clock=_clock())
+    # the engine under real batches: a 16 MiB table at two pooling factors (their difference is per id), table-wise
+    # on rank 0, then row-wise (row-block routing), then one such table on each rank (local ranks sharing a host)
     rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="a", num_embeddings=rows, embedding_dim=READ_DIM,
-                                                     feature_names=["f_a"])], device=_device(), optimizer="sgd", lr=1e-6)
-    sharded = shard_embedding_bag_collection(ebc, {"a": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)}, env)
-    batch = _lookup_batch(rows, seed=rank)
-    kjt = KeyedJaggedTensor.from_lengths_sync(["f_a"], batch.values(), batch.lengths())
-    step_ms["tw_full"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
-    # the same table row-wise: what bucketing ids by row block costs per id, beyond table-wise's routing
-    sharded = shard_embedding_bag_collection(
-        ebc, {"a": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)}, env)
-    step_ms["rw_full"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
+    each = {f"t{r}": ParameterSharding("table_wise", ranks=[r], shards=[ShardMetadata.on_rank(r, 0, 0, rows, READ_DIM)])
+            for r in range(env.world_size)}
+    plans = {"tw": {"t0": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)},
+             "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)},
+             "tw_each": each}
+    for name, plan in plans.items():
+        ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=READ_DIM,
+                                                         feature_names=[f"f_{t}"]) for t in plan],
+                                     device=_device(), optimizer="sgd", lr=1e-6)
+        sharded = shard_embedding_bag_collection(ebc, plan, env)
+        for label, pooling in (("full", READ_POOLING), ("light", LIGHT_POOLING)):
+            if name == "tw_each" and label == "light":
+                continue
+            batch = _lookup_batch(rows, seed=rank, pooling=pooling)
+            keys = [f"f_{t}" for t in plan]
+            kjt = KeyedJaggedTensor.from_lengths_sync(keys, batch.values().repeat(len(keys)),
+                                                      batch.lengths().repeat(len(keys)))
+            step_ms[f"{name}_{label}"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats,
+                                                            clock=_clock())
     return step_ms
 
 
@@ -286,7 +392,7 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, repeats: i
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=120))
         collectives = measure_collectives(world_size, repeats)
-        reads = measure_reads(rank, world_size, repeats)
+        reads = measure_lookups(rank, world_size, repeats)
         fixed = measure_fixed_costs(rank, world_size, repeats)
         if rank == 0:
             results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed)))
@@ -363,30 +469,77 @@ def _wait_for_result(procs, results, timeout_s: float):
                            "hung); retry with quick=True or a larger timeout_s")
 
 
-def id_term(step_ms: Dict[str, float], world_size: int, read_ms_per_byte: float, write_bytes_per_ms: float,
-            backward_factor: float) -> float:
-    """ms per id a shard receives (forward + backward) that reads, writes and the backward factor leave out: the
-    16 MiB table-wise step less the tiny one, less what the read and write terms price for its rows.
+def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float) -> float:
+    """What `profile`'s lookup terms (forward + SGD backward) price for `ids` into the 16 MiB table."""
+    row_bytes = READ_DIM * 4
+    per_byte = profile.read_ms_per_byte(float(READ_TABLE_BYTES[2]))
+    return sum(terms.cost_ms(ids, row_bytes, per_byte, samples * row_bytes)
+               for terms in (profile.forward, profile.backward("sgd")))
 
-    >>> round(id_term({"tw_full": 20.0, "tw": 2.0}, 2, read_ms_per_byte=1e-6, write_bytes_per_ms=1e6,
-    ...               backward_factor=1.0), 7)
-    0.0003413
+
+def id_term(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> float:
+    """ms per id a shard receives (forward + backward) that the lookup terms leave out: the table-wise 16 MiB
+    table's step at two pooling factors, whose difference less what the lookup terms price for the extra ids is the
+    engine's own work per id (routing, checks, offsets, gradient rows).
+
+    >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
+    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6,
+    ...                        forward=LookupTerms(0.0, 1.0, 0.0), backward_terms={"sgd": LookupTerms(0.0, 1.0, 0.0)})
+    >>> round(id_term({"tw_full": 20.0, "tw_light": 2.0}, 2, p), 7)
+    0.0009761
     """
-    ids = world_size * READ_BATCH * READ_POOLING
-    rows_ms = ids * READ_DIM * 4 * read_ms_per_byte + world_size * READ_BATCH * READ_DIM * 4 / write_bytes_per_ms
-    return max(step_ms["tw_full"] - step_ms["tw"] - rows_ms * (1.0 + backward_factor), 0.0) / ids
+    extra_ids = world_size * READ_BATCH * (READ_POOLING - LIGHT_POOLING)
+    lookups = _engine_lookups_ms(profile, extra_ids, 0.0)
+    return max(step_ms["tw_full"] - step_ms["tw_light"] - lookups, 0.0) / extra_ids
 
 
-def routing_id_term(step_ms: Dict[str, float], world_size: int) -> float:
-    """ms per id that row-block routing (row-wise, table-row-wise, grid) adds to table-wise routing: the full-batch
-    row-wise step less the table-wise one, less the difference of their tiny steps (their fixed parts).
+def routing_id_term(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> float:
+    """ms per id that row-block routing (row-wise, table-row-wise, grid) adds per id a shard receives: the same
+    difference row-wise, where each of the ranks receives 1/world_size of the extra ids and looks them up, less
+    that rank's lookups and the engine's per-id work.
 
-    >>> round(routing_id_term({"rw_full": 12.0, "tw_full": 8.0, "row_wise": 3.0, "tw": 2.0}, 2), 8)
-    0.00014648
+    >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
+    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6)
+    >>> round(routing_id_term({"rw_full": 12.0, "rw_light": 2.0}, 2, p), 8)
+    0.0010843
     """
-    ids = world_size * READ_BATCH * READ_POOLING
-    extra = (step_ms["rw_full"] - step_ms["tw_full"]) - (step_ms["row_wise"] - step_ms["tw"])
-    return max(extra, 0.0) / ids
+    extra_ids = world_size * READ_BATCH * (READ_POOLING - LIGHT_POOLING) / world_size  # per rank
+    lookups = _engine_lookups_ms(profile, extra_ids, 0.0)
+    return max((step_ms["rw_full"] - step_ms["rw_light"] - lookups) / extra_ids - profile.id_ms, 0.0)
+
+
+def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float]:
+    """(ms per table-wise shard, ms per data-parallel replica) under a full batch: four small tables against one,
+    per table, less what the lookup terms and the engine's per-id work price for its ids (a table-wise shard
+    receives every rank's bags, a replica its own rank's).
+
+    >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
+    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e12),), 1e6,
+    ...                        forward=LookupTerms(0.0, 1.0, 0.0), backward_terms={"sgd": LookupTerms(0.0, 0.0, 0.0)})
+    >>> shard_terms({"tw1_batch": 2.0, "tw4_batch": 5.0, "dp1_batch": 1.0, "dp4_batch": 7.0}, 2, p)
+    (1.0, 2.0)
+    """
+    result = []
+    for label, ids in (("tw", world_size * READ_BATCH), ("dp", READ_BATCH)):
+        per_table = (step_ms[f"{label}4_batch"] - step_ms[f"{label}1_batch"]) / 3.0
+        lookups = _engine_lookups_ms(profile, ids, ids) + ids * profile.id_ms
+        result.append(round(max(per_table - lookups, 0.0), 4))
+    return result[0], result[1]
+
+
+def parallelism_term(step_ms: Dict[str, float], world_size: int) -> float:
+    """How many local ranks' lookups really run at once: the table-wise step with one 16 MiB table on rank 0 (its
+    work L = the full step less the tiny one) against one such table on every rank. The model prices the latter
+    as max(L, world_size x L / parallelism), so parallelism = world_size x L / (L + its extra time).
+
+    >>> parallelism_term({"tw_full": 12.0, "tw": 2.0, "tw_each_full": 12.0}, 2)
+    2.0
+    >>> parallelism_term({"tw_full": 12.0, "tw": 2.0, "tw_each_full": 22.0}, 2)
+    1.0
+    """
+    work = max(step_ms["tw_full"] - step_ms["tw"], 1e-9)
+    extra = max(step_ms["tw_each_full"] - step_ms["tw_full"], 0.0)
+    return min(float(world_size), max(1.0, world_size * work / (work + extra)))
 
 
 def _fit(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
@@ -395,9 +548,6 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
     collectives = {kind: fit_alpha_beta(samples) for kind, samples in payload["collectives"].items()}
     step, shard, group = fixed_terms(payload["fixed"], world_size)
     curve = tuple((size, round(bw, 1)) for size, bw in reads["read_curve"])
-    middle_read = 1.0 / dict(curve)[float(READ_TABLE_BYTES[2])]
-    per_id = id_term(payload["fixed"], world_size, middle_read, reads["write_bytes_per_ms"],
-                     reads["backward_factor"]["sgd"])
     machine = dict(host=platform.node(), processor=platform.processor() or platform.machine(), cores=os.cpu_count(),
                    torch=torch.__version__, device=compute_device, backend=backend, world_size=world_size,
                    threads_per_rank=threads, repeats=repeats, seconds=round(seconds, 1),
@@ -405,13 +555,16 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
-    return CalibrationProfile(
-        collectives=collectives,
-        read_curve=curve,
-        write_bytes_per_ms=round(reads["write_bytes_per_ms"], 1), step_ms=step, group_ms=group, shard_ms=shard,
-        id_ms=round(per_id, 8), routing_id_ms=round(routing_id_term(payload["fixed"], world_size), 8),
-        backward_factor=reads["backward_factor"], memory_parallelism=round(reads["memory_parallelism"], 3),
-        machine=machine)
+    terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731
+    profile = CalibrationProfile(
+        collectives=collectives, read_curve=curve, write_bytes_per_ms=round(reads["write_bytes_per_ms"], 1),
+        forward=terms(reads["forward"]), backward_terms={k: terms(v) for k, v in reads["backward"].items()},
+        step_ms=step, group_ms=group, shard_ms=shard,
+        memory_parallelism=round(parallelism_term(payload["fixed"], world_size), 3), machine=machine)
+    profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8))
+    shard_ms, replica_ms = shard_terms(payload["fixed"], world_size, profile)
+    return dataclasses.replace(profile, routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8),
+                               shard_ms=shard_ms, replica_ms=replica_ms)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -8,10 +8,9 @@ model's non-embedding parameters) sit on every rank.
 
 Time comes from the topology's calibration profile (rectoolkit.planner.profile; without one, TorchRec's
 bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
-(per shard: a fixed cost + the engine's work per id + ids x dim x bytes at the read speed of a shard that size +
-outputs at the write speed;
-backward + fused update = the optimizer's measured factor x forward; UVM reads at hbm_to_ddr_mem_bw, cached ones at
-a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
+(per shard: a fixed cost + the engine's work per id + the profile's LookupTerms: per id, per row byte at the read
+speed of a shard that size, per output byte; the backward + fused update has its own LookupTerms per optimizer;
+UVM reads at hbm_to_ddr_mem_bw, cached ones at a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
 every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), the all-to-all speed
 within a host (the inter-host one across), the all-reduce speed for data-parallel gradients. The search uses closed
 forms of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
@@ -36,6 +35,7 @@ rectoolkit.quant.sizes.shard_bytes (per-row scale/bias and row alignment) instea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -43,12 +43,11 @@ import numpy as np
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType, optimizer_state_bytes
 from rectoolkit.modules.configs import EmbeddingBagConfig, EmbeddingConfig
-from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, ID_BYTES, LENGTH_BYTES, VALUE_BYTES,
-                                     WEIGHT_BYTES,
+from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BYTES, VALUE_BYTES,
                                      expected_id_counter, step_traffic)
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
-from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, ShardingOption
+from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, HostTime, RankTime, ShardingOption
 from rectoolkit.planner.tables import PlannerTable, tables_by_module
 from rectoolkit.planner.topology import Topology
 
@@ -84,6 +83,21 @@ class PlanCost:
     @property
     def total_bytes(self) -> float:
         return float(sum(m.sum() - np.trace(m) for m in self.traffic.values()))
+
+
+@dataclass
+class ShardCosts:
+    """CostModel.shard_costs: bytes by memory part and where they live, and lookup ms, each an [N, k] array."""
+
+    weights: np.ndarray
+    optimizer: np.ndarray
+    gradients: np.ndarray
+    input_buffer: np.ndarray
+    output_buffer: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
 
 
 @dataclass
@@ -147,74 +161,78 @@ class CostModel:
         self.inter_bw = min(topology.inter_host_bw, self.intra_bw) if measured else topology.inter_host_bw
         scale = all_reduce.bytes_per_ms / all_to_all.bytes_per_ms  # all-reduce vs all-to-all speed, on any link
         self.allreduce_intra_bw, self.allreduce_inter_bw = self.intra_bw * scale, self.inter_bw * scale
-        self.backward_factor = self.profile.backward(self.optimizer.value)
+        self.forward_terms = self.profile.forward
+        self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
+        self._state_floats_by_cols: Dict[int, int] = {}
 
-    # ---- one shard -------------------------------------------------------------------------------------
-    def _ids(self, table: PlannerTable, rows: int, data_parallel: bool) -> Tuple[float, float]:
-        """(ids, samples) one shard receives per step: from every rank, or (DP) from its own batch."""
-        senders = 1 if data_parallel else self.topology.world_size
-        fraction = rows / table.rows
-        ids = senders * sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors)) * fraction
-        return ids, senders * float(sum(table.batch_sizes))
+    # ---- shards: one vectorized formula; the scalar calls are its 1 x 1 case -------------------------------------
+    def shard_costs(self, tables: Sequence[PlannerTable], sharding_types: Sequence, kernels: Sequence,
+                    cache_load_factors: Sequence[Optional[float]], rows: np.ndarray, cols: np.ndarray) -> "ShardCosts":
+        """Memory and lookup time of shards: entry i of the lists describes row i of `rows` and `cols` ([N, k]
+        arrays: k shards of the same table, sharding type and kernel). Memory of a shard on its rank: weights +
+        optimizer state (+ a dense gradient) + input buffer (lengths and ids it receives) + output buffer (rows it
+        produces); time: the profile's LookupTerms forward and backward, plus a fixed cost per shard and the
+        engine's work per id on the forward."""
+        topo = self.topology
+        rows, cols = np.asarray(rows, dtype=float), np.asarray(cols, dtype=float)
+        column = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
+        sharding_types = [ShardingType.parse(t) for t in sharding_types]
+        kernels = [K.parse(k) for k in kernels]
+        uvm = column([k in (K.FUSED_UVM, K.QUANT_UVM) for k in kernels], bool)
+        caching = column([k in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING) for k in kernels], bool)
+        dense = column([k == K.DENSE for k in kernels], bool)
+        hbm_fraction = column([_load_factor(f) for f in cache_load_factors])
+        # ids and samples a shard receives per step: from every rank, or (data-parallel) from its own batch
+        senders = column([1 if t == ShardingType.DATA_PARALLEL else topo.world_size for t in sharding_types])
+        table_rows = column([t.rows for t in tables])
+        element_bytes = column([t.element_bytes for t in tables])
+        ids = senders * column([t.ids_per_rank for t in tables]) * rows / table_rows
+        samples = senders * column([t.samples_per_rank for t in tables])
+        state_floats = column([self._state_floats(int(c)) for c in cols.reshape(len(tables), -1)[:, 0]])
+        weights = rows * cols * element_bytes
+        optimizer = 4.0 * rows * state_floats
+        gradients = np.where(dense, rows * cols * VALUE_BYTES, 0.0)
+        input_buffer = LENGTH_BYTES * samples + column([t.id_bytes for t in tables]) * ids
+        output_buffer = VALUE_BYTES * cols * np.where(column([t.pooled for t in tables], bool), samples, ids)
+        stored, buffers = weights + optimizer + gradients, input_buffer + output_buffer
+        if topo.uses_hbm:
+            hbm = np.where(uvm, buffers, np.where(caching, buffers + hbm_fraction * weights, stored + buffers))
+            ddr = np.where(uvm | caching, stored, 0.0)
+        else:
+            hbm, ddr = np.zeros_like(stored), stored + buffers
+        # cache-aware reads: at the speed of the shard's size, or of the rank's share of all tables when larger
+        local_ms_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
+        far_ms_per_byte = 1.0 / topo.hbm_to_ddr_mem_bw
+        read_ms_per_byte = np.where(uvm, far_ms_per_byte, np.where(
+            caching, hbm_fraction * local_ms_per_byte + (1 - hbm_fraction) * far_ms_per_byte, local_ms_per_byte))
+        row_bytes = cols * element_bytes
+        forward = self.forward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
+        backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
+        # a dense gradient: zeroed, accumulated and applied over the whole shard
+        backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
+        engine_id_ms = column([self.profile.id_cost_ms(t.value) for t in sharding_types])
+        shard_ms = column([self.profile.shard_fixed_ms(t.value) for t in sharding_types])
+        forward = forward + np.where(rows > 0, shard_ms + ids * engine_id_ms, 0.0)
+        return ShardCosts(weights, optimizer, gradients, input_buffer, output_buffer, hbm, ddr, forward, backward)
 
     def shard_memory(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
                      cache_load_factor: Optional[float]) -> Dict[str, float]:
         """Bytes by part for one shard on its rank, plus 'hbm' and 'ddr' totals."""
-        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
-        dp = sharding_type == ShardingType.DATA_PARALLEL
-        ids, samples = self._ids(table, rows, dp)
-        id_bytes = ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0)
-        weights = rows * cols * table.element_bytes
-        optimizer = float(optimizer_state_bytes(self.optimizer, rows, cols))
-        gradients = float(rows * cols * VALUE_BYTES) if kernel == K.DENSE else 0.0
-        input_buffer = LENGTH_BYTES * samples + id_bytes * ids
-        output_buffer = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        parts = dict(weights=weights, optimizer=optimizer, gradients=gradients,
-                     input_buffer=input_buffer, output_buffer=output_buffer)
-        stored = weights + optimizer + gradients
-        buffers = input_buffer + output_buffer
-        if not self.topology.uses_hbm:
-            hbm, ddr = 0.0, stored + buffers
-        elif kernel in (K.FUSED_UVM, K.QUANT_UVM):
-            hbm, ddr = buffers, stored
-        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
-            hbm, ddr = buffers + _load_factor(cache_load_factor) * weights, stored
-        else:
-            hbm, ddr = stored + buffers, 0.0
-        parts.update(hbm=hbm, ddr=ddr)
-        return parts
+        costs = self.shard_costs([table], [sharding_type], [kernel], [cache_load_factor], [[rows]], [[cols]])
+        return {part: float(getattr(costs, part)[0, 0]) for part in MEMORY_PARTS[:-1] + ("hbm", "ddr")}
 
     def shard_lookup_ms(self, table: PlannerTable, rows: int, cols: int, sharding_type, kernel,
                         cache_load_factor: Optional[float]) -> Tuple[float, float]:
         """(forward, backward) ms of one shard's lookup per step."""
-        sharding_type, kernel = ShardingType.parse(sharding_type), K.parse(kernel)
-        topo = self.topology
-        ids, samples = self._ids(table, rows, sharding_type == ShardingType.DATA_PARALLEL)
-        read_bytes = ids * cols * table.element_bytes
-        write_bytes = VALUE_BYTES * cols * (samples if table.pooled else ids)
-        local_per_byte = self.profile.read_ms_per_byte(max(rows * cols * table.element_bytes, self.rank_share_bytes))
-        if kernel in (K.FUSED_UVM, K.QUANT_UVM):
-            read_ms = read_bytes / topo.hbm_to_ddr_mem_bw
-        elif kernel in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING):
-            hit = _load_factor(cache_load_factor)
-            read_ms = read_bytes * (hit * local_per_byte + (1 - hit) / topo.hbm_to_ddr_mem_bw)
-        else:
-            read_ms = read_bytes * local_per_byte
-        write_bw = self.profile.write_bytes_per_ms
-        forward = read_ms + write_bytes / write_bw
-        backward = forward * self.backward_factor
-        if kernel == K.DENSE:  # dense gradient: zero, accumulate, apply over the whole shard
-            backward += 3 * rows * cols * VALUE_BYTES / write_bw
-        if rows > 0:  # fixed per shard and the engine's work per id (measured for forward + backward together)
-            forward += self.profile.shard_ms + ids * self.profile.id_cost_ms(sharding_type.value)
-        return forward, backward
+        costs = self.shard_costs([table], [sharding_type], [kernel], [cache_load_factor], [[rows]], [[cols]])
+        return float(costs.forward_ms[0, 0]), float(costs.backward_ms[0, 0])
 
     # ---- closed forms for the search, batched over options ------------------------------------------------
     def fill_many(self, options: Sequence[ShardingOption], tables: Sequence[PlannerTable], chunk: int = 512) -> None:
         """Fill many options at once (numpy over options); tables[i] is the table of options[i].
 
-        Per group of an option: kind "rank" -> time_ms = (owner, host-mate, other-host) ms, hbm/ddr = owner
-        bytes; "host" -> time_ms = (inside[L], other-host), hbm/ddr = inside[L]; "fixed" -> [W] vectors.
+        Per group of an option: kind "rank" -> time_ms = RankTime(owner, host-mate, other-host ms), hbm/ddr = owner
+        bytes; "host" -> time_ms = HostTime(inside[L], other-host), hbm/ddr = inside[L]; "fixed" -> [W] vectors.
         """
         by_kind: Dict[str, list] = {}
         for option, table in zip(options, tables):
@@ -227,13 +245,12 @@ class CostModel:
     def _fill_batch(self, kind: str, pairs) -> None:
         topo = self.topology
         W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
-        a, e = 1.0 / self.intra_bw, 1.0 / self.inter_bw
+        intra_ms, inter_ms = 1.0 / self.intra_bw, 1.0 / self.inter_bw  # ms per byte on a link
         opts = [o for o, _ in pairs]
-        terms = [_table_terms(t) for _, t in pairs]
         col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
-        samples = col([x.samples_per_rank for x in terms])
-        ids = col([x.ids_per_rank for x in terms])
-        id_bytes = col([x.id_bytes for x in terms])
+        samples = col([t.samples_per_rank for _, t in pairs])
+        ids = col([t.ids_per_rank for _, t in pairs])
+        id_bytes = col([t.id_bytes for _, t in pairs])
         pooled = col([t.pooled for _, t in pairs], bool)
         table_rows = col([t.rows for _, t in pairs], np.int64)
         dims = col([t.dim for _, t in pairs], np.int64)
@@ -245,37 +262,37 @@ class CostModel:
             out = VALUE_BYTES * block * np.where(pooled, samples, ids)
             unit = lengths_bytes + id_bytes_full + 2 * out  # input + output + its gradient
             lookup, hbm, ddr = self._shard_costs(pairs, rows, block)
-            owner = (L - 1) * unit * a + (W - L) * unit * e + lookup
+            owner = (L - 1) * unit * intra_ms + (W - L) * unit * inter_ms + lookup
             for i, option in enumerate(opts):
-                u = float(unit[i, 0])
-                option.time_ms = (float(owner[i, 0]), u * a, u * e)
+                unit_bytes = float(unit[i, 0])
+                option.time_ms = RankTime(float(owner[i, 0]), unit_bytes * intra_ms, unit_bytes * inter_ms)
                 option.hbm_bytes, option.ddr_bytes = float(hbm[i, 0]), float(ddr[i, 0])
                 option.peak_bytes = option.hbm_bytes + option.ddr_bytes
-                option.bytes_per_group = (W - 1) * u
-                option.total_time_ms = option.num_groups * (option.time_ms[0] + (L - 1) * u * a + (W - L) * u * e)
-                option.least_time_ms = option.num_groups * min(option.time_ms[0], u * a if L > 1 else np.inf,
-                                                               u * e if H > 1 else np.inf)
+                option.bytes_per_group = (W - 1) * unit_bytes
+                option.total_time_ms = option.num_groups * (option.time_ms[0] + (L - 1) * unit_bytes * intra_ms + (W - L) * unit_bytes * inter_ms)
+                option.least_time_ms = option.num_groups * min(option.time_ms[0], unit_bytes * intra_ms if L > 1 else np.inf,
+                                                               unit_bytes * inter_ms if H > 1 else np.inf)
             return
         if kind == "host":
             sizes = _row_block_sizes(table_rows, L)  # [N, L]
             fractions = sizes / table_rows
-            m = lengths_bytes + id_bytes_full * fractions  # input message to each local shard
-            m_sum = m.sum(axis=1, keepdims=True)
-            intra = m * (L - 1) + (m_sum - m)
-            inter = m * (W - L)
-            outside = m_sum.copy()
-            q = VALUE_BYTES * block * samples  # pooled: two-level output
-            x = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
-            x_sum = x.sum(axis=1, keepdims=True)
-            intra = intra + np.where(pooled, 4 * (L - 1) * H * q, 2 * (x * (L - 1) + (x_sum - x)))
-            inter = inter + np.where(pooled, 2 * (H - 1) * q, 2 * x * (W - L))
-            outside = outside + np.where(pooled, 2 * q, 2 * x_sum)
+            to_shard = lengths_bytes + id_bytes_full * fractions  # input message to each local shard
+            to_shards = to_shard.sum(axis=1, keepdims=True)
+            intra = to_shard * (L - 1) + (to_shards - to_shard)
+            inter = to_shard * (W - L)
+            outside = to_shards.copy()
+            pooled_out = VALUE_BYTES * block * samples  # pooled: two-level output
+            rows_out = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
+            rows_out_sum = rows_out.sum(axis=1, keepdims=True)
+            intra = intra + np.where(pooled, 4 * (L - 1) * H * pooled_out, 2 * (rows_out * (L - 1) + (rows_out_sum - rows_out)))
+            inter = inter + np.where(pooled, 2 * (H - 1) * pooled_out, 2 * rows_out * (W - L))
+            outside = outside + np.where(pooled, 2 * pooled_out, 2 * rows_out_sum)
             lookup, hbm, ddr = self._shard_costs(pairs, sizes, block)
-            inside = intra * a + inter * e + lookup
-            outside_ms = outside[:, 0] * e
+            inside = intra * intra_ms + inter * inter_ms + lookup
+            outside_ms = outside[:, 0] * inter_ms
             totals = 0.5 * ((intra + inter).sum(axis=1) + (W - L) * outside[:, 0])
             for i, option in enumerate(opts):
-                option.time_ms = (inside[i], float(outside_ms[i]))
+                option.time_ms = HostTime(inside[i], float(outside_ms[i]))
                 option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
                 option.peak_bytes = float(hbm[i].max() + ddr[i].max())
                 option.bytes_per_group = float(totals[i])
@@ -289,8 +306,8 @@ class CostModel:
         fractions = sizes_rw / table_rows
         zeros = np.zeros_like(fractions)
         in_intra, in_inter = xy_link_bytes(zeros, lengths_bytes + id_bytes_full * fractions, L)
-        x = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
-        out_intra, out_inter = xy_link_bytes(x, zeros, L)
+        out_per_rank = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
+        out_intra, out_inter = xy_link_bytes(out_per_rank, zeros, L)
         values = table_rows * dims
         chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
         dp_intra, dp_inter = xy_link_bytes(chunks, chunks, L)
@@ -298,12 +315,12 @@ class CostModel:
         inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
         sizes = np.where(row_wise, sizes_rw, table_rows.astype(float))
         lookup, hbm, ddr = self._shard_costs(pairs, sizes, dims.astype(float))
-        comm_ms = np.where(row_wise, in_intra * a + in_inter * e + 2 * (out_intra * a + out_inter * e),
+        comm_ms = np.where(row_wise, in_intra * intra_ms + in_inter * inter_ms + 2 * (out_intra * intra_ms + out_inter * inter_ms),
                            dp_intra / self.allreduce_intra_bw + dp_inter / self.allreduce_inter_bw)
         time = comm_ms + lookup
         totals = 0.5 * (intra + inter).sum(axis=1)
         for i, option in enumerate(opts):
-            option.time_ms = time[i]
+            option.time_ms, option.fixed_vectors = time[i], None
             option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
             option.peak_bytes = float(hbm[i].max() + ddr[i].max())
             option.bytes_per_group = float(totals[i])
@@ -311,53 +328,17 @@ class CostModel:
             option.least_time_ms = float(time[i].min())
 
     def _shard_costs(self, pairs, rows: np.ndarray, cols: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(lookup fwd+bwd ms, HBM bytes, DDR bytes) of shards with `rows` x `cols` ([N, k] arrays, one row
-        per option). The same formulas as shard_memory / shard_lookup_ms (tests hold them equal)."""
-        topo = self.topology
-        opts = [o for o, _ in pairs]
-        col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
-        kernels = [o.compute_kernel for o in opts]
-        uvm = col([k in (K.FUSED_UVM, K.QUANT_UVM) for k in kernels], bool)
-        caching = col([k in (K.FUSED_UVM_CACHING, K.QUANT_UVM_CACHING) for k in kernels], bool)
-        dense = col([k == K.DENSE for k in kernels], bool)
-        clf = col([_load_factor(o.cache_load_factor) for o in opts])
-        senders = col([1 if o.sharding_type == ShardingType.DATA_PARALLEL else topo.world_size for o in opts])
-        terms = [_table_terms(t) for _, t in pairs]
-        table_rows = col([t.rows for _, t in pairs])
-        element = col([t.element_bytes for _, t in pairs])
-        pooled = col([t.pooled for _, t in pairs], bool)
-        id_bytes = col([x.id_bytes for x in terms])
-        state_floats = col([self._state_floats(int(c)) for c in np.asarray(cols).reshape(len(opts), -1)[:, 0]])
-        ids = senders * col([x.ids_per_rank for x in terms]) * rows / table_rows
-        samples = senders * col([x.samples_per_rank for x in terms])
-        weights = rows * cols * element
-        stored = weights + 4.0 * rows * state_floats + np.where(dense, rows * cols * VALUE_BYTES, 0.0)
-        output = VALUE_BYTES * cols * np.where(pooled, samples, ids)
-        buffers = LENGTH_BYTES * samples + id_bytes * ids + output
-        if topo.uses_hbm:
-            hbm = np.where(uvm, buffers, np.where(caching, buffers + clf * weights, stored + buffers))
-            ddr = np.where(uvm | caching, stored, 0.0)
-        else:
-            hbm, ddr = np.zeros_like(stored), stored + buffers
-        read = ids * cols * element
-        # cache-aware: by the shard's size, or the rank's share of all tables when that is larger
-        local_per_byte = self.profile.read_ms_per_byte(np.maximum(weights, self.rank_share_bytes))
-        read_ms = np.where(uvm, read / topo.hbm_to_ddr_mem_bw,
-                           np.where(caching, read * (clf * local_per_byte + (1 - clf) / topo.hbm_to_ddr_mem_bw),
-                                    read * local_per_byte))
-        write_bw = self.profile.write_bytes_per_ms
-        lookup = (read_ms + output / write_bw) * (1 + self.backward_factor)
-        lookup = lookup + np.where(dense, 3 * rows * cols * VALUE_BYTES / write_bw, 0.0)
-        # fixed per shard, and the engine's work per id received
-        id_ms = col([self.profile.id_cost_ms(o.sharding_type.value) for o in opts])
-        lookup = lookup + np.where(rows > 0, self.profile.shard_ms + ids * id_ms, 0.0)
-        return lookup, hbm, ddr
+        """(lookup forward + backward ms, HBM bytes, DDR bytes) of the options' shards ([N, k] arrays)."""
+        options = [o for o, _ in pairs]
+        costs = self.shard_costs([t for _, t in pairs], [o.sharding_type for o in options],
+                                 [o.compute_kernel for o in options], [o.cache_load_factor for o in options], rows, cols)
+        return costs.forward_ms + costs.backward_ms, costs.hbm, costs.ddr
 
     def _state_floats(self, cols: int) -> int:
-        cache = self.__dict__.setdefault("_state_floats_cache", {})
-        if cols not in cache:
-            cache[cols] = optimizer_state_bytes(self.optimizer, 1, cols) // 4
-        return cache[cols]
+        """Optimizer state floats per row of a shard `cols` wide (memoized: the search asks per option)."""
+        if cols not in self._state_floats_by_cols:
+            self._state_floats_by_cols[cols] = optimizer_state_bytes(self.optimizer, 1, cols) // 4
+        return self._state_floats_by_cols[cols]
 
     # ---- whole plans ---------------------------------------------------------------------------------------
     def evaluate(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes: Optional[Sequence[int]] = None,
@@ -371,26 +352,42 @@ class CostModel:
         memory["dense"] += self.dense_bytes_per_rank
         hbm = np.zeros(W) + (self.dense_bytes_per_rank if topo.uses_hbm else 0.0)
         ddr = np.zeros(W) + (0.0 if topo.uses_hbm else self.dense_bytes_per_rank)
+        ranks, costs = self._plan_shard_costs(list(plan.items()), tables)
+        for part in MEMORY_PARTS[:-1]:
+            np.add.at(memory[part], ranks, getattr(costs, part))
+        np.add.at(hbm, ranks, costs.hbm)
+        np.add.at(ddr, ranks, costs.ddr)
         fwd, bwd = np.zeros(W), np.zeros(W)
+        np.add.at(fwd, ranks, costs.forward_ms)
+        np.add.at(bwd, ranks, costs.backward_ms)
+        traffic = self.traffic(plan, tables, batch_sizes, count_ids)
+        step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
+                                               for path, kind in _groups(plan)])
+        return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
+
+    def _plan_shard_costs(self, entries, tables: Sequence[PlannerTable]) -> Tuple[np.ndarray, "ShardCosts"]:
+        """(rank of every shard, ShardCosts as [shards] arrays) for (module path, table name, ParameterSharding)
+        entries, in one vectorized call."""
         by_key = {t.key: t for t in tables}
-        for path, name, ps in plan.items():
+        columns: Dict[str, list] = {"tables": [], "types": [], "kernels": [], "factors": [], "rows": [], "cols": []}
+        ranks = []
+        for path, name, ps in entries:
             table = by_key.get((path, name))
             if table is None:
                 raise ValueError(f"plan has table {name!r} in module {path!r} that is not among the planner's tables")
             for shard in ps.shards:
                 rows, cols = shard.shard_sizes
-                parts = self.shard_memory(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
-                for part in MEMORY_PARTS[:-1]:
-                    memory[part][shard.rank] += parts[part]
-                hbm[shard.rank] += parts["hbm"]
-                ddr[shard.rank] += parts["ddr"]
-                f, b = self.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor)
-                fwd[shard.rank] += f
-                bwd[shard.rank] += b
-        traffic = self.traffic(plan, tables, batch_sizes, count_ids)
-        step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
-                                               for path, kind in _groups(plan)])
-        return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
+                for key, value in zip(columns, (table, ps.sharding_type, ps.compute_kernel, ps.cache_load_factor,
+                                                [rows], [cols])):
+                    columns[key].append(value)
+                ranks.append(shard.rank)
+        if not ranks:
+            empty = np.zeros(0)
+            return np.zeros(0, dtype=int), ShardCosts(*([empty] * 9))
+        costs = self.shard_costs(columns["tables"], columns["types"], columns["kernels"], columns["factors"],
+                                 np.array(columns["rows"]), np.array(columns["cols"]))
+        flat = ShardCosts(*(getattr(costs, f.name)[:, 0] for f in dataclasses.fields(ShardCosts)))
+        return np.array(ranks, dtype=int), flat
 
     def comm_ms(self, traffic: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """collective -> ms per rank: every byte a rank sends or receives over a link, at that link's speed."""
@@ -407,15 +404,10 @@ class CostModel:
         """One group's share of the step (GroupTime): the slowest rank at each of its synchronizing phases."""
         W = self.topology.world_size
         module_plan = {name: ps for name, ps in plan.plan[path].items() if ps.sharding_type == sharding_type}
-        by_key = {t.key: t for t in tables}
+        ranks, costs = self._plan_shard_costs([(path, name, ps) for name, ps in module_plan.items()], tables)
         fwd, bwd = np.zeros(W), np.zeros(W)
-        for name, ps in module_plan.items():
-            for shard in ps.shards:
-                rows, cols = shard.shard_sizes
-                f, b = self.shard_lookup_ms(by_key[(path, name)], rows, cols, ps.sharding_type, ps.compute_kernel,
-                                            ps.cache_load_factor)
-                fwd[shard.rank] += f
-                bwd[shard.rank] += b
+        np.add.at(fwd, ranks, costs.forward_ms)
+        np.add.at(bwd, ranks, costs.backward_ms)
         comm = self.comm_ms(self.traffic(ShardingPlan({path: module_plan}), tables, batch_sizes, count_ids))
         comm_fwd = sum(comm[name] for name in FORWARD_COLLECTIVES)
         comm_bwd = sum(comm[name] for name in comm if name not in FORWARD_COLLECTIVES)
@@ -426,12 +418,23 @@ class CostModel:
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
 
     def _phase_ms(self, compute_ms: np.ndarray) -> float:
-        """A compute phase between two collectives: its slowest rank, unless the ranks of a host share fewer cores
-        (or less memory bandwidth) than they need, then the host's total work over what runs at once."""
+        """A compute phase between two collectives, on the host that takes longest. Its L local ranks share cores
+        and memory: alone a rank runs at full speed, all at once they get `parallel` ranks' worth (the profile's
+        memory_parallelism, at most the cores). The busiest rank's time is then its own work plus a share of the
+        others' that grows as sharing does: max + (L / parallel - 1) / (L - 1) x (sum - max); no sharing gives the
+        slowest rank, full sharing the host's total work, and two equal ranks 2 x work / parallel.
+
+        >>> from rectoolkit.planner.profile import CalibrationProfile
+        >>> model = CostModel(Topology(world_size=2, compute_device="cpu"))
+        >>> model._phase_ms(np.array([3.0, 1.0]))  # no profile: two ranks share nothing
+        3.0
+        """
         L = self.topology.local_world_size
         parallel = min(float(L), self.profile.memory_parallelism, float(self.topology.cores_per_host or L))
-        per_host = compute_ms.reshape(-1, L).sum(axis=1) / parallel
-        return float(max(compute_ms.max(), per_host.max()))
+        per_host = compute_ms.reshape(-1, L)
+        busiest, total = per_host.max(axis=1), per_host.sum(axis=1)
+        share = (L / parallel - 1.0) / (L - 1) if L > 1 else 0.0
+        return float((busiest + share * (total - busiest)).max())
 
     def traffic(self, plan: ShardingPlan, tables: Sequence[PlannerTable], batch_sizes=None,
                 count_ids=None) -> Dict[str, np.ndarray]:
@@ -549,23 +552,3 @@ def _sub_configs(members) -> list:
 def _add(total: Dict[str, np.ndarray], part: Dict[str, np.ndarray]) -> None:
     for name, matrix in part.items():
         total[name] += matrix
-
-
-@dataclass
-class _TableTerms:
-    samples_per_rank: float  # sum over features of the batch size
-    ids_per_rank: float  # sum over features of batch size x pooling factor
-    id_bytes: int  # bytes per id on the wire (id + weight if weighted)
-
-
-def _table_terms(table: PlannerTable) -> _TableTerms:
-    terms = table.__dict__.get("_terms")
-    if terms is None:
-        terms = table.__dict__["_terms"] = _compute_table_terms(table)
-    return terms
-
-
-def _compute_table_terms(table: PlannerTable) -> _TableTerms:
-    return _TableTerms(float(sum(table.batch_sizes)),
-                       float(sum(b * p for b, p in zip(table.batch_sizes, table.pooling_factors))),
-                       ID_BYTES + (WEIGHT_BYTES if table.is_weighted else 0))

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from rectoolkit.plan.types import (
     CPU_KERNELS,
@@ -55,6 +57,23 @@ KIND_OF = {
 }
 
 
+class RankTime(NamedTuple):
+    """A "rank" option's group (table-wise, column-wise blocks): ms on the rank that owns it, on each other rank of
+    its host, and on each rank of another host."""
+
+    owner_ms: float
+    mate_ms: float
+    outside_ms: float
+
+
+class HostTime(NamedTuple):
+    """A "host" option's group (table-row-wise, grid blocks): ms on each rank of the host that owns it ([L]) and on
+    each rank of another host."""
+
+    inside_ms: np.ndarray
+    outside_ms: float
+
+
 @dataclass
 class ShardingOption:
     """One way to shard one table (before placement). Costs are filled in by rectoolkit.planner.cost."""
@@ -65,14 +84,15 @@ class ShardingOption:
     block_columns: int  # columns per group (the whole dim except COLUMN_WISE / GRID_SHARD)
     num_groups: int
     cache_load_factor: Optional[float] = None
-    # cost templates (see cost.py): per group, by position
-    time_ms: object = None  # rank: (owner, mate, outside); host: (inside[L], outside); fixed: [W]
-    hbm_bytes: object = None  # rank: owner bytes; host: inside[L]; fixed: [W]
-    ddr_bytes: object = None
+    # cost templates (filled by CostModel.fill_many): one group's time wherever it is placed, by kind
+    time_ms: Union[RankTime, HostTime, np.ndarray, None] = None  # rank: RankTime; host: HostTime; fixed: [W] ms
+    hbm_bytes: Union[float, np.ndarray, None] = None  # rank: the owner's bytes; host: [L], one per local rank; fixed: [W]
+    ddr_bytes: Union[float, np.ndarray, None] = None
     bytes_per_group: float = 0.0  # total off-diagonal bytes one group moves per step
     total_time_ms: float = 0.0  # sum over ranks of the option's time, placement independent
     least_time_ms: float = 0.0  # the least time it adds to every rank, wherever it is placed
     peak_bytes: float = 0.0  # the most HBM plus the most DDR it puts on one rank
+    fixed_vectors: object = None  # fixed kind: [3, W] time, HBM, DDR stacked (rectoolkit.planner.state.fixed_vectors)
 
     def __post_init__(self) -> None:
         # read often by the search: plain strings and ints hash faster than enum members

@@ -80,7 +80,7 @@ class EmbeddingShardingPlanner:
 
     Args:
         topology: ranks, hosts, memory and bandwidths (default: this process group's world, cuda if available).
-        batch_size: samples per rank (default: the topology's batch_size).
+        batch_size: samples per rank (default: stats.batch_size, else the topology's; resolve_batch_size).
         constraints: table name -> ParameterConstraints.
         objective: "time" (slowest rank's step time, default), "memory" (balance memory), "bytes" (total moved).
         optimizer: embedding optimizer, for optimizer-state memory ("sgd", "adagrad", "row_wise_adagrad", "adam").
@@ -120,7 +120,7 @@ class EmbeddingShardingPlanner:
                 "Leave them out, or plan with TorchRec's planner and read its plan with "
                 "rectoolkit.plan.torchrec_interop.from_torchrec")
         self.topology = topology if topology is not None else _default_topology()
-        self.batch_size = int(batch_size) if batch_size is not None else self.topology.batch_size
+        self.batch_size = resolve_batch_size(batch_size, stats, self.topology)
         self.constraints = dict(constraints or {})
         for name, c in self.constraints.items():
             if not isinstance(c, ParameterConstraints):
@@ -154,7 +154,7 @@ class EmbeddingShardingPlanner:
         dense = self.dense_bytes_per_rank
         if dense is None:
             dense = _dense_parameter_bytes(module)
-        cost_model = CostModel(self.topology, self.optimizer, dense, tables)
+        cost_model = CostModel(self.topology.with_batch_size(self.batch_size), self.optimizer, dense, tables)
         options = []
         for index, table in enumerate(tables):
             try:
@@ -280,6 +280,23 @@ class EmbeddingShardingPlanner:
         return explain_table(self.last, table, sharding_type) + "\n" + _shard_terms(self.last, table)
 
 
+def resolve_batch_size(batch_size: Optional[int], stats: Optional[WorkloadStats], topology: Topology) -> int:
+    """The one batch size (samples per rank) the planner plans for: its `batch_size` argument, else the workload
+    statistics', else the topology's. An argument and statistics that disagree are refused.
+
+    >>> resolve_batch_size(None, WorkloadStats({}, batch_size=256), Topology(world_size=2))
+    256
+    """
+    from_stats = stats.batch_size if stats is not None and stats.batch_size else None
+    if batch_size is not None and from_stats is not None and int(batch_size) != int(from_stats):
+        raise ValueError(f"EmbeddingShardingPlanner: batch_size={batch_size} but stats.batch_size={from_stats}; "
+                         "give the batch size once (either one, or both equal)")
+    chosen = batch_size if batch_size is not None else from_stats if from_stats is not None else topology.batch_size
+    if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)) or chosen <= 0:
+        raise ValueError(f"EmbeddingShardingPlanner: batch_size must be a positive int, got {chosen!r}")
+    return int(chosen)
+
+
 def build_plan(tables: Sequence[PlannerTable], assignments: Mapping[int, Assignment], topology: Topology) -> ShardingPlan:
     modules: Dict[str, EmbeddingModuleShardingPlan] = {}
     for index, table in enumerate(tables):
@@ -294,8 +311,10 @@ def _shard_terms(result: PlanningResult, table_name: str) -> str:
     table = next(t for t in result.tables if table_name in (t.name, t.label))
     ps = result.plan.plan[table.module_path][table.name]
     model = result.cost_model
-    lines = [f"Time terms of its shards ({ps.sharding_type}, backward + update {model.backward_factor:.2f}x the "
-             f"forward, fixed {model.profile.shard_ms:.3f} ms per shard):"]
+    back = model.backward_terms
+    lines = [f"Time terms of its shards ({ps.sharding_type}, fixed {model.profile.shard_ms:.3f} ms per shard; backward + "
+             f"{model.optimizer.value} update: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
+             f"{back.output_ms_per_byte * 1e6:.3f} ns per output byte):"]
     for shard in ps.shards:
         rows, cols = shard.shard_sizes
         forward, backward = model.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel,

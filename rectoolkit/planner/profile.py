@@ -8,16 +8,19 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 
 - collectives: an alpha-beta pair per collective kind ("all_to_all", "all_reduce"): a call costs
   `alpha_ms + bytes / bytes_per_ms`, bytes being what one rank sends plus receives over the call.
-- reads: a lookup reads `ids x dim x element bytes` at a speed that depends on the shard's size (its working set):
-  `read_curve` is a list of (working set bytes, bytes per ms) points, interpolated in log(size); shards that
-  fit in cache read fast, ones far larger than the last-level cache at memory speed.
-- writes: pooled output rows are written at `write_bytes_per_ms`.
+- lookups: one pass over a shard's ids costs `ids x (id_ms + row bytes x read_factor x read ms per byte) + output
+  bytes x output_ms_per_byte` (`LookupTerms`): `forward` for the lookup, `backward[optimizer]` for the backward and
+  the fused optimizer update. The read speed depends on the shard's size (its working set): `read_curve` is a list
+  of (working set bytes, bytes per ms) points, interpolated in log(size); shards that fit in cache read fast, ones
+  far larger than the last-level cache at memory speed. Each term is a slope (a difference of two batches), so the
+  call's fixed part is left to `shard_ms`.
+- writes: `write_bytes_per_ms`, a large copy's speed (a dense kernel's passes over its whole shard).
 - fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
-  and its collectives' round trips), `shard_ms` once per shard a rank holds.
+  and its collectives' round trips), `shard_ms` once per shard a rank holds (`replica_ms` per data-parallel
+  replica: a lookup of its own batch and a whole-table update).
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
   id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every
   id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block.
-- backward: the fused backward + optimizer update costs `backward_factor[optimizer]` x the forward lookup.
 - sharing: local ranks share a host's cores and memory; when they all read at once they get `memory_parallelism`
   times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing).
 
@@ -40,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: per-id / per-byte / per-output lookup terms (LookupTerms) for forward and backward
 COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
 BWD_COMPUTE_MULTIPLIER = 2.0  # TorchRec's backward / forward ratio, used where nothing was measured
 OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")  # EmbOptimType values
@@ -60,18 +63,41 @@ class AlphaBeta:
 
 
 @dataclass(frozen=True)
+class LookupTerms:
+    """One pass over a shard's ids, the forward lookup or the backward + optimizer update, in ms:
+    ids x (id_ms + row bytes x read_factor x read ms per byte at the shard's size) + output bytes x output_ms_per_byte.
+
+    >>> LookupTerms(id_ms=0.001, read_factor=2.0, output_ms_per_byte=1e-6).cost_ms(100, 256, 1e-5, 4096)
+    0.6160960000000001
+    """
+
+    id_ms: float = 0.0
+    read_factor: float = 1.0
+    output_ms_per_byte: float = 0.0
+
+    def cost_ms(self, ids, row_bytes, read_ms_per_byte, output_bytes):
+        """Numbers or numpy arrays (broadcast)."""
+        return ids * (self.id_ms + row_bytes * self.read_factor * read_ms_per_byte) + output_bytes * self.output_ms_per_byte
+
+    def scaled(self, factor: float) -> "LookupTerms":
+        return LookupTerms(self.id_ms * factor, self.read_factor * factor, self.output_ms_per_byte * factor)
+
+
+@dataclass(frozen=True)
 class CalibrationProfile:
     """The cost model's measured terms (see the module docstring). Frozen; JSON via to_json / from_json / save / load."""
 
     collectives: Dict[str, AlphaBeta]
     read_curve: Tuple[Tuple[float, float], ...]  # (working set bytes, read bytes per ms), working set ascending
     write_bytes_per_ms: float
+    forward: LookupTerms = LookupTerms()
+    backward_terms: Dict[str, LookupTerms] = field(default_factory=dict)  # optimizer -> backward + update
     step_ms: float = 0.0
     group_ms: Dict[str, float] = field(default_factory=dict)
     shard_ms: float = 0.0
+    replica_ms: float = 0.0  # per data-parallel replica, in place of shard_ms
     id_ms: float = 0.0
     routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
-    backward_factor: Dict[str, float] = field(default_factory=dict)
     memory_parallelism: float = 1.0
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
 
@@ -93,6 +119,10 @@ class CalibrationProfile:
         unknown = set(self.group_ms) - set(SHARDING_TYPES)
         if unknown:
             raise ValueError(f"CalibrationProfile: group_ms has unknown sharding types {sorted(unknown)}")
+        for name, terms in [("forward", self.forward)] + [(f"backward_terms[{k!r}]", v)
+                                                          for k, v in self.backward_terms.items()]:
+            if min(terms.id_ms, terms.read_factor, terms.output_ms_per_byte) < 0:
+                raise ValueError(f"CalibrationProfile: {name} terms must be >= 0, got {terms}")
         if self.memory_parallelism < 1.0:
             raise ValueError(f"CalibrationProfile: memory_parallelism must be >= 1, got {self.memory_parallelism}")
 
@@ -116,12 +146,19 @@ class CalibrationProfile:
         routed = sharding_type in ROW_ROUTED
         return self.id_ms + (self.routing_id_ms if routed else 0.0)
 
+    def shard_fixed_ms(self, sharding_type: str) -> float:
+        """ms per shard of this sharding type a rank holds."""
+        return self.replica_ms if sharding_type == "data_parallel" else self.shard_ms
+
     def group_fixed_ms(self, sharding_type: str) -> float:
         return float(self.group_ms.get(sharding_type, 0.0))
 
-    def backward(self, optimizer: str) -> float:
-        """The fused backward + update as a multiple of the forward lookup (TorchRec's 2.0 where not measured)."""
-        return float(self.backward_factor.get(optimizer, BWD_COMPUTE_MULTIPLIER))
+    def backward(self, optimizer: str) -> LookupTerms:
+        """The backward + fused update's terms for this optimizer (where it was not measured: TorchRec's 2x the
+        forward)."""
+        if optimizer in self.backward_terms:
+            return self.backward_terms[optimizer]
+        return self.forward.scaled(BWD_COMPUTE_MULTIPLIER)
 
     # ---- construction and JSON ------------------------------------------------------------------------------------
     @classmethod
@@ -130,8 +167,9 @@ class CalibrationProfile:
         local = topology.hbm_mem_bw if topology.uses_hbm else topology.ddr_mem_bw
         link = AlphaBeta(0.0, float(topology.intra_host_bw))
         return cls(collectives={"all_to_all": link, "all_reduce": link}, read_curve=((1.0, float(local)),),
-                   write_bytes_per_ms=float(local),
-                   backward_factor={name: float(topology.bwd_compute_multiplier) for name in OPTIMIZERS},
+                   write_bytes_per_ms=float(local), forward=LookupTerms(0.0, 1.0, 1.0 / float(local)),
+                   backward_terms={name: LookupTerms(0.0, 1.0, 1.0 / float(local)).scaled(
+                       float(topology.bwd_compute_multiplier)) for name in OPTIMIZERS},
                    memory_parallelism=float(topology.local_world_size),
                    machine={"source": "topology defaults (not measured)"})
 
@@ -154,6 +192,8 @@ class CalibrationProfile:
         try:
             data["collectives"] = {k: AlphaBeta(**v) for k, v in data["collectives"].items()}
             data["read_curve"] = tuple((float(s), float(b)) for s, b in data["read_curve"])
+            data["forward"] = LookupTerms(**data["forward"])
+            data["backward_terms"] = {k: LookupTerms(**v) for k, v in data["backward_terms"].items()}
             return cls(**data)
         except (KeyError, TypeError) as error:
             raise ValueError(f"{source}: not a calibration profile ({error}); re-run "
@@ -186,17 +226,23 @@ class CalibrationProfile:
         rows = [(f"{kind}: latency, bandwidth", f"{ab.alpha_ms:.3f} ms + bytes / {ab.bytes_per_ms / 1e6:.2f} GB/s")
                 for kind, ab in sorted(self.collectives.items())]
         rows += [("read speed by shard size", ", ".join(f"{_size(s)}: {bw / 1e6:.2f} GB/s" for s, bw in self.read_curve)),
-                 ("output write speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
+                 ("forward per id, per output byte", _terms_text(self.forward)),
+                 ("large copy (write) speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
-                 ("fixed per shard", f"{self.shard_ms:.3f} ms"),
+                 ("fixed per shard, per data-parallel replica", f"{self.shard_ms:.3f} ms, {self.replica_ms:.3f} ms"),
                  ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
                  ("row-block routing per id", f"{self.routing_id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))
                   or "0 ms"),
-                 ("backward + update / forward", ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.backward_factor.items()))
-                  or f"{BWD_COMPUTE_MULTIPLIER:.1f}x (TorchRec's default)"),
+                 ("backward + update", "; ".join(f"{k}: {_terms_text(v)}" for k, v in sorted(self.backward_terms.items()))
+                  or f"{BWD_COMPUTE_MULTIPLIER:.1f}x the forward (TorchRec's default)"),
                  ("local ranks reading at once", f"{self.memory_parallelism:.2f}x one rank's speed")]
         return rows
+
+
+def _terms_text(terms: LookupTerms) -> str:
+    return (f"{terms.id_ms * 1e6:.1f} ns per id + row bytes x {terms.read_factor:.2f} x read time + "
+            f"{terms.output_ms_per_byte * 1e6:.3f} ns per output byte")
 
 
 def _size(num_bytes: float) -> str:

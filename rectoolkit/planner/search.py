@@ -52,6 +52,7 @@ class Searcher:
         self.W, self.L, self.H = topology.world_size, topology.local_world_size, topology.num_hosts
         self.allowed_ranks = list(allowed_ranks) if allowed_ranks is not None else [None] * len(options)
         self.fill = fill
+        self._by_total_time_cache: Dict[int, List[ShardingOption]] = {}  # table -> options, cheapest total first
         self._masks = []
         for allowed in self.allowed_ranks:
             if allowed is None:
@@ -76,7 +77,7 @@ class Searcher:
 
     def _by_total_time(self, table: int) -> List[ShardingOption]:
         """The table's options, cheapest total time first (unfilled slower kernels after their shape)."""
-        cache = self.__dict__.setdefault("_order_cache", {})
+        cache = self._by_total_time_cache
         if table not in cache:
             first_total = {}
             for option in self.options[table]:

@@ -177,10 +177,9 @@ class TableLoads:
 
 def fixed_vectors(option: ShardingOption) -> np.ndarray:
     """The [3, W] vectors of a ROW_WISE / DATA_PARALLEL option (stacked once per option)."""
-    stacked = option.__dict__.get("_stacked")
-    if stacked is None:
-        stacked = option.__dict__["_stacked"] = np.stack([option.time_ms, option.hbm_bytes, option.ddr_bytes])
-    return stacked
+    if option.fixed_vectors is None:
+        option.fixed_vectors = np.stack([option.time_ms, option.hbm_bytes, option.ddr_bytes])
+    return option.fixed_vectors
 
 
 def cap_limit(cap: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from rectoolkit.modules.configs import (
 )
 from rectoolkit.modules.table_sources import find_table_configs as _find_configs
 from rectoolkit.modules.table_sources import read_table_frame  # noqa: F401  (rectoolkit.widgets.inputs reads it here)
+from rectoolkit.plan.traffic import ID_BYTES, WEIGHT_BYTES
 from rectoolkit.plan.types import ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints, check_per_feature
 from rectoolkit.planner.stats import WorkloadStats
@@ -55,6 +56,9 @@ class PlannerTable:
     rows: int = field(init=False)
     dim: int = field(init=False)
     pooled: bool = field(init=False)
+    samples_per_rank: float = field(init=False)  # sum over features of the batch size
+    ids_per_rank: float = field(init=False)  # sum over features of batch size x pooling factor
+    id_bytes: int = field(init=False)  # bytes per id on the wire (id, and its weight if weighted)
 
     @property
     def element_bytes(self) -> float:
@@ -63,6 +67,9 @@ class PlannerTable:
     def __post_init__(self) -> None:
         self.rows, self.dim = self.config.num_embeddings, self.config.embedding_dim
         self.pooled = isinstance(self.config, EmbeddingBagConfig) and self.config.pooling != PoolingType.NONE
+        self.samples_per_rank = float(sum(self.batch_sizes))
+        self.ids_per_rank = float(sum(b * p for b, p in zip(self.batch_sizes, self.pooling_factors)))
+        self.id_bytes = ID_BYTES + (WEIGHT_BYTES if self.is_weighted else 0)
 
     @property
     def weight_bytes(self) -> float:
@@ -79,6 +86,9 @@ def collect_tables(
 
     Pooling factor precedence: constraints.pooling_factors > stats > the DataFrame's pooling_factor > 1.0.
     """
+    if stats is not None and stats.batch_size and int(stats.batch_size) != int(batch_size):
+        raise ValueError(f"planner input: batch_size={batch_size} but stats.batch_size={stats.batch_size}; the planner "
+                         "plans for one batch size (rectoolkit.planner.planner.resolve_batch_size)")
     constraints = dict(constraints or {})
     found = _find_configs(source)
     tables: List[PlannerTable] = []
@@ -105,8 +115,7 @@ def collect_tables(
                 factors.append(float(pooling_factor))
             else:
                 factors.append(1.0)
-        default_batch = stats.batch_size if stats is not None and stats.batch_size else batch_size
-        batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(default_batch)] * num_features
+        batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(batch_size)] * num_features
         is_weighted = bool(weighted or (c is not None and c.is_weighted) or (stats is not None and stats.is_weighted))
         tables.append(PlannerTable(module_path, config, factors, batches, is_weighted, c))
     if not tables:

@@ -115,7 +115,7 @@ def build_constraints(settings: ExplorerSettings, table_set: TableSet) -> Dict[s
 def make_planner(settings: ExplorerSettings, table_set: TableSet, profile: Any = None):
     from rectoolkit.planner import EmbeddingShardingPlanner, WorkloadStats
 
-    stats = WorkloadStats(pooling_factors=dict(table_set.pooling_factors), batch_size=settings.batch_size)
+    stats = WorkloadStats(pooling_factors=dict(table_set.pooling_factors))  # the batch size: the planner's
     return EmbeddingShardingPlanner(build_topology(settings, profile), batch_size=settings.batch_size,
                                     constraints=build_constraints(settings, table_set),
                                     objective=settings.objective, optimizer=settings.optimizer, stats=stats,

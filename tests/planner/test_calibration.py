@@ -13,9 +13,10 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import fixed_terms, id_term
+from rectoolkit.planner.calibrate import (fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term,
+                                         shard_terms)
 from rectoolkit.planner.cost import CostModel, collective_calls
-from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, fit_alpha_beta
+from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.tables import collect_tables
 from rectoolkit.planner.topology import Topology
 from rectoolkit.plan.types import ShardingType
@@ -23,8 +24,8 @@ from rectoolkit.plan.types import ShardingType
 PROFILE = CalibrationProfile(
     collectives={"all_to_all": AlphaBeta(0.5, 1000.0), "all_reduce": AlphaBeta(1.0, 2000.0)},
     read_curve=((1e3, 100.0), (1e6, 10.0)), write_bytes_per_ms=1000.0, step_ms=2.0,
-    group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, id_ms=0.01, backward_factor={"sgd": 1.5},
-    memory_parallelism=2.0)
+    forward=LookupTerms(0.0, 1.0, 1 / 1000.0), backward_terms={"sgd": LookupTerms(0.0, 1.5, 1.5 / 1000.0)},
+    group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, id_ms=0.01, memory_parallelism=2.0)
 TABLE = EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])
 
 
@@ -109,8 +110,26 @@ def test_fits_by_hand():
         fit_alpha_beta([(10, 1.0), (10, 2.0)])
     steps = {"tw": 5.0, "tw4": 8.0, "row_wise": 6.0, "tw+row_wise": 9.0, "column_wise": 6.5, "tw+column_wise": 8.5}
     step, shard, groups = fixed_terms(steps, 2)
-    # 20480 ids at 1e-6 ms/byte x 256 B + 1024 outputs x 256 B at 1e6 B/ms, twice (backward factor 1)
-    assert id_term({"tw_full": 20.0, "tw": 2.0}, 2, 1e-6, 1e6, 1.0) == pytest.approx((18.0 - 2 * 5.505024) / 20480)
+    flat = CalibrationProfile(PROFILE.collectives, ((1.0, 1e6),), 1e6, forward=LookupTerms(1e-5, 1.0, 1e-6),
+                              backward_terms={"sgd": LookupTerms(2e-5, 3.0, 1e-6)}, id_ms=1e-4)
+    # the full batch (pooling 20) less the light one (pooling 2): 2 ranks x 512 bags x 18 = 18432 more ids into
+    # the table-wise table, each 256 B read at 1e-6 ms/B: forward 1e-5 + 256e-6, backward 2e-5 + 3 x 256e-6 ms per id
+    per_id = 1e-5 + 256e-6 + 2e-5 + 3 * 256e-6
+    assert id_term({"tw_full": 30.0, "tw_light": 5.0}, 2, flat) == pytest.approx((25.0 - 18432 * per_id) / 18432)
+    # row-wise: each rank receives half of them (9216) and looks them up; routing is what is left less id_ms
+    assert routing_id_term({"rw_full": 30.0, "rw_light": 5.0}, 2, flat) == pytest.approx(
+        (25.0 - 9216 * per_id) / 9216 - 1e-4)
+    assert routing_id_term({"rw_full": 5.0, "rw_light": 5.0}, 2, flat) == 0.0  # never below zero
+    # one table's work is 10 ms; one table on each rank adds 5 ms: 2 x 10 / 15 ranks' worth run at once
+    assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 17.0}, 2) == pytest.approx(20 / 15)
+    assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 40.0}, 2) == 1.0
+    assert monotone_curve([(3.0, 5.0), (1.0, 2.0), (2.0, 9.0)]) == [(1.0, 9.0), (2.0, 9.0), (3.0, 5.0)]
+    # per shard: 3 more tables cost 6 ms (2 each), less their lookups: a table-wise shard gets 1024 ids (and 1024
+    # bags of 256 B out), a replica its own 512
+    tw_lookup = 1024 * (per_id + 1e-4) + 1024 * 256 * 2e-6
+    dp_lookup = 512 * (per_id + 1e-4) + 512 * 256 * 2e-6
+    shard_batch, replica = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0}, 2, flat)
+    assert shard_batch == pytest.approx(2.0 - tw_lookup, abs=1e-4) and replica == pytest.approx(3.0 - dp_lookup, abs=1e-4)
     assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
     assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
 
@@ -156,9 +175,12 @@ def test_calibration_measures_every_term(tmp_path):
     for kind in ("all_to_all", "all_reduce"):
         assert profile.collective(kind).bytes_per_ms > 0 and profile.collective(kind).alpha_ms >= 0
     assert len(profile.read_curve) == 4 and all(bw > 0 for _, bw in profile.read_curve)
-    assert set(profile.backward_factor) == {"sgd", "adagrad", "row_wise_adagrad", "adam"}
+    assert set(profile.backward_terms) == {"sgd", "adagrad", "row_wise_adagrad", "adam"}
+    speeds = [bw for _, bw in profile.read_curve]
+    assert speeds == sorted(speeds, reverse=True)  # no table reads slower than a larger one
     assert {"table_wise", "row_wise", "column_wise", "data_parallel"} <= set(profile.group_ms)
     assert 1.0 <= profile.memory_parallelism <= 2.0
+    assert profile.shard_ms >= 0 and profile.replica_ms >= 0 and profile.id_ms >= 0 and profile.routing_id_ms >= 0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
     assert topo.cores_per_host == os.cpu_count()
 

@@ -263,3 +263,23 @@ def test_dataframe_columns_aliases_and_errors():
         planner.plan(frame.assign(rows=[100, "many"]))
     with pytest.raises(ValueError, match=r"needs a column for the embedding dim \(one of \[.embedding_dim., .dim.,"):
         planner.plan(frame.drop(columns=["dim"]))
+
+
+def test_the_planner_plans_for_one_batch_size():
+    from rectoolkit.planner import WorkloadStats
+
+    tables = [EmbeddingBagConfig(name="t", num_embeddings=1000, embedding_dim=8, feature_names=["f"])]
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=1024)
+    # the argument, else the statistics', else the topology's: and every estimate uses it
+    for planner, expected in ((EmbeddingShardingPlanner(topo), 1024),
+                              (EmbeddingShardingPlanner(topo, stats=WorkloadStats({"f": 2.0}, batch_size=256)), 256),
+                              (EmbeddingShardingPlanner(topo, batch_size=64), 64),
+                              (EmbeddingShardingPlanner(topo, batch_size=64, stats=WorkloadStats({}, 64)), 64)):
+        planner.plan(tables)
+        assert planner.batch_size == expected
+        assert [t.batch_sizes for t in planner.last.tables] == [[expected]]
+        assert planner.last.cost_model.topology.batch_size == expected
+    with pytest.raises(ValueError, match=r"batch_size=64 but stats.batch_size=256"):
+        EmbeddingShardingPlanner(topo, batch_size=64, stats=WorkloadStats({}, batch_size=256))
+    with pytest.raises(ValueError, match="positive int"):
+        EmbeddingShardingPlanner(topo, batch_size=0)

@@ -3,14 +3,14 @@
 import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
-from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile
+from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, LookupTerms
 from rectoolkit.widgets.explorer import PlanExplorer
 from rectoolkit.widgets.inputs import TableSet
 
 PROFILE = CalibrationProfile(
     collectives={"all_to_all": AlphaBeta(0.3, 1e6), "all_reduce": AlphaBeta(0.6, 1e6)},
     read_curve=((1e5, 2e7), (1e8, 5e6)), write_bytes_per_ms=1e7, step_ms=1.0, group_ms={"table_wise": 1.0},
-    shard_ms=0.1, backward_factor={"sgd": 1.5}, memory_parallelism=1.5, machine={"host": "test-host"})
+    shard_ms=0.1, backward_terms={"sgd": LookupTerms(0.0, 1.5, 1.5e-7)}, memory_parallelism=1.5, machine={"host": "test-host"})
 
 
 def _explorer(tmp_path):
