@@ -30,11 +30,11 @@ from torch import nn
 
 from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from rectoolkit.optim.keyed import KeyedOptimizer
 from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 
@@ -120,49 +120,6 @@ def dense_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[
     optimizer (compute_kernel "dense", or a collection without one); TorchRec's in_backward_optimizer_filter."""
     plain_shards = [p for sub in sharded.values() for p in sub.parameters() if not hasattr(p, "_in_backward_optimizers")]
     return replicated_parameters(module, sharded) + plain_shards
-
-
-# ------------------------------------------------------------------------------------------------ optimizer
-class ShardedFusedOptimizer(KeyedOptimizer):
-    """The fused embedding optimizer of every local shard, keyed like TorchRec's DMP.fused_optimizer.
-
-    Updates happen in backward; step() pushes a changed lr (param_groups[0]["lr"]) into every shard.
-    Keys: "<collection path>.<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when a rank
-    holds several shards of one table).
-    """
-
-    def __init__(self, sharded: Mapping[str, Sharded]) -> None:
-        self._collections = [c for c in sharded.values() if c.fused_optimizer_config is not None]
-        params: Dict[str, torch.Tensor] = {}
-        states: Dict[Any, Any] = {}
-        for path, collection in sharded.items():
-            if collection.fused_optimizer_config is None:
-                continue
-            prefix = (path + "." if path else "") + collection_state_prefix(collection)
-            # only the shards whose optimizer is fused (compute_kernel "dense" shards belong to the dense one)
-            entries = [e for e in collection.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
-            per_table: Dict[str, int] = {}
-            for table, _, _, _ in entries:
-                per_table[table] = per_table.get(table, 0) + 1
-            for table, shard, weight, state in entries:
-                key = f"{prefix}{table}.weight"
-                if per_table[table] > 1:
-                    key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
-                params[key] = weight
-                if state:
-                    states[weight] = state
-        lr = self._collections[0].fused_optimizer_config.lr if self._collections else 0.0
-        super().__init__(params, states, [{"params": list(params.values()), "lr": lr}])
-
-    def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
-        lr = float(self.param_groups[0]["lr"])
-        for collection in self._collections:
-            collection.set_learning_rate(lr)
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to clear: fused updates never write .grad."""
 
 
 # ------------------------------------------------------------------------------------------------ the module
