@@ -23,6 +23,8 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner": "torchrec.distributed.planner",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
+    "rectoolkit.distributed.shard": "torchrec.distributed.shard",
+    "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
 }
 
 # real rectoolkit modules that sit at TorchRec's path
@@ -32,4 +34,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
+    "rectoolkit.fx": "torchrec.fx",
 }
