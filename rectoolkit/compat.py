@@ -25,6 +25,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",
     "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
+    "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }
 
 # real rectoolkit modules that sit at TorchRec's path

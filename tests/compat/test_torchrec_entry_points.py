@@ -171,12 +171,13 @@ def test_dmp_keeps_plain_gradients_for_dense_kernels_and_data_parallel_replicas(
 
 
 def test_dmp_honours_apply_optimizer_in_backward_and_sharder_fused_params():
+    from rectoolkit.optim import apply_optimizer_in_backward  # TorchRec's spelling
+
     torch.manual_seed(0)
     ebc = rtk.EmbeddingBagCollection(tables())
     grad_out = torch.randn(3, 12)
     expected = dense_step(ebc, batch(), grad_out)
-    for param in ebc.parameters():
-        _apply_optimizer_in_backward(torch.optim.SGD, [param], {"lr": 0.5})
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.5})
     dmp = DistributedModelParallel(ebc, env=ShardingEnv.local(), plan=rtk.ShardingPlan({"": table_wise_plan()}))
     assert dmp.fused_optimizer.param_groups[0]["lr"] == 0.5
     (dmp(batch()).values() * grad_out).sum().backward()
