@@ -7,8 +7,8 @@
    as TorchRec merges them;
 3. rectoolkit's own `EmbeddingBagCollection(..., optimizer="adagrad", lr=...)`, set on the module itself.
 
-With none of them, TorchRec's sharded modules fuse SGD with lr 0.01 into their "fused" kernels (`TORCHREC_DEFAULT`);
-rectoolkit's own `shard_embedding_bag_collection` keeps plain gradients then (`default=False`).
+With none of them, TorchRec's sharded modules fuse SGD with lr 0.01 into their "fused" kernels (`TORCHREC_DEFAULT`:
+the sharders and DMP do); rectoolkit's own `shard_embedding_bag_collection` keeps plain gradients then.
 
     >>> import rectoolkit as rtk
     >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2)])
@@ -57,17 +57,15 @@ def recorded_optimizer(module: nn.Module) -> Optional[Dict[str, Any]]:
     return None if first is None else {"optimizer": first[0], **first[1]}
 
 
-def fused_optimizer_for(module: nn.Module, fused_params: Optional[Mapping[str, Any]] = None,
-                        default: bool = True) -> Optional[FusedOptimizerConfig]:
-    """The fused optimizer of `module`'s shards: fused_params, overridden key by key by what
-    `_apply_optimizer_in_backward` recorded; or the module's own; or TorchRec's default (fused SGD, lr 0.01) when
-    `default`, else None (plain gradients). A module's own optimizer that differs from the others is refused."""
+def fused_optimizer_for(module: nn.Module, fused_params: Optional[Mapping[str, Any]] = None
+                        ) -> Optional[FusedOptimizerConfig]:
+    """The fused optimizer set for `module`'s shards: fused_params, overridden key by key by what
+    `_apply_optimizer_in_backward` recorded; or the module's own; None when nothing is set. A module's own
+    optimizer that differs from the others is refused."""
     own = module.kernel.optimizer
     recorded = recorded_optimizer(module)
     if fused_params is None and recorded is None:
-        if own is not None:
-            return dataclasses.replace(own)
-        return dataclasses.replace(TORCHREC_DEFAULT) if default else None
+        return dataclasses.replace(own) if own is not None else None
     config = FusedOptimizerConfig.from_fused_params(fused_params or {})
     if recorded is not None:
         config = _merge_recorded(config, recorded)

@@ -27,6 +27,7 @@ from torch import nn
 
 from rectoolkit.distributed.awaitable import EmbeddingBagCollectionAwaitable
 from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
+from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
@@ -199,8 +200,6 @@ class ShardedCollection(nn.Module):
         """TorchRec's `sharded_module.fused_optimizer`: the fused optimizer of this rank's shards (a KeyedOptimizer
         keyed "embedding_bags.<table>.weight"; empty when no shard has a fused optimizer)."""
         if "_fused_optimizer" not in self.__dict__:
-            from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
-
             self.__dict__["_fused_optimizer"] = ShardedFusedOptimizer({"": self})
         return self.__dict__["_fused_optimizer"]
 
@@ -279,6 +278,6 @@ def shard_embedding_bag_collection(module: EmbeddingBagCollection, module_plan: 
 def _optimizers(module: nn.Module, fused_params: Optional[Mapping[str, Any]], torchrec_default: bool
                 ) -> Tuple[Optional[FusedOptimizerConfig], Optional[FusedOptimizerConfig]]:
     """(the optimizer set for the module, TorchRec's default when none is and `torchrec_default`)."""
-    optimizer = fused_optimizer_for(module, fused_params, default=False)
+    optimizer = fused_optimizer_for(module, fused_params)
     default = dataclasses.replace(TORCHREC_DEFAULT) if optimizer is None and torchrec_default else None
     return optimizer, default
