@@ -57,6 +57,10 @@ def main(script: str, result_path: str) -> None:
         results.append({"cell": index + 1, "ok": not error, "error": error, "stdout": out.getvalue()})
     with open(result_path, "w") as f:
         json.dump(results, f)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the tutorial's group: leave nothing behind
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -337,3 +337,21 @@ def test_dmp_fused_optimizer_settings_match_torchrec(setting, one_process_group)
     their_state = their_dmp.state_dict()
     for key, value in our_dmp.state_dict().items():
         torch.testing.assert_close(value, _local(their_state[key]), msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.torchrec
+def test_meta_device_construction_matches_torchrec():
+    torchrec = pytest.importorskip("torchrec")
+    configs = [torchrec.EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                           feature_names=t.feature_names) for t in tables()]
+    with torch.device("meta"):
+        theirs = torchrec.EmbeddingBagCollection(tables=configs)
+        ours = rtk.EmbeddingBagCollection(tables())
+        their_kjt = torchrec.KeyedJaggedTensor(keys=["f0", "f1"], values=torch.tensor([1, 2, 3]),
+                                               lengths=torch.tensor([1, 0, 1, 1]))
+        our_kjt = rtk.KeyedJaggedTensor(keys=["f0", "f1"], values=torch.tensor([1, 2, 3]),
+                                        lengths=torch.tensor([1, 0, 1, 1]))
+    assert {k: (v.device.type, tuple(v.shape)) for k, v in ours.state_dict().items()} == \
+        {k: (v.device.type, tuple(v.shape)) for k, v in theirs.state_dict().items()}
+    assert (our_kjt.stride(), our_kjt.keys(), our_kjt.values().device) == \
+        (their_kjt.stride(), their_kjt.keys(), their_kjt.values().device)
