@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+# the tutorial imports fbgemm's EmbOptimType (its fused_params cell); `make test` installs fbgemm-gpu-cpu
+pytestmark = pytest.mark.fbgemm
 ROOT = HERE.parent.parent
 
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
+    pytest.importorskip("fbgemm_gpu.split_embedding_configs")
     result = tmp_path_factory.mktemp("seed001") / "cells.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, str(HERE / "run_cells.py"), str(HERE / "seed001_tutorial.py"), str(result)],
