@@ -246,6 +246,7 @@ def test_shard_modules_float_and_quantized():
     quantized = qebc(batch()).values()
     shard_modules(holder, env=ShardingEnv.local())  # planned here
     assert type(holder[0]).__name__ == "ShardedQuantEmbeddingBagCollection"
+    assert {ps.compute_kernel for ps in holder[0].module_plan.values()} == {"quant"}  # the plan says what runs
     out = holder(batch())
     assert isinstance(out, rtk.KeyedTensor) and torch.equal(out.values(), quantized)  # inference: no awaitable
 
