@@ -77,7 +77,9 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     in `sharders`), what `_apply_optimizer_in_backward` recorded on the weights, or the collection's own; with none
     of them the "fused" kernels fuse SGD with lr 0.01, TorchRec's default (rectoolkit.distributed.fused_params).
     """
-    fused_params = {getattr(s, "module_type", None): getattr(s, "fused_params", None) for s in sharders or []}
+    # matched by the module type's name, as the planner matches sharders, so TorchRec's own sharders count too
+    fused_params = {getattr(getattr(s, "module_type", None), "__name__", None): getattr(s, "fused_params", None)
+                    for s in sharders or []}
     sharded: Dict[str, Sharded] = {}
     for path, collection in find_collections(module):
         module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
@@ -90,7 +92,7 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
                              f"{planned}{hint}")
         shard = shard_embedding_bag_collection if isinstance(collection, EmbeddingBagCollection) \
             else shard_embedding_collection
-        new = shard(collection, module_plan, env, backend, fused_params=fused_params.get(type(collection)),
+        new = shard(collection, module_plan, env, backend, fused_params=fused_params.get(type(collection).__name__),
                     torchrec_default_optimizer=True)
         sharded[path] = new
         if path == "":

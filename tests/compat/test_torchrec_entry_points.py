@@ -356,3 +356,14 @@ def test_meta_device_construction_matches_torchrec():
         {k: (v.device.type, tuple(v.shape)) for k, v in theirs.state_dict().items()}
     assert (our_kjt.stride(), our_kjt.keys(), our_kjt.values().device) == \
         (their_kjt.stride(), their_kjt.keys(), their_kjt.values().device)
+
+
+@pytest.mark.torchrec
+def test_dmp_takes_fused_params_from_torchrecs_own_sharder():
+    pytest.importorskip("torchrec")
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder as TorchRecSharder
+
+    dmp = DistributedModelParallel(
+        rtk.EmbeddingBagCollection(tables()), env=ShardingEnv.local(), plan=rtk.ShardingPlan({"": table_wise_plan()}),
+        sharders=[TorchRecSharder(fused_params={"optimizer": "exact_adagrad", "learning_rate": 0.3})])
+    assert dmp.module.fused_optimizer_config == rtk.FusedOptimizerConfig("adagrad", lr=0.3)
