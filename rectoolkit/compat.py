@@ -23,6 +23,9 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner": "torchrec.distributed.planner",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
+    "rectoolkit.distributed.shard": "torchrec.distributed.shard",
+    "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
+    "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }
 
 # real rectoolkit modules that sit at TorchRec's path
@@ -32,4 +35,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
+    "rectoolkit.fx": "torchrec.fx",
 }

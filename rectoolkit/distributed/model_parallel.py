@@ -21,6 +21,7 @@ collective, every rank calls it); `load_state_dict()` takes such global tensors,
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -30,11 +31,11 @@ from torch import nn
 
 from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from rectoolkit.optim.keyed import KeyedOptimizer
 from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 
@@ -68,9 +69,17 @@ def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]]
     return plan
 
 
-def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto"
-                      ) -> Dict[str, Sharded]:
-    """Replace every collection by its sharded version, in place; returns path -> sharded module."""
+def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto",
+                      sharders: Optional[List[Any]] = None) -> Dict[str, Sharded]:
+    """Replace every collection by its sharded version, in place; returns path -> sharded module.
+
+    The shards' fused optimizer is TorchRec's: the sharder's `fused_params` (the sharder of the collection's type
+    in `sharders`), what `_apply_optimizer_in_backward` recorded on the weights, or the collection's own; with none
+    of them the "fused" kernels fuse SGD with lr 0.01, TorchRec's default (rectoolkit.distributed.fused_params).
+    """
+    # matched by the module type's name, as the planner matches sharders, so TorchRec's own sharders count too
+    fused_params = {getattr(getattr(s, "module_type", None), "__name__", None): getattr(s, "fused_params", None)
+                    for s in sharders or []}
     sharded: Dict[str, Sharded] = {}
     for path, collection in find_collections(module):
         module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
@@ -81,10 +90,10 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
                     if "" in planned and path != "" else "")
             raise ValueError(f"the plan has no entry for the collection at {path!r}; it has modules "
                              f"{planned}{hint}")
-        if isinstance(collection, EmbeddingBagCollection):
-            new = shard_embedding_bag_collection(collection, module_plan, env, backend)
-        else:
-            new = shard_embedding_collection(collection, module_plan, env, backend)
+        shard = shard_embedding_bag_collection if isinstance(collection, EmbeddingBagCollection) \
+            else shard_embedding_collection
+        new = shard(collection, module_plan, env, backend, fused_params=fused_params.get(type(collection).__name__),
+                    torchrec_default_optimizer=True)
         sharded[path] = new
         if path == "":
             continue  # the caller holds the top-level collection itself
@@ -122,49 +131,6 @@ def dense_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[
     return replicated_parameters(module, sharded) + plain_shards
 
 
-# ------------------------------------------------------------------------------------------------ optimizer
-class ShardedFusedOptimizer(KeyedOptimizer):
-    """The fused embedding optimizer of every local shard, keyed like TorchRec's DMP.fused_optimizer.
-
-    Updates happen in backward; step() pushes a changed lr (param_groups[0]["lr"]) into every shard.
-    Keys: "<collection path>.<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when a rank
-    holds several shards of one table).
-    """
-
-    def __init__(self, sharded: Mapping[str, Sharded]) -> None:
-        self._collections = [c for c in sharded.values() if c.fused_optimizer_config is not None]
-        params: Dict[str, torch.Tensor] = {}
-        states: Dict[Any, Any] = {}
-        for path, collection in sharded.items():
-            if collection.fused_optimizer_config is None:
-                continue
-            prefix = (path + "." if path else "") + collection_state_prefix(collection)
-            # only the shards whose optimizer is fused (compute_kernel "dense" shards belong to the dense one)
-            entries = [e for e in collection.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
-            per_table: Dict[str, int] = {}
-            for table, _, _, _ in entries:
-                per_table[table] = per_table.get(table, 0) + 1
-            for table, shard, weight, state in entries:
-                key = f"{prefix}{table}.weight"
-                if per_table[table] > 1:
-                    key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
-                params[key] = weight
-                if state:
-                    states[weight] = state
-        lr = self._collections[0].fused_optimizer_config.lr if self._collections else 0.0
-        super().__init__(params, states, [{"params": list(params.values()), "lr": lr}])
-
-    def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
-        lr = float(self.param_groups[0]["lr"])
-        for collection in self._collections:
-            collection.set_learning_rate(lr)
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to clear: fused updates never write .grad."""
-
-
 # ------------------------------------------------------------------------------------------------ the module
 class DistributedModelParallel(nn.Module):
     """TorchRec's DistributedModelParallel: shard the embedding collections, DDP for the dense rest.
@@ -174,9 +140,14 @@ class DistributedModelParallel(nn.Module):
         env: a ShardingEnv, a process group, or None (the default group).
         device: where the shards live (default: cuda:<local rank> under NCCL, else cpu).
         plan: a ShardingPlan (module path -> table -> ParameterSharding); None: planned here.
-        sharders: used only when the plan is made here (they limit its sharding types, as in TorchRec); every
-            collection is sharded either way.
-        init_data_parallel: wrap the dense part in DDP (default True).
+        sharders: when the plan is made here, they limit its sharding types (as in TorchRec); their `fused_params`
+            set the shards' fused optimizer. Every collection is sharded either way.
+        init_data_parallel: wrap the dense part in DDP (default True; False: call `init_data_parallel()` later).
+
+    The shards' fused optimizer, as in TorchRec: the sharders' `fused_params`, or what torch's
+    `_apply_optimizer_in_backward` recorded on the tables' weights, or the collection's own optimizer; with none of
+    them, SGD with lr 0.01 is fused into the tables planned with a "fused" kernel (the "dense" ones and
+    DATA_PARALLEL replicas keep plain gradients). `fused_optimizer` shows them all.
         init_parameters: must be True (TorchRec's default): shards are always initialized, from the module's
             weights, or with each table's init_fn when the module is on the meta device; False is refused.
         local_world_size: ranks per host (TABLE_ROW_WISE / GRID_SHARD gateways); default LOCAL_WORLD_SIZE env
@@ -206,18 +177,45 @@ class DistributedModelParallel(nn.Module):
             self.plan = ShardingPlan(dict(self.plan))
         validate_plan(self.plan, module, env.world_size, source="the plan of DistributedModelParallel")
         check_same_plan(self.plan, env)  # a stale plan file on one host would compute wrong results silently
-        sharded = shard_collections(module, self.plan, env, backend)
+        sharded = shard_collections(module, self.plan, env, backend, sharders)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]
         if env.device.type != "cpu":
             module.to(env.device)  # the dense part (shards are already there)
         self._sharded = sharded
         self._plain_module = module
-        self._dmp_wrapped_module = wrap_dense(module, sharded, env) if init_data_parallel else module
+        self._dmp_wrapped_module = module
+        self._data_parallel = False
         self.fused_optimizer = ShardedFusedOptimizer(sharded)
+        if init_data_parallel:
+            self.init_data_parallel()
+
+    def init_data_parallel(self) -> None:
+        """Wrap the dense part in DDP (world size > 1 and dense parameters); for a DMP built with
+        init_data_parallel=False (e.g. to move the dense part first). Calling it again does nothing."""
+        if not self._data_parallel:
+            self._dmp_wrapped_module = wrap_dense(self._plain_module, self._sharded, self.env)
+            self._data_parallel = True
+
+    def copy(self, device: torch.device) -> "DistributedModelParallel":
+        """A copy of this DMP, shards, optimizer state and all, sharing the process group (TorchRec's
+        `dmp.copy(device)`). The shards live on this rank's device, so `device` must be that device."""
+        if torch.device(device) != self.env.device:
+            raise NotImplementedError(f"DistributedModelParallel.copy({device}): the shards live on {self.env.device} "
+                                      "and rectoolkit does not move shards between devices; build the DMP with "
+                                      f"device={device} instead")
+        if self._dmp_wrapped_module is not self._plain_module:
+            raise NotImplementedError("DistributedModelParallel.copy: the dense part is wrapped in DDP, which cannot be "
+                                      "copied; build the DMP with init_data_parallel=False, copy it, then call "
+                                      "init_data_parallel() on each")
+        groups = {id(g): g for g in (self.env.pg, dist.GroupMember.WORLD) if g is not None}
+        return copy.deepcopy(self, memo=groups)
 
     # ------------------------------------------------------------------ running
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output, as TorchRec's DMP gives it: a model's tensors (its code uses the sharded
+        collections' awaitables as their results), or the awaitable itself when the model is one collection
+        (`.wait()` gives the KeyedTensor / dict; `.values()`, `[key]` work on it directly)."""
         return self._dmp_wrapped_module(*args, **kwargs)
 
     @property

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from rectoolkit.distributed.awaitable import EmbeddingBagCollectionAwaitable
 from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
+from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
+from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
+from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
@@ -99,7 +103,8 @@ class ShardedCollection(nn.Module):
 
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
-                 initial_weights: Mapping[str, torch.Tensor], backend: str, ids_out_of_range: str) -> None:
+                 initial_weights: Mapping[str, torch.Tensor], backend: str, ids_out_of_range: str,
+                 default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
         super().__init__()
         self.env = env
         self._tables = list(tables)
@@ -123,7 +128,15 @@ class ShardedCollection(nn.Module):
         dtypes = {torch.float16 if t.data_type == DataType.FP16 else torch.float32 for t in tables}
         dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
         embedding_dim = tables[0].embedding_dim if tables else 0
-        dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer) for t in tables}
+        # TorchRec's default (`default_optimizer`, fused SGD) fuses into the "fused" kernels only: a DATA_PARALLEL
+        # replica without an optimizer of its own keeps plain gradients, as TorchRec's dense replicas do
+        def optimizer_of(table: BaseEmbeddingConfig) -> Optional[FusedOptimizerConfig]:
+            data_parallel = ShardingType.parse(self.module_plan[table.name].sharding_type) == ShardingType.DATA_PARALLEL
+            return optimizer if optimizer is not None or data_parallel else default_optimizer
+
+        dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer_of(t)) for t in tables}
+        if optimizer is None and default_optimizer is not None and not all(dense.values()):
+            self._optimizer = optimizer = default_optimizer
         self.groups = nn.ModuleDict()
         # one group per (sharding type, kernel), in a fixed order: every rank runs the groups alike
         for (kind, group_class), dense_kernel in itertools.product(GROUP_CLASSES.items(), (False, True)):
@@ -140,6 +153,9 @@ class ShardedCollection(nn.Module):
                 initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
                 backend=backend, dtype=dtype, embedding_dim=embedding_dim)
             self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
+        # TorchRec's view of the groups, one entry per group (plain lists, as in TorchRec: nothing registered twice)
+        self._input_dists, self._lookups, self._output_dists = group_steps(self.groups)
+        self._run_groups = RunGroups(self)
 
     def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
         return FeatureBatch.from_kjt(features, self._layout, self._is_weighted, self._ids_out_of_range, self.env.rank,
@@ -179,9 +195,17 @@ class ShardedCollection(nn.Module):
             if kernel is not None and getattr(kernel, "optimizer", None) is not None:  # not the dense-kernel groups
                 kernel.set_learning_rate(float(lr))
 
+    @property
+    def fused_optimizer(self):
+        """TorchRec's `sharded_module.fused_optimizer`: the fused optimizer of this rank's shards (a KeyedOptimizer
+        keyed "embedding_bags.<table>.weight"; empty when no shard has a fused optimizer)."""
+        if "_fused_optimizer" not in self.__dict__:
+            self.__dict__["_fused_optimizer"] = ShardedFusedOptimizer({"": self})
+        return self.__dict__["_fused_optimizer"]
+
     def extra_repr(self) -> str:
         kinds = {k: [t.name for t in g.tables] for k, g in self.groups.items()}
-        return f"rank={self.env.rank}/{self.env.world_size}, groups={kinds}"
+        return "\n ".join([f"rank={self.env.rank}/{self.env.world_size}, groups={kinds}", *steps_repr(self)])
 
 
 class ShardedEmbeddingBagCollection(ShardedCollection):
@@ -190,15 +214,20 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     def __init__(self, tables, module_plan, env: ShardingEnv, is_weighted: bool = False,
                  optimizer: Optional[FusedOptimizerConfig] = None,
                  initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
-                 ids_out_of_range: str = "error") -> None:
+                 ids_out_of_range: str = "error", default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
         if any(t.pooling == PoolingType.NONE for t in tables):
             raise ValueError("EmbeddingBagCollection tables need SUM or MEAN pooling")
         super().__init__(tables, module_plan, env, True, is_weighted, optimizer, initial_weights or {}, backend,
-                         ids_out_of_range)
+                         ids_out_of_range, default_optimizer)
         mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
         self._mean_features = mean if any(mean) else None
 
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
+        """The pooled embeddings of this rank's samples, as TorchRec's awaitable: `.wait()` gives the KeyedTensor
+        (already computed; using the awaitable as the KeyedTensor, e.g. `.values()`, works too)."""
+        return EmbeddingBagCollectionAwaitable(self._run_groups(features))
+
+    def _outputs(self, features: KeyedJaggedTensor) -> KeyedTensor:
         batch = self._feature_batch(features)
         B = batch.batch_size
         # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient
@@ -229,17 +258,26 @@ def _initial_weights(module: nn.Module) -> Dict[str, torch.Tensor]:
 
 
 def shard_embedding_bag_collection(module: EmbeddingBagCollection, module_plan: Mapping[str, ParameterSharding],
-                                   env: ShardingEnv, backend: str = "auto") -> ShardedEmbeddingBagCollection:
+                                   env: ShardingEnv, backend: str = "auto",
+                                   fused_params: Optional[Mapping[str, Any]] = None,
+                                   torchrec_default_optimizer: bool = False) -> ShardedEmbeddingBagCollection:
     """Shard an EmbeddingBagCollection: each rank keeps the slices of `module`'s weights that the plan gives it.
 
-    The fused optimizer of the module (if any) is used by every shard; a module on the meta device gives
-    freshly initialized shards (each shard with its table's init_fn).
+    The shards' fused optimizer: the module's own, or `fused_params` and what torch's `_apply_optimizer_in_backward`
+    recorded on its weights (rectoolkit.distributed.fused_params). Without any, the "fused" kernels get plain
+    gradients, or TorchRec's fused SGD (lr 0.01) with `torchrec_default_optimizer` (the sharders and DMP). A module
+    on the meta device gives freshly initialized shards (each shard with its table's init_fn).
     """
+    optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
     return ShardedEmbeddingBagCollection(
         module.embedding_bag_configs(), module_plan, env, is_weighted=module.is_weighted(),
-        optimizer=_copy(module.kernel.optimizer), initial_weights=_initial_weights(module), backend=backend,
-        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"))
+        optimizer=optimizer, initial_weights=_initial_weights(module), backend=backend,
+        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), default_optimizer=default)
 
 
-def _copy(config: Optional[FusedOptimizerConfig]) -> Optional[FusedOptimizerConfig]:
-    return dataclasses.replace(config) if config is not None else None
+def _optimizers(module: nn.Module, fused_params: Optional[Mapping[str, Any]], torchrec_default: bool
+                ) -> Tuple[Optional[FusedOptimizerConfig], Optional[FusedOptimizerConfig]]:
+    """(the optimizer set for the module, TorchRec's default when none is and `torchrec_default`)."""
+    optimizer = fused_optimizer_for(module, fused_params)
+    default = dataclasses.replace(TORCHREC_DEFAULT) if optimizer is None and torchrec_default else None
+    return optimizer, default

@@ -15,12 +15,13 @@ return flat blocks and their flat positions in the [ids, dim] output, added into
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from rectoolkit.distributed.awaitable import EmbeddingCollectionAwaitable
 from rectoolkit.distributed.comm import ShardingEnv
-from rectoolkit.distributed.sharded_ebc import ShardedCollection, _copy, _initial_weights
+from rectoolkit.distributed.sharded_ebc import ShardedCollection, _initial_weights, _optimizers
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.embedding_modules import EmbeddingCollection
 from rectoolkit.modules.layout import guard_gradient
@@ -33,15 +34,21 @@ class ShardedEmbeddingCollection(ShardedCollection):
 
     def __init__(self, tables, module_plan, env: ShardingEnv, optimizer: Optional[FusedOptimizerConfig] = None,
                  initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
-                 ids_out_of_range: str = "error", need_indices: bool = False) -> None:
+                 ids_out_of_range: str = "error", need_indices: bool = False,
+                 default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
         if len({t.embedding_dim for t in tables}) > 1:
             raise ValueError("all tables of an EmbeddingCollection need one embedding_dim")
         super().__init__(tables, module_plan, env, False, False, optimizer, initial_weights or {}, backend,
-                         ids_out_of_range)
+                         ids_out_of_range, default_optimizer)
         self._need_indices = need_indices
         self._dim = tables[0].embedding_dim
 
-    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+    def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
+        """{feature: JaggedTensor} of this rank's ids, as TorchRec's awaitable (`.wait()` gives the dict; `[name]`,
+        `.items()` work on the awaitable too)."""
+        return EmbeddingCollectionAwaitable(self._run_groups(features))
+
+    def _outputs(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         batch = self._feature_batch(features)
         counts = [batch.values[f].numel() for f in self._features]
         out = torch.zeros(sum(counts) * self._dim, device=self.env.device)
@@ -60,9 +67,12 @@ class ShardedEmbeddingCollection(ShardedCollection):
 
 
 def shard_embedding_collection(module: EmbeddingCollection, module_plan: Mapping[str, ParameterSharding],
-                               env: ShardingEnv, backend: str = "auto") -> ShardedEmbeddingCollection:
+                               env: ShardingEnv, backend: str = "auto", fused_params: Optional[Mapping[str, Any]] = None,
+                               torchrec_default_optimizer: bool = False) -> ShardedEmbeddingCollection:
     """Shard an EmbeddingCollection (see shard_embedding_bag_collection)."""
+    optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
     return ShardedEmbeddingCollection(
-        module.embedding_configs(), module_plan, env, optimizer=_copy(module.kernel.optimizer),
+        module.embedding_configs(), module_plan, env, optimizer=optimizer,
         initial_weights=_initial_weights(module), backend=backend,
-        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), need_indices=module.need_indices())
+        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), need_indices=module.need_indices(),
+        default_optimizer=default)

@@ -2,7 +2,11 @@
 
 TorchRec's planner and DistributedModelParallel take a list of sharders, one per module type they may shard.
 rectoolkit shards every EmbeddingBagCollection and EmbeddingCollection it finds, so passing these is optional;
-they exist so that TorchRec code runs unchanged, and they answer the same questions TorchRec's do.
+they exist so that TorchRec code runs unchanged, and they answer the same questions TorchRec's do. Their
+`fused_params` set the shards' fused optimizer (rectoolkit.distributed.fused_params), and `shard()` shards one
+collection by its part of a plan:
+
+    sharded = EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.02}).shard(ebc, plan.plan[""], env)
 
     >>> EmbeddingCollectionSharder().sharding_types("cuda")
     ['table_wise', 'column_wise', 'row_wise', 'data_parallel']
@@ -10,9 +14,13 @@ they exist so that TorchRec code runs unchanged, and they answer the same questi
 
 from __future__ import annotations
 
-from typing import List, Type
+from typing import Any, Dict, List, Mapping, Optional, Type
 
+import torch
 from torch import nn
+
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.plan.types import CPU_KERNELS, CUDA_KERNELS, EmbeddingComputeKernel, ShardingType
@@ -25,11 +33,50 @@ _TRAINING_KERNELS = {
 
 
 class EmbeddingBagCollectionSharder:
-    """Shards EmbeddingBagCollection: all six sharding types."""
+    """Shards EmbeddingBagCollection: all six sharding types.
+
+    Args:
+        fused_params: the shards' fused optimizer, TorchRec's keys ("optimizer", "learning_rate", "eps", "beta1",
+            "beta2", "weight_decay"); other keys are refused, naming them. None: TorchRec's default, fused SGD with
+            lr 0.01 (or what `_apply_optimizer_in_backward` or the collection itself set).
+        qcomm_codecs_registry: quantized communication is not implemented; only None is accepted.
+    """
 
     module_type: Type[nn.Module] = EmbeddingBagCollection
     _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
               ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL]
+
+    def __init__(self, fused_params: Optional[Dict[str, Any]] = None, qcomm_codecs_registry: Any = None) -> None:
+        if qcomm_codecs_registry is not None:
+            raise NotImplementedError(f"{type(self).__name__}(qcomm_codecs_registry=...): quantized communication "
+                                      "is not implemented in rectoolkit; leave it None")
+        if fused_params is not None:
+            FusedOptimizerConfig.from_fused_params(fused_params)  # refuse unknown keys now, not at shard()
+        self._fused_params = dict(fused_params) if fused_params is not None else None
+
+    @property
+    def fused_params(self) -> Optional[Dict[str, Any]]:
+        return self._fused_params
+
+    def shard(self, module: nn.Module, params: Mapping[str, Any], env: Any, device: Optional[torch.device] = None,
+              module_fqn: Optional[str] = None) -> nn.Module:
+        """TorchRec's `sharder.shard(module, plan.plan[path], env, device)`: the sharded collection (this rank's
+        shards). `env` is a ShardingEnv or a process group; `device` (default: env's) is where the shards live;
+        `module_fqn`, the collection's path in its model, is kept as `sharded.module_fqn`."""
+        from rectoolkit.distributed import sharded_ebc, sharded_ec
+
+        if not isinstance(module, self.module_type):
+            raise TypeError(f"{type(self).__name__}.shard: got a {type(module).__name__}, this sharder shards "
+                            f"{self.module_type.__name__}")
+        if not isinstance(env, ShardingEnv):
+            env = ShardingEnv.from_process_group(env, device=device)
+        elif device is not None and torch.device(device) != env.device:
+            env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+        shard = (sharded_ebc.shard_embedding_bag_collection if self.module_type is EmbeddingBagCollection
+                 else sharded_ec.shard_embedding_collection)
+        sharded = shard(module, dict(params), env, fused_params=self._fused_params, torchrec_default_optimizer=True)
+        sharded.module_fqn = module_fqn  # the collection's path in its model ("" or None: the model itself)
+        return sharded
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
         _check_device(compute_device_type)

@@ -81,6 +81,9 @@ class FusedOptimizerConfig:
         if "weight_decay" in kw:
             config.weight_decay = float(kw.pop("weight_decay"))
             config.__post_init__()
+        if kw:
+            raise ValueError(f"cannot fuse {optimizer_class.__name__} with {sorted(kw)}: the fused optimizers take lr, "
+                             "eps, betas and weight_decay (Adam) only; leave the others out")
         return config
 
 

@@ -77,7 +77,8 @@ class _BatchedCollection(nn.Module):
         for table in tables:
             if not table.feature_names:
                 table.feature_names = [table.name]  # TorchRec's convention
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        # no device: torch's default device, so `with torch.device("meta"):` builds a meta collection (as TorchRec)
+        self._device = torch.device(device) if device is not None else torch.empty(0).device
         self._backend = backend
         self._ids_out_of_range = ids_out_of_range
         self._feature_names: List[List[str]] = [list(t.feature_names) for t in tables]

@@ -7,3 +7,4 @@ from rectoolkit.optim.keyed import (
     KeyedOptimizerWrapper,
     in_backward_optimizer_filter,
 )
+from rectoolkit.optim.apply_optimizer_in_backward import apply_optimizer_in_backward

@@ -22,19 +22,20 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import ParameterSharding, ShardingType
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.rowwise import dequantize_rowwise, quantize_rowwise
+from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 
 def shard_quant_embedding_bag_collection(qebc: QuantEmbeddingBagCollection,
                                          module_plan: Mapping[str, ParameterSharding], env,
                                          backend: str = "auto") -> nn.Module:
     """Shard a QuantEmbeddingBagCollection by `module_plan` on `env` (a rectoolkit.distributed.ShardingEnv)."""
-    from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
-
     for name, ps in module_plan.items():
         if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL:
             raise ValueError(f"table {name!r} is planned DATA_PARALLEL; quantized tables shard table-, row- or "
@@ -44,7 +45,7 @@ def shard_quant_embedding_bag_collection(qebc: QuantEmbeddingBagCollection,
     for config in float_configs:
         config.data_type = DataType.FP32
     # The sharded module built for float tables gives the communication; its float shards are replaced below.
-    sharded = ShardedEmbeddingBagCollection(float_configs, module_plan, env, is_weighted=qebc.is_weighted(),
+    sharded = ShardedQuantEmbeddingBagCollection(float_configs, module_plan, env, is_weighted=qebc.is_weighted(),
                                             backend="torch", ids_out_of_range=qebc._ids_out_of_range)
     stored = {name: module.weight for name, module in qebc.embedding_bags.items()}
     dims = {t.name: t.embedding_dim for t in qebc.embedding_bag_configs()}
@@ -65,6 +66,46 @@ def shard_quant_embedding_bag_collection(qebc: QuantEmbeddingBagCollection,
         quantized_bytes += lookup.storage_bytes()
     sharded.quantized_bytes = quantized_bytes  # bytes of the quantized shards on this rank
     return sharded
+
+
+class ShardedQuantEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """A QuantEmbeddingBagCollection sharded for inference: forward gives the KeyedTensor itself (TorchRec's
+    inference modules return no awaitable)."""
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        return self._run_groups(features)
+
+
+class QuantEmbeddingBagCollectionSharder:
+    """TorchRec's sharder for the quantized EmbeddingBagCollection: `shard()` gives the sharded inference module.
+
+    Sharding types: table-, row- and column-wise, TABLE_ROW_WISE, GRID_SHARD (not DATA_PARALLEL).
+    """
+
+    module_type = QuantEmbeddingBagCollection
+    _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
+              ShardingType.GRID_SHARD]
+
+    def __init__(self, fused_params=None, qcomm_codecs_registry=None, shardable_params=None) -> None:
+        given = {k: v for k, v in (("fused_params", fused_params), ("qcomm_codecs_registry", qcomm_codecs_registry),
+                                   ("shardable_params", shardable_params)) if v is not None}
+        if given:
+            raise NotImplementedError(f"QuantEmbeddingBagCollectionSharder({', '.join(given)}=...): not implemented "
+                                      "for rectoolkit's quantized sharding; leave them None")
+
+    def sharding_types(self, compute_device_type: str):
+        return [t.value for t in self._types]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str):
+        return ["quant"]
+
+    def shard(self, module, params, env, device=None, module_fqn=None):
+        """Shard `module` by its plan entry `params` (table -> ParameterSharding) on `env`."""
+        if device is not None and torch.device(device) != env.device:
+            env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+        sharded = shard_quant_embedding_bag_collection(module, dict(params), env)
+        sharded.module_fqn = module_fqn
+        return sharded
 
 
 def _shard_rows(rows: torch.Tensor, data_type: DataType, dim: int, shard, row_alignment: int) -> torch.Tensor:

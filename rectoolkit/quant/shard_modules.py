@@ -1,0 +1,93 @@
+"""TorchRec's shard_modules (torchrec.distributed.shard): replace a model's embedding collections by sharded ones.
+
+    sharded_model = shard_modules(model, env=ShardingEnv.from_process_group(pg))   # planned here, or plan=...
+
+Unlike DistributedModelParallel, nothing else is done: no DDP for the dense part, no fused optimizer gathered
+for the model. Collections are found by their sharders' module types (default: every rectoolkit collection,
+float and quantized); the model itself may be one (then the sharded collection is returned, not the model).
+It lives here, above rectoolkit.distributed, because its default sharders include the quantized one;
+rectoolkit.distributed.shard re-exports it at TorchRec's path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+from rectoolkit.plan.types import ShardingPlan
+from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
+from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder
+
+
+def get_default_sharders() -> List[Any]:
+    """A sharder for each collection rectoolkit shards: float bags and sequences, quantized bags."""
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder(), QuantEmbeddingBagCollectionSharder()]
+
+
+def shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device: Optional[torch.device] = None,
+                  plan: Optional[ShardingPlan] = None, sharders: Optional[List[Any]] = None,
+                  init_params: bool = False) -> nn.Module:
+    """Shard every collection of `module` that a sharder handles, in place; returns `module` (or the sharded
+    collection when `module` is one). `plan` None: planned here (EmbeddingShardingPlanner on env's world).
+    `init_params` is TorchRec's switch to materialize meta weights: rectoolkit always does (shards of a meta
+    collection are initialized with each table's init_fn), so True and False give the same."""
+    return _shard_modules(module, env, device, plan, sharders, init_params)
+
+
+def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device: Optional[torch.device] = None,
+                   plan: Optional[ShardingPlan] = None, sharders: Optional[List[Any]] = None,
+                   init_params: bool = False, planner: Any = None) -> nn.Module:
+    """shard_modules, with TorchRec's extra `planner` (used when no plan is given)."""
+    if isinstance(env, dict):
+        raise NotImplementedError("shard_modules(env={path: ShardingEnv}): hybrid sharding over several groups is "
+                                  "not implemented in rectoolkit; pass one ShardingEnv")
+    if env is None:
+        if not dist.is_initialized():
+            raise RuntimeError("shard_modules: no env given and torch.distributed is not initialized; call "
+                               "dist.init_process_group first or pass env=ShardingEnv.from_local(1, 0)")
+        env = ShardingEnv.from_process_group(dist.GroupMember.WORLD, device=device)
+    if device is not None and torch.device(device) != env.device:
+        env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+    sharders = get_default_sharders() if sharders is None else list(sharders)
+    by_type = {sharder.module_type: sharder for sharder in sharders}
+    if plan is None:
+        if planner is None:
+            from rectoolkit.planner import EmbeddingShardingPlanner, Topology  # the planner imports this package
+
+            planner = EmbeddingShardingPlanner(topology=Topology(
+                world_size=env.world_size, compute_device=env.device.type, local_world_size=env.local_world_size))
+        plan = planner.collective_plan(module, None, env.pg) if env.pg is not None else planner.plan(module, None)
+        plan = _quant_kernels(module, plan)
+    if type(module) in by_type:
+        return by_type[type(module)].shard(module, _module_plan(plan, ""), env, env.device, "")
+    for path, child in list(module.named_modules()):
+        if path and type(child) in by_type:
+            module_plan = plan.get_plan_for_module(path)
+            if module_plan is None:
+                continue  # TorchRec leaves a collection the plan does not name as it is
+            parent_path, _, name = path.rpartition(".")
+            parent = module.get_submodule(parent_path) if parent_path else module
+            setattr(parent, name, by_type[type(child)].shard(child, module_plan, env, env.device, path))
+    return module
+
+
+def _quant_kernels(module: nn.Module, plan: ShardingPlan) -> ShardingPlan:
+    """The plan with compute_kernel "quant" for the quantized collections' tables: rectoolkit's planner plans
+    training kernels, and the printed plan should say what runs (TorchRec's planner says "quant" there too)."""
+    quantized = {path for path, m in module.named_modules() if isinstance(m, QuantEmbeddingBagCollection)}
+    return ShardingPlan({path: {table: dataclasses.replace(ps, compute_kernel="quant") if path in quantized else ps
+                                for table, ps in tables.items()}
+                         for path, tables in plan.plan.items()})
+
+
+def _module_plan(plan: ShardingPlan, path: str):
+    module_plan = plan.get_plan_for_module(path)
+    if module_plan is None:
+        raise ValueError(f"shard_modules: the plan has no entry for the module at {path!r}; it has {list(plan.plan)}")
+    return module_plan
