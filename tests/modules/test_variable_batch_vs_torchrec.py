@@ -68,22 +68,6 @@ def test_vbe_ebc_by_hand():
     assert ebc(kjt).values().tolist() == [[110.0, 20.0], [110.0, 2.0], [110.0, 2000.0]]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_vbe_training_equals_torchrec_with_dense_sgd(backend):
-    """The gradient of every expanded row reaches its one pooled row: 3 fused SGD steps == TorchRec + torch SGD."""
-    ours, theirs = _pair("SUM", False, backend, lr=0.3)
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.3)
-    for step in range(3):
-        inputs = vbe_inputs(10 + step, False)
-        target = torch.randn(12, 20, generator=torch.Generator().manual_seed(step))
-        (ours(rtk.KeyedJaggedTensor(**inputs)).values() * target).sum().backward()
-        (theirs(torchrec.KeyedJaggedTensor(**inputs)).values() * target).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    for name, value in theirs.state_dict().items():
-        torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-6, atol=1e-6)
-
-
 def test_fixed_batch_with_inverse_indices_is_expanded_as_torchrec():
     ours, theirs = _pair("SUM", False, "torch")
     inputs = vbe_inputs(3, False, stride_per_key_per_rank=((2, 2), (2, 2), (2, 2)), batch=5)
