@@ -207,6 +207,12 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         self._mean_features = mean if any(mean) else None
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        weights = features.weights_or_none()
+        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{type(self).__name__} (rank {self.env.rank}): the per-id weights require grad (e.g. "
+                             "the position weights of a FeatureProcessedEmbeddingBagCollection), but the sharded "
+                             "input_dist sends them as data, so they would get no gradient; freeze them "
+                             "(requires_grad_(False)) to shard this collection, or keep it unsharded")
         batch = self._feature_batch(features)
         inverse_indices = self._layout.inverse_indices(features)
         B = batch.batch_size
