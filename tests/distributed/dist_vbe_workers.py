@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
-from rectoolkit.plan.traffic import batch_id_counter, batch_sizes_of
+from rectoolkit.plan.traffic import batch_sizes_of
 from dist_workers import _bytes_match, _max_diff, bag_tables, plan_for
 
 
