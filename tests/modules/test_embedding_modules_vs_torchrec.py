@@ -7,7 +7,7 @@ import torch
 
 import rectoolkit as rtk
 
-from test_variable_batch_vs_torchrec import vbe_inputs
+from test_ebc_variable_batch_vs_torchrec import vbe_inputs
 
 torchrec = pytest.importorskip("torchrec")
 pytestmark = pytest.mark.torchrec
