@@ -215,7 +215,9 @@ def to_ragged(matrix: torch.Tensor, block_rows: Sequence[int], widths: Sequence[
 def from_ragged(flat: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int], B: int) -> torch.Tensor:
     """The inverse of to_ragged: [sum(block_rows), B], each block's missing columns zero. Differentiable."""
     if all(w == B for w in widths):
-        return flat.view(-1, B) if flat.numel() else flat.new_zeros(sum(block_rows), B)
+        # reshape, not new_zeros, when empty: an empty block must stay in the autograd graph, or this rank skips
+        # the backward collectives behind it while its peers wait in them
+        return flat.reshape(sum(block_rows), B)
     pieces = flat.split([r * w for r, w in zip(block_rows, widths)])
     return torch.cat([F.pad(piece.view(r, w), (0, B - w)) for piece, r, w in zip(pieces, block_rows, widths)])
 

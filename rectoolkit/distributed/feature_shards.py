@@ -109,9 +109,11 @@ class FeatureBatch:
 
     @classmethod
     def from_kjt(cls, features, layout: FeatureLayout, weighted: bool, ids_out_of_range: str, rank: int,
-                 device: Optional[torch.device] = None) -> "FeatureBatch":
-        """The collection's features (gathered and checked by its front door, rectoolkit.modules.layout), split."""
-        gathered = layout.gather(features, weighted)
+                 device: Optional[torch.device] = None, variable_batch: bool = False) -> "FeatureBatch":
+        """The collection's features (gathered and checked by its front door, rectoolkit.modules.layout), split.
+
+        `variable_batch`: a batch size per feature is taken, every feature padded to the largest (empty bags)."""
+        gathered = layout.gather(features, weighted, variable_batch)
         ids = layout.check_ids(gathered, ids_out_of_range, subject=f"rank {rank}: ")
         lengths, weights, stride = gathered.lengths, gathered.weights, gathered.batch_size
         if device is not None and ids.device != device:  # e.g. a CPU batch for CUDA shards

@@ -36,6 +36,7 @@ from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, sh
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 
@@ -67,6 +68,17 @@ def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]]
         dist.broadcast_object_list(box, src=0, group=env.pg)
         plan = box[0]
     return plan
+
+
+def plan_at_collections(plan: ShardingPlan, module: nn.Module) -> ShardingPlan:
+    """The plan keyed by the paths of the collections that get sharded: TorchRec keys the tables of a
+    FeatureProcessedEmbeddingBagCollection by its own path ("fp"); here the collection inside it is sharded (its
+    feature processors stay dense), so such an entry moves to the inner path ("fp._embedding_bag_collection")."""
+    moved = {path: path + "._embedding_bag_collection" if path else "_embedding_bag_collection"
+             for path, m in module.named_modules() if isinstance(m, FeatureProcessedEmbeddingBagCollection)}
+    if not any(path in plan.plan for path in moved):
+        return plan
+    return ShardingPlan({moved.get(path, path): dict(tables) for path, tables in plan.plan.items()})
 
 
 def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto",
@@ -175,6 +187,7 @@ class DistributedModelParallel(nn.Module):
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
+        self.plan = plan_at_collections(self.plan, module)
         validate_plan(self.plan, module, env.world_size, source="the plan of DistributedModelParallel")
         check_same_plan(self.plan, env)  # a stale plan file on one host would compute wrong results silently
         sharded = shard_collections(module, self.plan, env, backend, sharders)

@@ -40,7 +40,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
-from rectoolkit.modules.layout import FeatureLayout, guard_gradient
+from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -101,6 +101,8 @@ def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
 class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
+    takes_variable_batch = False  # a batch size per feature (VBE): only the pooled collection expands it
+
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
                  initial_weights: Mapping[str, torch.Tensor], backend: str, ids_out_of_range: str,
@@ -159,7 +161,7 @@ class ShardedCollection(nn.Module):
 
     def _feature_batch(self, features: KeyedJaggedTensor) -> FeatureBatch:
         return FeatureBatch.from_kjt(features, self._layout, self._is_weighted, self._ids_out_of_range, self.env.rank,
-                                     self.env.device)
+                                     self.env.device, self.takes_variable_batch)
 
     # ------------------------------------------------------------------ shards and state
     def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
@@ -209,7 +211,13 @@ class ShardedCollection(nn.Module):
 
 
 class ShardedEmbeddingBagCollection(ShardedCollection):
-    """An EmbeddingBagCollection sharded by a plan: KJT (local batch) -> KeyedTensor [B, sum of dims]."""
+    """An EmbeddingBagCollection sharded by a plan: KJT (local batch) -> KeyedTensor [B, sum of dims].
+
+    A KJT with a batch size per feature (VBE) travels with each feature's own bags (the others padded with empty
+    bags, which carry no ids) and the pooled output is expanded with its inverse indices at the end, on the
+    rank that asked, as the unsharded collection does."""
+
+    takes_variable_batch = True
 
     def __init__(self, tables, module_plan, env: ShardingEnv, is_weighted: bool = False,
                  optimizer: Optional[FusedOptimizerConfig] = None,
@@ -228,7 +236,14 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         return EmbeddingBagCollectionAwaitable(self._run_groups(features))
 
     def _outputs(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        weights = features.weights_or_none()
+        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{type(self).__name__} (rank {self.env.rank}): the per-id weights require grad (e.g. "
+                             "the position weights of a FeatureProcessedEmbeddingBagCollection), but the sharded "
+                             "input_dist sends them as data, so they would get no gradient; freeze them "
+                             "(requires_grad_(False)) to shard this collection, or keep it unsharded")
         batch = self._feature_batch(features)
+        inverse_indices = self._layout.inverse_indices(features)
         B = batch.batch_size
         # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient
         out_t = torch.zeros(self._output_width, B, device=self.env.device)
@@ -242,6 +257,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
                      for f, mean in zip(self._features, self._mean_features)]
             out = out * torch.stack(scale, 1).repeat_interleave(torch.tensor(self._dims, device=out.device), dim=1)
+        if inverse_indices is not None:
+            out = expand_pooled(out, inverse_indices, self._dims)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=out, key_dim=1)
 
     def embedding_bag_configs(self):

@@ -31,7 +31,7 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from rectoolkit.modules.layout import FeatureLayout, guard_gradient, rows_per_feature
+from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -249,9 +249,13 @@ class EmbeddingBagCollection(_BatchedCollection):
         return self._embedding_bag_configs
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        """Pool each feature's ids with its table: KJT (B bags per feature) -> KeyedTensor [B, sum of dims]."""
+        """Pool each feature's ids with its table: KJT (B bags per feature) -> KeyedTensor [B, sum of dims].
+
+        A KJT with a batch size per feature (VBE) is pooled per feature, then expanded to the full batch with its
+        inverse_indices (B = their width), as TorchRec does."""
         self._sync_kernel()
-        values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted)
+        values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted, variable_batch=True)
+        inverse_indices = self._layout.inverse_indices(features)
         pooled = self._kernel(values, self._complete_cumsum(lengths), weights)
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
             pooled = guard_gradient(pooled, type(self).__name__)
@@ -261,6 +265,8 @@ class EmbeddingBagCollection(_BatchedCollection):
             pooled = pooled * scale.repeat_interleave(
                 torch.tensor(self._lengths_per_embedding, device=counts.device), dim=1,
                 output_size=pooled.shape[1])
+        if inverse_indices is not None:  # a batch per feature: each sample reads its feature's pooled row
+            pooled = expand_pooled(pooled, inverse_indices, self._lengths_per_embedding)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=pooled, key_dim=1)
 
     def is_weighted(self) -> bool:

@@ -15,7 +15,8 @@ items of a history count against the older ones.
     >>> module(kjt).weights()
     tensor([1.0000, 0.5000, 0.2500, 1.0000], grad_fn=<CatBackward0>)
 
-Unsharded only for now: the sharded collections do not take a feature-processed collection yet.
+Sharded (DistributedModelParallel), the position weights must be frozen: the sharded collections send per-id
+weights as data and refuse weights that require grad (see fp_embedding_modules).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ processors turn each feature's ids into (ids, weights), then a weighted Embeddin
     torch.Size([2, 2])
 
 `feature_processors` is either one `FeatureProcessorsCollection` over the whole KJT, or a dict with one
-`FeatureProcessor` per feature of the collection (every feature, no other). Unsharded only for now.
+`FeatureProcessor` per feature of the collection (every feature, no other). Under DistributedModelParallel the
+collection inside is sharded (a plan keyed by this module's path, as TorchRec keys it, is accepted) and the
+processors stay dense; their weights must be frozen there (the sharded input_dist sends per-id weights as data).
 """
 
 from __future__ import annotations

@@ -4,7 +4,12 @@ The float (modules.embedding_modules), quantized (quant.embedding_modules) and s
 (distributed.sharded_ebc / sharded_ec) collections all take their input here, so they accept and refuse the
 same things, with the same errors (each names the collection, the feature and the fix):
 
-- a feature the collection needs is missing from the KJT, or the KJT has a batch size per feature;
+- a feature the collection needs is missing from the KJT;
+- a batch size per feature (VBE: ``stride_per_key_per_rank``, ``inverse_indices``) where the collection cannot
+  take one; the EmbeddingBagCollections (float and sharded) take it: `gather(..., variable_batch=True)` pads
+  each feature's bags to the largest stride with empty bags (no ids added, so the lookup and the id
+  all-to-alls carry only the deduplicated ids), and `expand_pooled` reads each sample's pooled row through
+  the inverse indices, as TorchRec's EmbeddingBagCollection does;
 - float ids (a pandas id column with a missing value becomes float): refused, never truncated;
 - per-id weights: required by a weighted collection, refused by an unweighted one (they would be ignored);
 - NaN or inf per-id weights: refused before they reach the tables;
@@ -78,8 +83,18 @@ class FeatureLayout:
         self.table_names: List[str] = list(table_names)
         self.id_ranges = IdRanges(rows_per_feature, feature_names, table_names, hash_allowed=hash_allowed)
 
-    def gather(self, features: KeyedJaggedTensor, weighted: bool) -> GatheredFeatures:
-        """This collection's features out of `features`, checked (see the module docstring)."""
+    def gather(self, features: KeyedJaggedTensor, weighted: bool, variable_batch: bool = False) -> GatheredFeatures:
+        """This collection's features out of `features`, checked (see the module docstring).
+
+        With `variable_batch`, a KJT with a batch size per feature comes back with every feature padded to the
+        largest one (empty bags); otherwise such a KJT is refused."""
+        if features.variable_stride_per_key() or features.inverse_indices_or_none() is not None:
+            if not variable_batch:
+                raise ValueError(f"{self.owner} does not take a variable batch size per feature "
+                                 "(stride_per_key_per_rank / inverse_indices); expand the KeyedJaggedTensor to the "
+                                 "full batch, or use an EmbeddingBagCollection")
+            if features.variable_stride_per_key():
+                features = self._padded_to_largest_stride(features)
         keys, stride = features.keys(), features.stride()
         values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
         if list(keys) != self.feature_names:
@@ -89,9 +104,6 @@ class FeatureLayout:
                 needed_by = {f: self.table_names[self.feature_names.index(f)] for f in missing}
                 raise ValueError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
                                  f"{needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine).")
-            if lengths.numel() != len(keys) * stride:
-                raise ValueError(f"{self.owner}: variable batch sizes per feature are not supported by the "
-                                 "collections; pad every feature to one stride")
             order = [position[f] for f in self.feature_names]
             starts = features.offset_per_key()
             values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
@@ -107,6 +119,40 @@ class FeatureLayout:
         if weights is not None and finite_checks_enabled():
             self._check_finite_weights(weights, lengths, stride)
         return GatheredFeatures(values, lengths, weights, stride)
+
+    def _padded_to_largest_stride(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The VBE KJT as a fixed-stride KJT: each key's lengths followed by zeros up to the largest stride."""
+        strides = features.stride_per_key()
+        largest = max(strides, default=0)
+        lengths = features.lengths()
+        padded = lengths.new_zeros(len(strides), largest)
+        key_of_sample = torch.repeat_interleave(torch.arange(len(strides), device=lengths.device),
+                                                torch.tensor(strides, device=lengths.device), output_size=lengths.numel())
+        starts = torch.tensor(features.lengths_offset_per_key()[:-1], device=lengths.device)
+        padded[key_of_sample, torch.arange(lengths.numel(), device=lengths.device) - starts[key_of_sample]] = lengths
+        return KeyedJaggedTensor(keys=features.keys(), values=features.values(), weights=features.weights_or_none(),
+                                 lengths=padded.view(-1), stride=largest, length_per_key=features.length_per_key(),
+                                 validate=False)
+
+    def inverse_indices(self, features: KeyedJaggedTensor) -> Optional[torch.Tensor]:
+        """[features, full batch]: the row of each of this collection's features in `features`' inverse indices
+        (TorchRec matches a name ``f@suffix`` to ``f``); None when there are none. A KJT whose features have
+        different batch sizes needs them (the pooled rows of each feature are expanded to the full batch)."""
+        inverse = features.inverse_indices_or_none()
+        if inverse is None:
+            strides = dict(zip(features.keys(), features.stride_per_key()))
+            if len({strides[f] for f in self.feature_names if f in strides}) > 1:
+                raise ValueError(f"{self.owner}: the features have different batch sizes {strides} but the "
+                                 "KeyedJaggedTensor has no inverse_indices to expand them to one batch; pass "
+                                 "inverse_indices=(keys, tensor[len(keys), batch size])")
+            return None
+        row_of = {key: row for row, key in enumerate(inverse[0])}
+        missing = [f for f in self.feature_names if f.split("@")[0] not in row_of]
+        if missing:
+            raise ValueError(f"{self.owner}: the KeyedJaggedTensor's inverse_indices have no row for feature(s) "
+                             f"{missing} (they have keys {list(inverse[0])}); give one row per feature")
+        rows = torch.tensor([row_of[f.split("@")[0]] for f in self.feature_names], device=inverse[1].device)
+        return inverse[1].index_select(0, rows)
 
     def refuse_float_ids(self, values: torch.Tensor) -> None:
         if values.is_floating_point():
@@ -144,6 +190,18 @@ def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: Gathere
     ids = gathered.values.split(counts)
     return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f], weights=ids[f] if need_indices else None)
             for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
+
+
+def expand_pooled(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """[full batch, sum of dims]: sample b's block of feature f is pooled row ``inverse_indices[f, b]``.
+
+    >>> pooled = torch.tensor([[1., 10., 20.], [2., 30., 40.]])     # user (dim 1, 1 sample), item (dim 2, 2)
+    >>> expand_pooled(pooled, torch.tensor([[0, 0, 0], [1, 0, 1]]), [1, 2]).tolist()
+    [[1.0, 30.0, 40.0], [1.0, 10.0, 20.0], [1.0, 30.0, 40.0]]
+    """
+    rows = inverse_indices.to(device=pooled.device, dtype=torch.int64).repeat_interleave(
+        torch.tensor(list(dims), device=pooled.device), dim=0, output_size=pooled.shape[1])
+    return pooled.gather(0, rows.t())
 
 
 def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:

@@ -200,5 +200,7 @@ def expected_id_counter(
 
 
 def batch_sizes_of(batches: Sequence[object]) -> list:
-    """Local batch size of each rank's KJT."""
-    return [int(kjt.stride()) for kjt in batches]
+    """Local batch size of each rank's KJT: the bags the sharded collections send per feature, i.e. with a batch
+    size per feature (VBE) the largest feature's (the others are padded with empty bags)."""
+    return [int(max(kjt.stride_per_key(), default=0)) if kjt.variable_stride_per_key() else int(kjt.stride())
+            for kjt in batches]

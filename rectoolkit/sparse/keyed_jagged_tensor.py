@@ -5,8 +5,9 @@
     values  = [1, 2, 1, 5,   2, 3, 4, 1]
     stride  = 2                          samples per key (the batch size)
 
-Same constructor arguments, methods, results and printed layout as ``torchrec.KeyedJaggedTensor``.
-Variable batch size per key (TorchRec's ``stride_per_key_per_rank``) is not supported yet.
+Same constructor arguments, methods, results and printed layout as ``torchrec.KeyedJaggedTensor``,
+including a variable batch size per key (``stride_per_key_per_rank``, ``inverse_indices``; see
+rectoolkit.sparse.variable_batch).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from rectoolkit.sparse import validation
+from rectoolkit.sparse import validation, variable_batch
 from rectoolkit.sparse.jagged_ops import (
     batched_lengths_to_offsets,
     cat_or_empty,
@@ -30,26 +31,6 @@ from rectoolkit.sparse.jagged_tensor import JaggedTensor
 _OWNER = "KeyedJaggedTensor"
 
 
-def _uniform_stride_per_key_per_rank(
-    stride_per_key_per_rank: Union[torch.Tensor, List[List[int]], None], num_keys: int
-) -> Optional[int]:
-    """The batch size if every key has the same one; raise if the batch size varies per key."""
-    if stride_per_key_per_rank is None:
-        return None
-    rows = (
-        stride_per_key_per_rank.tolist()
-        if isinstance(stride_per_key_per_rank, torch.Tensor)
-        else stride_per_key_per_rank
-    )
-    per_key = [sum(row) for row in rows]
-    if len(set(per_key)) > 1:
-        raise NotImplementedError(
-            f"{_OWNER}: variable batch size per key (stride_per_key_per_rank={rows}) is not supported "
-            "yet; give every key the same number of samples"
-        )
-    return per_key[0] if per_key else 0
-
-
 class KeyedJaggedTensor:
     """Sparse features keyed by name: ``lengths`` is key-major, ``len(keys) * stride`` entries.
 
@@ -60,10 +41,12 @@ class KeyedJaggedTensor:
         lengths: values per (key, sample), key-major; or
         offsets: start of each (key, sample) in values, plus the end.
         stride: samples per key (inferred from lengths/offsets if None).
-        stride_per_key_per_rank: accepted only when every key has the same batch size.
+        stride_per_key_per_rank: samples of each key on each rank ([keys][ranks]); makes the KJT variable
+            batch per key (VBE): key k has ``sum(stride_per_key_per_rank[k])`` samples.
         stride_per_key, length_per_key, lengths_offset_per_key, offset_per_key, index_per_key,
         jt_dict: precomputed caches (as in TorchRec).
-        inverse_indices: kept and returned as is.
+        inverse_indices: (keys, [len(keys), B] tensor): sample b of the full batch reads the key's sample
+            ``inverse_indices[1][k, b]``; the collections expand their output with it. Then stride() is B.
         validate: check the inputs (default: on, unless inside ``validation_disabled()``).
 
     >>> kjt = KeyedJaggedTensor(keys=["product", "user"], values=torch.tensor([1, 2, 1, 5, 2, 3, 4, 1]),
@@ -95,15 +78,15 @@ class KeyedJaggedTensor:
     ) -> None:
         if lengths is None and offsets is None:
             raise ValueError(f"{_OWNER}: pass lengths or offsets (or both)")
-        uniform = _uniform_stride_per_key_per_rank(stride_per_key_per_rank, len(keys))
-        if stride is None and uniform is not None:
-            stride = uniform
         self._keys = keys
         self._values = values
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
         self._stride = stride
+        self._stride_per_key_per_rank = variable_batch.as_lists(stride_per_key_per_rank)
+        self._stride_per_key = stride_per_key
+        self._lengths_offset_per_key = lengths_offset_per_key
         self._length_per_key = length_per_key
         self._offset_per_key = offset_per_key
         self._index_per_key = index_per_key
@@ -118,6 +101,9 @@ class KeyedJaggedTensor:
         validation.check_integer(lengths, "lengths", _OWNER)
         validation.check_integer(offsets, "offsets", _OWNER)
         validation.check_weights(values, self._weights, _OWNER)
+        if self._stride_per_key_per_rank is not None:
+            self._validate_variable_batch()
+            return
         num_lengths = lengths.numel() if lengths is not None else max(offsets.numel() - 1, 0)
         stride = validation.check_keys_and_stride(keys, num_lengths, self._stride, _OWNER)
         self._stride = stride
@@ -144,6 +130,29 @@ class KeyedJaggedTensor:
                 f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
             )
         self._length_per_key = computed
+        if self._inverse_indices is not None:
+            variable_batch.check_inverse_indices(self._inverse_indices, keys, [stride] * len(keys))
+
+    def _validate_variable_batch(self) -> None:
+        keys = self._keys
+        stride_per_key = variable_batch.per_key_strides(self._stride_per_key_per_rank, keys)
+        if self._stride_per_key is not None and list(self._stride_per_key) != stride_per_key:
+            raise ValueError(f"{_OWNER}: stride_per_key={list(self._stride_per_key)} but stride_per_key_per_rank "
+                             f"sums to {stride_per_key} per key")
+        lengths = self._lengths
+        if self._offsets is not None:
+            offset_lengths = validation.check_offsets(self._offsets, self._values, _OWNER)
+            if lengths is not None and not torch.equal(lengths.to(offset_lengths.dtype), offset_lengths):
+                raise ValueError(f"{_OWNER}: lengths do not match offsets; lengths must equal diff(offsets)")
+            lengths = offset_lengths
+        computed = variable_batch.check_lengths(keys, lengths, stride_per_key, self._values.size(0))
+        if self._length_per_key is not None and list(self._length_per_key) != computed:
+            raise ValueError(
+                f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
+            )
+        self._length_per_key = computed
+        if self._inverse_indices is not None:
+            variable_batch.check_inverse_indices(self._inverse_indices, keys, stride_per_key)
 
     # ----------------------------------------------------------------------------------- builders
     @staticmethod
@@ -200,12 +209,7 @@ class KeyedJaggedTensor:
         keys = list(jt_dict.keys())
         jts = list(jt_dict.values())
         strides = [jt.lengths().numel() for jt in jts]
-        if len(set(strides)) > 1:
-            sizes = dict(zip(keys, strides))
-            raise NotImplementedError(
-                f"{_OWNER}.from_jt_dict: the JaggedTensors have different batch sizes {sizes}; variable "
-                "batch size per key is not supported yet, pad the shorter ones with empty samples"
-            )
+        variable = len(set(strides)) > 1  # then a variable batch per key, as TorchRec
         weighted = [jt.weights_or_none() is not None for jt in jts]
         if any(weighted) and not all(weighted):
             raise ValueError(f"{_OWNER}.from_jt_dict: some JaggedTensors have weights and some do not ({dict(zip(keys, weighted))})")
@@ -214,7 +218,8 @@ class KeyedJaggedTensor:
             values=torch.cat([jt.values() for jt in jts]),
             weights=torch.cat([jt.weights() for jt in jts]) if jts and all(weighted) else None,
             lengths=torch.cat([jt.lengths() for jt in jts]),
-            stride=strides[0] if strides else None,
+            stride=None if variable else (strides[0] if strides else None),
+            stride_per_key_per_rank=[[stride] for stride in strides] if variable else None,
         ).sync()
 
     @staticmethod
@@ -223,8 +228,16 @@ class KeyedJaggedTensor:
         if len(kjt_list) == 0:
             raise ValueError("Can't concat empty KJT list")
         weighted = kjt_list[0].weights_or_none() is not None
+        variable = [kjt.variable_stride_per_key() for kjt in kjt_list]
+        if any(variable) and not all(variable):
+            raise ValueError(f"{_OWNER}.concat: some KJTs have a variable batch per key and some do not ({variable}); "
+                             "give all of them stride_per_key_per_rank, or none")
+        with_inverse = [kjt.inverse_indices_or_none() is not None for kjt in kjt_list]
+        if any(with_inverse) and not all(with_inverse):
+            raise ValueError(f"{_OWNER}.concat: some KJTs have inverse_indices and some do not ({with_inverse}); "
+                             "give all of them inverse indices, or none")
         strides = [kjt.stride() for kjt in kjt_list if kjt.keys()]
-        if len(set(strides)) > 1:
+        if not all(variable) and len(set(strides)) > 1:
             raise ValueError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
         keys: List[str] = []
         length_per_key: List[int] = []
@@ -233,6 +246,21 @@ class KeyedJaggedTensor:
                 raise ValueError("Can't merge weighted KJT with unweighted KJT")
             keys += kjt.keys()
             length_per_key += kjt.length_per_key()
+        inverse = None
+        if all(with_inverse):
+            inverse = ([k for kjt in kjt_list for k in kjt.inverse_indices()[0]],
+                       torch.cat([kjt.inverse_indices()[1] for kjt in kjt_list]))
+        if all(variable):
+            return KeyedJaggedTensor(
+                keys=keys,
+                values=torch.cat([kjt.values() for kjt in kjt_list]),
+                weights=torch.cat([kjt.weights() for kjt in kjt_list]) if weighted else None,
+                lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
+                stride_per_key_per_rank=[row for kjt in kjt_list for row in kjt.stride_per_key_per_rank()],
+                length_per_key=length_per_key,
+                inverse_indices=inverse,
+                validate=False,
+            )
         return KeyedJaggedTensor(
             keys=keys,
             values=torch.cat([kjt.values() for kjt in kjt_list]),
@@ -240,6 +268,7 @@ class KeyedJaggedTensor:
             lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
             stride=strides[0] if strides else kjt_list[0].stride(),
             length_per_key=length_per_key,
+            inverse_indices=inverse,
             validate=False,
         )
 
@@ -271,7 +300,8 @@ class KeyedJaggedTensor:
                 values=kjt.values().new_empty(0),
                 weights=weights.new_empty(0) if weights is not None else None,
                 lengths=kjt.lengths().new_empty(0),
-                stride=kjt.stride(),
+                stride=None if kjt.variable_stride_per_key() else kjt.stride(),
+                stride_per_key_per_rank=kjt._stride_per_key_per_rank,
                 validate=False,
             )
 
@@ -284,9 +314,12 @@ class KeyedJaggedTensor:
             weights=like(kjt._weights),
             lengths=like(kjt._lengths),
             offsets=like(kjt._offsets),
-            stride=kjt.stride(),
+            stride=None if kjt.variable_stride_per_key() else kjt.stride(),
+            stride_per_key_per_rank=kjt._stride_per_key_per_rank,
             length_per_key=kjt._length_per_key,
             offset_per_key=kjt._offset_per_key,
+            inverse_indices=(kjt._inverse_indices[0], like(kjt._inverse_indices[1]))
+            if kjt._inverse_indices is not None else None,
             validate=False,
         )
 
@@ -336,11 +369,17 @@ class KeyedJaggedTensor:
         return self._values.device
 
     def stride(self) -> int:
-        """Samples per key (the batch size)."""
+        """Samples per key (the batch size); with a variable batch per key: the inverse indices' batch size if
+        given, else the largest key's."""
         if self._stride is None:
             num_keys = len(self._keys)
             if num_keys == 0:
                 self._stride = 0
+            elif self._stride_per_key_per_rank:
+                if self._inverse_indices is not None and self._inverse_indices[1].numel() > 0:
+                    self._stride = self._inverse_indices[1].shape[-1]
+                else:
+                    self._stride = max(sum(row) for row in self._stride_per_key_per_rank)
             elif self._offsets is not None and self._offsets.numel() > 0:
                 self._stride = (self._offsets.numel() - 1) // num_keys
             elif self._lengths is not None:
@@ -350,14 +389,21 @@ class KeyedJaggedTensor:
         return self._stride
 
     def stride_per_key(self) -> List[int]:
-        return [self.stride()] * len(self._keys)
+        """Samples of each key: all equal to stride() unless the batch varies per key."""
+        if self._stride_per_key is None:
+            if self._stride_per_key_per_rank is not None:
+                self._stride_per_key = [sum(row) for row in self._stride_per_key_per_rank]
+            else:
+                self._stride_per_key = [self.stride()] * len(self._keys)
+        return self._stride_per_key
 
     def stride_per_key_per_rank(self) -> List[List[int]]:
-        """Empty: every key has the same batch size (no variable batch size per key)."""
-        return []
+        """Samples of each key on each rank; empty unless the batch varies per key."""
+        return [] if self._stride_per_key_per_rank is None else [list(row) for row in self._stride_per_key_per_rank]
 
     def variable_stride_per_key(self) -> bool:
-        return False
+        """True when built with stride_per_key_per_rank (even if every key has the same count, as TorchRec)."""
+        return self._stride_per_key_per_rank is not None
 
     def inverse_indices(self) -> Tuple[List[str], torch.Tensor]:
         if self._inverse_indices is None:
@@ -384,6 +430,8 @@ class KeyedJaggedTensor:
                 self._length_per_key = []
             elif lengths.numel() == 0:
                 self._length_per_key = [0] * num_keys
+            elif self.variable_stride_per_key():
+                self._length_per_key = variable_batch.sum_per_key(lengths, self.stride_per_key())
             else:
                 self._length_per_key = lengths.view(num_keys, self.stride()).sum(1).tolist()
         return self._length_per_key
@@ -402,12 +450,16 @@ class KeyedJaggedTensor:
 
     def lengths_offset_per_key(self) -> List[int]:
         """Where each key's lengths start in ``lengths()``, plus the end."""
-        stride = self.stride()
-        return [stride * i for i in range(len(self._keys) + 1)]
+        if self._lengths_offset_per_key is None:
+            self._lengths_offset_per_key = cumsum_list(self.stride_per_key())
+        return self._lengths_offset_per_key
 
     def size_in_bytes(self) -> int:
         tensors = [self._values, self._weights, self._lengths, self._offsets]
-        return sum(t.element_size() * t.numel() for t in tensors if t is not None)
+        size = sum(t.element_size() * t.numel() for t in tensors if t is not None)
+        if self._stride_per_key_per_rank is not None:  # TorchRec holds it as an int32 tensor
+            size += 4 * sum(len(row) for row in self._stride_per_key_per_rank)
+        return size
 
     # ------------------------------------------------------------------------------- per-key views
     def _key_index(self, key: str) -> int:
@@ -421,11 +473,11 @@ class KeyedJaggedTensor:
         index = self._key_index(key)
         offset_per_key = self.offset_per_key()
         start, end = offset_per_key[index], offset_per_key[index + 1]
-        stride = self.stride()
+        lengths_offset_per_key = self.lengths_offset_per_key()
         return JaggedTensor(
             values=self._values[start:end],
             weights=self._weights[start:end] if self._weights is not None else None,
-            lengths=self.lengths()[index * stride : (index + 1) * stride],
+            lengths=self.lengths()[lengths_offset_per_key[index] : lengths_offset_per_key[index + 1]],
             validate=False,
         )
 
@@ -439,9 +491,13 @@ class KeyedJaggedTensor:
             return {}
         values = torch.split(self._values, length_per_key)
         weights = torch.split(self._weights, length_per_key) if self._weights is not None else None
-        lengths_2d = self.lengths().view(len(keys), self.stride())
-        split_lengths = lengths_2d.unbind(0)
-        split_offsets = batched_lengths_to_offsets(lengths_2d).unbind(0) if compute_offsets else None
+        if self.variable_stride_per_key():
+            split_lengths = torch.split(self.lengths(), self.stride_per_key())
+            split_offsets = [lengths_to_offsets(part) for part in split_lengths] if compute_offsets else None
+        else:
+            lengths_2d = self.lengths().view(len(keys), self.stride())
+            split_lengths = lengths_2d.unbind(0)
+            split_offsets = batched_lengths_to_offsets(lengths_2d).unbind(0) if compute_offsets else None
         self._jt_dict = {
             key: JaggedTensor(
                 values=values[i],
@@ -469,12 +525,17 @@ class KeyedJaggedTensor:
             )
         length_per_key = self.length_per_key()
         offset_per_key = self.offset_per_key()
+        lengths_offset_per_key = self.lengths_offset_per_key()
+        # A variable batch per key keeps each part's rows of stride_per_key_per_rank; like TorchRec, the parts
+        # keep this KJT's stride and drop the inverse indices.
+        variable = self._stride_per_key_per_rank
         stride = self.stride()
         lengths = self.lengths()
         parts: List[KeyedJaggedTensor] = []
         start = 0
         for segment in segments:
             end = start + segment
+            part_strides = variable[start:end] if variable is not None else None
             if segment == len(self._keys):
                 parts.append(self)
             elif segment == 0:
@@ -486,6 +547,7 @@ class KeyedJaggedTensor:
                         lengths=torch.empty(0, dtype=torch.int, device=self.device()),
                         offsets=torch.empty(0, dtype=torch.int, device=self.device()),
                         stride=stride,
+                        stride_per_key_per_rank=part_strides,
                         validate=False,
                     )
                 )
@@ -496,8 +558,9 @@ class KeyedJaggedTensor:
                         keys=self._keys[start:end],
                         values=self._values[first:last],
                         weights=self._weights[first:last] if self._weights is not None else None,
-                        lengths=lengths[start * stride : end * stride],
+                        lengths=lengths[lengths_offset_per_key[start] : lengths_offset_per_key[end]],
                         stride=stride,
+                        stride_per_key_per_rank=part_strides,
                         length_per_key=length_per_key[start:end],
                         validate=False,
                     )
@@ -531,8 +594,24 @@ class KeyedJaggedTensor:
                 )
         length_per_key = self.length_per_key()
         offset_per_key = self.offset_per_key()
-        stride = self.stride()
         lengths = self.lengths()
+        variable = self._stride_per_key_per_rank
+        if variable is not None:  # a variable batch per key: each key's lengths are a block too
+            lengths_offset_per_key = self.lengths_offset_per_key()
+            return KeyedJaggedTensor(
+                keys=[self._keys[p] for p in positions],
+                values=cat_or_empty([self._values[offset_per_key[p] : offset_per_key[p + 1]] for p in positions],
+                                    self._values),
+                weights=cat_or_empty([self._weights[offset_per_key[p] : offset_per_key[p + 1]] for p in positions],
+                                     self._weights) if self._weights is not None else None,
+                lengths=cat_or_empty(
+                    [lengths[lengths_offset_per_key[p] : lengths_offset_per_key[p + 1]] for p in positions], lengths),
+                stride=self.stride(),
+                stride_per_key_per_rank=[variable[p] for p in positions],
+                length_per_key=[length_per_key[p] for p in positions] if positions else None,
+                validate=False,
+            )
+        stride = self.stride()
         if indices_tensor is None or any(isinstance(index, str) for index in indices):
             indices_tensor = torch.tensor(positions, dtype=torch.long, device=lengths.device)
         # Each key's values are one contiguous block, so permuting keys is one cat of slices.
@@ -557,12 +636,15 @@ class KeyedJaggedTensor:
         )
 
     def flatten_lengths(self) -> "KeyedJaggedTensor":
+        """The same KJT with 1-D lengths; like TorchRec it drops the inverse indices (so a variable batch per
+        key gets the largest key's stride back)."""
         return KeyedJaggedTensor(
             keys=self._keys,
             values=self._values,
             weights=self._weights,
             lengths=self.lengths().view(-1),
-            stride=self._stride,
+            stride=None if self._stride_per_key_per_rank is not None else self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self.length_per_key(),
             validate=False,
         )
@@ -589,6 +671,7 @@ class KeyedJaggedTensor:
             lengths=move(self._lengths),
             offsets=move(self._offsets),
             stride=self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self._length_per_key,
             offset_per_key=self._offset_per_key,
             index_per_key=self._index_per_key,
@@ -608,9 +691,12 @@ class KeyedJaggedTensor:
             lengths=pin(self._lengths),
             offsets=pin(self._offsets),
             stride=self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self._length_per_key,
             offset_per_key=self._offset_per_key,
             index_per_key=self._index_per_key,
+            inverse_indices=(self._inverse_indices[0], self._inverse_indices[1].pin_memory())
+            if self._inverse_indices is not None else None,
             validate=False,
         )
 
@@ -624,10 +710,10 @@ class KeyedJaggedTensor:
         if len(self._keys) == 0 or (self._offsets is None and self._lengths is None):
             return "KeyedJaggedTensor()\n"
         offsets = self.offsets().tolist()
-        stride = self.stride()
+        lengths_offset_per_key = self.lengths_offset_per_key()
         entries = []
         for index, key in enumerate(self._keys):
-            first, last = index * stride, (index + 1) * stride
+            first, last = lengths_offset_per_key[index], lengths_offset_per_key[index + 1]
             values = jagged_values_string(self._values, offsets, first, last)
             if self._weights is None:
                 entries.append(f'    "{key}": {values}')

@@ -64,10 +64,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().abs().max()) if a.numel() else 0.0
 
 
-def _bytes_match(env, plan, tables, W, L, batches, weighted) -> bool:
+def _bytes_match(env, plan, tables, W, L, batches, weighted, batch_sizes=None) -> bool:
     measured = env.gathered_bytes()
-    expected = step_traffic(plan, tables, W, L, [b.stride() for b in batches], batch_id_counter(batches),
-                            is_weighted=weighted)
+    batch_sizes = [b.stride() for b in batches] if batch_sizes is None else batch_sizes
+    expected = step_traffic(plan, tables, W, L, batch_sizes, batch_id_counter(batches), is_weighted=weighted)
     for name in COLLECTIVES:
         got = measured.get(name, np.zeros((W, W), dtype=np.int64))
         if not np.array_equal(got, expected[name]):

@@ -7,6 +7,8 @@ import torch
 
 import rectoolkit as rtk
 
+from test_ebc_variable_batch_vs_torchrec import vbe_inputs
+
 torchrec = pytest.importorskip("torchrec")
 pytestmark = pytest.mark.torchrec
 
@@ -67,15 +69,19 @@ def test_ec_same_outputs_as_torchrec():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fused_sgd_equals_torchrec_with_dense_sgd(backend):
-    """Exact SGD fused into backward == TorchRec's unsharded EBC + torch.optim.SGD, after 3 steps (fp32, 1e-6)."""
+@pytest.mark.parametrize("variable_batch", [False, True])
+def test_fused_sgd_equals_torchrec_with_dense_sgd(backend, variable_batch):
+    """Exact SGD fused into backward == TorchRec's unsharded EBC + torch.optim.SGD, after 3 steps (fp32, 1e-6).
+
+    With a batch size per feature (VBE), every expanded row's gradient must reach its one pooled row."""
     ours = rtk.EmbeddingBagCollection(_tables(rtk, "SUM"), optimizer="sgd", lr=0.3, backend=backend)
     theirs = torchrec.EmbeddingBagCollection(tables=_tables(torchrec, "SUM"))
     theirs.load_state_dict(ours.state_dict())
     opt = torch.optim.SGD(theirs.parameters(), lr=0.3)
+    make_inputs, batch = (vbe_inputs, 12) if variable_batch else (_inputs, 4)
     for step in range(3):
-        inputs = _inputs(10 + step, False)
-        target = torch.randn(4, 20, generator=torch.Generator().manual_seed(step))
+        inputs = make_inputs(10 + step, False)
+        target = torch.randn(batch, 20, generator=torch.Generator().manual_seed(step))
         (ours(rtk.KeyedJaggedTensor(**inputs)).values() * target).sum().backward()
         (theirs(torchrec.KeyedJaggedTensor(**inputs)).values() * target).sum().backward()
         opt.step()

@@ -55,3 +55,26 @@ def assert_same_tensor(actual: Optional[torch.Tensor], expected: Optional[torch.
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert torch.equal(actual, expected), (actual, expected)
+
+
+def assert_same_jt(a, b):
+    assert_same_tensor(a.values(), b.values())
+    assert_same_tensor(a.weights_or_none(), b.weights_or_none())
+    assert_same_tensor(a.lengths(), b.lengths())
+    assert_same_tensor(a.offsets(), b.offsets())
+    assert str(a) == str(b)
+
+
+def assert_same_kjt(a, b):
+    assert a.keys() == b.keys()
+    assert a.stride() == b.stride()
+    assert a.stride_per_key() == b.stride_per_key()
+    assert a.length_per_key() == b.length_per_key()
+    assert a.offset_per_key() == b.offset_per_key()
+    assert a.lengths_offset_per_key() == b.lengths_offset_per_key()
+    assert a.variable_stride_per_key() == b.variable_stride_per_key()
+    assert_same_tensor(a.values(), b.values())
+    assert_same_tensor(a.weights_or_none(), b.weights_or_none())
+    assert_same_tensor(a.lengths(), b.lengths())
+    assert_same_tensor(a.offsets(), b.offsets())
+    assert str(a) == str(b)

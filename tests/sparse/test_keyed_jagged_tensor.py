@@ -163,13 +163,38 @@ def test_validation_switch():
         KeyedJaggedTensor(**bad)
 
 
-def test_variable_batch_size_is_refused_clearly():
+def test_from_jt_dict_with_different_batch_sizes_is_variable_batch():
     jts = {
         "a": JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1])),
-        "b": JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1, 0])),
+        "b": JaggedTensor(values=torch.tensor([2]), lengths=torch.tensor([1, 0])),
     }
-    with pytest.raises(NotImplementedError, match="different batch sizes"):
-        KeyedJaggedTensor.from_jt_dict(jts)
+    kjt = KeyedJaggedTensor.from_jt_dict(jts)
+    assert kjt.variable_stride_per_key() is True
+    assert kjt.stride_per_key_per_rank() == [[1], [2]]
+    assert kjt.stride_per_key() == [1, 2]
+    assert kjt["b"].lengths().tolist() == [1, 0]
+
+
+def test_variable_batch_bad_input_names_key_and_numbers():
+    good = dict(keys=["user", "item"], values=torch.arange(5), lengths=torch.tensor([2, 1, 1, 0, 1]),
+                stride_per_key_per_rank=[[1], [4]])
+    KeyedJaggedTensor(**good)
+    with pytest.raises(ValueError, match=r"lengths has 5 entries but stride_per_key_per_rank gives 6 samples"):
+        KeyedJaggedTensor(**{**good, "stride_per_key_per_rank": [[2], [4]]})
+    with pytest.raises(ValueError, match=r"has 1 rows but there are 2 keys"):
+        KeyedJaggedTensor(**{**good, "stride_per_key_per_rank": [[5]]})
+    with pytest.raises(ValueError, match=r"key 'item', sample 2 has length -1"):
+        KeyedJaggedTensor(**{**good, "values": torch.arange(3), "lengths": torch.tensor([2, 1, 1, -1, 0])})
+    with pytest.raises(ValueError, match=r"lengths sum to 5 but values has 4 entries"):
+        KeyedJaggedTensor(**{**good, "values": torch.arange(4)})
+    inverse = (["user", "item"], torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3]]))
+    KeyedJaggedTensor(**good, inverse_indices=inverse)
+    with pytest.raises(ValueError, match=r"inverse_indices of key 'user' hold 1, but the key has 1 samples"):
+        KeyedJaggedTensor(**good, inverse_indices=(inverse[0], torch.tensor([[0, 1, 0, 0], [0, 1, 2, 3]])))
+    with pytest.raises(ValueError, match=r"inverse_indices of key 'item' hold -1"):
+        KeyedJaggedTensor(**good, inverse_indices=(inverse[0], torch.tensor([[0, 0, 0, 0], [0, 1, 2, -1]])))
+    with pytest.raises(ValueError, match=r"integer tensor \[len\(keys\), batch size\]"):
+        KeyedJaggedTensor(**good, inverse_indices=(inverse[0], torch.tensor([0, 0, 0, 0])))
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

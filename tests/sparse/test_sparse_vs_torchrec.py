@@ -8,7 +8,7 @@ import torch
 
 import rectoolkit.sparse as ours
 
-from helpers import assert_same_tensor, random_kjt_inputs
+from helpers import assert_same_jt, assert_same_kjt, assert_same_tensor, random_kjt_inputs
 
 torchrec = pytest.importorskip("torchrec")
 theirs = torchrec.sparse.jagged_tensor
@@ -31,29 +31,6 @@ def _pair(seed, num_keys, stride, weighted, dtype, from_offsets=False):
         lengths = inputs.pop("lengths")
         inputs["offsets"] = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0).to(lengths.dtype)])
     return ours.KeyedJaggedTensor(**inputs), theirs.KeyedJaggedTensor(**inputs)
-
-
-def assert_same_jt(a, b):
-    assert_same_tensor(a.values(), b.values())
-    assert_same_tensor(a.weights_or_none(), b.weights_or_none())
-    assert_same_tensor(a.lengths(), b.lengths())
-    assert_same_tensor(a.offsets(), b.offsets())
-    assert str(a) == str(b)
-
-
-def assert_same_kjt(a, b):
-    assert a.keys() == b.keys()
-    assert a.stride() == b.stride()
-    assert a.stride_per_key() == b.stride_per_key()
-    assert a.length_per_key() == b.length_per_key()
-    assert a.offset_per_key() == b.offset_per_key()
-    assert a.lengths_offset_per_key() == b.lengths_offset_per_key()
-    assert a.variable_stride_per_key() == b.variable_stride_per_key()
-    assert_same_tensor(a.values(), b.values())
-    assert_same_tensor(a.weights_or_none(), b.weights_or_none())
-    assert_same_tensor(a.lengths(), b.lengths())
-    assert_same_tensor(a.offsets(), b.offsets())
-    assert str(a) == str(b)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,0 +1,83 @@
+"""Worker of the sharded FeatureProcessedEmbeddingBagCollection test (importable by spawned processes).
+
+A model holding a FeatureProcessedEmbeddingBagCollection (position weights, fused Adagrad tables) under
+DistributedModelParallel on W ranks against the same model unsharded on the global batch: outputs, then every
+weight (tables, dense layer) after 2 training steps. The position weights are frozen: trainable ones are refused
+by the sharded collection (their gradient does not cross the input_dist yet), which is checked too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import rectoolkit as rtk
+from rectoolkit.distributed import DistributedModelParallel
+from rectoolkit.modules.feature_processor_ import PositionWeightedModuleCollection
+from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+from rectoolkit.optim import CombinedOptimizer
+from rectoolkit.plan.types import ShardingPlan
+from dist_harness import global_batch, make_batch
+from dist_workers import BATCH, bag_tables, plan_for
+
+
+class PositionWeightedModel(nn.Module):
+    """Sparse features -> position weights -> weighted EmbeddingBagCollection -> Linear."""
+
+    def __init__(self, train_position_weights: bool = False) -> None:
+        super().__init__()
+        tables = bag_tables()
+        features = [f for t in tables for f in t.feature_names]
+        ebc = rtk.EmbeddingBagCollection(tables, is_weighted=True, optimizer="adagrad", lr=0.1)
+        self.fp = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({f: 4 for f in features}))
+        with torch.no_grad():  # not all ones, so a wrong position shows
+            for weight in self.fp._feature_processors.position_weights.values():
+                weight.copy_(torch.linspace(1.0, 0.25, weight.numel()))
+                weight.requires_grad_(train_position_weights)
+        self.over = nn.Linear(sum(t.embedding_dim * len(t.feature_names) for t in tables), 1)
+
+    def forward(self, kjt) -> torch.Tensor:
+        return self.over(self.fp(kjt).values()).squeeze(1)
+
+
+def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
+    """`plan_key`: the module path the plan is keyed by (the inner collection's, or the FP collection's as
+    TorchRec keys it)."""
+    features = {f: t.num_embeddings for t in bag_tables() for f in t.feature_names}
+    for case in cases:
+        torch.manual_seed(0)
+        reference = PositionWeightedModel()
+        torch.manual_seed(0)
+        dmp = DistributedModelParallel(PositionWeightedModel(),
+                                       plan=ShardingPlan({plan_key: plan_for(case, bag_tables(), W, W)}),
+                                       local_world_size=W)
+        dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=0.1)
+        optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)])
+        ref_dense = [p for n, p in reference.named_parameters() if "embedding_bags" not in n and p.requires_grad]
+        ref_opt = torch.optim.SGD(ref_dense, lr=0.1 / W)  # DDP averages dense grads; the reference sums the losses
+        for step in range(2):
+            kjts = [make_batch(features, BATCH, seed=1000 * step + r) for r in range(W)]
+            out = dmp(kjts[rank])
+            ref_out = reference(global_batch(kjts))
+            mine = ref_out[rank * BATCH:(rank + 1) * BATCH]
+            where = f"rank {rank}, case {case}, step {step}"
+            assert torch.allclose(out, mine, atol=1e-5), f"{where}: outputs differ by {(out - mine).abs().max()}"
+            out.square().sum().backward()
+            ref_out.square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        state, ref_state = dmp.state_dict(), reference.state_dict()
+        assert list(state) == list(ref_state), f"state_dict keys {list(state)} != {list(ref_state)}"
+        for key, value in ref_state.items():
+            assert torch.allclose(state[key], value, atol=1e-5), f"{case} {key}: differs by {(state[key] - value).abs().max()}"
+    trainable = DistributedModelParallel(PositionWeightedModel(train_position_weights=True),
+                                         plan=ShardingPlan({plan_key: plan_for(cases[0], bag_tables(), W, W)}),
+                                         local_world_size=W)
+    try:
+        trainable(make_batch(features, BATCH, seed=rank))
+    except ValueError as error:
+        assert "per-id weights require grad" in str(error) and "freeze them" in str(error), error
+    else:
+        raise AssertionError(f"rank {rank}: trainable position weights were not refused")

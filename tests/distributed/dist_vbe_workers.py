@@ -1,0 +1,82 @@
+"""Worker of the sharded VBE test (importable by spawned processes): a batch size per feature, sharded vs unsharded.
+
+The expected values come from the UNSHARDED EmbeddingBagCollection (itself checked against TorchRec 1.8 in
+tests/modules/test_variable_batch_vs_torchrec.py) run on every rank's VBE batch, and the expected bytes from
+rectoolkit.plan.traffic.step_traffic over the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+import rectoolkit as rtk
+from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
+from rectoolkit.plan.traffic import batch_sizes_of
+from dist_workers import _bytes_match, _max_diff, bag_tables, plan_for
+
+
+def vbe_batch(features: dict, rank: int, seed: int, weighted: bool) -> rtk.KeyedJaggedTensor:
+    """Feature k has 1 + (k + rank) % 4 samples on this rank (f0 one "user", f2 several "items"); the full batch
+    has 5 + rank samples, each reading one sample of every feature through the inverse indices."""
+    g = torch.Generator().manual_seed(seed)
+    keys = list(features)
+    strides = [1 + (k + rank) % 4 for k in range(len(keys))]
+    lengths = torch.randint(0, 4, (sum(strides),), generator=g)
+    per_key = lengths.split(strides)
+    values = torch.cat([torch.randint(0, features[key], (int(per_key[k].sum()),), generator=g)
+                        for k, key in enumerate(keys)])
+    batch = 5 + rank
+    inverse = torch.stack([torch.randint(0, s, (batch,), generator=g) for s in strides])
+    return rtk.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths,
+                                 weights=torch.rand(values.numel(), generator=g) if weighted else None,
+                                 stride_per_key_per_rank=[[s] for s in strides], inverse_indices=(keys, inverse))
+
+
+def vbe_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
+    """(case, local_world_size) pairs, unweighted and weighted."""
+    results = []
+    for case, L in cases:
+        env = ShardingEnv.from_process_group(local_world_size=L) if dist.is_initialized() else ShardingEnv.local()
+        for weighted in (False, True):
+            results.append(_check(rank, W, L, env, case, weighted))
+    if rank == 0:
+        with open(result_file, "a") as f:
+            for row in results:
+                f.write(json.dumps(row) + "\n")
+
+
+def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: bool) -> dict:
+    tables = bag_tables()
+    features = {f: t.num_embeddings for t in tables for f in t.feature_names}
+    batches = [vbe_batch(features, r, seed=100 * r + 11, weighted=weighted) for r in range(W)]
+    torch.manual_seed(0)
+    reference = rtk.EmbeddingBagCollection(tables, is_weighted=weighted)
+    local = rtk.EmbeddingBagCollection(tables, is_weighted=weighted)
+    local.load_state_dict(reference.state_dict())
+    plan = plan_for(case, tables, W, L)
+    sharded = shard_embedding_bag_collection(local, plan, env)
+    env.stats.reset()
+
+    # reference: every rank's batch through the unsharded collection, loss = sum over ranks of out_r * G_r
+    g = torch.Generator().manual_seed(3)
+    ref_outs = [reference(batch).values() for batch in batches]
+    grads_out = [torch.randn(out.shape, generator=g) for out in ref_outs]
+    sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)).backward()
+    out = sharded(batches[rank]).values()
+    assert out.shape == ref_outs[rank].shape, f"rank {rank}: output {list(out.shape)} != {list(ref_outs[rank].shape)}"
+    out_diff = _max_diff(out, ref_outs[rank].detach())
+    (out * grads_out[rank]).sum().backward()
+    grad_diff = 0.0
+    for table, shard_md, weight, _ in sharded.local_shards():
+        (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
+        grad_diff = max(grad_diff, _max_diff(weight.grad, reference.embedding_bags[table].weight.grad[r0:r1, c0:c1]))
+    _bytes_match(env, plan, tables, W, L, batches, weighted, batch_sizes_of(batches))
+    where = f"rank {rank}, case {case}, weighted={weighted}"
+    assert out_diff <= 1e-5, f"{where}: outputs differ by {out_diff}"
+    assert grad_diff <= 1e-5, f"{where}: gradients differ by {grad_diff}"
+    return {"case": case, "weighted": weighted, "output_rows": [int(b.stride()) for b in batches],
+            "padded_batch_sizes": batch_sizes_of(batches), "max_output_diff": out_diff, "max_grad_diff": grad_diff}
