@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import multiprocessing
 import os
 import platform
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -85,21 +86,31 @@ def fastest_ms(fn: Callable[[], object], repeats: int, clock: Optional[Callable[
     return best
 
 
-def _synced_fastest_ms(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """fastest_ms of a call every rank makes together; the slowest rank's time for each repeat (wall clock by
-    default: a collective's time is waiting too)."""
-    fn()
-    best = float("inf")
-    slowest = torch.zeros(1, dtype=torch.float64, device=_device())
-    for _ in range(repeats):
-        dist.barrier()
-        start = clock()
+def fastest_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
+                 clock: Optional[Callable[[], float]] = None, synced: bool = False) -> Dict[Hashable, float]:
+    """The fastest of `repeats` timed calls of each function, in ms, the calls interleaved round by round: a burst
+    of load on the machine then slows one round of every call rather than every repeat of a few, which would move
+    the terms fitted from their differences. One untimed call of each first. `synced`: every rank makes the calls
+    together and each time is the slowest rank's (barrier before, all-reduce of the max after)."""
+    clock = clock or _clock()
+    for fn in calls.values():
         fn()
-        if _device().type == "cuda":
-            torch.cuda.synchronize()
-        slowest[0] = (clock() - start) * 1000.0
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        best = min(best, float(slowest[0]))
+    best = {key: float("inf") for key in calls}
+    slowest = torch.zeros(1, dtype=torch.float64, device=_device()) if synced else None
+    for _ in range(repeats):
+        for key, fn in calls.items():
+            if synced:
+                dist.barrier()
+            start = clock()
+            fn()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            elapsed = (clock() - start) * 1000.0
+            if synced:
+                slowest[0] = elapsed
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                elapsed = float(slowest[0])
+            best[key] = min(best[key], elapsed)
     return best
 
 
@@ -111,26 +122,25 @@ def _device() -> torch.device:
 
 # ------------------------------------------------------------------------------------------------ the parts
 def measure_collectives(world_size: int, repeats: int) -> Dict[str, List[Tuple[float, float]]]:
-    """(bytes one rank sends + receives, fastest ms) per collective kind and message size."""
+    """(bytes one rank sends + receives, fastest ms) per collective kind and message size: wall clock (a
+    collective's time is waiting too), all sizes interleaved, twice the repeats (the smallest message's fastest
+    repeat is the latency, which a loaded machine's scheduling delays hide in most repeats)."""
     device = _device()
-    samples: Dict[str, List[Tuple[float, float]]] = {"all_to_all": [], "all_reduce": []}
+    calls, sizes = {}, {}
     for peer_bytes in A2A_PEER_BYTES:
         send = torch.ones(world_size * peer_bytes // 4, device=device)
         recv = torch.empty_like(send)
-        ms = _synced_fastest_ms(lambda: dist.all_to_all_single(recv, send), _repeats_for(peer_bytes, repeats))
-        samples["all_to_all"].append((2.0 * (world_size - 1) * peer_bytes, ms))
+        calls[("all_to_all", peer_bytes)] = functools.partial(dist.all_to_all_single, recv, send)
+        sizes[("all_to_all", peer_bytes)] = 2.0 * (world_size - 1) * peer_bytes
     for total in ALLREDUCE_BYTES:
-        buffer = torch.ones(total // 4, device=device)
-        ms = _synced_fastest_ms(lambda: dist.all_reduce(buffer), _repeats_for(total, repeats))
+        calls[("all_reduce", total)] = functools.partial(dist.all_reduce, torch.ones(total // 4, device=device))
         # a ring all-reduce: each rank sends and receives 2 (W-1)/W of the buffer
-        samples["all_reduce"].append((2.0 * 2.0 * (world_size - 1) / world_size * total, ms))
+        sizes[("all_reduce", total)] = 2.0 * 2.0 * (world_size - 1) / world_size * total
+    best = fastest_each(calls, 2 * repeats, clock=time.perf_counter, synced=True)
+    samples: Dict[str, List[Tuple[float, float]]] = {"all_to_all": [], "all_reduce": []}
+    for key, ms in best.items():
+        samples[key[0]].append((sizes[key], ms))
     return samples
-
-
-def _repeats_for(message_bytes: int, repeats: int) -> int:
-    """Twice the repeats for small messages: they are cheap, and their fastest repeat is the latency (alpha), which a
-    loaded machine's scheduling delays hide in most repeats."""
-    return repeats * 2 if message_bytes <= 64 << 10 else repeats
 
 
 def _lookup_module(rows: int, dim: int, optimizer: Optional[str]):
@@ -151,17 +161,6 @@ def _lookup_batch(rows: int, seed: int, batch_size: int = READ_BATCH, pooling: i
     ids = zipf_ids(batch_size * pooling, rows, ZIPF_ALPHA, generator)
     lengths = torch.full((batch_size,), pooling, dtype=torch.int32)
     return KeyedJaggedTensor.from_lengths_sync(["f"], ids.to(_device()), lengths.to(_device()))
-
-
-def _read_ms_per_byte(module, rows: int, rank: int, repeats: int, together: bool = False) -> float:
-    """ms per byte read by a full batch's lookup (its outputs and the call's small fixed part included: a
-    difference of two fastest times would be steadier in theory, but on a busy machine it is mostly noise)."""
-    batch = _lookup_batch(rows, rank, READ_BATCH)
-    if together:
-        ms = _synced_fastest_ms(lambda: module(batch), repeats, clock=_clock())
-    else:
-        ms = fastest_ms(lambda: module(batch), repeats)
-    return ms / (batch.values().numel() * READ_DIM * 4)
 
 
 def _slopes(times: Dict[Tuple[int, int], float], read_ms_per_byte: Optional[float] = None) -> Tuple[float, float, float]:
@@ -203,73 +202,80 @@ def monotone_curve(curve: Sequence[Tuple[float, float]]) -> List[Tuple[float, fl
     return sorted(points)
 
 
-def _pass_times(table_bytes: int, optimizer: Optional[str], repeats: int) -> Dict[Tuple[int, int], float]:
-    """Fastest forward (optimizer None) or backward + update time of one table of `table_bytes` at each
-    (dim, ids per bag) of LOOKUP_DIMS x LOOKUP_IDS_PER_BAG; the backward is (forward + backward) - forward."""
+def _pass_times(table_sizes: Sequence[int], optimizers: Sequence[Optional[str]],
+                repeats: int) -> Dict[tuple, float]:
+    """Fastest forward (optimizer None) or backward + update time of one table of each size in `table_sizes` at
+    each (dim, ids per bag) of LOOKUP_DIMS x LOOKUP_IDS_PER_BAG, keyed (optimizer, size, dim, ids per bag), all
+    timed interleaved; the backward is (forward + backward) - forward."""
+    modules, batches, calls = {}, {}, {}
+    for optimizer in optimizers:
+        for table_bytes in table_sizes:
+            for dim in LOOKUP_DIMS:
+                rows = table_bytes // (dim * 4)
+                module = modules[(optimizer, table_bytes, dim)] = _lookup_module(rows, dim, optimizer)
+                for per_bag in LOOKUP_IDS_PER_BAG:
+                    batch = batches[(rows, per_bag)] = batches.get((rows, per_bag)) or _lookup_batch(
+                        rows, seed=per_bag, batch_size=LOOKUP_SAMPLES, pooling=per_bag)
+                    key = (optimizer, table_bytes, dim, per_bag)
+                    calls[key + ("forward",)] = _no_grad_call(module, batch)
+                    if optimizer is not None:
+                        calls[key + ("both",)] = _backward_call(module, batch)
+    best = fastest_each(calls, repeats)
     times = {}
-    for dim in LOOKUP_DIMS:
-        rows = table_bytes // (dim * 4)
-        module = _lookup_module(rows, dim, optimizer)
-        for per_bag in LOOKUP_IDS_PER_BAG:
-            batch = _lookup_batch(rows, seed=per_bag, batch_size=LOOKUP_SAMPLES, pooling=per_bag)
-            with torch.no_grad():
-                forward_ms = fastest_ms(lambda: module(batch), repeats)
-            if optimizer is None:
-                times[(dim, per_bag)] = forward_ms
-            else:
-                both_ms = fastest_ms(lambda: module(batch).values().sum().backward(), repeats)
-                times[(dim, per_bag)] = both_ms - forward_ms
+    for key in {k[:4] for k in calls}:
+        forward_ms = best[key + ("forward",)]
+        times[key] = forward_ms if key[0] is None else best[key + ("both",)] - forward_ms
     return times
 
 
+def _no_grad_call(module, batch) -> Callable[[], object]:
+    def call():
+        with torch.no_grad():
+            return module(batch)
+    return call
+
+
+def _backward_call(module, batch) -> Callable[[], object]:
+    return lambda: module(batch).values().sum().backward()
+
+
+def _at(times: Dict[tuple, float], optimizer: Optional[str], table_bytes: int) -> Dict[Tuple[int, int], float]:
+    """The (dim, ids per bag) -> ms timings of one optimizer and table size (what _slopes reads)."""
+    return {(dim, per_bag): ms for (o, size, dim, per_bag), ms in times.items() if o == optimizer and size == table_bytes}
+
+
 def measure_lookups(rank: int, world_size: int, repeats: int) -> Dict[str, object]:
-    """Rank 0 alone: the forward's read speed by table size, its per-id and per-output-byte costs, and the backward
-    + update's terms per optimizer; then every rank at once (how well local ranks read together) and a large copy."""
+    """Rank 0 alone (the others wait): the forward's read speed by table size, its per-id and per-output-byte costs,
+    and the backward + update's terms per optimizer (SGD's measured at 16 MiB, the others' as SGD's scaled by their
+    extra time over the same batches); a large copy's speed."""
     result: Dict[str, object] = {}
     if rank == 0:
+        middle = READ_TABLE_BYTES[2]
+        times = _pass_times(READ_TABLE_BYTES, [None], repeats)
+        times.update(_pass_times([middle], OPTIMIZERS, repeats))
         curve, id_costs, output_costs = [], [], []
         for table_bytes in READ_TABLE_BYTES:
-            id_ms, per_byte, output_ms = _slopes(_pass_times(table_bytes, None, repeats))
+            id_ms, per_byte, output_ms = _slopes(_at(times, None, table_bytes))
             curve.append((float(table_bytes), 1.0 / max(per_byte, MIN_MS_PER_BYTE)))
             id_costs.append(id_ms)
             output_costs.append(output_ms)
         curve = monotone_curve(curve)
-        middle_per_byte = 1.0 / dict(curve)[float(READ_TABLE_BYTES[2])]
-        sgd = _slopes(_pass_times(READ_TABLE_BYTES[2], "sgd", repeats), middle_per_byte)
+        middle_per_byte = 1.0 / dict(curve)[float(middle)]
+        sgd = _slopes(_at(times, "sgd", middle), middle_per_byte)
         backward = {"sgd": sgd}
         small, large = LOOKUP_IDS_PER_BAG
-        for optimizer in OPTIMIZERS[1:]:  # the same shape as SGD's, scaled by the large batch's extra time
-            dim = LOOKUP_DIMS[1]
-            rows = READ_TABLE_BYTES[2] // (dim * 4)
-            module = _lookup_module(rows, dim, optimizer)
-            extra = []
-            for per_bag in (small, large):
-                batch = _lookup_batch(rows, seed=per_bag, batch_size=LOOKUP_SAMPLES, pooling=per_bag)
-                with torch.no_grad():
-                    forward_ms = fastest_ms(lambda: module(batch), repeats)
-                extra.append(fastest_ms(lambda: module(batch).values().sum().backward(), repeats) - forward_ms)
-            sgd_extra = (large - small) * LOOKUP_SAMPLES * (sgd[0] + 4.0 * dim * sgd[1] * middle_per_byte)
-            scale = max(extra[1] - extra[0], 0.0) / max(sgd_extra, 1e-9)
+        dim = LOOKUP_DIMS[1]
+        sgd_extra = (large - small) * LOOKUP_SAMPLES * (sgd[0] + 4.0 * dim * sgd[1] * middle_per_byte)
+        for optimizer in OPTIMIZERS[1:]:
+            extra = times[(optimizer, middle, dim, large)] - times[(optimizer, middle, dim, small)]
+            scale = max(extra, 0.0) / max(sgd_extra, 1e-9)
             backward[optimizer] = tuple(x * scale for x in sgd)
-        result.update(read_curve=curve, forward=(float(np.median(id_costs)), 1.0, float(np.median(output_costs))),
-                      backward=backward)
-    dist.barrier()
-    # a typical shard's size read on every rank at once against one rank alone: how much local ranks share
-    rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
-    module = _lookup_module(rows, READ_DIM, None)
-    with torch.no_grad():
-        alone = _read_ms_per_byte(module, rows, rank, repeats) if rank == 0 else None
-        dist.barrier()
-        together = _read_ms_per_byte(module, rows, rank, repeats, together=True)
-    if rank == 0:
-        parallelism = float(world_size)
-        if world_size > 1:
-            parallelism = min(float(world_size), max(1.0, world_size * alone / together))
         copy_source = torch.ones(16 << 20 >> 2, device=_device())
         copy_target = torch.empty_like(copy_source)
         copy_ms = fastest_ms(lambda: copy_target.copy_(copy_source), repeats)
-        result.update(memory_parallelism=parallelism,
-                      write_bytes_per_ms=2.0 * copy_source.numel() * 4 / copy_ms)  # read + write of a large copy
+        result.update(read_curve=curve, forward=(float(np.median(id_costs)), 1.0, float(np.median(output_costs))),
+                      backward=backward, write_bytes_per_ms=2.0 * copy_source.numel() * 4 / copy_ms)  # read + write
+    dist.barrier()
     return result
 
 
@@ -300,43 +306,43 @@ def _tiny_parameter_sharding(kind: str, rows: int, dim: int, world_size: int):
                              shards=[ShardMetadata.on_rank(r, r * block, 0, block, dim) for r in ranks])
 
 
-def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
-    """Fastest step (sharded EBC forward + backward + fused SGD) of each tiny plan, slowest rank, in ms."""
-    from rectoolkit.distributed.comm import ShardingEnv
+def _sharded_step(env, plan: Dict[str, object], rows: int, dim: int, ids: torch.Tensor, lengths: torch.Tensor):
+    """One training step (forward + backward + fused SGD) of a sharded collection of `plan`'s tables (`rows` x
+    `dim` each), every table's feature given the same ids and lengths."""
     from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
     from rectoolkit.modules.configs import EmbeddingBagConfig
     from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
     from rectoolkit.sparse import KeyedJaggedTensor
 
-    rows, dim, batch_size = 64, 8 * world_size, 8
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=dim,
+                                                     feature_names=[f"f_{t}"]) for t in plan],
+                                 device=_device(), optimizer="sgd", lr=1e-6)
+    sharded = shard_embedding_bag_collection(ebc, plan, env)
+    kjt = KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in plan], ids.repeat(len(plan)).to(_device()),
+                                              lengths.repeat(len(plan)).to(_device()))
+    return lambda: sharded(kjt).values().sum().backward()
+
+
+def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
+    """Fastest step (sharded EBC forward + backward + fused SGD) of each plan below, slowest rank, in ms (this
+    thread's CPU time: the groups' Python and kernel work; their collectives' latency is priced by alpha), all
+    timed interleaved (fastest_each)."""
+    from rectoolkit.distributed.comm import ShardingEnv
+
     env = ShardingEnv.from_process_group(local_world_size=world_size, device=_device())
-    step_ms = {}
+    calls = {}
+    # tiny tables, 8 bags of one id: the fixed costs per step and per sharding-type group
+    rows, dim, bags = 64, 8 * world_size, 8
     for name, kinds in _fixed_cost_plans(world_size).items():
-        configs = [EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=dim, feature_names=[f"f_{t}"])
-                   for t in kinds]
-        ebc = EmbeddingBagCollection(configs, device=_device(), optimizer="sgd", lr=1e-6)
         plan = {t: _tiny_parameter_sharding(kind, rows, dim, world_size) for t, kind in kinds.items()}
-        sharded = shard_embedding_bag_collection(ebc, plan, env)
-        keys = [f"f_{t}" for t in kinds]
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys, torch.arange(len(keys) * batch_size, device=_device()) % rows,
-            torch.ones(len(keys) * batch_size, dtype=torch.int32, device=_device()))
-        # CPU time: the Python and kernel work of the groups; their collectives' latency is priced by alpha
-        step_ms[name] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats, clock=_clock())
+        calls[name] = _sharded_step(env, plan, rows, dim, torch.arange(bags) % rows,
+                                    torch.ones(bags, dtype=torch.int32))
     # per shard under a full batch (one id per bag): one and four small tables, table-wise on rank 0 and replicated
     for kind, label in (("table_wise", "tw"), ("data_parallel", "dp")):
         for count in (1, 4):
-            names = [f"s{i}" for i in range(count)]
-            ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=READ_DIM,
-                                                             feature_names=[f"f_{t}"]) for t in names],
-                                         device=_device(), optimizer="sgd", lr=1e-6)
-            sharded = shard_embedding_bag_collection(
-                ebc, {t: _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for t in names}, env)
-            kjt = KeyedJaggedTensor.from_lengths_sync(
-                [f"f_{t}" for t in names], torch.arange(count * READ_BATCH, device=_device()) % rows,
-                torch.ones(count * READ_BATCH, dtype=torch.int32, device=_device()))
-            step_ms[f"{label}{count}_batch"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(),
-                                                                  repeats, clock=_clock())
+            plan = {f"s{i}": _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for i in range(count)}
+            calls[f"{label}{count}_batch"] = _sharded_step(env, plan, rows, READ_DIM, torch.arange(READ_BATCH) % rows,
+                                                           torch.ones(READ_BATCH, dtype=torch.int32))
     # the engine under real batches: a 16 MiB table at two pooling factors (their difference is per id), table-wise
     # on rank 0, then row-wise (row-block routing), then one such table on each rank (local ranks sharing a host)
     rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
@@ -346,20 +352,12 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
              "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)},
              "tw_each": each}
     for name, plan in plans.items():
-        ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=READ_DIM,
-                                                         feature_names=[f"f_{t}"]) for t in plan],
-                                     device=_device(), optimizer="sgd", lr=1e-6)
-        sharded = shard_embedding_bag_collection(ebc, plan, env)
         for label, pooling in (("full", READ_POOLING), ("light", LIGHT_POOLING)):
             if name == "tw_each" and label == "light":
                 continue
             batch = _lookup_batch(rows, seed=rank, pooling=pooling)
-            keys = [f"f_{t}" for t in plan]
-            kjt = KeyedJaggedTensor.from_lengths_sync(keys, batch.values().repeat(len(keys)),
-                                                      batch.lengths().repeat(len(keys)))
-            step_ms[f"{name}_{label}"] = _synced_fastest_ms(lambda: sharded(kjt).values().sum().backward(), repeats,
-                                                            clock=_clock())
-    return step_ms
+            calls[f"{name}_{label}"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
+    return fastest_each(calls, repeats, synced=True)
 
 
 def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, float, Dict[str, float]]:
