@@ -14,7 +14,8 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    16 MiB read on every rank at once -> how much local ranks share the memory bus; a large copy -> the write speed;
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
    each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
-   tables under a full batch, table-wise and replicated -> ms per shard and per data-parallel replica; a 16 MiB
+   tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
+   and per row-routed shard; a 16 MiB
    table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
    prices, row-block routing per id, and how well local ranks run at once.
 
@@ -55,6 +56,7 @@ READ_TABLE_BYTES = (256 << 10, 2 << 20, 16 << 20, 128 << 20)
 READ_DIM = 64
 READ_BATCH, READ_POOLING = 512, 20  # the engine's full batch and the memory-sharing read
 LIGHT_POOLING = 2  # the engine's light batch: the full one less this is the per-id slope
+HEAVY_POOLING = 100  # the engine's heavy batch: enough work that local ranks' sharing stands out of the noise
 LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
 LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
 MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
@@ -338,7 +340,7 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
         calls[name] = _sharded_step(env, plan, rows, dim, torch.arange(bags) % rows,
                                     torch.ones(bags, dtype=torch.int32))
     # per shard under a full batch (one id per bag): one and four small tables, table-wise on rank 0 and replicated
-    for kind, label in (("table_wise", "tw"), ("data_parallel", "dp")):
+    for kind, label in (("table_wise", "tw"), ("data_parallel", "dp"), ("row_wise", "rw")):
         for count in (1, 4):
             plan = {f"s{i}": _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for i in range(count)}
             calls[f"{label}{count}_batch"] = _sharded_step(env, plan, rows, READ_DIM, torch.arange(READ_BATCH) % rows,
@@ -352,8 +354,8 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
              "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)},
              "tw_each": each}
     for name, plan in plans.items():
-        for label, pooling in (("full", READ_POOLING), ("light", LIGHT_POOLING)):
-            if name == "tw_each" and label == "light":
+        for label, pooling in (("full", READ_POOLING), ("light", LIGHT_POOLING), ("heavy", HEAVY_POOLING)):
+            if (name == "tw_each" and label == "light") or (name == "rw" and label == "heavy"):
                 continue
             batch = _lookup_batch(rows, seed=rank, pooling=pooling)
             calls[f"{name}_{label}"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
@@ -506,37 +508,41 @@ def routing_id_term(step_ms: Dict[str, float], world_size: int, profile: Calibra
     return max((step_ms["rw_full"] - step_ms["rw_light"] - lookups) / extra_ids - profile.id_ms, 0.0)
 
 
-def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float]:
-    """(ms per table-wise shard, ms per data-parallel replica) under a full batch: four small tables against one,
-    per table, less what the lookup terms and the engine's per-id work price for its ids (a table-wise shard
-    receives every rank's bags, a replica its own rank's).
+def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:
+    """(ms per table-wise shard, per data-parallel replica, per row-routed shard) under a full batch: four small
+    tables against one, per table, less what the lookup terms and the engine's per-id work price for its ids (a
+    table-wise shard receives every rank's bags, a replica its own rank's, a row-wise shard every rank's bags and its
+    row block's share of their ids, plus the routing per id).
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e12),), 1e6,
     ...                        forward=LookupTerms(0.0, 1.0, 0.0), backward_terms={"sgd": LookupTerms(0.0, 0.0, 0.0)})
-    >>> shard_terms({"tw1_batch": 2.0, "tw4_batch": 5.0, "dp1_batch": 1.0, "dp4_batch": 7.0}, 2, p)
-    (1.0, 2.0)
+    >>> shard_terms({"tw1_batch": 2.0, "tw4_batch": 5.0, "dp1_batch": 1.0, "dp4_batch": 7.0, "rw1_batch": 1.0,
+    ...              "rw4_batch": 10.0}, 2, p)
+    (1.0, 2.0, 3.0)
     """
     result = []
-    for label, ids in (("tw", world_size * READ_BATCH), ("dp", READ_BATCH)):
+    for label, ids, bags, per_id in (("tw", world_size * READ_BATCH, world_size * READ_BATCH, profile.id_ms),
+                                     ("dp", READ_BATCH, READ_BATCH, profile.id_ms),
+                                     ("rw", READ_BATCH, world_size * READ_BATCH, profile.id_ms + profile.routing_id_ms)):
         per_table = (step_ms[f"{label}4_batch"] - step_ms[f"{label}1_batch"]) / 3.0
-        lookups = _engine_lookups_ms(profile, ids, ids) + ids * profile.id_ms
+        lookups = _engine_lookups_ms(profile, ids, bags) + ids * per_id
         result.append(round(max(per_table - lookups, 0.0), 4))
-    return result[0], result[1]
+    return result[0], result[1], result[2]
 
 
 def parallelism_term(step_ms: Dict[str, float], world_size: int) -> float:
-    """How many local ranks' lookups really run at once: the table-wise step with one 16 MiB table on rank 0 (its
-    work L = the full step less the tiny one) against one such table on every rank. The model prices the latter
-    as max(L, world_size x L / parallelism), so parallelism = world_size x L / (L + its extra time).
+    """How many local ranks' lookups really run at once: the table-wise step with one 16 MiB table on rank 0 under a
+    heavy batch (its work L = that step less the tiny one) against one such table on every rank. The model prices
+    the latter as max(L, world_size x L / parallelism), so parallelism = world_size x L / (L + its extra time).
 
-    >>> parallelism_term({"tw_full": 12.0, "tw": 2.0, "tw_each_full": 12.0}, 2)
+    >>> parallelism_term({"tw_heavy": 12.0, "tw": 2.0, "tw_each_heavy": 12.0}, 2)
     2.0
-    >>> parallelism_term({"tw_full": 12.0, "tw": 2.0, "tw_each_full": 22.0}, 2)
+    >>> parallelism_term({"tw_heavy": 12.0, "tw": 2.0, "tw_each_heavy": 22.0}, 2)
     1.0
     """
-    work = max(step_ms["tw_full"] - step_ms["tw"], 1e-9)
-    extra = max(step_ms["tw_each_full"] - step_ms["tw_full"], 0.0)
+    work = max(step_ms["tw_heavy"] - step_ms["tw"], 1e-9)
+    extra = max(step_ms["tw_each_heavy"] - step_ms["tw_heavy"], 0.0)
     return min(float(world_size), max(1.0, world_size * work / (work + extra)))
 
 
@@ -560,9 +566,10 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
         step_ms=step, group_ms=group, shard_ms=shard,
         memory_parallelism=round(parallelism_term(payload["fixed"], world_size), 3), machine=machine)
     profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8))
-    shard_ms, replica_ms = shard_terms(payload["fixed"], world_size, profile)
-    return dataclasses.replace(profile, routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8),
-                               shard_ms=shard_ms, replica_ms=replica_ms)
+    profile = dataclasses.replace(profile,
+                                  routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8))
+    shard_ms, replica_ms, routed_shard_ms = shard_terms(payload["fixed"], world_size, profile)
+    return dataclasses.replace(profile, shard_ms=shard_ms, replica_ms=replica_ms, routed_shard_ms=routed_shard_ms)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

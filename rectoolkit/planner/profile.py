@@ -96,6 +96,7 @@ class CalibrationProfile:
     group_ms: Dict[str, float] = field(default_factory=dict)
     shard_ms: float = 0.0
     replica_ms: float = 0.0  # per data-parallel replica, in place of shard_ms
+    routed_shard_ms: float = 0.0  # per shard of a row-routed group (row_wise, table_row_wise, grid_shard), in its place
     id_ms: float = 0.0
     routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
     memory_parallelism: float = 1.0
@@ -148,7 +149,9 @@ class CalibrationProfile:
 
     def shard_fixed_ms(self, sharding_type: str) -> float:
         """ms per shard of this sharding type a rank holds."""
-        return self.replica_ms if sharding_type == "data_parallel" else self.shard_ms
+        if sharding_type == "data_parallel":
+            return self.replica_ms
+        return self.routed_shard_ms if sharding_type in ROW_ROUTED else self.shard_ms
 
     def group_fixed_ms(self, sharding_type: str) -> float:
         return float(self.group_ms.get(sharding_type, 0.0))
@@ -229,7 +232,8 @@ class CalibrationProfile:
                  ("forward per id, per output byte", _terms_text(self.forward)),
                  ("large copy (write) speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
-                 ("fixed per shard, per data-parallel replica", f"{self.shard_ms:.3f} ms, {self.replica_ms:.3f} ms"),
+                 ("fixed per shard, per data-parallel replica, per row-routed shard",
+                  f"{self.shard_ms:.3f} ms, {self.replica_ms:.3f} ms, {self.routed_shard_ms:.3f} ms"),
                  ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
                  ("row-block routing per id", f"{self.routing_id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))

@@ -121,15 +121,19 @@ def test_fits_by_hand():
         (25.0 - 9216 * per_id) / 9216 - 1e-4)
     assert routing_id_term({"rw_full": 5.0, "rw_light": 5.0}, 2, flat) == 0.0  # never below zero
     # one table's work is 10 ms; one table on each rank adds 5 ms: 2 x 10 / 15 ranks' worth run at once
-    assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 17.0}, 2) == pytest.approx(20 / 15)
-    assert parallelism_term({"tw": 2.0, "tw_full": 12.0, "tw_each_full": 40.0}, 2) == 1.0
+    assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 17.0}, 2) == pytest.approx(20 / 15)
+    assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 40.0}, 2) == 1.0
     assert monotone_curve([(3.0, 5.0), (1.0, 2.0), (2.0, 9.0)]) == [(1.0, 9.0), (2.0, 9.0), (3.0, 5.0)]
     # per shard: 3 more tables cost 6 ms (2 each), less their lookups: a table-wise shard gets 1024 ids (and 1024
     # bags of 256 B out), a replica its own 512
     tw_lookup = 1024 * (per_id + 1e-4) + 1024 * 256 * 2e-6
     dp_lookup = 512 * (per_id + 1e-4) + 512 * 256 * 2e-6
-    shard_batch, replica = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0}, 2, flat)
+    # a row-wise shard: every rank's 1024 bags, its row block's 512 of their ids, each also routed (0 here)
+    rw_lookup = 512 * (per_id + 1e-4) + 1024 * 256 * 2e-6
+    shard_batch, replica, routed = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0,
+                                                "rw1_batch": 1.0, "rw4_batch": 13.0}, 2, flat)
     assert shard_batch == pytest.approx(2.0 - tw_lookup, abs=1e-4) and replica == pytest.approx(3.0 - dp_lookup, abs=1e-4)
+    assert routed == pytest.approx(4.0 - rw_lookup, abs=1e-4)
     assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
     assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
 
