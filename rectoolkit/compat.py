@@ -21,6 +21,8 @@ PATH_MODULES = {
     "rectoolkit.modules.embedding_configs": "torchrec.modules.embedding_configs",
     "rectoolkit.distributed.types": "torchrec.distributed.types",
     "rectoolkit.distributed.planner": "torchrec.distributed.planner",
+    "rectoolkit.distributed.planner.types": "torchrec.distributed.planner.types",
+    "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",

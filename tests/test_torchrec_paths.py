@@ -11,12 +11,14 @@ import rectoolkit
 import rectoolkit as torchrec_alias
 
 PATHS = {
-    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
+    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal"],
     "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
     "modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
                           "LazyAwaitable", "EmbeddingModuleShardingPlan"],
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
+    "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
+    "distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "distributed.model_parallel": ["DistributedModelParallel"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],

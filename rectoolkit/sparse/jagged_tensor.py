@@ -244,8 +244,9 @@ class JaggedTensor:
 
 
 def __getattr__(name: str):
-    """TorchRec's module path: torchrec.sparse.jagged_tensor holds all three jagged types, so
-    `rectoolkit.sparse.jagged_tensor.KeyedJaggedTensor` works as well (imported lazily: they build on this module)."""
+    """TorchRec's module path: torchrec.sparse.jagged_tensor holds all three jagged types and their equality checks,
+    so `rectoolkit.sparse.jagged_tensor.KeyedJaggedTensor` works as well (imported lazily: they build on this
+    module)."""
     if name == "KeyedJaggedTensor":
         from rectoolkit.sparse.keyed_jagged_tensor import KeyedJaggedTensor
 
@@ -254,4 +255,8 @@ def __getattr__(name: str):
         from rectoolkit.sparse.keyed_tensor import KeyedTensor
 
         return KeyedTensor
+    if name in ("jt_is_equal", "kjt_is_equal"):
+        from rectoolkit.sparse import equality
+
+        return getattr(equality, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,3 +4,5 @@ itself is rectoolkit.planner."""
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, Topology
 
 __all__ = ["EmbeddingShardingPlanner", "ParameterConstraints", "PlannerError", "Topology"]
+
+from rectoolkit.distributed.planner import planners, types  # noqa: E402,F401  (attribute paths: torchrec.distributed.planner.types)

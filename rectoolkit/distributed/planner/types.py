@@ -1,0 +1,8 @@
+"""TorchRec's module path torchrec.distributed.planner.types (a path module, see rectoolkit.compat): the planner's
+input types. The planner itself is rectoolkit.planner; TorchRec's other names here (ShardingOption, Storage, the
+Enumerator / Proposer / Partitioner interfaces, ...) describe parts of TorchRec's planner that rectoolkit's does not
+have (docs/cost_model.md)."""
+
+from rectoolkit.planner import ParameterConstraints, PlannerError, Topology
+
+__all__ = ["ParameterConstraints", "PlannerError", "Topology"]
