@@ -21,8 +21,9 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
   id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every
   id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block.
-- sharing: local ranks share a host's cores and memory; when they all read at once they get `memory_parallelism`
-  times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing).
+- sharing: local ranks share a host's cores and memory; when they all work at once they get `memory_parallelism`
+  times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing); measured on the
+  sharded engine (one table on rank 0 against one on every rank).
 
     >>> from rectoolkit.planner.topology import Topology
     >>> p = CalibrationProfile.from_topology(Topology(world_size=2, compute_device="cpu"))
