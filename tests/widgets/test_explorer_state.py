@@ -8,7 +8,7 @@ plan state comes from planning the controls' values afresh (`plan_and_report`), 
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
@@ -122,6 +122,9 @@ def check_no_plan_shown(explorer: PlanExplorer, tab: str, world: int) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(STEP, min_size=1, max_size=6))
+@example(steps=[("world_size", 4), ("local_world_size", 2), ("world_size", 6)])  # the issue's order
+@example(steps=[("export_button", "click"), ("tab", "Export"), ("device", "cpu"), ("memory", 0.001),
+                ("tab", "Board"), ("memory", 16.0)])  # no plan, then a plan again
 def test_every_order_of_changes_leaves_the_explorer_consistent(steps):
     explorer = PlanExplorer(TABLES, world_size=8, local_world_size=8, memory_per_rank_gib=16, batch_size=64)
     check_consistent(explorer)
