@@ -469,6 +469,8 @@ class PlanExplorer(w.VBox):
             figure.show_note(NO_PLAN_NOTE)
         if self.TAB_NAMES[index] == "Tables":
             self.choices.value = f"<i>{html.escape(NO_PLAN_NOTE)}</i>"
+        elif self.TAB_NAMES[index] == "Compare" and self.baseline is not None:
+            self.diff_note.value = f"baseline vs current: {html.escape(NO_PLAN_NOTE)}"
         elif self.TAB_NAMES[index] == "Export":
             self.export_text.layout.display = "none"
 

@@ -108,7 +108,7 @@ def check_consistent(explorer: PlanExplorer) -> None:
 def check_no_plan_shown(explorer: PlanExplorer, tab: str, world: int) -> None:
     """Without a plan, the visible view says so instead of showing the previous plan."""
     figures = {"Placement": [explorer.placement_fig, explorer.rank_table_fig], "Memory": [explorer.memory_fig],
-               "Time": [explorer.time_fig], "Communication": [explorer.comm_fig]}
+               "Time": [explorer.time_fig], "Communication": [explorer.comm_fig], "Compare": [explorer.diff_fig]}
     for figure in figures.get(tab, []):
         assert figure.data == () and "No plan" in figure.container.children[0].value
     if tab == "Board":
@@ -118,6 +118,8 @@ def check_no_plan_shown(explorer: PlanExplorer, tab: str, world: int) -> None:
         assert "No plan" in explorer.choices.value and "<td>big</td>" not in explorer.choices.value
     elif tab == "Export":
         assert explorer.export_text.layout.display == "none"
+    elif tab == "Compare" and explorer.baseline is not None:
+        assert explorer.diff_fig.data == () and "No plan" in explorer.diff_note.value
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,10 +161,11 @@ def test_without_a_plan_no_view_keeps_the_previous_plan():
     """A plan that does not fit (1 MiB of DDR per rank): every tab says "no plan"; a fitting one comes back."""
     explorer = PlanExplorer(TABLES, world_size=8, local_world_size=8, memory_per_rank_gib=16, compute_device="cpu")
     explorer.export_button.click()
+    explorer.pin_button.click()
     explorer.redraw_all()  # every view shows the 8-rank plan
     explorer.memory.value = 0.001
     assert explorer.error is not None and "do not fit" in explorer.error
-    for tab in TABS:
+    for tab in TABS + ["Compare"]:
         explorer.show_tab(tab)
         check_consistent(explorer)
         check_no_plan_shown(explorer, tab, 8)
@@ -170,7 +173,8 @@ def test_without_a_plan_no_view_keeps_the_previous_plan():
     explorer.show_tab("Board")
     check_no_plan_shown(explorer, "Board", 4)
     explorer.memory.value = 16.0
-    for tab in TABS:
+    for tab in TABS + ["Compare"]:
         explorer.show_tab(tab)
         check_consistent(explorer)
     assert list(explorer.memory_fig.data[0].x) == [f"rank {r}" for r in range(4)]
+    assert explorer.diff_fig.data and "No plan" not in explorer.diff_note.value  # baseline vs the 4-rank plan
