@@ -194,4 +194,4 @@ class LazyFigure:
 
     @property
     def layout(self):
-        return self.live.layout if self.live is not None else None
+        return self.live.layout if self.live is not None and self.note is None else None
