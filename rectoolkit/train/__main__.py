@@ -58,7 +58,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "(default: the workload's dim; the smallest one when its tables differ)")
     parser.add_argument("--dense-arch", type=_int_list, default=None,
                         help="dense MLP sizes, e.g. 64,16; the last must be the embedding dim (default: 64,<dim>)")
-    parser.add_argument("--over-arch", type=_int_list, default=[64, 32, 1], help="over MLP sizes")
+    parser.add_argument("--over-arch", type=_int_list, default=[64, 32, 1],
+                        help="over MLP sizes (default: 64,32,1)")
     parser.add_argument("--embedding-lr", type=float, default=0.05, help="fused Adagrad lr of the tables")
     parser.add_argument("--dense-lr", type=float, default=3e-3, help="Adam lr of the MLPs")
     parser.add_argument("--report-every", type=int, default=10, help="steps between metric reports")

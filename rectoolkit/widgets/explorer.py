@@ -45,6 +45,7 @@ SHARDING_CHOICES = [AUTO] + [t.value for t in ShardingType]
 
 DEFAULT_WORKDIR = Path.home() / "rectoolkit-work"
 _EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
+NO_PLAN_NOTE = "No plan for the settings above (the message at the top says why)."
 
 
 def html_table(frame, columns: List[str], max_height_px: int = 380) -> str:
@@ -449,11 +450,29 @@ class PlanExplorer(w.VBox):
             return
         self._stale.discard(index)
         if not self.result.ok:
-            if index == 1:
-                self.board.show_error(self.result.error or "no plan")
+            self._draw_no_plan(index)
             return
         [self._draw_placement, self._draw_board, self._draw_memory, self._draw_time, self._draw_comm,
-         self._draw_choices, self._draw_diff, lambda: None, self._draw_measure][index]()
+         self._draw_choices, self._draw_diff, self._draw_export, self._draw_measure][index]()
+
+    def _draw_no_plan(self, index: int) -> None:
+        """Without a plan for the settings shown, a tab says so instead of keeping the last plan's pictures."""
+        error = self.result.error or "no plan"
+        if index == self.TAB_NAMES.index("Board"):
+            self.board.set_plan(ShardingPlan({"": {}}), world_size=self.settings.world_size,
+                                local_world_size=self.settings.local_world_size)
+            self.board.show_error(error)
+            return
+        figures = {"Placement": [self.placement_fig, self.rank_table_fig], "Memory": [self.memory_fig],
+                   "Time": [self.time_fig], "Communication": [self.comm_fig], "Compare": [self.diff_fig]}
+        for figure in figures.get(self.TAB_NAMES[index], []):
+            figure.show_note(NO_PLAN_NOTE)
+        if self.TAB_NAMES[index] == "Tables":
+            self.choices.value = f"<i>{html.escape(NO_PLAN_NOTE)}</i>"
+        elif self.TAB_NAMES[index] == "Compare" and self.baseline is not None:
+            self.diff_note.value = f"baseline vs current: {html.escape(NO_PLAN_NOTE)}"
+        elif self.TAB_NAMES[index] == "Export":
+            self.export_text.layout.display = "none"
 
     def measure(self, steps: int = 5, rounds: int = 2):
         """Run the current plan, and the pinned baseline if any, on local CPU workers for a few steps
@@ -602,6 +621,10 @@ class PlanExplorer(w.VBox):
         self.last_diff = diff
         self.diff_note.value = f"baseline vs current: {html.escape(diff.summary())}"
         self.diff_fig.show(*plan_diff_traces(diff))
+
+    def _draw_export(self) -> None:
+        if self.export_text.layout.display != "none":  # an export on show is always the current plan's
+            self._show_export()
 
     def _show_export(self) -> None:
         if self.plan is None:

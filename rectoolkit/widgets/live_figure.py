@@ -16,6 +16,7 @@ figure is being drawn its box shows "drawing ..." (a placeholder the figure cove
 
 from __future__ import annotations
 
+import html
 from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -159,13 +160,28 @@ class LazyFigure:
         self.container = w.VBox([w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
                                         f"drawing {what} ...</div>")])
         self.live: Optional[LiveFigure] = None
+        self.note: Optional[str] = None  # the text shown instead of the figure, if any
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         if self.live is None:
             self.live = LiveFigure(traces, layout)
             self.container.children = [self.live.widget]
             return ["create"]
-        return self.live.show(traces, layout)
+        written = self.live.show(traces, layout)
+        if self.note is not None:
+            self.note = None
+            self.container.children = [self.live.widget]
+            return written or ["restore"]
+        return written
+
+    def show_note(self, text: str) -> None:
+        """Show `text` instead of the figure (the next `show()` brings the figure back), e.g. while there is
+        nothing current to draw, so that an old picture is never taken for the current one."""
+        import ipywidgets as w
+
+        self.note = text
+        self.container.children = [w.HTML(f'<div class="rtk-figure-note" style="color:#6b7280;padding:24px">'
+                                          f"{html.escape(text)}</div>")]
 
     @property
     def widget(self):
@@ -173,8 +189,9 @@ class LazyFigure:
 
     @property
     def data(self):
-        return self.live.data if self.live is not None else ()
+        """The traces shown now (empty while a placeholder or a note shows)."""
+        return self.live.data if self.live is not None and self.note is None else ()
 
     @property
     def layout(self):
-        return self.live.layout if self.live is not None else None
+        return self.live.layout if self.live is not None and self.note is None else None

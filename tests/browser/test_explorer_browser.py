@@ -61,5 +61,15 @@ def test_explorer_renders_and_replans(page, lab_server, artifacts):
     expect(error).to_contain_text("do not fit", timeout=60_000)
     assert_no_widget_errors(page)
     explorer.screenshot(path=str(artifacts / "explorer_error.png"))
+    # without a plan the views say so instead of showing the last plan; a plan that fits brings them back
+    out.locator(".widget-tab .lm-TabBar-tab", has_text="Placement").click()
+    note = out.locator(".rtk-figure-note")
+    expect(note.first).to_contain_text("No plan", timeout=30_000)
+    expect(placement.locator(".gtitle")).to_have_count(0)
+    memory.fill("16")
+    memory.press("Enter")
+    expect(status).to_contain_text("26 tables on 4 ranks", timeout=60_000)
+    expect(note).to_have_count(0, timeout=30_000)
+    expect(out.locator(".js-plotly-plot .gtitle", has_text="Shard placement")).to_have_count(1, timeout=30_000)
     errors = [m for m in page.console_messages if m.startswith("[pageerror]")]
     assert not errors, errors

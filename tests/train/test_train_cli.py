@@ -50,7 +50,7 @@ def test_help_shows_every_default(capsys):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for expected in ("(default: dlrm26)", "(default: 100)", "(default: the workload's batch_size_per_rank)",
-                     "(default: 0.05)", "(default: 0.003)", "(default: 10)", "(default: 0)",
+                     "(default: 64,32,1)", "(default: 0.05)", "(default: 0.003)", "(default: 10)", "(default: 0)",
                      "(default: the workload's dim; the smallest one when its tables differ)"):
         assert expected in text, expected
 
