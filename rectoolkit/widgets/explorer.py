@@ -33,7 +33,7 @@ from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
 from rectoolkit.widgets.inputs import as_table_set
-from rectoolkit.widgets.live_figure import LazyFigure
+from rectoolkit.widgets.live_figure import LazyFigure, after_display
 from rectoolkit.widgets.planning import (AUTO, ExplorerSettings, PlanningResult, measure_current_and_pinned,
                                          plan_and_report)
 
@@ -298,6 +298,7 @@ class PlanExplorer(w.VBox):
         ])
 
     def _build_views(self) -> None:
+        self._painted = False  # shown in a notebook yet (see _repr_mimebundle_)
         self.placement_fig, self.rank_table_fig = LazyFigure("the shard placement"), LazyFigure("the rank x table map")
         self.memory_fig, self.time_fig = LazyFigure("memory per rank"), LazyFigure("time per rank")
         self.comm_fig, self.diff_fig = LazyFigure("bytes per link"), LazyFigure("the comparison")
@@ -438,6 +439,18 @@ class PlanExplorer(w.VBox):
                 and int(self.local_world_size.value) == old.local_world_size)
 
     # ------------------------------------------------------------------ drawing
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The first display paints the explorer at once, with placeholders where its figures go, and sends
+        the figures right after: the page's first plotly figure waits for plotly.js to load (1-2 s), which
+        would otherwise hold back the whole explorer."""
+        if not self._painted:
+            self._painted = True
+            figures = (self.placement_fig, self.rank_table_fig, self.memory_fig, self.time_fig, self.comm_fig,
+                       self.diff_fig, self.measure_fig)
+            held = [figure for figure in figures if figure.hold()]
+            after_display(lambda: [figure.release() for figure in held])
+        return super()._repr_mimebundle_(**kwargs)
 
     def _render(self) -> None:
         self._draw_status()

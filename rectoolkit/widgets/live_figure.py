@@ -16,7 +16,8 @@ figure is being drawn its box shows "drawing ..." (a placeholder the figure cove
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence
+import asyncio
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -149,23 +150,63 @@ class LiveFigure:
         return self._plotly_figure().layout
 
 
+def after_display(callback: Callable[[], None]) -> None:
+    """Run `callback` once the kernel has sent what it is displaying now: on the kernel's event loop, after
+    the running cell (at once where no event loop runs, as in a script)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        callback()
+        return
+    loop.call_soon(callback)
+
+
 class LazyFigure:
     """A LiveFigure made on its first `show()`, inside a fixed `container` box that shows a placeholder
-    ("drawing <what> ...") until then."""
+    ("drawing <what> ...") until then.
+
+    `hold()` puts the placeholder back while the figure stays current in Python, `release()` shows the
+    figure again: a widget is painted at once with placeholders, its figures follow (see `after_display`).
+
+        >>> lazy = LazyFigure("memory")
+        >>> lazy.show([dict(type="bar", x=["a"], y=[1])], {})
+        ['create']
+        >>> lazy.hold(), lazy.container.children[0] is lazy.placeholder
+        (True, True)
+        >>> lazy.release(); lazy.container.children[0] is lazy.widget
+        True
+    """
 
     def __init__(self, what: str = "the figure") -> None:
         import ipywidgets as w
 
-        self.container = w.VBox([w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
-                                        f"drawing {what} ...</div>")])
+        self.placeholder = w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
+                                  f"&#8987; drawing {what} ...</div>")
+        self.container = w.VBox([self.placeholder])
         self.live: Optional[LiveFigure] = None
+        self._held = False
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         if self.live is None:
             self.live = LiveFigure(traces, layout)
-            self.container.children = [self.live.widget]
+            if not self._held:
+                self.container.children = [self.live.widget]
             return ["create"]
         return self.live.show(traces, layout)
+
+    def hold(self) -> bool:
+        """Show the placeholder instead of the figure until `release()`; False when there is no figure yet."""
+        if self.live is None:
+            return False
+        self._held = True
+        self.container.children = [self.placeholder]
+        return True
+
+    def release(self) -> None:
+        """Show the figure again (after `hold()`)."""
+        self._held = False
+        if self.live is not None:
+            self.container.children = [self.live.widget]
 
     @property
     def widget(self):
