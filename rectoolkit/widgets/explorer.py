@@ -33,7 +33,7 @@ from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
 from rectoolkit.widgets.inputs import as_table_set
-from rectoolkit.widgets.live_figure import LazyFigure, after_display
+from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, after_display
 from rectoolkit.widgets.planning import (AUTO, ExplorerSettings, PlanningResult, measure_current_and_pinned,
                                          plan_and_report)
 
@@ -422,7 +422,7 @@ class PlanExplorer(w.VBox):
     def _set_busy(self, what: Optional[str]) -> None:
         """Show what the kernel is doing (sent at once, so the browser shows it while the work runs)."""
         self.busy.value = ("" if what is None else
-                           f'<span class="rtk-busy" style="color:#b45309">&#8987; {html.escape(what)} ...</span>')
+                           f'<span class="rtk-busy" style="color:#b45309">{SPINNER}{html.escape(what)} ...</span>')
 
     def _guard(self, action) -> None:
         try:

@@ -22,6 +22,11 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 import numpy as np
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack)
+SPINNER = ('<span class="rtk-spinner" style="display:inline-block;width:9px;height:9px;margin-right:5px;'
+           'border:2px solid currentColor;border-right-color:transparent;border-radius:50%;'
+           'animation:rtk-spin 0.8s linear infinite"></span>'
+           "<style>@keyframes rtk-spin{to{transform:rotate(360deg)}}</style>")
 FIGURE_CLASS = "rtk-figure"
 # The placeholder sits under the plot (the plot's white paper covers it once plotly.js has drawn).
 FIGURE_CSS = (f"<style>.{FIGURE_CLASS}{{position:relative;min-height:120px}}"
@@ -181,7 +186,7 @@ class LazyFigure:
         import ipywidgets as w
 
         self.placeholder = w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
-                                  f"&#8987; drawing {what} ...</div>")
+                                  f"{SPINNER}drawing {what} ...</div>")
         self.container = w.VBox([self.placeholder])
         self.live: Optional[LiveFigure] = None
         self._held = False

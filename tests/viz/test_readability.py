@@ -69,3 +69,15 @@ def test_plan_diff_axis_is_symmetric_in_binary_units():
     assert axis["ticktext"] == ["-3 MiB", "-2 MiB", "-1 MiB", "0 B", "1 MiB", "2 MiB", "3 MiB"]
     assert axis["tickvals"] == [k * MIB for k in range(-3, 4)]
     assert axis["range"][0] < -3 * MIB and axis["range"][1] > 3 * MIB
+
+
+def test_training_curves_say_when_no_step_is_reported_yet():
+    from rectoolkit.viz.training import training_curves_traces
+
+    empty_traces, empty = training_curves_traces([])
+    assert [a["text"] for a in empty["annotations"]] == [
+        "no step reported yet: the curves start with the workers' first report"]
+    assert all(len(t["x"]) == 0 for t in empty_traces)
+    assert not any(empty[k]["showticklabels"] or empty[k]["zeroline"] for k in empty if k[1:5] == "axis")
+    traces, drawn = training_curves_traces([{"step": 1, "loss": 0.7, "auc": 0.5, "samples_per_s": 100.0}])
+    assert "annotations" not in drawn and [list(t["y"]) for t in traces] == [[0.7], [0.5], [100.0]]
