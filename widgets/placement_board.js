@@ -38,6 +38,12 @@ function renderBoard(model, el, state) {
   hint.textContent = model.get("hint") || "";
   root.appendChild(hint);
 
+  // the message (a move done or refused) stands above the columns: below 16+ wrapped ranks it is out of view
+  const status = document.createElement("div");
+  status.className = `rtk-board-message rtk-${messageKind}`;
+  status.textContent = message;
+  root.appendChild(status);
+
   const grid = document.createElement("div");
   grid.className = "rtk-board-grid";
   for (const column of columns) {
@@ -93,6 +99,10 @@ function renderBoard(model, el, state) {
       block.dataset.shard = shard.id;
       block.dataset.table = shard.table;
       block.style.background = shard.color;
+      if (shard.text_color) {
+        block.style.color = shard.text_color;
+        if (shard.text_color !== "#FFFFFF") block.style.textShadow = "none";
+      }
       block.style.minHeight = `${shard.height}px`;
       block.title = shard.tooltip;
       // replicas can be picked up too: the kernel refuses the move and says why on the board
@@ -115,10 +125,6 @@ function renderBoard(model, el, state) {
   }
   root.appendChild(grid);
 
-  const status = document.createElement("div");
-  status.className = `rtk-board-message rtk-${messageKind}`;
-  status.textContent = message;
-  root.appendChild(status);
   el.appendChild(root);
 }
 
