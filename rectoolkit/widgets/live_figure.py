@@ -19,7 +19,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+import anywidget
 import numpy as np
+import traitlets
+
+from rectoolkit.widgets.assets import read_asset
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack)
@@ -155,15 +159,47 @@ class LiveFigure:
         return self._plotly_figure().layout
 
 
-def after_display(callback: Callable[[], None]) -> None:
-    """Run `callback` once the kernel has sent what it is displaying now: on the kernel's event loop, after
-    the running cell (at once where no event loop runs, as in a script)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        callback()
-        return
-    loop.call_soon(callback)
+PAINT_FALLBACK_S = 5.0  # where no page shows the probe (a script, a headless run), go on after this long
+
+
+class PaintProbe(anywidget.AnyWidget):
+    """An invisible widget that tells the kernel when the browser has painted it (put it in a box).
+
+    `when_painted(callback)` runs `callback` once: at the first paint of a view of the probe, or after
+    `fallback_s` of the kernel's event loop where no page shows it, or at once where no event loop runs
+    (a script). Widgets use it to appear at once and send their slow parts right after.
+
+        >>> probe = PaintProbe()
+        >>> probe.when_painted(lambda: print("painted"))  # no event loop here: at once
+        painted
+    """
+
+    _esm = traitlets.Unicode(read_asset("paint_probe.js")).tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._waiting: List[Callable[[], None]] = []
+        self.on_msg(self._on_message)
+
+    fallback_s = PAINT_FALLBACK_S
+
+    def when_painted(self, callback: Callable[[], None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            callback()
+            return
+        self._waiting.append(callback)
+        loop.call_later(self.fallback_s, self._run_waiting)
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("event") == "painted":
+            self._run_waiting()
+
+    def _run_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for callback in waiting:
+            callback()
 
 
 class LazyFigure:
@@ -171,7 +207,7 @@ class LazyFigure:
     ("drawing <what> ...") until then.
 
     `hold()` puts the placeholder back while the figure stays current in Python, `release()` shows the
-    figure again: a widget is painted at once with placeholders, its figures follow (see `after_display`).
+    figure again: a widget is painted at once with placeholders, its figures follow (see `PaintProbe`).
 
         >>> lazy = LazyFigure("memory")
         >>> lazy.show([dict(type="bar", x=["a"], y=[1])], {})

@@ -181,6 +181,14 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     expect(board.locator(".rtk-board-column")).to_have_count(32, timeout=60_000)
     overflow = grid.evaluate("g => g.scrollWidth - g.clientWidth")
     assert overflow <= 1, f"the board overflows sideways by {overflow} px at 32 ranks"
+    # many replicas per rank fold into one block per column, which refuses a move like a single replica
+    groups = board.locator(".rtk-replica-group")
+    expect(groups).to_have_count(32)
+    assert board.locator(".rtk-board-shard.rtk-fixed").count() == 32
+    assert re.fullmatch(r"\d+ replicas \(data parallel\)", groups.first.inner_text().strip())
+    groups.first.click()
+    board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
+    expect(message).to_contain_text("DATA_PARALLEL", timeout=30_000)
     board.screenshot(path=str(artifacts / "timing_board_32_ranks.png"))
 
     # 6. Save plan JSON writes where the message says, not into the served folder

@@ -22,28 +22,49 @@ def _shows_placeholder(lazy):
     return lazy.container.children == (lazy.placeholder,)
 
 
-def test_first_display_paints_placeholders_then_the_figures_follow():
+def _display_in_a_kernel(explorer, page_paints: bool, fallback_wait_s: float = 0.0):
+    """Display the explorer as ipykernel does (the cell runs on a running event loop), then let the loop run
+    on: with `page_paints` the probe's view sends "painted" (what widgets/paint_probe.js does in a browser).
+    Returns the bundle and whether the figures showed placeholders before and after."""
+    placement, rank_table = explorer.placement_fig, explorer.rank_table_fig
+
+    def held():
+        return _shows_placeholder(placement) and _shows_placeholder(rank_table)
+
+    async def run():
+        bundle = explorer._repr_mimebundle_()
+        before = held()
+        await asyncio.sleep(0.05)  # the cell is over; nothing released without a paint
+        between = held()
+        if page_paints:
+            explorer._paint_probe._handle_custom_msg({"event": "painted"}, [])
+        await asyncio.sleep(fallback_wait_s)
+        return bundle, before, between, held()
+
+    return asyncio.run(run())
+
+
+def test_first_display_paints_placeholders_then_the_figures_follow_the_page():
     explorer = _explorer()
     placement, rank_table = explorer.placement_fig, explorer.rank_table_fig
     assert not _shows_placeholder(placement) and not _shows_placeholder(rank_table)  # drawn for Python users
-
-    async def display_in_a_kernel():  # as in ipykernel: the cell runs on a running event loop
-        bundle = explorer._repr_mimebundle_()
-        held = _shows_placeholder(placement) and _shows_placeholder(rank_table)
-        # the figures stay current in Python while the page shows their placeholders
-        ranks = [t.name for t in placement.data if t.name.startswith("rank ")]
-        await asyncio.sleep(0)  # the cell is over: the kernel's loop runs the callback
-        return bundle, held, ranks
-
-    bundle, held, ranks = asyncio.run(display_in_a_kernel())
+    bundle, before, between, after = _display_in_a_kernel(explorer, page_paints=True)
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert held and ranks == ["rank 0", "rank 1"]
+    assert before and between and not after
     assert placement.container.children == (placement.widget,)
     assert rank_table.container.children == (rank_table.widget,)
+    # the figures stayed current in Python while the page showed their placeholders
+    assert [t.name for t in placement.data if t.name.startswith("rank ")] == ["rank 0", "rank 1"]
     assert "drawing the shard placement" in placement.placeholder.value
-
     explorer._repr_mimebundle_()  # a second display has the figures in place at once
     assert placement.container.children == (placement.widget,)
+
+
+def test_figures_follow_after_a_while_where_no_page_paints():
+    explorer = _explorer()
+    explorer._paint_probe.fallback_s = 0.2
+    _, before, between, after = _display_in_a_kernel(explorer, page_paints=False, fallback_wait_s=0.5)
+    assert before and between and not after
 
 
 def test_a_figure_first_drawn_while_held_appears_on_release():
