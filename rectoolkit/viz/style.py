@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import colorsys
+import re
 from typing import Any, List, Tuple
 
 # Plotly's qualitative "Plotly" palette followed by "D3"-like extras: distinct for the first 20 ranks.
@@ -163,7 +164,8 @@ def humanize(value: Any, column: str = "") -> str:
         return str(value)
     number = float(value)
     name = column.lower()
-    if name.endswith("bytes") or name in ("bytes", "memory", "size"):
+    # "weights_bytes", "bytes sent, estimated", "bytes_across_links": bytes wherever the word stands
+    if re.search(r"(^|[^a-z])bytes([^a-z]|$)", name) or name in ("memory", "size"):
         return format_bytes(number)
     if name.endswith("_ms") or name == "ms":
         return format_ms(number)

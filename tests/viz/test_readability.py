@@ -56,6 +56,8 @@ def test_full_usage_axis_reaches_the_capacity_in_gib():
 
 def test_humanized_cells():
     assert humanize(206209024.0, "weights_bytes") == "196.66 MiB"
+    assert humanize(3 * 2 ** 20, "bytes sent, estimated") == humanize(3 * 2 ** 20, "bytes_across_links") == "3.00 MiB"
+    assert humanize(3 * 2 ** 20, "megabytes_per_s") == "3,145,728"  # not a byte count
     assert humanize(15.823211669921875, "slowest_ms") == "15.82 ms"
     assert humanize(0.123456789012345, "ratio") == "0.1235"
     assert humanize(np.int64(1000000), "rows") == "1,000,000"
