@@ -175,6 +175,15 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     light = board.locator(".rtk-board-column[data-rank='7'] .rtk-board-shard:not(.rtk-fixed)").first
     assert light.evaluate("b => getComputedStyle(b).color") == "rgb(17, 24, 39)"  # dark text on light green
     board.screenshot(path=str(artifacts / "timing_board_8_ranks.png"))
+    # a drop re-prices the plan: the board says what moved, the explorer counts the hand move
+    block = board.locator(".rtk-board-column[data-rank='0'] .rtk-board-shard:not(.rtk-fixed)").first
+    moved = block.get_attribute("data-table")
+    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard 0 to rank 1"),
+                 ("re-priced", ".rtk-explorer .widget-html", "1 hand move(s) on the board")])
+    block.click()
+    board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
+    timings["board move (Board tab)"] = measured(page, ["board says", "re-priced"])
+    expect(board.locator(f".rtk-board-column[data-rank='1'] .rtk-board-shard[data-table='{moved}']")).to_have_count(1)
     watch(page, [("status", ".rtk-explorer .rtk-status", "26 tables on 32 ranks")])
     world.select_option("32")  # 32 ranks: the columns wrap into rows, nothing runs off sideways
     timings["world size 8 -> 32 (Board tab)"] = measured(page, ["status"])
@@ -211,3 +220,4 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
         assert timings[f"open {tab} tab"]["figure"] < 10_000, timings
     change = timings["optimizer sgd -> adam (Memory tab)"]
     assert change["visible"] < 3_000 and change["settled"] < 6_000, timings
+    assert timings["board move (Board tab)"]["re-priced"] < 6_000, timings
