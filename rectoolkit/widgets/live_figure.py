@@ -26,17 +26,19 @@ import traitlets
 from rectoolkit.widgets.assets import read_asset
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-# A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack)
+# A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack).
+# Its keyframes come with FIGURE_CSS, which stays on the page: a <style> added and removed with every busy
+# message would make the browser restyle the whole page each time.
 SPINNER = ('<span class="rtk-spinner" style="display:inline-block;width:9px;height:9px;margin-right:5px;'
            'border:2px solid currentColor;border-right-color:transparent;border-radius:50%;'
-           'animation:rtk-spin 0.8s linear infinite"></span>'
-           "<style>@keyframes rtk-spin{to{transform:rotate(360deg)}}</style>")
+           'animation:rtk-spin 0.8s linear infinite"></span>')
 FIGURE_CLASS = "rtk-figure"
 # The placeholder sits under the plot (the plot's white paper covers it once plotly.js has drawn).
 FIGURE_CSS = (f"<style>.{FIGURE_CLASS}{{position:relative;min-height:120px}}"
               f".{FIGURE_CLASS}::before{{content:'drawing the figure ...';position:absolute;top:48px;left:24px;"
               "color:#6b7280;font-size:13px;z-index:0}"
-              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}</style>")
+              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}"
+              "@keyframes rtk-spin{to{transform:rotate(360deg)}}</style>")
 
 
 def same_value(a: Any, b: Any) -> bool:
