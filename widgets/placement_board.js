@@ -18,6 +18,49 @@ function requestMove(model, shardId, rank) {
   model.save_changes();
 }
 
+const REPLICAS_SHOWN_ONE_BY_ONE = 3;
+
+function groupOfReplicas(replicas) {
+  const tables = replicas.map((s) => s.table);
+  return {
+    ...replicas[0],  // picking the group picks its first replica: the kernel refuses the move and says why
+    label: `${replicas.length} replicas (data parallel)`,
+    tooltip: `data-parallel replicas, one on every rank, they cannot move: ${tables.join(", ")}`,
+    height: 18,
+    group: true,
+  };
+}
+
+function shardBlock(model, el, state, shard) {
+  const block = document.createElement("div");
+  block.className = "rtk-board-shard";
+  block.dataset.shard = shard.id;
+  block.dataset.table = shard.table;
+  block.style.background = shard.color;
+  if (shard.text_color) {
+    block.style.color = shard.text_color;
+    if (shard.text_color !== "#FFFFFF") block.style.textShadow = "none";
+  }
+  block.style.minHeight = `${shard.height}px`;
+  block.title = shard.tooltip;
+  // replicas can be picked up too: the kernel refuses the move and says why on the board
+  block.draggable = true;
+  if (!shard.movable) block.classList.add("rtk-fixed");
+  if (shard.group) block.classList.add("rtk-replica-group");
+  if (state.selected === shard.id) block.classList.add("rtk-selected");
+  block.textContent = shard.label;
+  block.addEventListener("dragstart", (event) => {
+    event.dataTransfer.setData("text/plain", shard.id);
+    event.dataTransfer.effectAllowed = "move";
+  });
+  block.addEventListener("click", (event) => {
+    event.stopPropagation();
+    state.selected = state.selected === shard.id ? null : shard.id;
+    renderBoard(model, el, state);
+  });
+  return block;
+}
+
 function renderBoard(model, el, state) {
   const columns = model.get("columns") || [];
   const shards = model.get("shards") || [];
@@ -37,6 +80,12 @@ function renderBoard(model, el, state) {
   hint.className = "rtk-board-hint";
   hint.textContent = model.get("hint") || "";
   root.appendChild(hint);
+
+  // the message (a move done or refused) stands above the columns: below 16+ wrapped ranks it is out of view
+  const status = document.createElement("div");
+  status.className = `rtk-board-message rtk-${messageKind}`;
+  status.textContent = message;
+  root.appendChild(status);
 
   const grid = document.createElement("div");
   grid.className = "rtk-board-grid";
@@ -87,38 +136,20 @@ function renderBoard(model, el, state) {
       if (shardId) requestMove(model, shardId, column.rank);
     });
 
-    for (const shard of shards.filter((s) => s.rank === column.rank)) {
-      const block = document.createElement("div");
-      block.className = "rtk-board-shard";
-      block.dataset.shard = shard.id;
-      block.dataset.table = shard.table;
-      block.style.background = shard.color;
-      block.style.minHeight = `${shard.height}px`;
-      block.title = shard.tooltip;
-      // replicas can be picked up too: the kernel refuses the move and says why on the board
-      block.draggable = true;
-      if (!shard.movable) block.classList.add("rtk-fixed");
-      if (state.selected === shard.id) block.classList.add("rtk-selected");
-      block.textContent = shard.label;
-      block.addEventListener("dragstart", (event) => {
-        event.dataTransfer.setData("text/plain", shard.id);
-        event.dataTransfer.effectAllowed = "move";
-      });
-      block.addEventListener("click", (event) => {
-        event.stopPropagation();
-        state.selected = state.selected === shard.id ? null : shard.id;
-        renderBoard(model, el, state);
-      });
-      col.appendChild(block);
+    // a column's data-parallel replicas (one of each on every rank) fold into one block past a few: they
+    // cannot move, and listed one by one they make every column tall at many ranks
+    const own = shards.filter((s) => s.rank === column.rank);
+    const replicas = own.filter((s) => !s.movable);
+    const blocks = replicas.length > REPLICAS_SHOWN_ONE_BY_ONE
+      ? [groupOfReplicas(replicas), ...own.filter((s) => s.movable)]
+      : own;
+    for (const shard of blocks) {
+      col.appendChild(shardBlock(model, el, state, shard));
     }
     grid.appendChild(col);
   }
   root.appendChild(grid);
 
-  const status = document.createElement("div");
-  status.className = `rtk-board-message rtk-${messageKind}`;
-  status.textContent = message;
-  root.appendChild(status);
   el.appendChild(root);
 }
 

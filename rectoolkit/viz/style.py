@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import colorsys
+import re
 from typing import Any, List, Tuple
 
 # Plotly's qualitative "Plotly" palette followed by "D3"-like extras: distinct for the first 20 ranks.
@@ -59,6 +60,32 @@ def rank_color(rank: int) -> str:
     hue = (rank * 0.618033988749895) % 1.0  # golden-ratio hue steps stay distinct for a long while
     red, green, blue = colorsys.hls_to_rgb(hue, 0.5, 0.65)
     return "#{:02X}{:02X}{:02X}".format(int(red * 255), int(green * 255), int(blue * 255))
+
+
+DARK_TEXT, LIGHT_TEXT = "#111827", "#FFFFFF"
+
+
+def _luminance(color: str) -> float:
+    """WCAG relative luminance of "#RRGGBB"."""
+    def linear(channel: int) -> float:
+        value = channel / 255
+        return value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4
+
+    red, green, blue = (int(color.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4))
+    return 0.2126 * linear(red) + 0.7152 * linear(green) + 0.0722 * linear(blue)
+
+
+def text_color_on(background: str) -> str:
+    """Dark or white text, whichever has more (WCAG) contrast on `background` ("#RRGGBB").
+
+        >>> text_color_on("#B6E880"), text_color_on("#1F77B4")
+        ('#111827', '#FFFFFF')
+    """
+    def contrast(a: str, b: str) -> float:
+        high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+        return (high + 0.05) / (low + 0.05)
+
+    return max((DARK_TEXT, LIGHT_TEXT), key=lambda text: contrast(text, background))
 
 
 def rank_colors(world_size: int) -> List[str]:
@@ -137,7 +164,8 @@ def humanize(value: Any, column: str = "") -> str:
         return str(value)
     number = float(value)
     name = column.lower()
-    if name.endswith("bytes") or name in ("bytes", "memory", "size"):
+    # "weights_bytes", "bytes sent, estimated", "bytes_across_links": bytes wherever the word stands
+    if re.search(r"(^|[^a-z])bytes([^a-z]|$)", name) or name in ("memory", "size"):
         return format_bytes(number)
     if name.endswith("_ms") or name == "ms":
         return format_ms(number)

@@ -20,6 +20,8 @@ from rectoolkit.viz.style import COMPONENT_COLORS, bytes_axis, format_bytes
 
 CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"))
 
+NO_STEP_YET = "no step reported yet: the curves start with the workers' first report"
+
 MetricsLike = Union[pd.DataFrame, Sequence[Mapping[str, float]]]
 
 
@@ -41,7 +43,13 @@ def metrics_frame(metrics: MetricsLike) -> pd.DataFrame:
 
 
 def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tuple[List[dict], dict]:
-    """Three stacked panels sharing the step axis: loss, AUC, samples/s (missing columns stay empty)."""
+    """Three stacked panels sharing the step axis: loss, AUC, samples/s (missing columns stay empty).
+
+    With no metrics yet the panels are blank and say that no step has been reported:
+
+        >>> training_curves_traces([])[1]["annotations"][0]["text"] == NO_STEP_YET
+        True
+    """
     frame = metrics_frame(metrics)
     traces, layout = [], dict(
         title=dict(text=title), showlegend=False, height=460, margin=dict(l=60, r=10, t=50, b=40),
@@ -60,6 +68,11 @@ def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tup
         layout["xaxis" + axis] = dict(anchor="y" + axis, matches=None if index == 0 else "x",
                                       showticklabels=index == panels - 1,
                                       title=dict(text="step") if index == panels - 1 else None)
+    if frame.empty:  # before the first report: say so, instead of empty axes from -1 to 6
+        for name in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
+            layout[name].update(showticklabels=False, zeroline=False, showgrid=False)
+        layout["annotations"] = [dict(text=NO_STEP_YET, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                                      font=dict(size=14, color="#6b7280"))]
     return traces, layout
 
 

@@ -26,7 +26,7 @@ import traitlets
 
 from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.viz.frames import TablesLike, placement_frame, table_configs, weights_per_rank
-from rectoolkit.viz.style import REPLICATED_COLOR, format_bytes, rank_color
+from rectoolkit.viz.style import REPLICATED_COLOR, format_bytes, rank_color, text_color_on
 from rectoolkit.widgets.assets import read_asset
 from rectoolkit.plan.edits import MoveError, move_shard
 
@@ -145,6 +145,7 @@ class PlacementBoard(anywidget.AnyWidget):
         shards = []
         for row in placement.itertuples(index=False):
             fixed = row.sharding_type == "data_parallel"
+            color = REPLICATED_COLOR if fixed else rank_color(int(row.rank))
             shards.append({
                 "id": f"{row.table}/{row.shard}",
                 "table": row.table,
@@ -153,7 +154,8 @@ class PlacementBoard(anywidget.AnyWidget):
                 "type": row.sharding_type,
                 "bytes": int(row.bytes),
                 "movable": not fixed,
-                "color": REPLICATED_COLOR if fixed else rank_color(int(row.rank)),
+                "color": color,
+                "text_color": text_color_on(color),  # the palette has light colours: dark text on those
                 "height": int(14 + 36 * math.sqrt(row.bytes / biggest)),
                 "label": (f"{row.table} (replica)" if fixed else
                           row.table if shard_counts[row.table] == 1 else f"{row.table} #{row.shard}"),

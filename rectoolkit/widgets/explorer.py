@@ -33,7 +33,7 @@ from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
 from rectoolkit.widgets.inputs import as_table_set
-from rectoolkit.widgets.live_figure import LazyFigure
+from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, PaintProbe
 from rectoolkit.widgets.planning import (AUTO, ExplorerSettings, PlanningResult, measure_current_and_pinned,
                                          plan_and_report)
 
@@ -299,6 +299,8 @@ class PlanExplorer(w.VBox):
         ])
 
     def _build_views(self) -> None:
+        self._painted = False  # shown in a notebook yet (see _repr_mimebundle_)
+        self._paint_probe = PaintProbe()  # in the first tab: says when the page shows the explorer
         self.placement_fig, self.rank_table_fig = LazyFigure("the shard placement"), LazyFigure("the rank x table map")
         self.memory_fig, self.time_fig = LazyFigure("memory per rank"), LazyFigure("time per rank")
         self.comm_fig, self.diff_fig = LazyFigure("bytes per link"), LazyFigure("the comparison")
@@ -331,7 +333,7 @@ class PlanExplorer(w.VBox):
         self.measure_button.on_click(lambda _: self._guard_measure())
         self.measure_note, self.measure_fig = w.HTML(), LazyFigure("estimated vs measured step time")
         self.tabs = w.Tab(children=[
-            w.VBox([self.placement_fig.container, self.rank_table_fig.container]),
+            w.VBox([self.placement_fig.container, self.rank_table_fig.container, self._paint_probe]),
             self.board,
             w.VBox([self.memory_note, self.memory_fig.container]),
             w.VBox([self.time_note, self.time_fig.container]),
@@ -422,7 +424,7 @@ class PlanExplorer(w.VBox):
     def _set_busy(self, what: Optional[str]) -> None:
         """Show what the kernel is doing (sent at once, so the browser shows it while the work runs)."""
         self.busy.value = ("" if what is None else
-                           f'<span class="rtk-busy" style="color:#b45309">&#8987; {html.escape(what)} ...</span>')
+                           f'<span class="rtk-busy" style="color:#b45309">{SPINNER}{html.escape(what)} ...</span>')
 
     def _guard(self, action) -> None:
         try:
@@ -439,6 +441,18 @@ class PlanExplorer(w.VBox):
                 and int(self.local_world_size.value) == old.local_world_size)
 
     # ------------------------------------------------------------------ drawing
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The first display paints the explorer at once, with placeholders where its figures go, and sends
+        the figures once the page shows it: the page's first plotly figure waits for plotly.js to load and
+        parse (1-2 s, more on a busy machine), which would otherwise hold back the whole explorer."""
+        if not self._painted:
+            self._painted = True
+            figures = (self.placement_fig, self.rank_table_fig, self.memory_fig, self.time_fig, self.comm_fig,
+                       self.diff_fig, self.measure_fig)
+            held = [figure for figure in figures if figure.hold()]
+            self._paint_probe.when_painted(lambda: [figure.release() for figure in held])
+        return super()._repr_mimebundle_(**kwargs)
 
     def _render(self) -> None:
         self._draw_status()

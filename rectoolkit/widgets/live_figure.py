@@ -16,18 +16,30 @@ figure is being drawn its box shows "drawing ..." (a placeholder the figure cove
 
 from __future__ import annotations
 
+import asyncio
 import html
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+import anywidget
 import numpy as np
+import traitlets
+
+from rectoolkit.widgets.assets import read_asset
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack).
+# Its keyframes come with FIGURE_CSS, which stays on the page: a <style> added and removed with every busy
+# message would make the browser restyle the whole page each time.
+SPINNER = ('<span class="rtk-spinner" style="display:inline-block;width:9px;height:9px;margin-right:5px;'
+           'border:2px solid currentColor;border-right-color:transparent;border-radius:50%;'
+           'animation:rtk-spin 0.8s linear infinite"></span>')
 FIGURE_CLASS = "rtk-figure"
 # The placeholder sits under the plot (the plot's white paper covers it once plotly.js has drawn).
 FIGURE_CSS = (f"<style>.{FIGURE_CLASS}{{position:relative;min-height:120px}}"
               f".{FIGURE_CLASS}::before{{content:'drawing the figure ...';position:absolute;top:48px;left:24px;"
               "color:#6b7280;font-size:13px;z-index:0}"
-              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}</style>")
+              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}"
+              "@keyframes rtk-spin{to{transform:rotate(360deg)}}</style>")
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -150,27 +162,86 @@ class LiveFigure:
         return self._plotly_figure().layout
 
 
+PAINT_FALLBACK_S = 5.0  # where no page shows the probe (a script, a headless run), go on after this long
+
+
+class PaintProbe(anywidget.AnyWidget):
+    """An invisible widget that tells the kernel when the browser has painted it (put it in a box).
+
+    `when_painted(callback)` runs `callback` once: at the first paint of a view of the probe, or after
+    `fallback_s` of the kernel's event loop where no page shows it, or at once where no event loop runs
+    (a script). Widgets use it to appear at once and send their slow parts right after.
+
+        >>> probe = PaintProbe()
+        >>> probe.when_painted(lambda: print("painted"))  # no event loop here: at once
+        painted
+    """
+
+    _esm = traitlets.Unicode(read_asset("paint_probe.js")).tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._waiting: List[Callable[[], None]] = []
+        self.on_msg(self._on_message)
+
+    fallback_s = PAINT_FALLBACK_S
+
+    def when_painted(self, callback: Callable[[], None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            callback()
+            return
+        self._waiting.append(callback)
+        loop.call_later(self.fallback_s, self._run_waiting)
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("event") == "painted":
+            self._run_waiting()
+
+    def _run_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for callback in waiting:
+            callback()
+
+
 class LazyFigure:
     """A LiveFigure made on its first `show()`, inside a fixed `container` box that shows a placeholder
-    ("drawing <what> ...") until then."""
+    ("drawing <what> ...") until then.
+
+    `hold()` puts the placeholder back while the figure stays current in Python, `release()` shows the
+    figure again: a widget is painted at once with placeholders, its figures follow (see `PaintProbe`).
+
+        >>> lazy = LazyFigure("memory")
+        >>> lazy.show([dict(type="bar", x=["a"], y=[1])], {})
+        ['create']
+        >>> lazy.hold(), lazy.container.children[0] is lazy.placeholder
+        (True, True)
+        >>> lazy.release(); lazy.container.children[0] is lazy.widget
+        True
+    """
 
     def __init__(self, what: str = "the figure") -> None:
         import ipywidgets as w
 
-        self.container = w.VBox([w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
-                                        f"drawing {what} ...</div>")])
+        self.placeholder = w.HTML(f'<div class="rtk-placeholder" style="color:#6b7280;padding:24px">'
+                                  f"{SPINNER}drawing {what} ...</div>")
+        self.container = w.VBox([self.placeholder])
         self.live: Optional[LiveFigure] = None
         self.note: Optional[str] = None  # the text shown instead of the figure, if any
+        self._held = False
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         if self.live is None:
             self.live = LiveFigure(traces, layout)
-            self.container.children = [self.live.widget]
+            if not self._held:
+                self.container.children = [self.live.widget]
             return ["create"]
         written = self.live.show(traces, layout)
         if self.note is not None:
             self.note = None
-            self.container.children = [self.live.widget]
+            if not self._held:
+                self.container.children = [self.live.widget]
             return written or ["restore"]
         return written
 
@@ -182,6 +253,22 @@ class LazyFigure:
         self.note = text
         self.container.children = [w.HTML(f'<div class="rtk-figure-note" style="color:#6b7280;padding:24px">'
                                           f"{html.escape(text)}</div>")]
+
+    def hold(self) -> bool:
+        """Show the placeholder instead of the figure until `release()`; False when there is no figure yet."""
+        if self.live is None:
+            return False
+        self._held = True
+        self.container.children = [self.placeholder]
+        return True
+
+    def release(self) -> None:
+        """Show the figure again (after `hold()`)."""
+        self._held = False
+        if self.note is not None:
+            self.show_note(self.note)
+        elif self.live is not None:
+            self.container.children = [self.live.widget]
 
     @property
     def widget(self):

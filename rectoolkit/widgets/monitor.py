@@ -23,7 +23,7 @@ import ipywidgets as w
 import numpy as np
 
 from rectoolkit.viz.training import measured_vs_estimated_traces, metrics_frame, training_curves_traces
-from rectoolkit.widgets.live_figure import LazyFigure, LiveFigure
+from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, LiveFigure
 
 REFRESH_S = 0.3
 
@@ -151,7 +151,7 @@ class TrainingMonitor(w.VBox):
         """Until the first report: the workers are starting (Python, torch and the process group take
         10-20 s on a busy machine), so the empty charts do not look broken."""
         waited = time.perf_counter() - self._started_at
-        self.status.value = (f'<span class="rtk-starting" style="color:#b45309">&#8987; starting '
+        self.status.value = (f'<span class="rtk-starting" style="color:#b45309">{SPINNER}starting '
                              f"{self.world_size} workers (pids {self.job.pids}): {waited:.0f} s, waiting for the "
                              "first step (importing torch and joining the process group)</span>")
 

@@ -168,8 +168,37 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     replica.click()
     source = replica.locator("xpath=ancestor::div[contains(@class,'rtk-board-column')]").get_attribute("data-rank")
     board.locator(f".rtk-board-column[data-rank='{1 if source == '0' else 0}'] .rtk-board-column-head").click()
-    expect(board.locator(".rtk-board-message.rtk-error")).to_contain_text("DATA_PARALLEL", timeout=30_000)
+    message = board.locator(".rtk-board-message.rtk-error")
+    expect(message).to_contain_text("DATA_PARALLEL", timeout=30_000)
+    # the refusal stands above the columns (in view however many ranks wrap below), labels read on light colours
+    assert message.bounding_box()["y"] < grid.bounding_box()["y"]
+    light = board.locator(".rtk-board-column[data-rank='7'] .rtk-board-shard:not(.rtk-fixed)").first
+    assert light.evaluate("b => getComputedStyle(b).color") == "rgb(17, 24, 39)"  # dark text on light green
     board.screenshot(path=str(artifacts / "timing_board_8_ranks.png"))
+    # a drop re-prices the plan: the board says what moved, the explorer counts the hand move
+    block = board.locator(".rtk-board-column[data-rank='0'] .rtk-board-shard:not(.rtk-fixed)").first
+    moved = block.get_attribute("data-table")
+    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard 0 to rank 1"),
+                 ("re-priced", ".rtk-explorer .widget-html", "1 hand move(s) on the board")])
+    block.click()
+    board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
+    timings["board move (Board tab)"] = measured(page, ["board says", "re-priced"])
+    expect(board.locator(f".rtk-board-column[data-rank='1'] .rtk-board-shard[data-table='{moved}']")).to_have_count(1)
+    watch(page, [("status", ".rtk-explorer .rtk-status", "26 tables on 32 ranks")])
+    world.select_option("32")  # 32 ranks: the columns wrap into rows, nothing runs off sideways
+    timings["world size 8 -> 32 (Board tab)"] = measured(page, ["status"])
+    expect(board.locator(".rtk-board-column")).to_have_count(32, timeout=60_000)
+    overflow = grid.evaluate("g => g.scrollWidth - g.clientWidth")
+    assert overflow <= 1, f"the board overflows sideways by {overflow} px at 32 ranks"
+    # many replicas per rank fold into one block per column, which refuses a move like a single replica
+    groups = board.locator(".rtk-replica-group")
+    expect(groups).to_have_count(32)
+    assert board.locator(".rtk-board-shard.rtk-fixed").count() == 32
+    assert re.fullmatch(r"\d+ replicas \(data parallel\)", groups.first.inner_text().strip())
+    groups.first.click()
+    board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
+    expect(message).to_contain_text("DATA_PARALLEL", timeout=30_000)
+    board.screenshot(path=str(artifacts / "timing_board_32_ranks.png"))
 
     # 6. Save plan JSON writes where the message says, not into the served folder
     tabs.filter(has_text="Export").click()
@@ -191,3 +220,4 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
         assert timings[f"open {tab} tab"]["figure"] < 10_000, timings
     change = timings["optimizer sgd -> adam (Memory tab)"]
     assert change["visible"] < 3_000 and change["settled"] < 6_000, timings
+    assert timings["board move (Board tab)"]["re-priced"] < 6_000, timings

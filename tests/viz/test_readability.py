@@ -56,6 +56,8 @@ def test_full_usage_axis_reaches_the_capacity_in_gib():
 
 def test_humanized_cells():
     assert humanize(206209024.0, "weights_bytes") == "196.66 MiB"
+    assert humanize(3 * 2 ** 20, "bytes sent, estimated") == humanize(3 * 2 ** 20, "bytes_across_links") == "3.00 MiB"
+    assert humanize(3 * 2 ** 20, "megabytes_per_s") == "3,145,728"  # not a byte count
     assert humanize(15.823211669921875, "slowest_ms") == "15.82 ms"
     assert humanize(0.123456789012345, "ratio") == "0.1235"
     assert humanize(np.int64(1000000), "rows") == "1,000,000"
@@ -69,3 +71,15 @@ def test_plan_diff_axis_is_symmetric_in_binary_units():
     assert axis["ticktext"] == ["-3 MiB", "-2 MiB", "-1 MiB", "0 B", "1 MiB", "2 MiB", "3 MiB"]
     assert axis["tickvals"] == [k * MIB for k in range(-3, 4)]
     assert axis["range"][0] < -3 * MIB and axis["range"][1] > 3 * MIB
+
+
+def test_training_curves_say_when_no_step_is_reported_yet():
+    from rectoolkit.viz.training import training_curves_traces
+
+    empty_traces, empty = training_curves_traces([])
+    assert [a["text"] for a in empty["annotations"]] == [
+        "no step reported yet: the curves start with the workers' first report"]
+    assert all(len(t["x"]) == 0 for t in empty_traces)
+    assert not any(empty[k]["showticklabels"] or empty[k]["zeroline"] for k in empty if k[1:5] == "axis")
+    traces, drawn = training_curves_traces([{"step": 1, "loss": 0.7, "auc": 0.5, "samples_per_s": 100.0}])
+    assert "annotations" not in drawn and [list(t["y"]) for t in traces] == [[0.7], [0.5], [100.0]]

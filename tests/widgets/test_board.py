@@ -2,6 +2,7 @@
 
 import pytest
 
+from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.widgets.assets import ASSET_NAMES, SOURCE_DIR, STATIC_DIR, asset_path
 from rectoolkit.widgets.board import PlacementBoard
@@ -85,3 +86,27 @@ def test_board_colours_follow_the_placement_view_and_replicas_refuse_with_a_mess
     board.move_request = {"id": "small/0", "rank": 1, "nonce": 1}  # what a drop in the browser sends
     assert board.message_kind == "error" and "DATA_PARALLEL" in board.message and "small" in board.message
     assert [s["rank"] for s in board.shards if s["table"] == "small"] == [0, 1]
+
+
+def _contrast(text, background):
+    """WCAG contrast ratio, worked out here from the definition (sRGB -> linear -> luminance)."""
+    def luminance(color):
+        channels = [int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    high, low = sorted((luminance(text), luminance(background)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_block_labels_read_on_every_rank_colour():
+    tables = [EmbeddingBagConfig(name=f"t{r}", num_embeddings=10, embedding_dim=4, feature_names=[f"f{r}"])
+              for r in range(24)]
+    plan = ShardingPlan({"": {f"t{r}": ParameterSharding("table_wise", ranks=[r], shards=[
+        ShardMetadata.on_rank(r, 0, 0, 10, 4)]) for r in range(24)}})
+    board = PlacementBoard(plan, tables, world_size=24)
+    for shard in board.shards:
+        chosen = _contrast(shard["text_color"], shard["color"])
+        other = _contrast("#FFFFFF" if shard["text_color"] != "#FFFFFF" else "#111827", shard["color"])
+        assert chosen >= other and chosen >= 4.0, (shard["rank"], shard["color"], shard["text_color"], chosen)
+    light_green = [s for s in board.shards if s["color"] == "#B6E880"]
+    assert light_green and light_green[0]["text_color"] == "#111827"  # white on it was unreadable
