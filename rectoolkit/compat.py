@@ -38,4 +38,12 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
+    "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",
+    "rectoolkit.metrics.metrics_config": "torchrec.metrics.metrics_config",
+    "rectoolkit.metrics.rec_metric": "torchrec.metrics.rec_metric",
+    "rectoolkit.metrics.auc": "torchrec.metrics.auc",
+    "rectoolkit.metrics.ne": "torchrec.metrics.ne",
+    "rectoolkit.metrics.calibration": "torchrec.metrics.calibration",
+    "rectoolkit.metrics.ctr": "torchrec.metrics.ctr",
+    "rectoolkit.metrics.mse": "torchrec.metrics.mse",
 }
