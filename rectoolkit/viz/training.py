@@ -18,7 +18,9 @@ import pandas as pd
 from rectoolkit.viz.frames import total_matrix
 from rectoolkit.viz.style import COMPONENT_COLORS, bytes_axis, format_bytes
 
-CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"))
+# rectoolkit.train reports window_ne / window_calibration from its RecMetricModule (rectoolkit.metrics)
+CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"),
+          ("window_ne", "NE (window)", "#8B5CF6"), ("window_calibration", "calibration (window)", "#F59E0B"))
 
 MetricsLike = Union[pd.DataFrame, Sequence[Mapping[str, float]]]
 
@@ -41,10 +43,10 @@ def metrics_frame(metrics: MetricsLike) -> pd.DataFrame:
 
 
 def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tuple[List[dict], dict]:
-    """Three stacked panels sharing the step axis: loss, AUC, samples/s (missing columns stay empty)."""
+    """Stacked panels sharing the step axis: loss, AUC, samples/s, NE, calibration (missing columns stay empty)."""
     frame = metrics_frame(metrics)
     traces, layout = [], dict(
-        title=dict(text=title), showlegend=False, height=460, margin=dict(l=60, r=10, t=50, b=40),
+        title=dict(text=title), showlegend=False, height=120 * len(CURVES) + 100, margin=dict(l=60, r=10, t=50, b=40),
         plot_bgcolor="white",
     )
     panels = len(CURVES)
@@ -64,7 +66,7 @@ def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tup
 
 
 def training_curves_figure(metrics: MetricsLike, title: str = "Training"):
-    """Loss, AUC and samples/s against step, one panel each."""
+    """Loss, AUC, samples/s, NE and calibration against step, one panel each."""
     import plotly.graph_objects as go
 
     traces, layout = training_curves_traces(metrics, title)
