@@ -38,6 +38,8 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
+    "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",
+    "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",
     "rectoolkit.metrics.metrics_config": "torchrec.metrics.metrics_config",
     "rectoolkit.metrics.rec_metric": "torchrec.metrics.rec_metric",
