@@ -1,11 +1,11 @@
-"""Training runs: live curves (loss, AUC, samples/s) and measured-vs-estimated overlays per rank.
+"""Training runs: live curves (loss, AUC, samples/s, NE, calibration) and measured-vs-estimated overlays per rank.
 
     >>> import pandas as pd
     >>> metrics = pd.DataFrame({"step": [1, 2, 3], "loss": [0.7, 0.6, 0.5], "auc": [0.5, 0.6, 0.7],
     ...                         "samples_per_s": [900.0, 1000.0, 1100.0]})
     >>> fig = training_curves_figure(metrics)
     >>> [t.name for t in fig.data], fig.data[0].y.tolist()
-    (['loss', 'AUC', 'samples/s'], [0.7, 0.6, 0.5])
+    (['loss', 'AUC', 'samples/s', 'NE (window)', 'calibration (window)'], [0.7, 0.6, 0.5])
 """
 
 from __future__ import annotations
