@@ -63,6 +63,7 @@ class WindowBuffer:
         self.samples = 0
 
     def add(self, state: torch.Tensor, size: int) -> None:
+        """Add one batch's state (of `size` samples), then drop the oldest batches beyond the window."""
         if len(self.batches) == self.max_buffer_count:
             self._drop_oldest()
         self.batches.append((state.clone(), size))
