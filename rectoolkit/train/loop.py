@@ -9,7 +9,9 @@
 `train(ctx, config)` runs the same in a `launch` worker, under `torchrun` (`python -m rectoolkit.train`) and
 inline. Order of the recipe: tables -> model -> shard -> optimizers -> data -> steps, each a plain function.
 Every `report_every` steps it calls `ctx.report(step, loss, auc, samples_per_s, ...)`; the AUC is
-progressive validation: each batch is scored before the model trains on it.
+progressive validation: each batch is scored before the model trains on it. A `RecMetricModule`
+(rectoolkit.metrics, reduced across ranks) adds `window_ne`, `lifetime_ne`, `window_calibration`,
+`lifetime_calibration` and `window_auc` (the window: the last `auc_window_steps` steps of all ranks).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rectoolkit.launch.context import WorkerContext
+from rectoolkit.metrics import MetricsConfig, RecMetricDef, RecMetricEnum, RecMetricModule, RecTaskInfo, generate_metric_module
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
 from rectoolkit.plan.traffic import COLLECTIVES
@@ -168,6 +171,26 @@ def make_data(config: TrainConfig, ctx: WorkerContext, tables: List[EmbeddingBag
                               signal=config.signal, seed=config.seed, rank=ctx.rank, world_size=ctx.world_size))
 
 
+CLICK_TASK = "click"  # the recipe's one task, in the metric keys ("ne-click|window_ne")
+
+
+def make_metric_module(config: TrainConfig, ctx: WorkerContext, batch_size: int) -> RecMetricModule:
+    """NE, calibration and AUC of the click predictions, lifetime and over the last `auc_window_steps` steps of
+    all ranks; every rank computes the values (compute() is a collective, called at every report)."""
+    window = config.auc_window_steps * batch_size * ctx.world_size
+    metrics = {metric: RecMetricDef(rec_task_indices=[0], window_size=window)
+               for metric in (RecMetricEnum.NE, RecMetricEnum.CALIBRATION, RecMetricEnum.AUC)}
+    metrics_config = MetricsConfig(rec_tasks=[RecTaskInfo(name=CLICK_TASK)], rec_metrics=metrics,
+                                   compute_on_all_ranks=True, compute_interval_steps=config.report_every)
+    return generate_metric_module(RecMetricModule, metrics_config, batch_size, ctx.world_size, ctx.rank, {},
+                                  torch.device("cpu"))
+
+
+def rec_metric_values(rec_metrics: RecMetricModule) -> Dict[str, float]:
+    """The module's values over all ranks, named by what they are: {"window_ne": ..., "lifetime_ne": ...}."""
+    return {key.split("|", 1)[1]: float(value) for key, value in rec_metrics.compute().items()}
+
+
 # ------------------------------------------------------------------------------------------ measurements
 def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
     """What this rank holds and has sent so far, measured (no collective is called).
@@ -224,6 +247,7 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     model = shard_model(model, ctx, config.plan, mode)
     optimizers = make_optimizers(model, config)
     batches = make_data(config, ctx, tables, pooling_factors, dense_features, alpha, batch_size)
+    rec_metrics = make_metric_module(config, ctx, batch_size)
     window: List[Tuple[torch.Tensor, torch.Tensor]] = []
     losses: List[float] = []
     summary: Dict[str, Any] = {"mode": mode, "steps": 0}
@@ -246,10 +270,13 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
             optimizer.step()
         throughput.add(labels.numel() * ctx.world_size)
         losses.append(loss.item())
+        rec_metrics.update({"prediction": torch.sigmoid(logits.detach()), "label": labels,
+                            "weight": torch.ones_like(labels)})
         window = (window + [(logits.detach().float().cpu(), labels.cpu())])[-config.auc_window_steps:]
         if step % config.report_every == 0 or step == config.steps:
             metrics, stop = _step_metrics(ctx, step, losses, window, throughput, ctx.stop_requested())
             metrics.update(measured_resources(model, ctx))
+            metrics.update(rec_metric_values(rec_metrics))
             losses = []
             summary.setdefault("first_loss", metrics["loss"])
             summary.setdefault("first_auc", metrics["auc"])

@@ -1,4 +1,5 @@
-"""Training metrics: binary cross-entropy, AUC (rank formula, ties averaged), throughput.
+"""Training metrics: binary cross-entropy, AUC (rank formula, ties averaged), throughput. The metrics of a
+job across ranks (NE, calibration, windows) are `rectoolkit.metrics`.
 
     >>> auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1]))
     0.75
@@ -12,29 +13,23 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rectoolkit.metrics.auc import weighted_auc
+
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Area under the ROC curve: P(a random positive scores above a random negative), ties count 1/2.
 
-    Computed with the Mann-Whitney rank formula in O(n log n): rank all scores (tied scores share their
-    average rank), then AUC = (sum of positives' ranks - P (P + 1) / 2) / (P N). NaN when a class is missing.
+    Labels above 1/2 are positives. The rank formula of `rectoolkit.metrics.auc.weighted_auc` with unit weights;
+    NaN (not 0.5) when a class is missing.
     """
-    scores = scores.detach().flatten().to(torch.float64).cpu()
-    labels = labels.detach().flatten().cpu() > 0.5
+    scores = scores.detach().flatten().cpu()
+    labels = (labels.detach().flatten().cpu() > 0.5).double()
     if scores.numel() != labels.numel():
         raise ValueError(f"auc: {scores.numel()} scores but {labels.numel()} labels")
     positives = int(labels.sum())
-    negatives = labels.numel() - positives
-    if positives == 0 or negatives == 0:
+    if positives == 0 or positives == labels.numel():
         return float("nan")
-    sorted_scores, order = torch.sort(scores)
-    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
-    ends = torch.cumsum(counts, 0).to(torch.float64)  # 1-based rank of each tie group's last member
-    average_rank = ends - (counts.to(torch.float64) - 1) / 2
-    ranks = torch.empty_like(scores)
-    ranks[order] = average_rank[inverse]
-    positive_rank_sum = float(ranks[labels].sum())
-    return (positive_rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+    return float(weighted_auc(scores, labels, torch.ones_like(labels)))
 
 
 def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:

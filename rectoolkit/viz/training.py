@@ -1,11 +1,11 @@
-"""Training runs: live curves (loss, AUC, samples/s) and measured-vs-estimated overlays per rank.
+"""Training runs: live curves (loss, AUC, samples/s, NE, calibration) and measured-vs-estimated overlays per rank.
 
     >>> import pandas as pd
     >>> metrics = pd.DataFrame({"step": [1, 2, 3], "loss": [0.7, 0.6, 0.5], "auc": [0.5, 0.6, 0.7],
     ...                         "samples_per_s": [900.0, 1000.0, 1100.0]})
     >>> fig = training_curves_figure(metrics)
     >>> [t.name for t in fig.data], fig.data[0].y.tolist()
-    (['loss', 'AUC', 'samples/s'], [0.7, 0.6, 0.5])
+    (['loss', 'AUC', 'samples/s', 'NE (window)', 'calibration (window)'], [0.7, 0.6, 0.5])
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import pandas as pd
 from rectoolkit.viz.frames import total_matrix
 from rectoolkit.viz.style import COMPONENT_COLORS, bytes_axis, format_bytes
 
-CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"))
+# rectoolkit.train reports window_ne / window_calibration from its RecMetricModule (rectoolkit.metrics)
+CURVES = (("loss", "loss", "#EF4444"), ("auc", "AUC", "#10B981"), ("samples_per_s", "samples/s", "#3B82F6"),
+          ("window_ne", "NE (window)", "#8B5CF6"), ("window_calibration", "calibration (window)", "#F59E0B"))
 
 NO_STEP_YET = "no step reported yet: the curves start with the workers' first report"
 
@@ -43,7 +45,7 @@ def metrics_frame(metrics: MetricsLike) -> pd.DataFrame:
 
 
 def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tuple[List[dict], dict]:
-    """Three stacked panels sharing the step axis: loss, AUC, samples/s (missing columns stay empty).
+    """Stacked panels sharing the step axis: loss, AUC, samples/s, NE, calibration (missing columns stay empty).
 
     With no metrics yet the panels are blank and say that no step has been reported:
 
@@ -52,7 +54,7 @@ def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tup
     """
     frame = metrics_frame(metrics)
     traces, layout = [], dict(
-        title=dict(text=title), showlegend=False, height=460, margin=dict(l=60, r=10, t=50, b=40),
+        title=dict(text=title), showlegend=False, height=120 * len(CURVES) + 100, margin=dict(l=60, r=10, t=50, b=40),
         plot_bgcolor="white",
     )
     panels = len(CURVES)
@@ -77,7 +79,7 @@ def training_curves_traces(metrics: MetricsLike, title: str = "Training") -> Tup
 
 
 def training_curves_figure(metrics: MetricsLike, title: str = "Training"):
-    """Loss, AUC and samples/s against step, one panel each."""
+    """Loss, AUC, samples/s, NE and calibration against step, one panel each."""
     import plotly.graph_objects as go
 
     traces, layout = training_curves_traces(metrics, title)

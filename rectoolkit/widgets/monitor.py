@@ -1,4 +1,5 @@
-"""TrainingMonitor: start a job on W local workers, watch loss / AUC / samples/s live, stop it for real.
+"""TrainingMonitor: start a job on W local workers, watch loss / AUC / samples/s / NE / calibration live, stop it
+for real.
 
 The job is a `rectoolkit.launch` job: any worker function `fn(ctx, *args)` that calls `ctx.report(step=...,
 loss=..., auc=..., samples_per_s=...)`, such as `rectoolkit.train.train`. Measured per-rank bytes and memory
@@ -71,7 +72,7 @@ class TrainingMonitor(w.VBox):
         self.status = w.HTML(f"<b>{html.escape(title)}</b>: not started ({world_size} workers)")
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
-        traces, layout = training_curves_traces([], title="Loss, AUC and samples/s")
+        traces, layout = training_curves_traces([], title="Loss, AUC, samples/s, NE and calibration")
         self.curves = LiveFigure(traces, layout)
         self.bytes_figure, self.memory_figure = LazyFigure(), LazyFigure()  # made when there is something to show
         # side by side, each chart at its own fixed width; they wrap under each other in a narrow notebook
@@ -133,7 +134,7 @@ class TrainingMonitor(w.VBox):
         with self._lock:
             records = self.history()
             frame = metrics_frame([r for r in records if "step" in r])
-            traces, layout = training_curves_traces(frame, title="Loss, AUC and samples/s")
+            traces, layout = training_curves_traces(frame, title="Loss, AUC, samples/s, NE and calibration")
             self.curves.show(traces, layout)
             if len(frame):
                 last_step = int(frame["step"].max())

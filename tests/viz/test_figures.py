@@ -126,6 +126,15 @@ def test_training_curves_merge_ranks():
     assert len(fig.data[1].y) == 0  # no AUC reported
 
 
+def test_training_curves_show_ne_and_calibration():
+    records = [{"rank": r, "step": s, "loss": 0.5, "window_ne": 0.9 - 0.1 * s, "window_calibration": 1.0 + r}
+               for s in (1, 2) for r in (0, 1)]
+    fig = training_curves_figure(records)
+    assert [trace.name for trace in fig.data][3:] == ["NE (window)", "calibration (window)"]
+    assert np.asarray(fig.data[3].y).tolist() == pytest.approx([0.8, 0.7])
+    assert np.asarray(fig.data[4].y).tolist() == [1.5, 1.5]  # mean over ranks
+
+
 def test_measured_vs_estimated_from_matrices():
     est = {"a": np.array([[0, 10], [4, 0]])}
     meas = {"a": np.array([[0, 11], [4, 0]])}

@@ -1,0 +1,77 @@
+"""AUC (`torchrec.metrics.auc.AUCMetric`): the area under the ROC curve of the window's samples, weighted:
+the weight of (positive, negative) pairs the positive scores above, over the weight of all pairs.
+
+As in TorchRec there is only a window AUC (`auc-{task}|window_auc`; the default window of 10M samples is a
+lifetime for most runs): each rank keeps its last ceil(window_size / world_size) samples, cutting the oldest
+batch mid-way if needed, and compute() all-gathers them. AUC is 0.5 when the window lacks positives or
+negatives. Tied predictions count each (positive, negative) pair 1/2 (TorchRec's trapezoids depend on the order
+of tied samples; without ties both are the same number).
+
+    >>> weighted_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0., 0., 1., 1.]), torch.ones(4))
+    tensor(0.7500, dtype=torch.float64)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Tuple
+
+import torch
+
+from rectoolkit.metrics.rec_metric import RecMetric, all_gather_columns
+
+
+def weighted_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted AUC of one task's samples (0-d float64), ties 1/2, 0.5 without both classes.
+
+    Labels may be fractional: a sample then counts as a positive of weight w*y and a negative of w*(1-y).
+    """
+    predictions, order = torch.sort(predictions.double().flatten())
+    positive = (weights.double().flatten() * labels.double().flatten())[order]
+    negative = weights.double().flatten()[order] - positive
+    _, group, _ = torch.unique_consecutive(predictions, return_inverse=True, return_counts=True)
+    groups = int(group.max()) + 1 if group.numel() else 0
+    positive_per_score = torch.zeros(groups, dtype=torch.float64).index_add_(0, group, positive)
+    negative_per_score = torch.zeros(groups, dtype=torch.float64).index_add_(0, group, negative)
+    negatives_below = torch.cumsum(negative_per_score, 0) - negative_per_score
+    pairs = positive_per_score.sum() * negative_per_score.sum()
+    if not pairs > 0:
+        return torch.tensor(0.5, dtype=torch.float64)
+    return (positive_per_score * (negatives_below + negative_per_score / 2)).sum() / pairs
+
+
+class AUCMetric(RecMetric):
+    """Window AUC per task, over all ranks' windows."""
+
+    _namespace = "auc"
+
+    def reset(self) -> None:
+        # per task: the window's [3 (prediction, label, weight), n] batches, oldest first
+        self._batches: List[List[torch.Tensor]] = [[] for _ in self._tasks]
+
+    def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
+                     weights: torch.Tensor) -> None:
+        batches = self._batches[task_index]
+        batches.append(torch.stack([predictions, labels, weights]))
+        excess = sum(batch.shape[1] for batch in batches) - self._window_size
+        while excess > 0:
+            oldest = batches[0]
+            if oldest.shape[1] <= excess:
+                batches.pop(0)
+                excess -= oldest.shape[1]
+            else:
+                batches[0] = oldest[:, excess:]
+                excess = 0
+
+    def _local_states(self) -> List[torch.Tensor]:
+        return [torch.cat(batches, dim=1) if batches else torch.zeros(3, 0, dtype=torch.float64)
+                for batches in self._batches]
+
+    def _reduce_states(self, states: List[torch.Tensor], group: Any) -> List[torch.Tensor]:
+        return [all_gather_columns(samples, group) for samples in states]
+
+    def _task_values(self, states: List[torch.Tensor], task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
+        predictions, labels, weights = states[task_index]
+        yield "window", "auc", weighted_auc(predictions, labels, weights)
+
+
+__all__ = ["AUCMetric", "weighted_auc"]

@@ -1,0 +1,35 @@
+"""Calibration (`torchrec.metrics.calibration.CalibrationMetric`): the weighted sum of predictions over the
+weighted sum of labels; 1 when the model predicts as many clicks as there are (0 while no label is positive).
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = CalibrationMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([0.3, 0.9])}, labels={"t": torch.tensor([0., 1.])},
+    ...               weights=None)
+    >>> round(float(metric.compute()["calibration-t|window_calibration"]), 3)
+    1.2
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class CalibrationMetric(SumStateMetric):
+    """Lifetime and window calibration per task (`calibration-{task}|{lifetime,window}_calibration`)."""
+
+    _namespace = "calibration"
+    _state_names = ("calibration_num", "calibration_denom")
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(predictions * weights).sum(), (labels * weights).sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        predicted, observed = states
+        return {"calibration": predicted / observed if observed > 0 else torch.zeros((), dtype=torch.float64)}
+
+
+__all__ = ["CalibrationMetric"]

@@ -1,0 +1,141 @@
+"""`RecMetricModule` and `generate_metric_module` at TorchRec's path (`torchrec.metrics.metric_module`): the
+metrics of a training job, fed from the model's output dict and computed across ranks.
+
+    >>> from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum, RecTaskInfo
+    >>> task = RecTaskInfo(name="click")
+    >>> config = MetricsConfig(rec_tasks=[task], rec_metrics={
+    ...     RecMetricEnum.CALIBRATION: RecMetricDef(rec_tasks=[task], window_size=8),
+    ...     RecMetricEnum.CTR: RecMetricDef(rec_tasks=[task], window_size=8)})
+    >>> module = generate_metric_module(RecMetricModule, config, batch_size=2, world_size=1, my_rank=0,
+    ...                                 state_metrics_mapping={}, device=torch.device("cpu"))
+    >>> module.update({"prediction": torch.tensor([0.2, 0.4]), "label": torch.tensor([0., 1.]),
+    ...                "weight": torch.ones(2)})
+    >>> {key: round(float(value), 3) for key, value in sorted(module.compute().items())}
+    {'calibration-click|lifetime_calibration': 0.6, 'calibration-click|window_calibration': 0.6, \
+'ctr-click|lifetime_ctr': 0.5, 'ctr-click|window_ctr': 0.5}
+
+In a training loop: `module.update(...)` every step, `if module.should_compute(): module.compute()` on every
+rank (compute is a collective).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Type
+
+import torch
+from torch import nn
+
+from rectoolkit.metrics.auc import AUCMetric
+from rectoolkit.metrics.calibration import CalibrationMetric
+from rectoolkit.metrics.ctr import CTRMetric
+from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
+from rectoolkit.metrics.mse import MSEMetric
+from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.rec_metric import RecMetric, RecMetricList
+
+REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
+    RecMetricEnum.NE: NEMetric,
+    RecMetricEnum.CTR: CTRMetric,
+    RecMetricEnum.AUC: AUCMetric,
+    RecMetricEnum.CALIBRATION: CalibrationMetric,
+    RecMetricEnum.MSE: MSEMetric,
+}
+
+
+class RecMetricModule(nn.Module):
+    """The job's RecMetrics (TorchRec's constructor). Throughput and state metrics, and the adaptive compute
+    interval (min/max_compute_interval), are not implemented: passing them raises NotImplementedError."""
+
+    def __init__(self, batch_size: int, world_size: int, rec_tasks: Optional[List[RecTaskInfo]] = None,
+                 rec_metrics: Optional[RecMetricList] = None, throughput_metric: Optional[Any] = None,
+                 state_metrics: Optional[Dict[str, Any]] = None, compute_interval_steps: int = 100,
+                 min_compute_interval: float = 0.0, max_compute_interval: float = float("inf")) -> None:
+        super().__init__()
+        for name, value, default in (("throughput_metric", throughput_metric, None),
+                                     ("state_metrics", state_metrics or None, None),
+                                     ("min_compute_interval", min_compute_interval, 0.0),
+                                     ("max_compute_interval", max_compute_interval, float("inf"))):
+            if value != default:
+                raise NotImplementedError(f"RecMetricModule: {name}={value!r} is not implemented in rectoolkit; "
+                                          f"leave it at {default!r}")
+        if compute_interval_steps < 1:
+            raise ValueError(f"RecMetricModule: compute_interval_steps={compute_interval_steps} must be >= 1")
+        self.batch_size, self.world_size = batch_size, world_size
+        self.rec_tasks = list(rec_tasks or [])
+        self.rec_metrics = rec_metrics if rec_metrics is not None else RecMetricList([])
+        self.throughput_metric = None
+        self.state_metrics: Dict[str, Any] = {}
+        self.compute_interval_steps = compute_interval_steps
+        self.trained_batches = 0
+        self.compute_count = 0
+
+    def update(self, model_out: Dict[str, torch.Tensor]) -> None:
+        """Feed one batch: model_out holds each task's label, prediction and weight under its RecTaskInfo names."""
+        if len(self.rec_metrics) and self.rec_tasks:
+            labels, predictions, weights = {}, {}, {}
+            for task in self.rec_tasks:
+                for out, name in ((labels, task.label_name), (predictions, task.prediction_name),
+                                  (weights, task.weight_name)):
+                    if name not in model_out:
+                        raise ValueError(f"RecMetricModule: task {task.name!r} reads {name!r} but the model output "
+                                         f"has only {sorted(model_out)}; set the RecTaskInfo's names to these keys")
+                    out[task.name] = model_out[name].squeeze()
+            self.rec_metrics.update(predictions=predictions, labels=labels, weights=weights)
+        self.trained_batches += 1
+
+    def should_compute(self) -> bool:
+        """True every compute_interval_steps updates."""
+        return self.trained_batches % self.compute_interval_steps == 0
+
+    def compute(self) -> Dict[str, torch.Tensor]:
+        """All metrics over all ranks (every rank must call it)."""
+        self.compute_count += 1
+        return self.rec_metrics.compute()
+
+    def local_compute(self) -> Dict[str, torch.Tensor]:
+        """All metrics over this rank's updates only."""
+        return self.rec_metrics.local_compute()
+
+    def reset(self) -> None:
+        """Forget every update."""
+        self.rec_metrics.reset()
+
+
+def _tasks_of(config: MetricsConfig, metric: RecMetricEnum) -> List[RecTaskInfo]:
+    definition = config.rec_metrics[metric]
+    if bool(definition.rec_tasks) == bool(definition.rec_task_indices):
+        raise ValueError(f"generate_metric_module: metric {metric} needs exactly one of RecMetricDef.rec_tasks and "
+                         f"RecMetricDef.rec_task_indices")
+    return list(definition.rec_tasks) or [config.rec_tasks[i] for i in definition.rec_task_indices]
+
+
+def generate_metric_module(metric_class: Type[RecMetricModule], metrics_config: MetricsConfig, batch_size: int,
+                           world_size: int, my_rank: int, state_metrics_mapping: Dict[Any, Any], device: torch.device,
+                           process_group: Optional[Any] = None, batch_size_stages: Optional[List[Any]] = None,
+                           module_kwargs: Optional[Dict[str, Any]] = None) -> RecMetricModule:
+    """A `metric_class` (RecMetricModule) with one RecMetric per entry of metrics_config.rec_metrics."""
+    config = metrics_config
+    for name, value, default in (("state_metrics", config.state_metrics, []), ("batch_size_stages", batch_size_stages, None),
+                                 ("enable_pt2_compile", config.enable_pt2_compile, False)):
+        if value != default and value:
+            raise NotImplementedError(f"generate_metric_module: {name}={value!r} is not implemented in rectoolkit")
+    metrics = []
+    for metric in config.rec_metrics:
+        if metric not in REC_METRICS_MAPPING:
+            raise NotImplementedError(f"generate_metric_module: metric {metric} is not implemented; rectoolkit has "
+                                      f"{[str(m) for m in REC_METRICS_MAPPING]}")
+        metrics.append(REC_METRICS_MAPPING[metric](
+            world_size=world_size, my_rank=my_rank, batch_size=batch_size, tasks=_tasks_of(config, metric),
+            compute_mode=config.rec_compute_mode, window_size=config.rec_metrics[metric].window_size,
+            fused_update_limit=config.fused_update_limit, compute_on_all_ranks=config.compute_on_all_ranks,
+            should_validate_update=config.should_validate_update, process_group=process_group,
+            **(config.rec_metrics[metric].arguments or {})))
+    module = metric_class(batch_size=batch_size, world_size=world_size, rec_tasks=config.rec_tasks,
+                          rec_metrics=RecMetricList(metrics), throughput_metric=config.throughput_metric,
+                          compute_interval_steps=config.compute_interval_steps,
+                          min_compute_interval=config.min_compute_interval,
+                          max_compute_interval=config.max_compute_interval, **(module_kwargs or {}))
+    return module.to(device)
+
+
+__all__ = ["REC_METRICS_MAPPING", "RecMetricModule", "generate_metric_module"]

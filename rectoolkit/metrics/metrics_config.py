@@ -1,0 +1,94 @@
+"""What a metric module computes, at TorchRec's path (`torchrec.metrics.metrics_config`): the tasks
+(`RecTaskInfo`: which model outputs are a task's labels, predictions and weights), the metrics (`RecMetricEnum`
+-> `RecMetricDef`: tasks and window size) and `MetricsConfig`, which `generate_metric_module` turns into a
+`RecMetricModule`.
+
+    >>> task = RecTaskInfo(name="click")
+    >>> config = MetricsConfig(rec_tasks=[task], rec_metrics={
+    ...     RecMetricEnum.NE: RecMetricDef(rec_task_indices=[0], window_size=1024)})
+    >>> str(RecMetricEnum.NE), config.rec_metrics[RecMetricEnum.NE].window_size
+    ('ne', 1024)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+_DEFAULT_WINDOW_SIZE = 10_000_000
+
+
+class RecMetricEnum(Enum):
+    """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here)."""
+
+    NE = "ne"
+    CTR = "ctr"
+    AUC = "auc"
+    CALIBRATION = "calibration"
+    MSE = "mse"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RecComputeMode(Enum):
+    """TorchRec's modes: fused (all tasks in one [n_tasks, batch] computation) or one computation per task.
+    They give the same numbers; here they differ only in the shape of compute()'s values (as in TorchRec)."""
+
+    FUSED_TASKS_COMPUTATION = 1
+    UNFUSED_TASKS_COMPUTATION = 2
+    FUSED_TASKS_AND_STATES_COMPUTATION = 3
+
+
+@dataclass(unsafe_hash=True, eq=True)
+class RecTaskInfo:
+    """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight."""
+
+    name: str = "DefaultTask"
+    label_name: str = "label"
+    prediction_name: str = "prediction"
+    weight_name: str = "weight"
+
+
+@dataclass
+class RecMetricDef:
+    """One metric: its tasks (given, or as indices into MetricsConfig.rec_tasks; exactly one of the two) and
+    its window in samples over all ranks (each rank keeps ceil(window_size / world_size) samples)."""
+
+    rec_tasks: List[RecTaskInfo] = field(default_factory=list)
+    rec_task_indices: List[int] = field(default_factory=list)
+    window_size: int = _DEFAULT_WINDOW_SIZE
+    arguments: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class MetricsConfig:
+    """All the metrics of a `RecMetricModule` (TorchRec's fields; those rectoolkit does not implement refuse a
+    value other than their default when the module is generated)."""
+
+    rec_tasks: List[RecTaskInfo] = field(default_factory=list)
+    rec_metrics: Dict[RecMetricEnum, RecMetricDef] = field(default_factory=dict)
+    throughput_metric: Optional[Any] = None
+    rec_compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION
+    fused_update_limit: int = 0
+    state_metrics: List[Any] = field(default_factory=list)
+    compute_interval_steps: int = 100
+    min_compute_interval: float = 0.0
+    max_compute_interval: float = float("inf")
+    compute_on_all_ranks: bool = False
+    should_validate_update: bool = False
+    enable_pt2_compile: bool = False
+    should_clone_update_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        for metric, definition in self.rec_metrics.items():
+            for index in definition.rec_task_indices:
+                if not 0 <= index < len(self.rec_tasks):
+                    raise ValueError(f"MetricsConfig: metric {metric} names task index {index} but there are "
+                                     f"{len(self.rec_tasks)} rec_tasks; use an index in [0, {len(self.rec_tasks)})")
+
+
+DefaultTaskInfo = RecTaskInfo()
+
+__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo"]

@@ -1,0 +1,43 @@
+"""Mean squared error (`torchrec.metrics.mse.MSEMetric`): weighted MSE and its root per task;
+`include_r_squared=True` adds R^2 = 1 - error / total sum of squares (1 when the labels do not vary).
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = MSEMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([1., 4.])}, labels={"t": torch.tensor([2., 2.])},
+    ...               weights=None)
+    >>> {key: float(value) for key, value in metric.compute().items() if "lifetime" in key}
+    {'mse-t|lifetime_mse': 2.5, 'mse-t|lifetime_rmse': 1.5811388300841898}
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class MSEMetric(SumStateMetric):
+    """Lifetime and window MSE and RMSE per task (`mse-{task}|{lifetime,window}_{mse,rmse}`; `r_squared` too
+    with include_r_squared)."""
+
+    _namespace = "mse"
+    _state_names = ("error_sum", "weighted_num_samples", "label_sum", "label_squared_sum")
+    _options = {"include_r_squared": False}
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(weights * (labels - predictions) ** 2).sum(), weights.sum(), (weights * labels).sum(),
+                            (weights * labels ** 2).sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        error, weight, label_sum, label_squares = states
+        mse = error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)
+        values = {"mse": mse, "rmse": mse.sqrt()}
+        if self._options["include_r_squared"]:
+            total = label_squares - label_sum ** 2 / weight
+            values["r_squared"] = 1 - error / total if total != 0 else torch.ones((), dtype=torch.float64)
+        return values
+
+
+__all__ = ["MSEMetric"]

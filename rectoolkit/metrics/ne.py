@@ -1,0 +1,67 @@
+"""Normalized entropy (`torchrec.metrics.ne.NEMetric`): the weighted cross-entropy of the predictions divided
+by the entropy of always predicting the mean label, log base 2; below 1 means better than the base rate.
+
+    NE = sum_i w_i CE(y_i, p_i) / (P CE(1, ctr) + N CE(0, ctr)),  ctr = P / (P + N), P = sum w y, N = sum w (1-y)
+
+Predictions and ctr are clamped to [1e-12, 1 - 1e-12]. `include_logloss=True` adds `logloss` (the weighted
+mean cross-entropy).
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> ne = NEMetric(world_size=1, my_rank=0, batch_size=4, tasks=[RecTaskInfo(name="t")], window_size=4)
+    >>> ne.update(predictions={"t": torch.full((4,), 0.5)}, labels={"t": torch.tensor([1., 0., 1., 0.])},
+    ...           weights=None)
+    >>> float(ne.compute()["ne-t|lifetime_ne"])   # predicting the base rate: NE = 1
+    1.0
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+ETA = 1e-12
+
+
+def cross_entropy_bits(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per-sample weighted binary cross-entropy in bits, predictions clamped to [ETA, 1 - ETA]."""
+    p = predictions.double().clamp(ETA, 1 - ETA)
+    return -weights * (labels * torch.log2(p) + (1 - labels) * torch.log2(1 - p))
+
+
+def normalized_entropy(cross_entropy_sum: torch.Tensor, weighted_num_samples: torch.Tensor,
+                       positives: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    """NE from the four sums (see the module docstring)."""
+    ctr = (positives / weighted_num_samples.clamp(min=ETA)).clamp(ETA, 1 - ETA)
+    return cross_entropy_sum / (-positives * torch.log2(ctr) - negatives * torch.log2(1 - ctr))
+
+
+class NEMetric(SumStateMetric):
+    """Lifetime and window NE per task (keys `ne-{task}|lifetime_ne`, `ne-{task}|window_ne`).
+
+    Options: include_logloss (also `*_logloss`), allow_missing_label_with_zero_weight (NE is 1e-12 instead of
+    inf/nan while a task has no weight at all).
+    """
+
+    _namespace = "ne"
+    _state_names = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    _options = {"include_logloss": False, "allow_missing_label_with_zero_weight": False}
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.stack([cross_entropy_bits(labels, predictions, weights).sum(), weights.sum(),
+                            (weights * labels).sum(), (weights * (1 - labels)).sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        cross_entropy_sum, weighted_num_samples, positives, negatives = states
+        ne = normalized_entropy(cross_entropy_sum, weighted_num_samples, positives, negatives)
+        if self._options["allow_missing_label_with_zero_weight"] and not weighted_num_samples > 0:
+            ne = torch.tensor(ETA, dtype=torch.float64)
+        values = {"ne": ne}
+        if self._options["include_logloss"]:
+            values["logloss"] = cross_entropy_sum / (positives + negatives).clamp(min=ETA)
+        return values
+
+
+__all__ = ["NEMetric", "cross_entropy_bits", "normalized_entropy"]

@@ -1,0 +1,337 @@
+"""`RecMetric`, the base of every metric, at TorchRec's path (`torchrec.metrics.rec_metric`).
+
+A metric keeps, per task, a *lifetime* state (everything since the last reset) and a *window* state (the
+last ceil(window_size / world_size) samples of this rank). `update(predictions=..., labels=..., weights=...)`
+folds one batch in; `compute()` reduces the states across ranks and returns TorchRec's keys,
+`"{namespace}-{task}|{lifetime,window}_{name}"`, e.g. `"ne-click|window_ne"`.
+
+Most metrics are ratios of sums (NE, calibration, CTR, MSE): their state is a vector of weighted sums, the
+window is the sum of the last batches' vectors (`WindowBuffer`, evicting whole batches as TorchRec does), and
+the cross-rank reduction is one all_reduce(SUM) of every task's [lifetime, window] vectors. AUC keeps the
+window's samples themselves and all-gathers them.
+
+    >>> from rectoolkit.metrics.ctr import CTRMetric
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> ctr = CTRMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="click")], window_size=2)
+    >>> ctr.update(predictions={"click": torch.tensor([0.2, 0.9])}, labels={"click": torch.tensor([0., 1.])},
+    ...            weights=None)
+    >>> ctr.update(predictions={"click": torch.tensor([0.7, 0.6])}, labels={"click": torch.tensor([1., 1.])},
+    ...            weights=None)
+    >>> {key: round(float(value), 3) for key, value in ctr.compute().items()}
+    {'ctr-click|lifetime_ctr': 0.75, 'ctr-click|window_ctr': 1.0}
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rectoolkit.metrics.metrics_config import RecComputeMode, RecTaskInfo
+
+MAX_BUFFER_COUNT = 1000  # batches a window keeps at most (TorchRec's limit)
+RecModelOutput = Union[torch.Tensor, Dict[str, torch.Tensor]]
+
+# keyword arguments TorchRec's generate_metric_module passes to every metric; honoured when they ask nothing
+_PASSED_BY_TORCHREC = ("enable_pt2_compile", "should_clone_update_inputs", "batch_size_stages")
+
+
+class RecMetricException(Exception):
+    """A metric was fed or configured wrongly (TorchRec's exception type)."""
+
+
+class WindowBuffer:
+    """The sum of the per-batch states of the last `max_size` samples (whole batches: the oldest batches
+    leave until the rest fit, and at most `max_buffer_count` batches stay).
+
+        >>> window = WindowBuffer(max_size=4)
+        >>> for batch_sum, size in [(1.0, 2), (10.0, 2), (100.0, 2)]:
+        ...     window.add(torch.tensor([batch_sum]), size)
+        >>> window.total.tolist(), window.samples
+        ([110.0], 4)
+    """
+
+    def __init__(self, max_size: int, max_buffer_count: int = MAX_BUFFER_COUNT) -> None:
+        self.max_size = max_size
+        self.batches: Deque[Tuple[torch.Tensor, int]] = deque()
+        self.max_buffer_count = max_buffer_count
+        self.total: Optional[torch.Tensor] = None
+        self.samples = 0
+
+    def add(self, state: torch.Tensor, size: int) -> None:
+        """Add one batch's state (of `size` samples), then drop the oldest batches beyond the window."""
+        if len(self.batches) == self.max_buffer_count:
+            self._drop_oldest()
+        self.batches.append((state.clone(), size))
+        self.total = state.clone() if self.total is None else self.total + state
+        self.samples += size
+        while self.samples > self.max_size:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        state, size = self.batches.popleft()
+        self.total = self.total - state
+        self.samples -= size
+
+
+def metric_key(namespace: str, task: str, prefix: str, name: str) -> str:
+    """TorchRec's metric key: `"ne-click|window_ne"` for ("ne", "click", "window", "ne")."""
+    return f"{namespace}-{task}|{prefix}_{name}"
+
+
+def _active_group(world_size: int, process_group: Optional[Any], what: str) -> Optional[Any]:
+    """The group to reduce over (None: nothing to reduce); refuses a world_size the process group denies."""
+    if world_size == 1:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RecMetricException(f"{what}: world_size={world_size} but torch.distributed is not initialized; "
+                                 "call init_process_group on every rank first, or pass world_size=1")
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_world_size(group) != world_size:
+        raise RecMetricException(f"{what}: world_size={world_size} but the process group has "
+                                 f"{dist.get_world_size(group)} ranks; pass the group's size")
+    return group
+
+
+def _collective_device(group: Any) -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
+    """The sum of `tensor` over the ranks of `group` (the tensor itself when group is None)."""
+    if group is None:
+        return tensor
+    reduced = tensor.to(_collective_device(group)).clone()
+    dist.all_reduce(reduced, group=group)
+    return reduced.to(tensor.device)
+
+
+def all_gather_columns(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
+    """Every rank's [rows, n_r] tensor concatenated along columns (n_r may differ between ranks)."""
+    if group is None:
+        return tensor
+    device = _collective_device(group)
+    size = torch.tensor([tensor.shape[-1]], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    longest = int(max(int(s) for s in sizes))
+    padded = torch.zeros(tensor.shape[0], longest, dtype=tensor.dtype, device=device)
+    padded[:, :tensor.shape[-1]] = tensor.to(device)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([part[:, :int(s)] for part, s in zip(parts, sizes)], dim=1).to(tensor.device)
+
+
+class RecMetric(nn.Module):
+    """One metric over one or more tasks (TorchRec's constructor).
+
+    Args:
+        world_size, my_rank: this trainer among all; compute() reduces over `process_group` (default: the
+            world) when world_size > 1.
+        batch_size: samples per rank per update (the local window must hold one batch).
+        tasks: the RecTaskInfos; update() takes a dict {task name: [batch] tensor} per input (a task missing
+            from the dict is skipped), or one [n_tasks, batch] tensor.
+        compute_mode: fused modes return one 0-d value per key, the unfused mode a [1] tensor (as TorchRec).
+        window_size: samples over all ranks in the window metrics.
+        compute_on_all_ranks: every rank gets the values (otherwise only rank 0; every rank must still call
+            compute(), which is a collective).
+        fused_update_limit, should_validate_update: only their defaults (0, False) are implemented.
+    """
+
+    _namespace: str = ""
+    _options: Dict[str, Any] = {}  # the metric's own keyword arguments and their defaults
+
+    def __init__(self, world_size: int, my_rank: int, batch_size: int, tasks: List[RecTaskInfo],
+                 compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION, window_size: int = 100,
+                 fused_update_limit: int = 0, compute_on_all_ranks: bool = False, should_validate_update: bool = False,
+                 process_group: Optional[Any] = None, **kwargs: Any) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if not tasks:
+            raise ValueError(f"{name}: tasks is empty; pass at least one RecTaskInfo")
+        if world_size < 1 or not 0 <= my_rank < world_size:
+            raise ValueError(f"{name}: my_rank={my_rank} is not in [0, world_size={world_size})")
+        if fused_update_limit > 1:
+            raise NotImplementedError(f"{name}: fused_update_limit={fused_update_limit} is not implemented "
+                                      "(updates are applied at once); pass 0")
+        if should_validate_update:
+            raise NotImplementedError(f"{name}: should_validate_update=True is not implemented; pass False")
+        self._window_size = math.ceil(window_size / world_size)
+        if self._window_size < batch_size:
+            raise ValueError(f"{name}: the local window ({self._window_size} samples = ceil(window_size="
+                             f"{window_size} / world_size={world_size})) is smaller than batch_size={batch_size}; "
+                             "raise window_size")
+        self._options = dict(type(self)._options)
+        for key, value in kwargs.items():
+            if key in self._options:
+                self._options[key] = value
+            elif key not in _PASSED_BY_TORCHREC or value:
+                raise ValueError(f"{name}: unknown or unimplemented argument {key}={value!r}; "
+                                 f"this metric takes {sorted(self._options) or 'no extra arguments'}")
+        self._world_size, self._my_rank, self._batch_size = world_size, my_rank, batch_size
+        self._tasks = list(tasks)
+        self._compute_mode = compute_mode
+        self._compute_on_all_ranks = compute_on_all_ranks
+        self._process_group = process_group
+        self.reset()
+
+    # ------------------------------------------------------------------ what a metric defines
+    def reset(self) -> None:
+        """Forget every update (lifetime and window)."""
+        raise NotImplementedError
+
+    def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
+                     weights: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _local_states(self) -> Any:
+        raise NotImplementedError
+
+    def _reduce_states(self, states: Any, group: Any) -> Any:
+        raise NotImplementedError
+
+    def _task_values(self, states: Any, task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
+        """(prefix, metric name, 0-d value) for one task."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ TorchRec's interface
+    def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput],
+               **kwargs: Any) -> None:
+        """Fold one batch in; weights None means 1 for every sample."""
+        if kwargs:
+            raise ValueError(f"{type(self).__name__}.update: unexpected arguments {sorted(kwargs)}; "
+                             "pass predictions, labels and weights only")
+        with torch.no_grad():
+            for index, task in enumerate(self._tasks):
+                inputs = [_task_input(value, task, index, len(self._tasks), what)
+                          for what, value in (("predictions", predictions), ("labels", labels), ("weights", weights))]
+                task_predictions, task_labels, task_weights = inputs
+                if task_predictions is None or task_predictions.numel() == 0:
+                    continue
+                if task_labels is None or task_labels.numel() != task_predictions.numel():
+                    raise ValueError(f"{type(self).__name__}: task {task.name!r} has {task_predictions.numel()} "
+                                     f"predictions but {0 if task_labels is None else task_labels.numel()} labels")
+                if task_weights is None:
+                    task_weights = torch.ones_like(task_predictions)
+                elif task_weights.numel() != task_predictions.numel():
+                    raise ValueError(f"{type(self).__name__}: task {task.name!r} has {task_predictions.numel()} "
+                                     f"predictions but {task_weights.numel()} weights")
+                self._update_task(index, task_predictions.detach().double().cpu(),
+                                  task_labels.detach().double().cpu(), task_weights.detach().double().cpu())
+
+    def compute(self) -> Dict[str, torch.Tensor]:
+        """The metrics over all ranks' updates (a collective: every rank calls it); {} on ranks other than 0
+        unless compute_on_all_ranks."""
+        group = _active_group(self._world_size, self._process_group, type(self).__name__)
+        states = self._reduce_states(self._local_states(), group) if group is not None else self._local_states()
+        if self._my_rank != 0 and not self._compute_on_all_ranks:
+            return {}
+        return self._report(states)
+
+    def local_compute(self) -> Dict[str, torch.Tensor]:
+        """The metrics over this rank's updates only (no communication)."""
+        return self._report(self._local_states())
+
+    def _report(self, states: Any) -> Dict[str, torch.Tensor]:
+        fused = self._compute_mode != RecComputeMode.UNFUSED_TASKS_COMPUTATION
+        out: Dict[str, torch.Tensor] = {}
+        for index, task in enumerate(self._tasks):
+            for prefix, name, value in self._task_values(states, index):
+                value = value.double()
+                out[metric_key(self._namespace, task.name, prefix, name)] = value.reshape(()) if fused else value.view(1)
+        return out
+
+
+def _task_input(value: Optional[RecModelOutput], task: RecTaskInfo, index: int, n_tasks: int,
+                what: str) -> Optional[torch.Tensor]:
+    """One task's [batch] tensor from a {task: tensor} dict or an [n_tasks, batch] tensor."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        tensor = value.get(task.name)
+        return None if tensor is None else tensor.reshape(-1)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{what} must be a tensor or a dict of tensors by task name, got {type(value).__name__}")
+    return value.reshape(n_tasks, -1)[index]
+
+
+class SumStateMetric(RecMetric):
+    """A metric computed from weighted sums (`_state_names`): lifetime sums, window sums, all_reduce(SUM)."""
+
+    _state_names: Tuple[str, ...] = ()
+
+    def reset(self) -> None:
+        self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)
+        self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors)."""
+        raise NotImplementedError
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """{metric name: value} from a task's summed states."""
+        raise NotImplementedError
+
+    def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
+                     weights: torch.Tensor) -> None:
+        batch = self._batch_states(predictions, labels, weights)
+        self._lifetime[task_index] += batch
+        self._windows[task_index].add(batch, predictions.numel())
+
+    def _local_states(self) -> torch.Tensor:
+        """[tasks, 2 (lifetime, window), states]."""
+        window = torch.stack([w.total if w.total is not None else torch.zeros(len(self._state_names),
+                                                                              dtype=torch.float64)
+                              for w in self._windows])
+        return torch.stack([self._lifetime, window], dim=1)
+
+    def _reduce_states(self, states: torch.Tensor, group: Any) -> torch.Tensor:
+        return all_reduce_sum(states, group)
+
+    def _task_values(self, states: torch.Tensor, task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
+        for slot, prefix in enumerate(("lifetime", "window")):
+            for name, value in self._values(states[task_index, slot]).items():
+                yield prefix, name, value
+
+
+class RecMetricList(nn.Module):
+    """Several metrics fed and computed together (TorchRec's `RecMetricList`)."""
+
+    def __init__(self, rec_metrics: List[RecMetric]) -> None:
+        super().__init__()
+        self.rec_metrics = nn.ModuleList(rec_metrics)
+
+    def __len__(self) -> int:
+        return len(self.rec_metrics)
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return self.rec_metrics[index]
+
+    def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput]) -> None:
+        """Feed one batch to every metric."""
+        for metric in self.rec_metrics:
+            metric.update(predictions=predictions, labels=labels, weights=weights)
+
+    def compute(self) -> Dict[str, torch.Tensor]:
+        """Every metric's compute(), in one dict."""
+        return {key: value for metric in self.rec_metrics for key, value in metric.compute().items()}
+
+    def local_compute(self) -> Dict[str, torch.Tensor]:
+        """Every metric's local_compute(), in one dict."""
+        return {key: value for metric in self.rec_metrics for key, value in metric.local_compute().items()}
+
+    def reset(self) -> None:
+        """Reset every metric."""
+        for metric in self.rec_metrics:
+            metric.reset()
+
+
+__all__ = ["MAX_BUFFER_COUNT", "RecMetric", "RecMetricException", "RecMetricList", "SumStateMetric", "WindowBuffer",
+           "metric_key"]

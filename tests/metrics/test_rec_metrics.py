@@ -1,0 +1,187 @@
+"""rectoolkit.metrics against TorchRec 1.8's metric classes (run on CPU) on the same stream of batches, against
+hand-worked numbers, and across 2 gloo ranks (each rank half the data == one process on all of it)."""
+
+import math
+
+import pytest
+import torch
+
+from rectoolkit.metrics import (AUCMetric, CalibrationMetric, CTRMetric, MetricsConfig, MSEMetric, NEMetric,
+                                RecComputeMode, RecMetricDef, RecMetricEnum, RecMetricModule, RecTaskInfo,
+                                generate_metric_module)
+from rectoolkit.metrics.auc import weighted_auc
+
+TASKS = ["click", "like"]
+BATCH = 8
+
+
+def batches(count=7, seed=0, tasks=TASKS, batch=BATCH):
+    """A stream of {task: tensor} batches: predictions in (0, 1) without ties, 0/1 labels, weights in [0.5, 2]."""
+    generator = torch.Generator().manual_seed(seed)
+    stream = []
+    for _ in range(count):
+        predictions = {t: torch.rand(batch, generator=generator) * 0.98 + 0.01 for t in tasks}
+        labels = {t: (torch.rand(batch, generator=generator) < predictions[t]).float() for t in tasks}
+        weights = {t: torch.rand(batch, generator=generator) * 1.5 + 0.5 for t in tasks}
+        stream.append((predictions, labels, weights))
+    return stream
+
+
+def feed(metric, stream):
+    for predictions, labels, weights in stream:
+        metric.update(predictions=predictions, labels=labels, weights=weights)
+    return {key: float(value) for key, value in metric.compute().items()}
+
+
+CLASSES = ["NEMetric", "AUCMetric", "CalibrationMetric", "CTRMetric", "MSEMetric"]
+OURS = {"NEMetric": NEMetric, "AUCMetric": AUCMetric, "CalibrationMetric": CalibrationMetric, "CTRMetric": CTRMetric,
+        "MSEMetric": MSEMetric}
+MODULES = {"NEMetric": "ne", "AUCMetric": "auc", "CalibrationMetric": "calibration", "CTRMetric": "ctr",
+           "MSEMetric": "mse"}
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
+@pytest.mark.parametrize("name", CLASSES)
+@pytest.mark.parametrize("window_size", [20, 10_000])  # 20: the window drops batches (and cuts AUC's mid-batch)
+def test_same_values_and_keys_as_torchrec(name, mode, window_size):
+    import importlib
+
+    torchrec_module = importlib.import_module(f"torchrec.metrics.{MODULES[name]}")
+    from torchrec.metrics.metrics_config import RecComputeMode as TorchRecMode
+    from torchrec.metrics.metrics_config import RecTaskInfo as TorchRecTask
+
+    extra = {"NEMetric": {"include_logloss": True}, "MSEMetric": {"include_r_squared": True}}.get(name, {})
+    theirs = getattr(torchrec_module, name)(world_size=1, my_rank=0, batch_size=BATCH,
+                                            tasks=[TorchRecTask(name=t) for t in TASKS],
+                                            compute_mode=getattr(TorchRecMode, mode), window_size=window_size, **extra)
+    ours = OURS[name](world_size=1, my_rank=0, batch_size=BATCH, tasks=[RecTaskInfo(name=t) for t in TASKS],
+                      compute_mode=getattr(RecComputeMode, mode), window_size=window_size, **extra)
+    stream = batches()
+    expected, got = feed(theirs, stream), feed(ours, stream)
+    assert sorted(got) == sorted(expected)
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
+    theirs_value = next(iter(theirs.compute().values()))
+    assert next(iter(ours.compute().values())).shape == theirs_value.shape  # [1] unfused, 0-d fused
+
+
+@pytest.mark.torchrec
+def test_generate_metric_module_matches_torchrecs():
+    from torchrec.metrics import metric_module as theirs_module
+    from torchrec.metrics import metrics_config as theirs_config
+
+    def config(package):
+        tasks = [package.RecTaskInfo(name="click", label_name="y", prediction_name="p", weight_name="w")]
+        metrics = {getattr(package.RecMetricEnum, m): package.RecMetricDef(rec_task_indices=[0], window_size=24)
+                   for m in ("NE", "AUC", "CALIBRATION", "CTR")}
+        return package.MetricsConfig(rec_tasks=tasks, rec_metrics=metrics, throughput_metric=None)
+
+    theirs = theirs_module.generate_metric_module(theirs_module.RecMetricModule, config(theirs_config), batch_size=BATCH,
+                                                  world_size=1, my_rank=0, state_metrics_mapping={},
+                                                  device=torch.device("cpu"))
+    import rectoolkit.metrics.metrics_config as ours_config
+
+    ours = generate_metric_module(RecMetricModule, config(ours_config), batch_size=BATCH, world_size=1, my_rank=0,
+                                  state_metrics_mapping={}, device=torch.device("cpu"))
+    for predictions, labels, weights in batches(tasks=["click"]):
+        model_out = {"p": predictions["click"], "y": labels["click"], "w": weights["click"]}
+        theirs.update(model_out)
+        ours.update(model_out)
+    expected = {key: float(value) for key, value in theirs.compute().items()}
+    got = {key: float(value) for key, value in ours.compute().items()}
+    assert sorted(got) == sorted(expected) and len(got) == 7
+    assert all(got[key] == pytest.approx(expected[key], rel=1e-6) for key in expected)
+    assert ours.should_compute() == theirs.should_compute()
+
+
+def test_hand_worked_values():
+    task = [RecTaskInfo(name="t")]
+    ne = NEMetric(world_size=1, my_rank=0, batch_size=2, tasks=task, window_size=2)
+    # batch 1: labels (1, 0), predictions (0.8, 0.4): CE = -log2 0.8 - log2 0.6; base rate 1/2: 2 bits
+    ne.update(predictions={"t": torch.tensor([0.8, 0.4])}, labels={"t": torch.tensor([1.0, 0.0])}, weights=None)
+    first = -math.log2(0.8) - math.log2(0.6)
+    assert float(ne.compute()["ne-t|lifetime_ne"]) == pytest.approx(first / 2.0)
+    # batch 2: one positive scored 0.5 (1 bit); lifetime base rate 2/3 over 3 samples; window holds batch 2 only
+    ne.update(predictions={"t": torch.tensor([0.5, 0.5])}, labels={"t": torch.tensor([1.0, 1.0])},
+              weights={"t": torch.tensor([1.0, 0.0])})
+    entropy = -2 * math.log2(2 / 3) - math.log2(1 / 3)
+    values = ne.compute()
+    assert float(values["ne-t|lifetime_ne"]) == pytest.approx((first + 1.0) / entropy)
+    assert float(values["ne-t|window_ne"]) == pytest.approx(1.0 / -math.log2(1 - 1e-12), rel=1e-9)
+    # weighted AUC: positives (0.9, w=2), (0.3, w=1); negatives (0.5, w=1), (0.3, w=3): pairs 2*4 + 1*(0 + 3/2)
+    assert float(weighted_auc(torch.tensor([0.9, 0.3, 0.5, 0.3]), torch.tensor([1.0, 1.0, 0.0, 0.0]),
+                              torch.tensor([2.0, 1.0, 1.0, 3.0]))) == pytest.approx(9.5 / 12)
+    assert float(weighted_auc(torch.tensor([0.2, 0.7]), torch.ones(2), torch.ones(2))) == 0.5
+
+
+def test_tensor_inputs_and_skipped_tasks():
+    tasks = [RecTaskInfo(name=t) for t in TASKS]
+    by_dict = CTRMetric(world_size=1, my_rank=0, batch_size=4, tasks=tasks, window_size=8)
+    by_tensor = CTRMetric(world_size=1, my_rank=0, batch_size=4, tasks=tasks, window_size=8)
+    labels = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 0]])
+    by_dict.update(predictions={"click": torch.zeros(4), "like": torch.zeros(4)},
+                   labels={"click": labels[0], "like": labels[1]}, weights=None)
+    by_tensor.update(predictions=torch.zeros(2, 4), labels=labels, weights=None)
+    as_floats = [{key: float(value) for key, value in m.compute().items()} for m in (by_dict, by_tensor)]
+    assert as_floats[0] == as_floats[1]
+    assert float(by_tensor.compute()["ctr-like|lifetime_ctr"]) == 0.75
+    by_dict.update(predictions={"click": torch.zeros(4)}, labels={"click": torch.ones(4)}, weights=None)  # no "like"
+    assert float(by_dict.compute()["ctr-like|lifetime_ctr"]) == 0.75
+    assert float(by_dict.compute()["ctr-click|lifetime_ctr"]) == 5 / 8
+
+
+def test_refusals_name_the_argument():
+    task = [RecTaskInfo(name="t")]
+    with pytest.raises(ValueError, match="local window.*batch_size=8"):
+        NEMetric(world_size=2, my_rank=0, batch_size=8, tasks=task, window_size=10)
+    with pytest.raises(ValueError, match="grouped_auc"):
+        AUCMetric(world_size=1, my_rank=0, batch_size=8, tasks=task, grouped_auc=True)
+    with pytest.raises(NotImplementedError, match="should_validate_update"):
+        NEMetric(world_size=1, my_rank=0, batch_size=8, tasks=task, should_validate_update=True)
+    with pytest.raises(NotImplementedError, match="throughput_metric"):
+        RecMetricModule(batch_size=8, world_size=1, throughput_metric=object())
+    metric = NEMetric(world_size=1, my_rank=0, batch_size=2, tasks=task)
+    with pytest.raises(ValueError, match="task 't' has 2 predictions but 3 labels"):
+        metric.update(predictions={"t": torch.rand(2)}, labels={"t": torch.ones(3)}, weights=None)
+    module = generate_metric_module(RecMetricModule, MetricsConfig(rec_tasks=task, rec_metrics={
+        RecMetricEnum.NE: RecMetricDef(rec_task_indices=[0])}), 2, 1, 0, {}, torch.device("cpu"))
+    with pytest.raises(ValueError, match="task 't' reads 'weight'"):
+        module.update({"label": torch.ones(2), "prediction": torch.rand(2)})
+    two_ranks = CTRMetric(world_size=2, my_rank=0, batch_size=2, tasks=task, window_size=8)
+    with pytest.raises(Exception, match="world_size=2 but torch.distributed is not initialized"):
+        two_ranks.compute()
+
+
+# ------------------------------------------------------------------------------------------------ 2 ranks
+def _all_metrics(world_size, rank, compute_on_all_ranks=True):
+    tasks = [RecTaskInfo(name=t) for t in TASKS]
+    return [cls(world_size=world_size, my_rank=rank, batch_size=BATCH, tasks=tasks, window_size=4 * BATCH,
+                compute_on_all_ranks=compute_on_all_ranks)
+            for cls in (NEMetric, AUCMetric, CalibrationMetric, CTRMetric, MSEMetric)]
+
+
+def _two_rank_worker(rank, world_size, stream, expected):
+    got, rank0_only = {}, {}
+    for metric, only_rank0 in zip(_all_metrics(world_size, rank), _all_metrics(world_size, rank, False)):
+        got.update(feed(metric, stream[rank::world_size]))
+        rank0_only.update(feed(only_rank0, stream[rank::world_size]))
+    assert sorted(got) == sorted(expected)
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-9), (rank, key)
+    assert rank0_only == (got if rank == 0 else {})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
+    from tests.distributed.dist_harness import run_workers
+
+    stream = batches(count=10, seed=3)
+    # one process sees the batches in order; rank r gets batches r, r + 2, ...; the global window (32 samples)
+    # is the last 4 batches in one process and the last 2 of each rank
+    expected = {}
+    for metric in _all_metrics(1, 0):
+        expected.update(feed(metric, stream))
+    assert len(expected) == 2 * (2 + 1 + 2 + 2 + 4)
+    run_workers(_two_rank_worker, 2, stream, expected)
