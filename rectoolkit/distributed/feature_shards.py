@@ -26,8 +26,9 @@ from torch import nn
 from rectoolkit.distributed.comm import (
     ShardingEnv,
     all_to_all,
-    all_to_all_messages,
+    PendingExchange,
     all_to_all_with_grad,
+    start_all_to_all_messages,
     from_ragged,
     to_ragged,
 )
@@ -176,6 +177,13 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequ
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
     """
+    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions).wait()
+
+
+def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
+                        route: Route, weighted: bool, keep_positions: bool = False) -> PendingExchange:
+    """ids_to_owners, started: the small "metadata" all-to-all is done, the ids' all-to-all is in flight;
+    `wait()` gives the ReceivedIds (the train pipeline overlaps it with the previous batch's step)."""
     B, W = batch.batch_size, env.world_size
     messages: List[List[torch.Tensor]] = []
     ids_sent: List[List[int]] = []
@@ -197,10 +205,10 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequ
     batch_sizes = [b for b, _ in sizes]
     ids_received = [n for _, n in sizes]
     mine = len(by_owner[env.rank])
-    parts = all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
-                                "input_dist")
-    return ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes, ids_sent, positions_sent,
-                       ids_received)
+    pending = start_all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
+                                        "input_dist")
+    return pending.then(lambda parts: ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes,
+                                                  ids_sent, positions_sent, ids_received))
 
 
 def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
