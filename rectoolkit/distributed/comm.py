@@ -164,11 +164,12 @@ class PendingExchange:
         self.env, self.name, self._work, self._output, self._finish = env, name, work, output, finish
 
     def wait(self):
-        if self._work is not None:
+        if self._work is not False:  # False: waited already
             started = time.perf_counter()
-            self._work.wait()
+            if self._work is not None:  # None: nothing in flight (world size 1)
+                self._work.wait()
             self.env.stats.record_wait(self.name, time.perf_counter() - started)
-            self._work = None
+            self._work = False
         return self._finish(self._output)
 
     def then(self, step: Callable[[object], object]) -> "PendingExchange":

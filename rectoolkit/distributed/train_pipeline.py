@@ -193,7 +193,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             raise ValueError(f"TrainPipelineSparseDist: the model is a {type(model).__name__}, not a "
                              "DistributedModelParallel, so it has no sharded input_dist to pipeline; wrap it "
                              "(DistributedModelParallel(model, plan=...)) or use TrainPipelineBase")
-        super().__init__(model, optimizer, device, custom_model_fwd)
+        super().__init__(model, optimizer, device, custom_model_fwd, enable_inplace_copy_batch)
         self._execute_all_batches = execute_all_batches
         self._sharded = dmp.sharded_modules
         env = dmp.env

@@ -1,0 +1,133 @@
+"""Workers of the train pipeline tests: the same N steps through the plain loop and through
+TrainPipelineSparseDist, on two DMPs built alike (importable by spawned processes)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.optim import CombinedOptimizer
+from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.train.data import Batch
+from dist_dmp_workers import TinyModel, step_batches
+from dist_workers import bag_tables, plan_for
+
+PATH = "model.sparse.ebc"  # the collection inside WithLoss
+
+
+class WithLoss(nn.Module):
+    """TorchRec's model contract for pipelines: forward(batch) -> (loss, output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = TinyModel()
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, loss.detach()
+
+
+def batches(rank: int, W: int, steps: int) -> List[Batch]:
+    """This rank's batches, the same for both runs (fixed seeds)."""
+    out = []
+    for step in range(steps):
+        kjts, dense = step_batches(step, W)
+        labels = (torch.rand(dense[rank].shape[0], generator=torch.Generator().manual_seed(5 + step)) > 0.5).float()
+        out.append(Batch(dense[rank], kjts[rank], labels))
+    return out
+
+
+def build(case: str, W: int, env=None):
+    """The DMP (same initial weights on every call) and its optimizer: fused Adagrad in backward, Adam dense."""
+    torch.manual_seed(0)
+    plan = ShardingPlan({PATH: plan_for(case, bag_tables(), W, 1)})
+    dmp = DistributedModelParallel(WithLoss(), env=env, plan=plan)
+    optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer),
+                                   ("dense", torch.optim.Adam(dmp.dense_parameters(), lr=0.01))])
+    return dmp, optimizer
+
+
+def plain_loop(case: str, data: List[Batch], W: int, env=None):
+    """The loop the pipeline must reproduce: zero_grad, forward, backward, step, batch after batch."""
+    dmp, optimizer = build(case, W, env)
+    losses = []
+    for batch in data:
+        optimizer.zero_grad()
+        loss, _ = dmp(batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, dmp.state_dict()
+
+
+def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True):
+    """The same through TrainPipelineSparseDist; also what it pipelined, how long it waited and how often a
+    forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
+    dmp, optimizer = build(case, W, env)
+    sync_calls: List[int] = []
+    routed = [g for g in dmp.sharded_modules[PATH].groups.values() if g.sharding_type != ShardingType.DATA_PARALLEL]
+    for group in routed:
+        group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all_batches)
+    losses, stops = [], 0
+    feed = iter(data)
+    while True:
+        try:
+            losses.append(pipeline.progress(feed))
+        except StopIteration:
+            stops += 1
+            break
+    try:
+        pipeline.progress(feed)
+    except StopIteration:
+        stops += 1
+    info = dict(modules=pipeline.pipelined_modules, waits=dict(dmp.env.stats.wait_s), stops=stops,
+                sync_input_dists=len(sync_calls), routed_groups=len(routed))
+    return losses, dmp.state_dict(), info
+
+
+def check_pipelined(rank: int, case: str, info: Dict) -> None:
+    """The collection was pipelined: only the first step's forward sent its own ids; StopIteration at the end
+    and again after; the waits are counted."""
+    assert info["modules"] == [PATH], f"rank {rank} {case}: pipelined {info['modules']}, expected [{PATH!r}]"
+    assert info["sync_input_dists"] == info["routed_groups"], (
+        f"rank {rank} {case}: forward ran its own input_dist {info['sync_input_dists']} times; only the first "
+        f"step's {info['routed_groups']} groups should")
+    assert info["stops"] == 2, f"rank {rank} {case}: StopIteration raised {info['stops']} times, expected 2"
+    assert "input_dist" in info["waits"] and "metadata" in info["waits"], f"rank {rank} {case}: {info['waits']}"
+
+
+def assert_identical(rank: int, case: str, plain: Tuple[list, Dict], piped: Tuple[list, Dict], steps: int) -> None:
+    (plain_losses, plain_state), (piped_losses, piped_state) = plain, piped
+    assert len(piped_losses) == steps, f"rank {rank} {case}: the pipeline trained {len(piped_losses)} of {steps} batches"
+    for step, (a, b) in enumerate(zip(plain_losses, piped_losses)):
+        assert torch.equal(a, b), f"rank {rank} {case} step {step}: loss {a.item()!r} (plain) != {b.item()!r} (pipeline)"
+    assert list(plain_state) == list(piped_state)
+    for key, value in plain_state.items():
+        assert torch.equal(value, piped_state[key]), (
+            f"rank {rank} {case}: {key} differs by {(value - piped_state[key]).abs().max()} after {steps} steps")
+
+
+def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
+    """For every plan: pipeline == plain loop bit for bit (losses every step, every weight at the end); every
+    batch trained on; StopIteration at the end and again after; the collection pipelined; its waits counted.
+    Then execute_all_batches=False stops with the dataloader, two batches short (TorchRec's behaviour)."""
+    data = batches(rank, W, steps)
+    for case in cases:
+        plain = plain_loop(case, data, W)
+        losses, state, info = pipelined(case, data, W)
+        check_pipelined(rank, case, info)
+        assert_identical(rank, case, plain, (losses, state), steps)
+    plain_losses, plain_state = plain_loop(cases[0], data[:steps - 2], W)
+    losses, state, _ = pipelined(cases[0], data, W, execute_all_batches=False)
+    assert len(losses) == steps - 2, f"rank {rank}: execute_all_batches=False trained {len(losses)} batches"
+    assert all(torch.equal(state[k], v) for k, v in plain_state.items()), f"rank {rank}: weights differ"
+
+
+def local_env() -> ShardingEnv:
+    return ShardingEnv.local()
