@@ -252,7 +252,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             ahead.wait()
             self._sharded[path].use_input_dist(ahead)
         if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
-            self._drop_batches()
+            self.finish()
             raise StopIteration
         if self._input_paths is None:
             output = self._find_input_paths(batch)
@@ -267,8 +267,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._batch_count += 1
         return output
 
-    def _drop_batches(self) -> None:
-        """execute_all_batches=False ran out: finish the collectives in flight (the peers finish theirs)."""
+    def finish(self) -> None:
+        """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that
+        stops before the dataloader runs out (every rank at the same step: the peers have the same in flight)."""
         for started in self._ahead:
             for ahead in started.values():
                 ahead.wait()
