@@ -1,0 +1,193 @@
+"""Steps per second of sharded training with and without TrainPipelineSparseDist, 2 CPU ranks (gloo).
+
+    .venv/bin/python benchmarks/bench_pipeline.py      # prints a markdown table, writes benchmarks/results/pipeline.md
+
+Workload, chosen so that communication is a large part of the step and most of it is the input_dist the
+pipeline can move (many ids per bag, narrow tables): TABLES tables of ROWS x DIM, one feature each, MEAN_IDS
+ids per bag (lengths uniform in 0..2 MEAN_IDS), batch BATCH per rank, TABLE_WISE (tables alternate between the
+ranks), fused Adagrad for the tables, Adam for a small dense part (DDP). 2 ranks, 1 intra-op thread each.
+Two DMPs built alike train on the same batches: one through the plain loop (zero_grad, forward, backward, step),
+one through the pipeline. After warm-up, ROUNDS rounds alternate the two (STEPS timed steps each, ranks aligned by
+a barrier, the slowest rank counts). Printed: the median and range of steps/s of each, the median of the
+per-round ratios, the share of the plain loop's time its ranks spent blocked in collectives (CommStats.wait_s:
+the sharded modules' collectives; DDP's all-reduce not included) and the same for the pipeline, the load average,
+and whether the two DMPs' weights are bit-identical at the end. `--quick`: fewer rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+TABLES, ROWS, DIM, BATCH, MEAN_IDS, DENSE_IN = 8, 20_000, 8, 512, 32, 16
+
+
+class Model(nn.Module):
+    """EmbeddingBagCollection + a small dense part; forward(batch) -> (loss, loss), TorchRec's pipeline contract."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import rectoolkit as rtk
+
+        tables = [rtk.EmbeddingBagConfig(name=f"t{t}", num_embeddings=ROWS, embedding_dim=DIM, feature_names=[f"f{t}"])
+                  for t in range(TABLES)]
+        self.ebc = rtk.EmbeddingBagCollection(tables, optimizer="adagrad", lr=0.05)
+        self.dense = nn.Linear(DENSE_IN, DIM)
+        self.over = nn.Linear(DIM * (TABLES + 1), 1)
+
+    def forward(self, batch):
+        pooled = self.ebc(batch.sparse_features).values()
+        logits = self.over(torch.cat([torch.relu(self.dense(batch.dense_features)), pooled], 1)).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, loss.detach()
+
+
+def make_batches(num: int, rank: int) -> List:
+    from rectoolkit.sparse import KeyedJaggedTensor
+    from rectoolkit.train.data import Batch
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    out = []
+    for _ in range(num):
+        lengths = torch.randint(0, 2 * MEAN_IDS + 1, (TABLES * BATCH,), generator=g)
+        values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+        kjt = KeyedJaggedTensor.from_lengths_sync([f"f{t}" for t in range(TABLES)], values, lengths)
+        out.append(Batch(torch.randn(BATCH, DENSE_IN, generator=g), kjt,
+                         (torch.rand(BATCH, generator=g) > 0.5).float()))
+    return out
+
+
+def build(world_size: int):
+    from rectoolkit.distributed import DistributedModelParallel
+    from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+
+    torch.manual_seed(0)
+    plan = {f"t{t}": ParameterSharding("table_wise", ranks=[t % world_size],
+                                       shards=[ShardMetadata.on_rank(t % world_size, 0, 0, ROWS, DIM)])
+            for t in range(TABLES)}
+    dmp = DistributedModelParallel(Model(), plan=ShardingPlan({"ebc": plan}))
+    dense = torch.optim.Adam(dmp.dense_parameters(), lr=0.01)
+    return dmp, dense
+
+
+def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, out_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))
+    from rectoolkit.distributed import TrainPipelineSparseDist
+
+    warmup = 5
+    total = warmup + rounds * steps
+    batches = make_batches(total + 2, rank)
+    plain_dmp, plain_opt = build(world_size)
+    piped_dmp, piped_opt = build(world_size)
+    pipeline = TrainPipelineSparseDist(piped_dmp, piped_opt, torch.device("cpu"))
+    plain_feed, piped_feed = iter(batches[:total]), iter(batches[:total])
+
+    def plain_step() -> None:
+        batch = next(plain_feed)
+        plain_opt.zero_grad()
+        loss, _ = plain_dmp(batch)
+        loss.backward()
+        plain_opt.step()
+
+    def piped_step() -> None:
+        pipeline.progress(piped_feed)
+
+    def timed(step, count: int, env) -> tuple:
+        dist.barrier()
+        waited, started = env.stats.total_wait_s(), time.perf_counter()
+        for _ in range(count):
+            step()
+        elapsed = torch.tensor([time.perf_counter() - started, env.stats.total_wait_s() - waited], dtype=torch.float64)
+        slowest, waits = elapsed.clone(), elapsed.clone()
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(waits)  # summed over ranks
+        return float(slowest[0]), float(waits[1]) / float(waits[0])  # seconds; wait share (all ranks' time)
+
+    timed(plain_step, warmup, plain_dmp.env)
+    timed(piped_step, warmup, piped_dmp.env)
+    results: Dict[str, list] = {"plain": [], "pipelined": [], "plain_wait": [], "pipelined_wait": []}
+    for _ in range(rounds):
+        for name, step, env in (("plain", plain_step, plain_dmp.env), ("pipelined", piped_step, piped_dmp.env)):
+            seconds, share = timed(step, steps, env)
+            results[name].append(steps / seconds)
+            results[name + "_wait"].append(share)
+    try:  # the pipeline trains on the batch it holds last: run it out so both DMPs saw every batch
+        while True:
+            pipeline.progress(piped_feed)
+    except StopIteration:
+        pass
+    plain_state, piped_state = plain_dmp.state_dict(), piped_dmp.state_dict()
+    identical = all(torch.equal(v, piped_state[k]) for k, v in plain_state.items())
+    if rank == 0:
+        torch.save({**results, "identical": identical, "steps_trained": total}, out_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def summary(values: List[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 rounds of 10 steps")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    rounds, steps = (5, 10) if args.quick else (args.rounds, args.steps)
+    world_size = 2
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "results.pt")
+        mp.start_processes(worker, args=(world_size, os.path.join(tmp, "rdzv"), rounds, steps, out_file),
+                           nprocs=world_size, join=True, start_method="spawn")
+        results = torch.load(out_file)
+    load_after = os.getloadavg()
+    ratios = [p / q for p, q in zip(results["pipelined"], results["plain"])]
+    lines = [
+        "# bench_pipeline",
+        "",
+        f"TrainPipelineSparseDist vs the plain loop: {TABLES} tables of {ROWS:,} x {DIM} (TABLE_WISE, fused Adagrad), "
+        f"~{MEAN_IDS} ids per bag, batch {BATCH} per rank, a small dense part (Adam, DDP); 2 CPU ranks (gloo), "
+        f"1 intra-op thread each. torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, shared "
+        f"with other jobs. {rounds} alternating rounds of {steps} steps after 5 warm-up steps; steps/s of the "
+        "slowest rank, median (range); ratio = median of the per-round ratios. Wait share = time the ranks spent "
+        "blocked in the sharded modules' collectives / their time (DDP's all-reduce not counted). "
+        f"Load average (1, 5, 15 min) {load_before[0]:.1f}, {load_before[1]:.1f}, {load_before[2]:.1f} before, "
+        f"{load_after[0]:.1f}, {load_after[1]:.1f}, {load_after[2]:.1f} after.",
+        "",
+        "| loop | steps/s | wait share | ratio vs plain |",
+        "| --- | ---: | ---: | ---: |",
+        f"| plain | {summary(results['plain'])} | {statistics.median(results['plain_wait']):.0%} | 1.00x |",
+        f"| pipelined | {summary(results['pipelined'])} | {statistics.median(results['pipelined_wait']):.0%} | "
+        f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |",
+        "",
+        f"Weights after {results['steps_trained']} steps bit-identical between the two: "
+        f"{'yes' if results['identical'] else 'NO'}.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.quick:
+        path = Path(__file__).parent / "results" / "pipeline.md"
+        path.write_text(text + "\n")
+        print(f"\nwritten to {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
