@@ -147,8 +147,8 @@ def summary(values: List[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds of 10 steps")
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=31)
+    parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     rounds, steps = (5, 10) if args.quick else (args.rounds, args.steps)
     world_size = 2

@@ -221,6 +221,12 @@ def all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[in
     return _exchange(env, tensor.detach(), input_splits, output_splits, name, out)
 
 
+def start_all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+                     output_splits: Sequence[int], name: str) -> PendingExchange:
+    """all_to_all, started: returns at once; `wait()` gives what all_to_all returns."""
+    return _start_exchange(env, tensor.detach(), input_splits, output_splits, name)
+
+
 class _AllToAllWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, env, input_splits, output_splits, name):

@@ -72,9 +72,11 @@ class ShardingGroup(nn.Module):
         raise NotImplementedError
 
     def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
-        """input_dist started on `env` (default: the group's): `wait()` gives what input_dist returns. Here it
-        runs at once (a type that sends nothing); the routed types start their all-to-all and return."""
-        return Ready(self.input_dist(batch))
+        """input_dist in two stages on `env` (default: the group's), for the train pipeline: `wait()` of the
+        result starts the second stage and returns it, whose `wait()` gives what input_dist returns. Here it
+        runs at once (a type that sends nothing); the routed types start their "metadata" all-to-all, then
+        their ids' all-to-all (feature_shards.start_ids_to_owners)."""
+        return Ready(Ready(self.input_dist(batch)))
 
     def lookup(self, received) -> torch.Tensor:
         raise NotImplementedError
@@ -120,7 +122,7 @@ class RoutedShardingGroup(ShardingGroup):
 
     # -------------------------------------------------------------- the three steps
     def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
-        return self.start_input_dist(batch).wait()
+        return self.start_input_dist(batch).wait().wait()
 
     def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
         return start_ids_to_owners(env or self.env, batch, self.by_owner, self.route, self.weighted,

@@ -288,14 +288,22 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
 
 class InputDistAhead:
-    """The input_dist of one KJT, started ahead of its forward: `wait()` gives each group's received ids."""
+    """The input_dist of one KJT, started ahead of its forward, in two stages: the sizes ("metadata") are on their
+    way; `send()` waits for them and starts the ids; `wait()` (sending first if needed) gives each group's
+    received ids."""
 
     def __init__(self, features: KeyedJaggedTensor, batch: FeatureBatch, pending: List[Any]) -> None:
-        self.features, self.batch, self._pending, self._received = features, batch, pending, None
+        self.features, self.batch = features, batch
+        self._sizes, self._ids, self._received = pending, None, None
+
+    def send(self) -> None:
+        if self._ids is None:
+            self._ids = [sizes.wait() for sizes in self._sizes]
 
     def wait(self) -> List[Any]:
+        self.send()
         if self._received is None:
-            self._received = [p.wait() for p in self._pending]
+            self._received = [ids.wait() for ids in self._ids]
         return self._received
 
 

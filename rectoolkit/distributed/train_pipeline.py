@@ -18,9 +18,13 @@ a function `batch -> (loss, output)`); `progress()` runs zero_grad, forward, bac
 
     wait       the ids of batch i, sent during step i-1 (the time shows in CommStats.wait_s["input_dist"])
     load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
-    start      input_dist of batch i+1: the small "metadata" all-to-all, then the ids' all-to-all is started
-               (async on a process group of the pipeline's own) and left in flight
-    step       forward of batch i (its sharded collections skip their input_dist), backward, optimizer.step()
+    start      input_dist of batch i+1, first stage: the "metadata" all-to-all (sizes) is started
+    forward    of batch i (its sharded collections skip their input_dist)
+    send       input_dist of batch i+1, second stage: wait for the sizes, start the ids' all-to-all
+    backward   of batch i, then optimizer.step()
+
+Both all-to-alls of batch i+1 are asynchronous, on a process group of the pipeline's own, as in TorchRec (its
+splits all-to-all before forward, its data all-to-all after): none of batch i's collectives waits behind them.
 
 The ids of a batch do not depend on the weights, so sending them one step early changes no number: the weights
 after N steps are bit-identical to the plain loop's. Which KJT feeds which sharded collection is found on the
@@ -124,11 +128,13 @@ class TrainPipelineBase(TrainPipeline):
             tensor.record_stream(current)
 
     # ------------------------------------------------------------------ one step
-    def _train_step(self, batch: Any) -> Any:
-        """zero_grad, forward, backward, optimizer step (the last three only in training mode)."""
+    def _train_step(self, batch: Any, after_forward: Callable[[], None] = lambda: None) -> Any:
+        """zero_grad, forward, backward, optimizer step (zero_grad, backward and step in training mode only);
+        `after_forward` runs between forward and backward."""
         if self._model.training:
             self._optimizer.zero_grad()
         losses, output = self._model_fwd(batch)
+        after_forward()
         if self._model.training:
             torch.sum(losses, dim=0).backward()
             self._optimizer.step()
@@ -212,26 +218,41 @@ class TrainPipelineSparseDist(TrainPipelineBase):
 
     # ------------------------------------------------------------------ input_dist ahead
     def _start_input_dist(self, index: int) -> None:
-        """Start the input_dist of self._batches[index] for every pipelined collection, in one fixed order."""
+        """Start the input_dist of self._batches[index] (its first stage) for every pipelined collection, in one
+        fixed order."""
         batch = self._batches[index]
         self._wait_for_batch(batch)  # its ids must be on the device before they are sent
         self._ahead[index] = {path: self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
                               for path, field_path in sorted(self._input_paths.items())}
 
+    def _send_ids_ahead(self) -> None:
+        """The sizes of batch i+1 have arrived (sent before forward i): start its ids (they travel during backward i)."""
+        if len(self._ahead) > 1:
+            for ahead in self._ahead[1].values():
+                ahead.send()
+
     def _find_input_paths(self, batch: Any) -> Any:
-        """Run the first step plain, noting which field of the batch each sharded collection receives."""
+        """Run the first step plain, noting which field of the batch each sharded collection receives; the input_dist
+        of the next batch starts once they are known (after this forward)."""
         received: Dict[str, Any] = {}
         hooks = [module.register_forward_pre_hook(
             lambda module, args, path=path: received.setdefault(path, args[0] if args else None))
             for path, module in self._sharded.items()]
+
+        def after_forward() -> None:
+            for hook in hooks:
+                hook.remove()
+            self._input_paths = {path: field_path for path, features in received.items()
+                                 if (field_path := _path_to(batch, features)) is not None}
+            if len(self._batches) > 1:
+                self._start_input_dist(1)
+            self._send_ids_ahead()
+
         try:
-            output = self._train_step(batch)
+            return self._train_step(batch, after_forward)
         finally:
             for hook in hooks:
                 hook.remove()
-        self._input_paths = {path: field_path for path, features in received.items()
-                             if (field_path := _path_to(batch, features)) is not None}
-        return output
 
     def _enqueue(self, dataloader_iter: Iterator[Any]) -> bool:
         loaded = self._enqueue_batch(dataloader_iter)
@@ -256,12 +277,10 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             raise StopIteration
         if self._input_paths is None:
             output = self._find_input_paths(batch)
-            if len(self._batches) > 1:
-                self._start_input_dist(1)  # overlaps nothing of this step; every later step's does
         else:
             if len(self._batches) > 1:
-                self._start_input_dist(1)
-            output = self._train_step(batch)
+                self._start_input_dist(1)  # the sizes of batch i+1 travel during forward i
+            output = self._train_step(batch, self._send_ids_ahead)
         self._batches.pop(0)
         self._ahead.pop(0)
         self._batch_count += 1
