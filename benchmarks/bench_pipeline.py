@@ -84,8 +84,15 @@ def build(world_size: int):
     return dmp, dense
 
 
-def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, out_file: str) -> None:
+def set_workload(batch: int, mean_ids: int) -> None:
+    global BATCH, MEAN_IDS
+    BATCH, MEAN_IDS = batch, mean_ids
+
+
+def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, out_file: str,
+           workload: tuple) -> None:
     torch.set_num_threads(1)
+    set_workload(*workload)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=120))
     from rectoolkit.distributed import TrainPipelineSparseDist
@@ -149,13 +156,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 rounds of 10 steps")
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=BATCH, help="samples per rank per step")
+    parser.add_argument("--ids", type=int, default=MEAN_IDS, help="mean ids per bag")
     args = parser.parse_args()
+    set_workload(args.batch, args.ids)
     rounds, steps = (5, 10) if args.quick else (args.rounds, args.steps)
     world_size = 2
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "results.pt")
-        mp.start_processes(worker, args=(world_size, os.path.join(tmp, "rdzv"), rounds, steps, out_file),
+        mp.start_processes(worker, args=(world_size, os.path.join(tmp, "rdzv"), rounds, steps, out_file,
+                                         (BATCH, MEAN_IDS)),
                            nprocs=world_size, join=True, start_method="spawn")
         results = torch.load(out_file)
     load_after = os.getloadavg()

@@ -164,6 +164,7 @@ class PendingExchange:
         self.env, self.name, self._work, self._output, self._finish = env, name, work, output, finish
 
     def wait(self):
+        """Block until the exchange has arrived (once; the time is counted) and return finish(received)."""
         if self._work is not False:  # False: waited already
             started = time.perf_counter()
             if self._work is not None:  # None: nothing in flight (world size 1)

@@ -297,10 +297,12 @@ class InputDistAhead:
         self._sizes, self._ids, self._received = pending, None, None
 
     def send(self) -> None:
+        """Wait for the sizes and start the ids' all-to-all (once)."""
         if self._ids is None:
             self._ids = [sizes.wait() for sizes in self._sizes]
 
     def wait(self) -> List[Any]:
+        """Each group's received ids (what its input_dist returns)."""
         self.send()
         if self._received is None:
             self._received = [ids.wait() for ids in self._ids]

@@ -242,9 +242,6 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
     was blocked in the sharded modules' collectives (CommStats.wait_s; DDP's gradient all-reduce not included).
     """
     out: Dict[str, Any] = {"param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
-    stats_of_env = getattr(getattr(model, "env", None), "stats", None)
-    if stats_of_env is not None and hasattr(stats_of_env, "wait_s"):
-        out["comm_wait_s"] = stats_of_env.total_wait_s()
     usage = getattr(model, "memory_usage", None)
     if callable(usage):
         out.update({f"memory_{kind}_bytes": int(value) for kind, value in usage().items()})
@@ -253,6 +250,7 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
         out["comm_bytes_sent"] = int(stats.total_bytes(COLLECTIVES))
         out["control_bytes_sent"] = int(stats.total_bytes()) - out["comm_bytes_sent"]
         out["bytes_sent_by_collective"] = {name: [int(b) for b in row] for name, row in stats.bytes_sent.items()}
+        out["comm_wait_s"] = stats.total_wait_s()
     if ctx.device.type == "cuda" and "memory_cuda_max_allocated_bytes" not in out:
         out["memory_cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
     return out
