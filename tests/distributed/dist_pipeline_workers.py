@@ -13,10 +13,13 @@ from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, TrainP
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.train.data import Batch
+import rectoolkit as rtk
 from dist_dmp_workers import TinyModel, step_batches
-from dist_workers import bag_tables, plan_for
+from dist_harness import make_batch
+from dist_workers import BATCH, bag_tables, plan_for, seq_tables
 
 PATH = "model.sparse.ebc"  # the collection inside WithLoss
+SEQUENCE_PATH = "ec"  # the collection inside SequenceWithLoss; cases "sequence_<plan>" use it
 
 
 class WithLoss(nn.Module):
@@ -32,21 +35,49 @@ class WithLoss(nn.Module):
         return loss, loss.detach()
 
 
-def batches(rank: int, W: int, steps: int) -> List[Batch]:
+class SequenceWithLoss(nn.Module):
+    """An EmbeddingCollection (one row per id) and a dense layer; forward(batch) -> (loss, loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ec = rtk.EmbeddingCollection(seq_tables(), optimizer="adagrad", lr=0.1)
+        self.dense = nn.Linear(3, 8)
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.cat([jt.values() for jt in self.ec(batch.sparse_features).values()])
+        loss = (rows.sum(1) - 1).square().mean() + self.dense(batch.dense_features).square().mean()
+        return loss, loss.detach()
+
+
+def sequence_case(case: str) -> bool:
+    return case.startswith("sequence_")
+
+
+def batches(rank: int, W: int, steps: int, case: str = "") -> List[Batch]:
     """This rank's batches, the same for both runs (fixed seeds)."""
     out = []
     for step in range(steps):
         kjts, dense = step_batches(step, W)
+        if sequence_case(case):
+            features = {f: t.num_embeddings for t in seq_tables() for f in t.feature_names}
+            kjts = [make_batch(features, BATCH, seed=500 + 1000 * step + r) for r in range(W)]
         labels = (torch.rand(dense[rank].shape[0], generator=torch.Generator().manual_seed(5 + step)) > 0.5).float()
         out.append(Batch(dense[rank], kjts[rank], labels))
     return out
 
 
+def path_of(case: str) -> str:
+    return SEQUENCE_PATH if sequence_case(case) else PATH
+
+
 def build(case: str, W: int, env=None):
     """The DMP (same initial weights on every call) and its optimizer: fused Adagrad in backward, Adam dense."""
     torch.manual_seed(0)
-    plan = ShardingPlan({PATH: plan_for(case, bag_tables(), W, 1)})
-    dmp = DistributedModelParallel(WithLoss(), env=env, plan=plan)
+    if sequence_case(case):
+        plan = ShardingPlan({SEQUENCE_PATH: plan_for(case.removeprefix("sequence_"), seq_tables(), W, 1)})
+        dmp = DistributedModelParallel(SequenceWithLoss(), env=env, plan=plan)
+    else:
+        dmp = DistributedModelParallel(WithLoss(), env=env, plan=ShardingPlan({PATH: plan_for(case, bag_tables(), W, 1)}))
     optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer),
                                    ("dense", torch.optim.Adam(dmp.dense_parameters(), lr=0.01))])
     return dmp, optimizer
@@ -70,7 +101,8 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
     forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
     dmp, optimizer = build(case, W, env)
     sync_calls: List[int] = []
-    routed = [g for g in dmp.sharded_modules[PATH].groups.values() if g.sharding_type != ShardingType.DATA_PARALLEL]
+    routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
+              if g.sharding_type != ShardingType.DATA_PARALLEL]
     for group in routed:
         group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all_batches)
@@ -94,7 +126,7 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
 def check_pipelined(rank: int, case: str, info: Dict) -> None:
     """The collection was pipelined: only the first step's forward sent its own ids; StopIteration at the end
     and again after; the waits are counted."""
-    assert info["modules"] == [PATH], f"rank {rank} {case}: pipelined {info['modules']}, expected [{PATH!r}]"
+    assert info["modules"] == [path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
     assert info["sync_input_dists"] == info["routed_groups"], (
         f"rank {rank} {case}: forward ran its own input_dist {info['sync_input_dists']} times; only the first "
         f"step's {info['routed_groups']} groups should")
@@ -117,12 +149,13 @@ def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
     """For every plan: pipeline == plain loop bit for bit (losses every step, every weight at the end); every
     batch trained on; StopIteration at the end and again after; the collection pipelined; its waits counted.
     Then execute_all_batches=False stops with the dataloader, two batches short (TorchRec's behaviour)."""
-    data = batches(rank, W, steps)
     for case in cases:
+        data = batches(rank, W, steps, case)
         plain = plain_loop(case, data, W)
         losses, state, info = pipelined(case, data, W)
         check_pipelined(rank, case, info)
         assert_identical(rank, case, plain, (losses, state), steps)
+    data = batches(rank, W, steps, cases[0])
     plain_losses, plain_state = plain_loop(cases[0], data[:steps - 2], W)
     losses, state, _ = pipelined(cases[0], data, W, execute_all_batches=False)
     assert len(losses) == steps - 2, f"rank {rank}: execute_all_batches=False trained {len(losses)} batches"

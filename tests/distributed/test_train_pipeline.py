@@ -1,6 +1,7 @@
 """TrainPipelineSparseDist (rectoolkit.distributed.train_pipeline) against the plain training loop.
 
-2 ranks (gloo): for a table-wise, a row-wise and a mixed plan (row-wise + data-parallel + column-wise), N steps
+2 ranks (gloo): for a table-wise, a row-wise and a mixed plan (row-wise + data-parallel + column-wise) of an
+EmbeddingBagCollection and a row-wise EmbeddingCollection, N steps
 through the pipeline give bit-identical losses at every step and bit-identical weights (tables, Adagrad'd in
 backward, and the dense part, Adam) at the end; every batch is trained on and StopIteration comes at the end.
 In this process (world size 1): the same at world size 1, execute_all_batches=False, TrainPipelineBase, and
@@ -32,15 +33,16 @@ STEPS = 5
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_pipeline_equals_the_plain_loop_on_two_ranks():
-    run_workers(pipeline_worker, 2, ["table_wise", "row_wise", "mixed_a"], STEPS)
+    run_workers(pipeline_worker, 2, ["table_wise", "row_wise", "mixed_a", "sequence_row_wise"], STEPS)
 
 
-def test_pipeline_equals_the_plain_loop_in_one_process():
-    data = batches(0, 1, STEPS)
-    plain = plain_loop("mixed_a", data, 1, local_env())
-    losses, state, info = pipelined("mixed_a", data, 1, local_env())
-    check_pipelined(0, "mixed_a", info)
-    assert_identical(0, "mixed_a", plain, (losses, state), STEPS)
+@pytest.mark.parametrize("case", ["mixed_a", "sequence_table_wise"])
+def test_pipeline_equals_the_plain_loop_in_one_process(case):
+    data = batches(0, 1, STEPS, case)
+    plain = plain_loop(case, data, 1, local_env())
+    losses, state, info = pipelined(case, data, 1, local_env())
+    check_pipelined(0, case, info)
+    assert_identical(0, case, plain, (losses, state), STEPS)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 5])
