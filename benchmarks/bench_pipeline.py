@@ -11,7 +11,8 @@ one through the pipeline. After warm-up, ROUNDS rounds alternate the two (STEPS 
 a barrier, the slowest rank counts). Printed: the median and range of steps/s of each, the median of the
 per-round ratios, the share of the plain loop's time its ranks spent blocked in collectives (CommStats.wait_s:
 the sharded modules' collectives; DDP's all-reduce not included) and the same for the pipeline, the load average,
-and whether the two DMPs' weights are bit-identical at the end. `--quick`: fewer rounds.
+and whether the two DMPs' weights are bit-identical at the end; `--runs` such runs one after the other (3).
+`--quick`: one short run, nothing written. `--batch`, `--ids`: another workload.
 """
 
 from __future__ import annotations
@@ -151,46 +152,58 @@ def summary(values: List[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
+def run_once(rounds: int, steps: int) -> Dict:
+    """One spawn of the 2 ranks: their results, with the load average before and after."""
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "results.pt")
+        mp.start_processes(worker, args=(2, os.path.join(tmp, "rdzv"), rounds, steps, out_file, (BATCH, MEAN_IDS)),
+                           nprocs=2, join=True, start_method="spawn")
+        results = torch.load(out_file)
+    results["load"] = (load_before, os.getloadavg())
+    results["ratios"] = [p / q for p, q in zip(results["pipelined"], results["plain"])]
+    return results
+
+
+def row(run: int, results: Dict) -> str:
+    (before, after), ratios = results["load"], results["ratios"]
+    return (f"| {run} | {summary(results['plain'])} | {summary(results['pipelined'])} | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{statistics.median(results['plain_wait']):.0%} | {statistics.median(results['pipelined_wait']):.0%} | "
+            f"{before[0]:.1f} / {after[0]:.1f} | {'yes' if results['identical'] else 'NO'} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 rounds of 10 steps")
+    parser.add_argument("--quick", action="store_true", help="one run of 5 rounds of 10 steps")
+    parser.add_argument("--runs", type=int, default=3, help="spawns of the 2 ranks, one after the other")
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=BATCH, help="samples per rank per step")
     parser.add_argument("--ids", type=int, default=MEAN_IDS, help="mean ids per bag")
     args = parser.parse_args()
     set_workload(args.batch, args.ids)
-    rounds, steps = (5, 10) if args.quick else (args.rounds, args.steps)
-    world_size = 2
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        out_file = os.path.join(tmp, "results.pt")
-        mp.start_processes(worker, args=(world_size, os.path.join(tmp, "rdzv"), rounds, steps, out_file,
-                                         (BATCH, MEAN_IDS)),
-                           nprocs=world_size, join=True, start_method="spawn")
-        results = torch.load(out_file)
-    load_after = os.getloadavg()
-    ratios = [p / q for p, q in zip(results["pipelined"], results["plain"])]
+    runs, rounds, steps = (1, 5, 10) if args.quick else (args.runs, args.rounds, args.steps)
+    results = [run_once(rounds, steps) for _ in range(runs)]
+    all_ratios = [r for result in results for r in result["ratios"]]
     lines = [
         "# bench_pipeline",
         "",
         f"TrainPipelineSparseDist vs the plain loop: {TABLES} tables of {ROWS:,} x {DIM} (TABLE_WISE, fused Adagrad), "
         f"~{MEAN_IDS} ids per bag, batch {BATCH} per rank, a small dense part (Adam, DDP); 2 CPU ranks (gloo), "
         f"1 intra-op thread each. torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, shared "
-        f"with other jobs. {rounds} alternating rounds of {steps} steps after 5 warm-up steps; steps/s of the "
-        "slowest rank, median (range); ratio = median of the per-round ratios. Wait share = time the ranks spent "
-        "blocked in the sharded modules' collectives / their time (DDP's all-reduce not counted). "
-        f"Load average (1, 5, 15 min) {load_before[0]:.1f}, {load_before[1]:.1f}, {load_before[2]:.1f} before, "
-        f"{load_after[0]:.1f}, {load_after[1]:.1f}, {load_after[2]:.1f} after.",
+        f"with other jobs. {runs} runs; each: {rounds} alternating rounds of {steps} steps after 5 warm-up steps. "
+        "steps/s of the slowest rank, median (range over the rounds); ratio = median (range) of the per-round ratios "
+        "pipelined / plain. Wait share = time the ranks spent blocked in the sharded modules' collectives / their "
+        "time (DDP's all-reduce not counted). Load = 1-minute load average before / after the run. Identical = "
+        "the two DMPs' weights bit for bit at the end of the run (both trained on the same batches).",
         "",
-        "| loop | steps/s | wait share | ratio vs plain |",
-        "| --- | ---: | ---: | ---: |",
-        f"| plain | {summary(results['plain'])} | {statistics.median(results['plain_wait']):.0%} | 1.00x |",
-        f"| pipelined | {summary(results['pipelined'])} | {statistics.median(results['pipelined_wait']):.0%} | "
-        f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |",
+        "| run | plain steps/s | pipelined steps/s | ratio | plain wait share | pipelined wait share | load | identical |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        *[row(k + 1, result) for k, result in enumerate(results)],
         "",
-        f"Weights after {results['steps_trained']} steps bit-identical between the two: "
-        f"{'yes' if results['identical'] else 'NO'}.",
+        f"All rounds of all runs: median ratio {statistics.median(all_ratios):.2f}x, "
+        f"{sum(r >= 1.2 for r in all_ratios)} of {len(all_ratios)} rounds at 1.2x or more.",
     ]
     text = "\n".join(lines)
     print(text)
