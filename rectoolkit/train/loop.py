@@ -210,16 +210,17 @@ def training_steps(model: nn.Module, optimizers: List[Any], batches: Iterator[Ba
 
     kind = TrainPipelineSparseDist if isinstance(model, DistributedModelParallel) else TrainPipelineBase
     runner = kind(model, optimizer, device, custom_model_fwd=forward)
-    try:
-        while True:
-            try:
-                output = runner.progress(batches)
-            except StopIteration:
-                return
+    while True:
+        try:
+            output = runner.progress(batches)
+        except StopIteration:
+            return
+        try:
             yield output
-    finally:
-        if isinstance(runner, TrainPipelineSparseDist):
-            runner.finish()  # stopped early: the next batch's ids are in flight on every rank
+        except GeneratorExit:  # the loop stopped early (every rank at the same step)
+            if isinstance(runner, TrainPipelineSparseDist):
+                runner.finish()  # the next batch's input_dist is in flight on every rank: complete it
+            raise
 
 
 def make_data(config: TrainConfig, ctx: WorkerContext, tables: List[EmbeddingBagConfig],
