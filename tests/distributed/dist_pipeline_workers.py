@@ -164,3 +164,47 @@ def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
 
 def local_env() -> ShardingEnv:
     return ShardingEnv.local()
+
+
+class _TorchRecModel(nn.Module):
+    """One TorchRec EmbeddingBagCollection; forward(batch) -> (loss, loss), for TorchRec's own pipeline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchrec
+
+        self.ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+            name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])], device=torch.device("meta"))
+
+    def forward(self, batch):
+        loss = self.ebc(batch.sparse_features).values().sum()
+        return loss, loss.detach()
+
+
+def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -> None:
+    """How many batches TorchRec 1.8's TrainPipelineSparseDist trains on, for each count of batches and each
+    execute_all_batches; saved as {(execute_all_batches, batches): steps}."""
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+    from torchrec.distributed.model_parallel import DistributedModelParallel as TorchRecDMP
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist as TorchRecPipeline
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TorchRecKJT
+
+    def batch(i: int):
+        kjt = TorchRecKJT.from_lengths_sync(["f"], torch.tensor([i % 10, 1]), torch.tensor([1, 1]))
+        return TorchRecBatch(dense_features=torch.zeros(2, 1), sparse_features=kjt, labels=torch.zeros(2))
+
+    steps = {}
+    for execute_all_batches in (True, False):
+        for count in counts:
+            dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+            pipeline = TorchRecPipeline(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
+                                        execute_all_batches=execute_all_batches)
+            feed, trained = iter([batch(i) for i in range(count)]), 0
+            try:
+                while True:
+                    pipeline.progress(feed)
+                    trained += 1
+            except StopIteration:
+                pass
+            steps[(execute_all_batches, count)] = trained
+    torch.save(steps, out_file)

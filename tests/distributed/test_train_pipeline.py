@@ -25,6 +25,7 @@ from dist_pipeline_workers import (
     pipeline_worker,
     pipelined,
     plain_loop,
+    torchrec_steps_worker,
 )
 
 STEPS = 5
@@ -45,7 +46,10 @@ def test_pipeline_equals_the_plain_loop_in_one_process(case):
     assert_identical(0, case, plain, (losses, state), STEPS)
 
 
-@pytest.mark.parametrize("steps", [1, 2, 3, 5])
+COUNTS = [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize("steps", COUNTS)
 def test_execute_all_batches_false_stops_with_the_dataloader(steps):
     # TorchRec's rule (train_pipelines.py, enqueue_batch): the pipeline stops when batch i+2 cannot be loaded
     data = batches(0, 1, steps)
@@ -53,6 +57,20 @@ def test_execute_all_batches_false_stops_with_the_dataloader(steps):
     assert len(losses) == max(0, steps - 2)
     losses, *_ = pipelined("table_wise", data, 1, local_env(), execute_all_batches=True)
     assert len(losses) == steps
+
+
+@pytest.mark.torchrec
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path):
+    pytest.importorskip("torchrec")
+    out_file = str(tmp_path / "torchrec_steps.pt")
+    run_workers(torchrec_steps_worker, 1, COUNTS, out_file)  # TorchRec's DMP needs a process group
+    torchrec_steps = torch.load(out_file)
+    ours = {(execute_all, count): len(pipelined("table_wise", batches(0, 1, count), 1, local_env(),
+                                                 execute_all_batches=execute_all)[0])
+            for execute_all, count in torchrec_steps}
+    assert ours == torchrec_steps
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
