@@ -269,12 +269,13 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             raise StopIteration
         batch = self._batches[0]
         self._wait_for_batch(batch)
-        for path, ahead in self._ahead[0].items():
+        for ahead in self._ahead[0].values():
             ahead.wait()
-            self._sharded[path].use_input_dist(ahead)
         if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
             self.finish()
             raise StopIteration
+        for path, ahead in self._ahead[0].items():
+            self._sharded[path].use_input_dist(ahead)
         if self._input_paths is None:
             output = self._find_input_paths(batch)
         else:
