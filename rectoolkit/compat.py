@@ -35,6 +35,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
+    "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",

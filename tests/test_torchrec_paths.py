@@ -20,6 +20,7 @@ PATHS = {
     "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "distributed.model_parallel": ["DistributedModelParallel"],
+    "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],

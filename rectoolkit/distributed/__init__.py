@@ -1,5 +1,5 @@
 """Sharded embedding modules on torch.distributed: instrumented collectives, one module per sharding type,
-sharded collections, DistributedModelParallel and resharding checkpoints."""
+sharded collections, DistributedModelParallel, the train pipeline and resharding checkpoints."""
 
 from rectoolkit.distributed.comm import CommStats, ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
@@ -9,6 +9,7 @@ from rectoolkit.distributed.state import gather_table, load_table
 from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+from rectoolkit.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard), imported on first use
 # so that `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner here.

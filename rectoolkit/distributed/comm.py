@@ -13,12 +13,18 @@ logical payload bytes (the `rectoolkit.plan.traffic` protocol), the same on gloo
 all-to-all (ids and lengths together); `all_to_all_with_grad` sends gradients back the transposed way and
 counts them under ``name + "_backward"``. gloo has no reduce-scatter, so reductions are written as an
 all-to-all followed by a local sum (row_wise.py, table_row_wise.py).
+
+`CommStats.wait_s` is the time this rank spent blocked in each collective (a blocking call, or the `wait()` of
+one started with `start_all_to_all_messages`, which the train pipeline uses to send the next batch's ids while
+this batch computes): the time lost to communication and to waiting for slower peers.
 """
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,11 +34,13 @@ import torch.nn.functional as F
 
 @dataclass
 class CommStats:
-    """Bytes this rank sent, per collective: name -> [world_size] vector indexed by destination rank."""
+    """Bytes this rank sent, per collective: name -> [world_size] vector indexed by destination rank; and the
+    seconds it spent blocked in each collective (wait_s)."""
 
     world_size: int
     bytes_sent: Dict[str, np.ndarray] = field(default_factory=dict)
     calls: Dict[str, int] = field(default_factory=dict)
+    wait_s: Dict[str, float] = field(default_factory=dict)
 
     def record(self, name: str, bytes_to: Sequence[int]) -> None:
         row = self.bytes_sent.get(name)
@@ -41,9 +49,17 @@ class CommStats:
         row += np.asarray(bytes_to, dtype=np.int64)
         self.calls[name] = self.calls.get(name, 0) + 1
 
+    def record_wait(self, name: str, seconds: float) -> None:
+        self.wait_s[name] = self.wait_s.get(name, 0.0) + seconds
+
     def reset(self) -> None:
         self.bytes_sent.clear()
         self.calls.clear()
+        self.wait_s.clear()
+
+    def total_wait_s(self) -> float:
+        """Seconds blocked in collectives, over all of them."""
+        return float(sum(self.wait_s.values()))
 
     def total_bytes(self, names: Optional[Sequence[str]] = None) -> int:
         """Bytes sent over all collectives, or over those in `names`."""
@@ -108,6 +124,13 @@ class ShardingEnv:
                              "ShardingEnv.from_process_group()")
         return cls.local(device)
 
+    def with_group(self, pg: Optional[dist.ProcessGroup]) -> "ShardingEnv":
+        """This env on another process group of the same ranks, counting into the same stats (the train
+        pipeline sends the next batch's ids on a group of its own)."""
+        other = copy.copy(self)
+        other.pg = pg
+        return other
+
     @property
     def host(self) -> int:
         return self.rank // self.local_world_size
@@ -132,9 +155,36 @@ class ShardingEnv:
         return out
 
 
-def _exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
-              output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One counted all_to_all_single of a 1-D tensor (splits in elements), into `out` when given."""
+class PendingExchange:
+    """A started all-to-all: `wait()` blocks until it has arrived (the time counted in `CommStats.wait_s`) and
+    returns `finish(output)`."""
+
+    def __init__(self, env: ShardingEnv, name: str, work, output: torch.Tensor,
+                 finish: Callable[[torch.Tensor], object] = lambda output: output) -> None:
+        self.env, self.name, self._work, self._output, self._finish = env, name, work, output, finish
+
+    def wait(self):
+        """Block until the exchange has arrived (once; the time is counted) and return finish(received)."""
+        if self._work is not False:  # False: waited already
+            started = time.perf_counter()
+            if self._work is not None:  # None: nothing in flight (world size 1)
+                self._work.wait()
+            self.env.stats.record_wait(self.name, time.perf_counter() - started)
+            self._work = False
+        return self._finish(self._output)
+
+    def then(self, step: Callable[[object], object]) -> "PendingExchange":
+        """This exchange, with `step` applied to what wait() returns."""
+        finish = self._finish
+        self._finish = lambda output: step(finish(output))
+        return self
+
+
+def _start_exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+                    output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None,
+                    finish: Callable[[torch.Tensor], object] = lambda output: output) -> PendingExchange:
+    """Start one counted all_to_all_single of a 1-D tensor (splits in elements), into `out` when given; the
+    pending exchange's wait() returns finish(received)."""
     if len(input_splits) != env.world_size or len(output_splits) != env.world_size:
         raise ValueError(f"{name}: splits must have world_size={env.world_size} entries, got "
                          f"{len(input_splits)} and {len(output_splits)}")
@@ -143,11 +193,17 @@ def _exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int
                          f"{sum(input_splits)}")
     env.stats.record(name, [s * tensor.element_size() for s in input_splits])
     if env.world_size == 1:
-        return out.copy_(tensor) if out is not None else tensor.clone()
+        return PendingExchange(env, name, None, out.copy_(tensor) if out is not None else tensor.clone(), finish)
     output = out if out is not None else tensor.new_empty(int(sum(output_splits)))
-    dist.all_to_all_single(output, tensor.contiguous(), list(map(int, output_splits)), list(map(int, input_splits)),
-                           group=env.pg)
-    return output
+    work = dist.all_to_all_single(output, tensor.contiguous(), list(map(int, output_splits)),
+                                  list(map(int, input_splits)), group=env.pg, async_op=True)
+    return PendingExchange(env, name, work, output, finish)
+
+
+def _exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+              output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One counted all_to_all_single of a 1-D tensor, waited for."""
+    return _start_exchange(env, tensor, input_splits, output_splits, name, out).wait()
 
 
 def all_reduce_sum(env: ShardingEnv, tensor: torch.Tensor, bytes_to: Sequence[int], name: str) -> None:
@@ -155,13 +211,21 @@ def all_reduce_sum(env: ShardingEnv, tensor: torch.Tensor, bytes_to: Sequence[in
     what its protocol sends (data_parallel.py uses it only where the backend's ring moves exactly that)."""
     env.stats.record(name, bytes_to)
     if env.world_size > 1:
+        started = time.perf_counter()
         dist.all_reduce(tensor, group=env.pg)
+        env.stats.record_wait(name, time.perf_counter() - started)
 
 
 def all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
                output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Send tensor[split j] to rank j; receive output_splits[i] elements from each rank i (no gradient)."""
     return _exchange(env, tensor.detach(), input_splits, output_splits, name, out)
+
+
+def start_all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
+                     output_splits: Sequence[int], name: str) -> PendingExchange:
+    """all_to_all, started: returns at once; `wait()` gives what all_to_all returns."""
+    return _start_exchange(env, tensor.detach(), input_splits, output_splits, name)
 
 
 class _AllToAllWithGrad(torch.autograd.Function):
@@ -191,15 +255,32 @@ def all_to_all_messages(env: ShardingEnv, messages: Sequence[Sequence[torch.Tens
     Counted bytes are the parts' own bytes, so sending lengths and ids together counts what sending them apart
     would; one collective instead of several saves a round trip per step.
     """
+    return start_all_to_all_messages(env, messages, receive_numels, name).wait()
+
+
+def start_all_to_all_messages(env: ShardingEnv, messages: Sequence[Sequence[torch.Tensor]],
+                              receive_numels: Sequence[Sequence[int]], name: str) -> PendingExchange:
+    """all_to_all_messages, started: returns at once; `wait()` gives the parts (the same as all_to_all_messages).
+
+        >>> env = ShardingEnv.local()
+        >>> pending = start_all_to_all_messages(env, [[torch.tensor([7, 8]), torch.tensor([2], dtype=torch.int32)]],
+        ...                                     [[2, 1]], "input_dist")
+        >>> [part.tolist() for part in pending.wait()]
+        [[7, 8], [2]]
+    """
     dtypes = [part.dtype for part in messages[0]]
     send_bytes = [sum(part.numel() * part.element_size() for part in message) for message in messages]
     piece_bytes = [n * dtype.itemsize for numels in receive_numels for n, dtype in zip(numels, dtypes)]
     flat = [part.detach().contiguous().view(torch.uint8) for message in messages for part in message]
     send = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=env.device)
-    received = _exchange(env, send, send_bytes, [sum(piece_bytes[k:k + len(dtypes)])
-                                                 for k in range(0, len(piece_bytes), len(dtypes))], name)
-    pieces = received.split(piece_bytes)
-    return [torch.cat(pieces[k::len(dtypes)]).view(dtype) for k, dtype in enumerate(dtypes)]
+
+    def parts(received: torch.Tensor) -> List[torch.Tensor]:
+        pieces = received.split(piece_bytes)
+        return [torch.cat(pieces[k::len(dtypes)]).view(dtype) for k, dtype in enumerate(dtypes)]
+
+    return _start_exchange(env, send, send_bytes, [sum(piece_bytes[k:k + len(dtypes)])
+                                                   for k in range(0, len(piece_bytes), len(dtypes))], name,
+                           finish=parts)
 
 
 def to_ragged(matrix: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int]) -> torch.Tensor:

@@ -24,11 +24,12 @@ import torch
 from torch import nn
 
 from rectoolkit.distributed.comm import (
+    PendingExchange,
     ShardingEnv,
-    all_to_all,
-    all_to_all_messages,
     all_to_all_with_grad,
     from_ragged,
+    start_all_to_all,
+    start_all_to_all_messages,
     to_ragged,
 )
 from rectoolkit.kernels.backend import fbgemm_available
@@ -176,6 +177,14 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequ
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
     """
+    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions).wait().wait()
+
+
+def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
+                        route: Route, weighted: bool, keep_positions: bool = False) -> PendingExchange:
+    """ids_to_owners in two stages, for the train pipeline: this starts the "metadata" all-to-all and returns;
+    its `wait()` waits for the sizes and starts the ids' all-to-all, returning a PendingExchange whose `wait()`
+    gives the ReceivedIds."""
     B, W = batch.batch_size, env.world_size
     messages: List[List[torch.Tensor]] = []
     ids_sent: List[List[int]] = []
@@ -192,15 +201,19 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequ
             positions_sent.append([r.positions if r.positions is not None else
                                    batch.value_starts[shard.feature] + torch.arange(r.ids.numel(), device=r.ids.device)
                                    for shard, r in zip(by_owner[owner], routed)])
-    sizes_to_owners = torch.tensor([[B, sum(counts)] for counts in ids_sent], dtype=torch.int64, device=env.device)
-    sizes = all_to_all(env, sizes_to_owners.view(-1), [2] * W, [2] * W, "metadata").view(W, 2).tolist()
-    batch_sizes = [b for b, _ in sizes]
-    ids_received = [n for _, n in sizes]
     mine = len(by_owner[env.rank])
-    parts = all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
-                                "input_dist")
-    return ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes, ids_sent, positions_sent,
-                       ids_received)
+
+    def send_ids(received_sizes: torch.Tensor) -> PendingExchange:
+        sizes = received_sizes.view(W, 2).tolist()
+        batch_sizes = [b for b, _ in sizes]
+        ids_received = [n for _, n in sizes]
+        pending = start_all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
+                                            "input_dist")
+        return pending.then(lambda parts: ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes,
+                                                      ids_sent, positions_sent, ids_received))
+
+    sizes_to_owners = torch.tensor([[B, sum(counts)] for counts in ids_sent], dtype=torch.int64, device=env.device)
+    return start_all_to_all(env, sizes_to_owners.view(-1), [2] * W, [2] * W, "metadata").then(send_ids)
 
 
 def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -23,12 +23,13 @@ A sharding type module (table_wise.py, row_wise.py, ...) says only what differs:
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from rectoolkit.distributed.comm import all_to_all_with_grad
+from rectoolkit.distributed.awaitable import Ready
+from rectoolkit.distributed.comm import ShardingEnv, all_to_all_with_grad
 from rectoolkit.distributed.feature_shards import (
     FeatureBatch,
     FeatureShard,
@@ -36,10 +37,10 @@ from rectoolkit.distributed.feature_shards import (
     ReceivedIds,
     RoutedIds,
     ShardingGroupSpec,
-    ids_to_owners,
     make_feature_shards,
     output_columns,
     pooled_to_requesters,
+    start_ids_to_owners,
 )
 from rectoolkit.modules.configs import BaseEmbeddingConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
@@ -70,14 +71,23 @@ class ShardingGroup(nn.Module):
     def input_dist(self, batch: FeatureBatch):
         raise NotImplementedError
 
+    def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
+        """input_dist in two stages on `env` (default: the group's), for the train pipeline: `wait()` of the
+        result starts the second stage and returns it, whose `wait()` gives what input_dist returns. Here it
+        runs at once (a type that sends nothing); the routed types start their "metadata" all-to-all, then
+        their ids' all-to-all (feature_shards.start_ids_to_owners)."""
+        return Ready(Ready(self.input_dist(batch)))
+
     def lookup(self, received) -> torch.Tensor:
         raise NotImplementedError
 
     def output_dist(self, looked_up: torch.Tensor, received) -> Tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def forward(self, batch: FeatureBatch) -> Tuple[torch.Tensor, torch.Tensor]:
-        received = self.input_dist(batch)
+    def forward(self, batch: FeatureBatch, received=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The three steps; `received`: input_dist's result when it already ran (the train pipeline)."""
+        if received is None:
+            received = self.input_dist(batch)
         return self.output_dist(self.lookup(received), received)
 
     def local_shards(self) -> List[LocalShard]:
@@ -112,7 +122,11 @@ class RoutedShardingGroup(ShardingGroup):
 
     # -------------------------------------------------------------- the three steps
     def input_dist(self, batch: FeatureBatch) -> ReceivedIds:
-        return ids_to_owners(self.env, batch, self.by_owner, self.route, self.weighted, keep_positions=not self.pooled)
+        return self.start_input_dist(batch).wait().wait()
+
+    def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
+        return start_ids_to_owners(env or self.env, batch, self.by_owner, self.route, self.weighted,
+                                   keep_positions=not self.pooled)
 
     def lookup(self, received: ReceivedIds) -> torch.Tensor:
         return self.local.lookup(received)

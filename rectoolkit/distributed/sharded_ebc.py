@@ -163,6 +163,25 @@ class ShardedCollection(nn.Module):
         return FeatureBatch.from_kjt(features, self._layout, self._is_weighted, self._ids_out_of_range, self.env.rank,
                                      self.env.device, self.takes_variable_batch)
 
+    # ------------------------------------------------------------------ input_dist ahead (the train pipeline)
+    def start_input_dist(self, features: KeyedJaggedTensor, env: Optional[ShardingEnv] = None) -> "InputDistAhead":
+        """Start every group's input_dist of `features` now, on `env` (default: this collection's; the train
+        pipeline passes one on a process group of its own). Hand the result to `use_input_dist`: the next
+        forward of these very `features` then skips its input_dist."""
+        batch = self._feature_batch(features)
+        return InputDistAhead(features, batch, [group.start_input_dist(batch, env) for group in self.groups.values()])
+
+    def use_input_dist(self, ahead: "InputDistAhead") -> None:
+        """The next forward whose features are `ahead.features` (the same object) uses this input_dist."""
+        self.__dict__["_input_dist_ahead"] = ahead
+
+    def _batch_and_received(self, features: KeyedJaggedTensor) -> Tuple[FeatureBatch, List[Any]]:
+        """The split batch and each group's input_dist result: sent ahead when it was, else None (sent now)."""
+        ahead = self.__dict__.pop("_input_dist_ahead", None)
+        if ahead is not None and ahead.features is features:
+            return ahead.batch, ahead.wait()
+        return self._feature_batch(features), [None] * len(self.groups)
+
     # ------------------------------------------------------------------ shards and state
     def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
         """(table, shard, weight, optimizer state) of every shard this rank holds (DATA_PARALLEL: its replica)."""
@@ -242,13 +261,13 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                              "the position weights of a FeatureProcessedEmbeddingBagCollection), but the sharded "
                              "input_dist sends them as data, so they would get no gradient; freeze them "
                              "(requires_grad_(False)) to shard this collection, or keep it unsharded")
-        batch = self._feature_batch(features)
+        batch, received = self._batch_and_received(features)
         inverse_indices = self._layout.inverse_indices(features)
         B = batch.batch_size
         # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient
         out_t = torch.zeros(self._output_width, B, device=self.env.device)
-        for group in self.groups.values():
-            block_t, columns = group(batch)
+        for group, group_received in zip(self.groups.values(), received):
+            block_t, columns = group(batch, group_received)
             out_t = out_t.index_add(0, columns, block_t)
         out = out_t.t().contiguous()
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
@@ -266,6 +285,28 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
     def is_weighted(self) -> bool:
         return self._is_weighted
+
+
+class InputDistAhead:
+    """The input_dist of one KJT, started ahead of its forward, in two stages: the sizes ("metadata") are on their
+    way; `send()` waits for them and starts the ids; `wait()` (sending first if needed) gives each group's
+    received ids."""
+
+    def __init__(self, features: KeyedJaggedTensor, batch: FeatureBatch, pending: List[Any]) -> None:
+        self.features, self.batch = features, batch
+        self._sizes, self._ids, self._received = pending, None, None
+
+    def send(self) -> None:
+        """Wait for the sizes and start the ids' all-to-all (once)."""
+        if self._ids is None:
+            self._ids = [sizes.wait() for sizes in self._sizes]
+
+    def wait(self) -> List[Any]:
+        """Each group's received ids (what its input_dist returns)."""
+        self.send()
+        if self._received is None:
+            self._received = [ids.wait() for ids in self._ids]
+        return self._received
 
 
 def _initial_weights(module: nn.Module) -> Dict[str, torch.Tensor]:

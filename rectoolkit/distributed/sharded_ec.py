@@ -49,11 +49,11 @@ class ShardedEmbeddingCollection(ShardedCollection):
         return EmbeddingCollectionAwaitable(self._run_groups(features))
 
     def _outputs(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
-        batch = self._feature_batch(features)
+        batch, received = self._batch_and_received(features)
         counts = [batch.values[f].numel() for f in self._features]
         out = torch.zeros(sum(counts) * self._dim, device=self.env.device)
-        for group in self.groups.values():
-            block, where = group(batch)
+        for group, group_received in zip(self.groups.values(), received):
+            block, where = group(batch, group_received)
             out = out.index_add(0, where, block)
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
             out = guard_gradient(out, type(self).__name__)

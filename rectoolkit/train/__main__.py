@@ -70,6 +70,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                         help="under torchrun (default: nccl when every local rank has a GPU, else gloo)")
     parser.add_argument("--metrics-out", default=None, help="rank 0 appends each report here as a JSON line (default: none)")
+    parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                        help="train through TrainPipelineSparseDist: the next batch's input_dist overlaps this step "
+                        "(same numbers); --no-pipeline: the plain loop (default: on)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on rank 0 (default: when stderr is a terminal)")
     args = parser.parse_args(argv)
@@ -79,7 +82,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             embedding_dim=args.embedding_dim, dense_arch_layer_sizes=args.dense_arch,
             over_arch_layer_sizes=args.over_arch, embedding_lr=args.embedding_lr, dense_lr=args.dense_lr,
             report_every=args.report_every, seed=args.seed, zipf_alpha=args.zipf_alpha, criteo_paths=args.criteo,
-            plan=args.plan, progress=args.progress)
+            plan=args.plan, progress=args.progress, pipeline=args.pipeline)
     except ValueError as error:  # "TrainConfig: batch_size must be ..." -> "argument --batch-size: must be ..."
         field, _, problem = str(error).removeprefix("TrainConfig: ").partition(" ")
         option = _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))

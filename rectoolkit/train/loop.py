@@ -12,11 +12,17 @@ Every `report_every` steps it calls `ctx.report(step, loss, auc, samples_per_s, 
 progressive validation: each batch is scored before the model trains on it. A `RecMetricModule`
 (rectoolkit.metrics, reduced across ranks) adds `window_ne`, `lifetime_ne`, `window_calibration`,
 `lifetime_calibration` and `window_auc` (the window: the last `auc_window_steps` steps of all ranks).
+
+The steps run through TorchRec's TrainPipelineSparseDist by default (`config.pipeline`; `--no-pipeline` on the
+command line turns it off): the next batch's ids travel to the shards' owners while this batch trains, and the
+weights come out bit-identical to the plain loop's. Each report carries `comm_wait_s`, the seconds this rank
+spent blocked in collectives since the start, and `elapsed_s`, so that its share of the time shows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -56,6 +62,8 @@ class TrainConfig:
     plan: a ShardingPlan, or a path to its JSON, for DistributedModelParallel (None: the planner decides).
     criteo_paths: train on these Criteo TSV files instead of synthetic data.
     progress: tqdm bar on rank 0 (None: only when stderr is a terminal).
+    pipeline: train through TrainPipelineSparseDist (sharded runs) or TrainPipelineBase (one process, no plan);
+        False: the plain loop. The numbers are the same either way.
     """
 
     workload: str = "dlrm26"
@@ -75,6 +83,7 @@ class TrainConfig:
     criteo_paths: Optional[List[str]] = None
     plan: Any = None
     progress: Optional[bool] = None
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "max_rows", "embedding_dim", "report_every", "auc_window_steps"):
@@ -162,6 +171,61 @@ def make_optimizers(model: nn.Module, config: TrainConfig) -> List[Any]:
     return optimizers
 
 
+class AllOptimizers:
+    """The recipe's optimizers as one (what a train pipeline steps): zero_grad and step each, in order."""
+
+    def __init__(self, optimizers: List[Any]) -> None:
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+def training_steps(model: nn.Module, optimizers: List[Any], batches: Iterator[Batch], device: torch.device,
+                   pipeline: bool) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Train on every batch; yield (loss, logits, labels) of each step, detached.
+
+    pipeline=True: through TrainPipelineSparseDist for a DistributedModelParallel (the next batch's input_dist
+    overlaps this step), TrainPipelineBase otherwise (the next batch's device copy does); False: the plain loop.
+    The updates are the same, bit for bit.
+    """
+    def forward(batch: Batch):
+        logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, (loss.detach(), logits.detach(), batch.labels)
+
+    optimizer = AllOptimizers(optimizers)
+    if not pipeline:
+        for batch in batches:
+            batch = batch.to(device)
+            optimizer.zero_grad()
+            loss, output = forward(batch)
+            loss.backward()
+            optimizer.step()
+            yield output
+        return
+    from rectoolkit.distributed import DistributedModelParallel, TrainPipelineBase, TrainPipelineSparseDist
+
+    kind = TrainPipelineSparseDist if isinstance(model, DistributedModelParallel) else TrainPipelineBase
+    runner = kind(model, optimizer, device, custom_model_fwd=forward)
+    while True:
+        try:
+            output = runner.progress(batches)
+        except StopIteration:
+            return
+        try:
+            yield output
+        except GeneratorExit:  # the loop stopped early (every rank at the same step)
+            if isinstance(runner, TrainPipelineSparseDist):
+                runner.finish()  # the next batch's input_dist is in flight on every rank: complete it
+            raise
+
+
 def make_data(config: TrainConfig, ctx: WorkerContext, tables: List[EmbeddingBagConfig],
               pooling_factors: Dict[str, float], dense_features: int, alpha: float, batch_size: int) -> Iterator[Batch]:
     """This rank's batches: Criteo files when given, else the synthetic generator."""
@@ -198,7 +262,8 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
     param_bytes (all local parameters); with DistributedModelParallel also memory_<kind>_bytes from its
     memory_usage(), comm_bytes_sent (the data collectives that rectoolkit.plan.traffic prices, so that it compares
     with the plan's estimate), control_bytes_sent (the small unpriced "metadata" messages) and
-    bytes_sent_by_collective ({collective: [bytes to rank j]}, all of them).
+    bytes_sent_by_collective ({collective: [bytes to rank j]}, all of them); comm_wait_s, the seconds this rank
+    was blocked in the sharded modules' collectives (CommStats.wait_s; DDP's gradient all-reduce not included).
     """
     out: Dict[str, Any] = {"param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     usage = getattr(model, "memory_usage", None)
@@ -209,6 +274,7 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
         out["comm_bytes_sent"] = int(stats.total_bytes(COLLECTIVES))
         out["control_bytes_sent"] = int(stats.total_bytes()) - out["comm_bytes_sent"]
         out["bytes_sent_by_collective"] = {name: [int(b) for b in row] for name, row in stats.bytes_sent.items()}
+        out["comm_wait_s"] = stats.total_wait_s()
     if ctx.device.type == "cuda" and "memory_cuda_max_allocated_bytes" not in out:
         out["memory_cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
     return out
@@ -238,7 +304,7 @@ def _progress_bar(config: TrainConfig, ctx: WorkerContext):
 def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     """Train DLRM for `config.steps` steps on this rank; report metrics; return a summary dict.
 
-    Returns {"steps", "final_loss", "final_auc", "first_loss", "first_auc", "samples_per_s", "mode"}.
+    Returns {"steps", "final_loss", "final_auc", "first_loss", "first_auc", "samples_per_s", "mode", "pipeline"}.
     """
     tables, pooling_factors, dense_features, alpha = make_tables(config)
     batch_size = config.batch_size if config.batch_size is not None else load_workload(config.workload).batch_size_per_rank
@@ -250,24 +316,13 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     rec_metrics = make_metric_module(config, ctx, batch_size)
     window: List[Tuple[torch.Tensor, torch.Tensor]] = []
     losses: List[float] = []
-    summary: Dict[str, Any] = {"mode": mode, "steps": 0}
+    summary: Dict[str, Any] = {"mode": mode, "steps": 0, "pipeline": config.pipeline}
     throughput, started = Throughput(), time.perf_counter()
     bar = _progress_bar(config, ctx)
     model.train()
     stop = False
-    for step in range(1, config.steps + 1):
-        batch = next(batches, None)
-        if batch is None:
-            break  # Criteo files ran out
-        dense, sparse, labels = (batch.dense_features.to(ctx.device), batch.sparse_features.to(ctx.device),
-                                 batch.labels.to(ctx.device))
-        logits = model(dense, sparse).squeeze(-1)
-        loss = F.binary_cross_entropy_with_logits(logits, labels)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        for optimizer in optimizers:
-            optimizer.step()
+    steps = training_steps(model, optimizers, itertools.islice(batches, config.steps), ctx.device, config.pipeline)
+    for step, (loss, logits, labels) in enumerate(steps, start=1):  # ends early when Criteo files run out
         throughput.add(labels.numel() * ctx.world_size)
         losses.append(loss.item())
         rec_metrics.update({"prediction": torch.sigmoid(logits.detach()), "label": labels,
@@ -277,6 +332,7 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
             metrics, stop = _step_metrics(ctx, step, losses, window, throughput, ctx.stop_requested())
             metrics.update(measured_resources(model, ctx))
             metrics.update(rec_metric_values(rec_metrics))
+            metrics["elapsed_s"] = time.perf_counter() - started
             losses = []
             summary.setdefault("first_loss", metrics["loss"])
             summary.setdefault("first_auc", metrics["auc"])
@@ -288,7 +344,8 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
             bar.update(1)
         summary["steps"] = step
         if stop:
-            break  # every rank agreed at this report (a lone rank leaving would hang the others)
+            steps.close()  # every rank agreed at this report (a lone rank leaving would hang the others)
+            break
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - started

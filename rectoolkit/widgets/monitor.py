@@ -5,7 +5,10 @@ The job is a `rectoolkit.launch` job: any worker function `fn(ctx, *args)` that 
 loss=..., auc=..., samples_per_s=...)`, such as `rectoolkit.train.train`. Measured per-rank bytes and memory
 (metrics named by `bytes_key` / `memory_key`; rectoolkit.train reports `comm_bytes_sent`, counted since the
 start, and `memory_embedding_weights_bytes` + `memory_embedding_optimizer_bytes`) are drawn beside the
-planner's estimates when given. `for_training(config, W)` sets all of this up for the DLRM recipe.
+planner's estimates when given. The time each rank spent waiting on collectives (`comm_wait_s` and
+`elapsed_s`, since the start, as rectoolkit.train reports them) shows under the status line, per step and as a
+share of the time. `for_training(config, W)` sets all of this up for the DLRM recipe (through its train
+pipeline unless `pipeline=False`).
 
     monitor = TrainingMonitor(train_fn, 2, config, total_steps=50,
                               estimated_bytes=report_bytes_per_rank, estimated_memory=report_memory_per_rank)
@@ -41,6 +44,7 @@ class TrainingMonitor(w.VBox):
         bytes_key / memory_key: metric name(s) holding the bytes a rank sent and the memory it holds (several
             names are added up).
         bytes_cumulative: the bytes metric counts since the start (divided by `step` to get bytes per step).
+        wait_key: metric holding the seconds a rank waited on collectives since the start (with `elapsed_s`).
         launch_options: extra keyword arguments for `rectoolkit.launch.start` (timeout_s, backend, ...).
     """
 
@@ -49,7 +53,7 @@ class TrainingMonitor(w.VBox):
                  estimated_memory: Optional[Sequence[float]] = None, bytes_key: str = "comm_bytes_sent",
                  memory_key: Union[str, Sequence[str]] = ("memory_embedding_weights_bytes",
                                                           "memory_embedding_optimizer_bytes"),
-                 bytes_cumulative: bool = True,
+                 bytes_cumulative: bool = True, wait_key: str = "comm_wait_s",
                  launch_options: Optional[Mapping] = None,
                  title: str = "Training run") -> None:
         self.fn, self.world_size, self.args, self.kwargs = fn, world_size, args, dict(kwargs or {})
@@ -57,6 +61,7 @@ class TrainingMonitor(w.VBox):
         self.estimated_bytes = None if estimated_bytes is None else np.asarray(estimated_bytes, dtype=float)
         self.estimated_memory = None if estimated_memory is None else np.asarray(estimated_memory, dtype=float)
         self.bytes_key, self.memory_key, self.bytes_cumulative = bytes_key, memory_key, bytes_cumulative
+        self.wait_key = wait_key
         self.launch_options = dict(launch_options or {})
         self.launch_options.setdefault("echo_output", False)
         self.job = None
@@ -70,6 +75,7 @@ class TrainingMonitor(w.VBox):
         self.progress = w.IntProgress(value=0, min=0, max=max(1, total_steps or 1), description="steps",
                                       bar_style="info")
         self.status = w.HTML(f"<b>{html.escape(title)}</b>: not started ({world_size} workers)")
+        self.comm_wait = w.HTML("")  # per rank: time waiting on collectives
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         traces, layout = training_curves_traces([], title="Loss, AUC, samples/s, NE and calibration")
@@ -81,7 +87,7 @@ class TrainingMonitor(w.VBox):
         if estimated_bytes is not None or estimated_memory is not None:
             self._draw_comparison([])
         super().__init__([w.HBox([self.start_button, self.stop_button, self.progress]), self.status,
-                          self.curves.widget, self.comparison])
+                          self.comm_wait, self.curves.widget, self.comparison])
 
     # ------------------------------------------------------------------ control
 
@@ -145,6 +151,8 @@ class TrainingMonitor(w.VBox):
             elif self.job is not None and not self.job.done:
                 self._show_starting()
             self._draw_comparison(records)
+            waits = [self._latest_per_rank(records, key) for key in (self.wait_key, "step", "elapsed_s")]
+            self.comm_wait.value = comm_wait_html(*waits) if all(v is not None for v in waits) else ""
             if self.job is not None and self.job.done:
                 self._finish()
 
@@ -207,14 +215,16 @@ class TrainingMonitor(w.VBox):
                              f"{html.escape(text)}</div>")
 
 
-def for_training(config: Any, world_size: int, settings: Any = None, **kwargs: Any) -> "TrainingMonitor":
+def for_training(config: Any, world_size: int, settings: Any = None, pipeline: Optional[bool] = None,
+                 **kwargs: Any) -> "TrainingMonitor":
     """A run panel for `rectoolkit.train.train(ctx, config)` on `world_size` local workers.
 
     The recipe's own model (its tables, capped by `config.max_rows`) is planned with the explorer's
     `settings` (an ExplorerSettings: objective, forced types, ranks per host; the device is "cpu" and the
     optimizer the recipe's fused Adagrad), unless `config.plan` is already set. The plan goes into the
     config, and the planner's estimates of bytes per step and embedding memory per rank are shown beside
-    what the workers measure. `monitor.plan` and `monitor.report` hold them.
+    what the workers measure. `monitor.plan` and `monitor.report` hold them. `pipeline` overrides
+    `config.pipeline` (True by default: TrainPipelineSparseDist; False: the plain loop).
     """
     import dataclasses
 
@@ -225,6 +235,8 @@ def for_training(config: Any, world_size: int, settings: Any = None, **kwargs: A
     from rectoolkit.viz.frames import total_matrix
     from rectoolkit.workloads import load_workload
 
+    if pipeline is not None:
+        config = dataclasses.replace(config, pipeline=bool(pipeline))
     tables, pooling_factors, dense_features, _ = make_tables(config)
     batch_size = config.batch_size or load_workload(config.workload).batch_size_per_rank
     model = build_model(config, tables, dense_features, fuse_embedding_optimizer=True, device=torch.device("meta"))
@@ -252,6 +264,18 @@ def for_training(config: Any, world_size: int, settings: Any = None, **kwargs: A
                               estimated_memory=estimated_memory, **kwargs)
     monitor.plan, monitor.report = plan, report
     return monitor
+
+
+def comm_wait_html(wait_s: Sequence[float], steps: Sequence[float], elapsed_s: Sequence[float]) -> str:
+    """One line: each rank's time waiting on collectives per step and as a share of its time (all since the start).
+
+        >>> comm_wait_html([0.5, 0.2], [10, 10], [2.0, 2.0])
+        'waiting on collectives: rank 0 50.0 ms/step (25% of the time) · rank 1 20.0 ms/step (10% of the time)'
+    """
+    parts = [f"rank {rank} {1000 * wait / max(step, 1):.1f} ms/step ({100 * wait / elapsed:.0f}% of the time)"
+             if elapsed > 0 else f"rank {rank}: no time yet" for rank, (wait, step, elapsed)
+             in enumerate(zip(wait_s, steps, elapsed_s))]
+    return "waiting on collectives: " + " · ".join(parts)
 
 
 def _as_number(value: Any) -> float:

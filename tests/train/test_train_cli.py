@@ -80,3 +80,8 @@ def test_batch_size_zero_from_a_shell_exits_2_without_training():
                             capture_output=True, text=True, timeout=100)
     assert result.returncode == 2 and result.stdout == ""
     assert "argument --batch-size: must be a positive integer, got 0" in result.stderr
+
+
+def test_no_pipeline_turns_the_train_pipeline_off():
+    assert parse_args([]).config.pipeline is True
+    assert parse_args(["--no-pipeline"]).config.pipeline is False

@@ -118,3 +118,20 @@ def test_torchrun_entry_point_trains_on_the_global_batch(tmp_path):
         tables, _, _, _ = make_tables(config)
         expected = sum(t.num_embeddings * t.embedding_dim * 4 for i, t in enumerate(tables) if i % 2 == 0)
         assert reports[-1]["memory_embedding_weights_bytes"] == expected
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_the_recipe_gives_the_same_numbers_with_and_without_its_train_pipeline():
+    runs = {}
+    for pipeline in (True, False):  # True is the default; --no-pipeline / pipeline=False the plain loop
+        config = TrainConfig(steps=6, report_every=3, pipeline=pipeline, **TINY)
+        job = start(train, 2, config, num_threads=1, echo_output=False)
+        summaries = job.wait(timeout=100)
+        runs[pipeline] = (summaries, [m for m in job.history if "loss" in m])
+    (piped, piped_reports), (plain, plain_reports) = runs[True], runs[False]
+    assert TrainConfig().pipeline is True and piped[0]["pipeline"] is True and plain[0]["pipeline"] is False
+    assert [(m["rank"], m["step"], m["loss"], m["auc"]) for m in sorted(piped_reports, key=lambda m: (m["rank"], m["step"]))] \
+        == [(m["rank"], m["step"], m["loss"], m["auc"]) for m in sorted(plain_reports, key=lambda m: (m["rank"], m["step"]))]
+    assert piped[0]["final_loss"] == plain[0]["final_loss"]  # bit-identical training, so identical losses
+    assert all(m["comm_wait_s"] >= 0 and m["elapsed_s"] > m["comm_wait_s"] for m in piped_reports + plain_reports)

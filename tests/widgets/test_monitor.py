@@ -15,7 +15,8 @@ def _fake_training(ctx, steps, sleep_s):
     for step in range(1, steps + 1):
         ctx.report(step=step, loss=1.0 / step, auc=0.5 + 0.01 * step, samples_per_s=100.0 * (ctx.rank + 1),
                    comm_bytes_sent=step * (10 * ctx.rank + 20), memory_embedding_weights_bytes=600 + ctx.rank,
-                   memory_embedding_optimizer_bytes=400)
+                   memory_embedding_optimizer_bytes=400, comm_wait_s=0.01 * step * (ctx.rank + 1),
+                   elapsed_s=0.1 * step)
         time.sleep(sleep_s)
     return ctx.rank
 
@@ -51,6 +52,9 @@ def test_monitor_runs_to_the_end():
     assert list(measured.y) == [20, 30]  # bytes counted since the start / steps
     assert list(monitor.memory_figure.data[1].y) == [1000, 1001]
     assert "finished" in monitor.status.value
+    # waits: rank r waited 10 (r + 1) ms per step, out of 100 ms per step
+    assert monitor.comm_wait.value == ("waiting on collectives: rank 0 10.0 ms/step (10% of the time) · "
+                                       "rank 1 20.0 ms/step (20% of the time)")
 
 
 def test_stop_button_stops_workers():
@@ -112,6 +116,8 @@ def test_for_training_runs_the_recipe_beside_estimates():
     np.testing.assert_array_equal(measured_memory, monitor.estimated_memory)
     measured_bytes = np.asarray(monitor.bytes_figure.data[1].y, dtype=float)
     np.testing.assert_allclose(measured_bytes, monitor.estimated_bytes, rtol=0.2)  # random ids vs expected ids
+    assert monitor.comm_wait.value.startswith("waiting on collectives: rank 0 ")  # the recipe's own waits
+    assert sorted(r["rank"] for r in monitor.history() if "comm_wait_s" in r) == [0, 1]
 
 
 def _slow_start(ctx, gate_path):

@@ -1,0 +1,351 @@
+"""TorchRec's train pipelines: the next batch's input_dist (and device copy) overlap this batch's step.
+
+    pipeline = TrainPipelineSparseDist(dmp_model, optimizer, device)
+    while True:
+        try:
+            losses_and_output = pipeline.progress(dataloader_iter)   # one training step
+        except StopIteration:
+            break                                                    # every batch was trained on
+
+The model is called as `model(batch)` and returns `(loss, output)`, as in TorchRec (or give `custom_model_fwd`,
+a function `batch -> (loss, output)`); `progress()` runs zero_grad, forward, backward (of the loss summed) and
+`optimizer.step()` for one batch and returns `output`. The plain loop it replaces:
+
+    for batch in dataloader:
+        optimizer.zero_grad(); loss, output = model(batch.to(device)); loss.sum().backward(); optimizer.step()
+
+`TrainPipelineSparseDist` does the same work in this order (step i):
+
+    wait       the ids of batch i, sent during step i-1 (the time shows in CommStats.wait_s["input_dist"])
+    load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
+    start      input_dist of batch i+1, first stage: the "metadata" all-to-all (sizes) is started
+    forward    of batch i (its sharded collections skip their input_dist)
+    send       input_dist of batch i+1, second stage: wait for the sizes, start the ids' all-to-all
+    backward   of batch i, then optimizer.step()
+
+Both all-to-alls of batch i+1 are asynchronous, on a process group of the pipeline's own, as in TorchRec (its
+splits all-to-all before forward, its data all-to-all after): none of batch i's collectives waits behind them.
+
+The ids of a batch do not depend on the weights, so sending them one step early changes no number: the weights
+after N steps are bit-identical to the plain loop's. Which KJT feeds which sharded collection is found on the
+first step (that step runs plain): the collection's input must be the batch itself or one of its fields
+(`batch.sparse_features`); a collection fed anything else (a KJT the model computes) keeps its input_dist
+inside forward, as TorchRec's pipeline does for modules that are not "top-level". `pipelined_modules` lists
+the collections whose input_dist runs ahead.
+
+Every rank must call progress() equally often and give it the same number of batches (the collectives pair up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rectoolkit.distributed.model_parallel import DistributedModelParallel
+
+__all__ = ["TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
+
+ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
+FieldPath = Tuple[Any, ...]  # attribute names (str) / keys / indices from the batch to a collection's input
+
+
+class TrainPipeline:
+    """The interface: `progress(dataloader_iter)` trains on one batch and returns the model's output; it raises
+    StopIteration once the batches have run out."""
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        raise NotImplementedError
+
+
+class TrainPipelineBase(TrainPipeline):
+    """TorchRec's TrainPipelineBase: batch i+1 is loaded and copied to the device (a side stream on CUDA) while
+    batch i trains; nothing else overlaps. Works for any model returning `(loss, output)`.
+
+        >>> model = nn.Linear(2, 1)
+        >>> forward = lambda batch: ((model(batch) ** 2).mean(), None)
+        >>> pipeline = TrainPipelineBase(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"),
+        ...                              custom_model_fwd=forward)
+        >>> batches = iter([torch.ones(4, 2), torch.ones(4, 2)])
+        >>> pipeline.progress(batches), pipeline.progress(batches)
+        (None, None)
+        >>> pipeline.progress(batches)
+        Traceback (most recent call last):
+        ...
+        StopIteration
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Any, device: torch.device,
+                 custom_model_fwd: Optional[ModelForward] = None, enable_inplace_copy_batch: bool = False) -> None:
+        _refuse("enable_inplace_copy_batch", enable_inplace_copy_batch, False,
+                "batches are copied to the device with batch.to(device, non_blocking=True)")
+        self._model, self._optimizer = model, optimizer
+        self._device = torch.device(device)
+        self._model_fwd: ModelForward = custom_model_fwd if custom_model_fwd is not None else model
+        self._memcpy_stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
+        self._batches: List[Any] = []  # [batch i, batch i+1, ...], already on their way to the device
+        self._exhausted = False
+        self._batch_count = 0
+
+    # ------------------------------------------------------------------ loading
+    def _next_batch(self, dataloader_iter: Iterator[Any]) -> Optional[Any]:
+        if self._exhausted:
+            return None
+        if not hasattr(dataloader_iter, "__next__"):
+            raise TypeError(f"{type(self).__name__}.progress() takes an iterator, got a "
+                            f"{type(dataloader_iter).__name__}; pass iter(dataloader) and keep passing the same one")
+        try:
+            return next(dataloader_iter)
+        except StopIteration:
+            self._exhausted = True
+            return None
+
+    def _enqueue_batch(self, dataloader_iter: Iterator[Any]) -> bool:
+        """Load one batch and start its copy to the device; False when the iterator has run out."""
+        batch = self._next_batch(dataloader_iter)
+        if batch is None:
+            return False
+        if not hasattr(batch, "to"):
+            raise TypeError(f"{type(self).__name__}: a batch must have .to(device, non_blocking) (as TorchRec's "
+                            f"Batch), got a {type(batch).__name__}; wrap it, e.g. in rectoolkit.train.Batch")
+        if self._memcpy_stream is None:
+            self._batches.append(batch.to(self._device, non_blocking=True))
+        else:
+            with torch.cuda.stream(self._memcpy_stream):
+                self._batches.append(batch.to(self._device, non_blocking=True))
+        return True
+
+    def _wait_for_batch(self, batch: Any) -> None:
+        """On CUDA: the compute stream waits for the copy, and the copied tensors are marked as used there."""
+        if self._memcpy_stream is None:
+            return
+        current = torch.cuda.current_stream(self._device)
+        current.wait_stream(self._memcpy_stream)
+        for tensor in _tensors_of(batch):
+            tensor.record_stream(current)
+
+    # ------------------------------------------------------------------ one step
+    def _train_step(self, batch: Any, after_forward: Callable[[], None] = lambda: None) -> Any:
+        """zero_grad, forward, backward, optimizer step (zero_grad, backward and step in training mode only);
+        `after_forward` runs between forward and backward."""
+        if self._model.training:
+            self._optimizer.zero_grad()
+        losses, output = self._model_fwd(batch)
+        after_forward()
+        if self._model.training:
+            torch.sum(losses, dim=0).backward()
+            self._optimizer.step()
+        return output
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """Train on the next batch and return the model's output; StopIteration when there is none."""
+        if not self._batches:
+            self._enqueue_batch(dataloader_iter)
+        if not self._batches:
+            raise StopIteration
+        batch = self._batches[0]
+        self._wait_for_batch(batch)
+        self._enqueue_batch(dataloader_iter)
+        output = self._train_step(batch)
+        self._batches.pop(0)
+        self._batch_count += 1
+        return output
+
+
+class TrainPipelineSparseDist(TrainPipelineBase):
+    """TorchRec's TrainPipelineSparseDist: the input_dist of batch i+1 runs while batch i trains.
+
+    Args (TorchRec's):
+        model: a DistributedModelParallel whose forward takes the batch and returns (loss, output) (or any
+            forward, given as custom_model_fwd).
+        optimizer: steps every parameter that is not updated in backward (e.g. a CombinedOptimizer, or the
+            dense optimizer: the fused embedding optimizers update in backward anyway).
+        device: where batches go and the model runs.
+        execute_all_batches: True: after the dataloader runs out, train on the batches already in the pipeline
+            too (every batch is trained on). False: stop as soon as the dataloader runs out, leaving the last two
+            batches untrained, as TorchRec does.
+        custom_model_fwd: `batch -> (loss, output)`, called instead of model(batch).
+        dmp_collection_sync_interval_batches: for TorchRec's 2D-parallel DMPCollection; rectoolkit has none, so
+            only 1 (the default) and None (both: nothing to sync) are accepted.
+    apply_jit, context_type, pipeline_postproc, enqueue_batch_after_forward, enable_inplace_copy_batch,
+    free_features_storage_early and clear_data_dist_inputs are accepted at their defaults only (a
+    NotImplementedError otherwise).
+
+    After the first step, `pipelined_modules` names the sharded collections whose input_dist runs ahead.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Any, device: torch.device, execute_all_batches: bool = True,
+                 apply_jit: bool = False, context_type: Any = None, pipeline_postproc: bool = False,
+                 custom_model_fwd: Optional[ModelForward] = None,
+                 dmp_collection_sync_interval_batches: Optional[int] = 1, enqueue_batch_after_forward: bool = False,
+                 enable_inplace_copy_batch: bool = False, free_features_storage_early: bool = False,
+                 clear_data_dist_inputs: bool = False) -> None:
+        _refuse("apply_jit", apply_jit, False, "the model runs eagerly")
+        _refuse("context_type", context_type, None, "rectoolkit's pipeline keeps no context objects")
+        _refuse("pipeline_postproc", pipeline_postproc, False, "only sharded collections' input_dist is pipelined")
+        _refuse("enqueue_batch_after_forward", enqueue_batch_after_forward, False,
+                "the next batch is loaded before the forward")
+        _refuse("free_features_storage_early", free_features_storage_early, False, "the batch's KJT is kept")
+        _refuse("clear_data_dist_inputs", clear_data_dist_inputs, False, "the batch's KJT is kept")
+        if dmp_collection_sync_interval_batches not in (1, None):
+            raise NotImplementedError(
+                f"TrainPipelineSparseDist(dmp_collection_sync_interval_batches={dmp_collection_sync_interval_batches}"
+                "): it syncs TorchRec's 2D-parallel DMPCollection, which rectoolkit does not have; leave it at 1")
+        dmp = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        if not isinstance(dmp, DistributedModelParallel):
+            raise ValueError(f"TrainPipelineSparseDist: the model is a {type(model).__name__}, not a "
+                             "DistributedModelParallel, so it has no sharded input_dist to pipeline; wrap it "
+                             "(DistributedModelParallel(model, plan=...)) or use TrainPipelineBase")
+        super().__init__(model, optimizer, device, custom_model_fwd, enable_inplace_copy_batch)
+        self._execute_all_batches = execute_all_batches
+        self._sharded = dmp.sharded_modules
+        env = dmp.env
+        # the ids of batch i+1 travel on a group of their own, so they never queue behind batch i's collectives
+        self._ahead_env = env
+        if env.world_size > 1:
+            ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(env.world_size))
+            self._ahead_env = env.with_group(dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg)))
+        self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
+        self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
+
+    @property
+    def pipelined_modules(self) -> List[str]:
+        """Paths (in the DMP) of the sharded collections whose input_dist runs one batch ahead."""
+        return sorted(self._input_paths or {})
+
+    # ------------------------------------------------------------------ input_dist ahead
+    def _start_input_dist(self, index: int) -> None:
+        """Start the input_dist of self._batches[index] (its first stage) for every pipelined collection, in one
+        fixed order."""
+        batch = self._batches[index]
+        self._wait_for_batch(batch)  # its ids must be on the device before they are sent
+        self._ahead[index] = {path: self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
+                              for path, field_path in sorted(self._input_paths.items())}
+
+    def _send_ids_ahead(self) -> None:
+        """The sizes of batch i+1 have arrived (sent before forward i): start its ids (they travel during backward i)."""
+        if len(self._ahead) > 1:
+            for ahead in self._ahead[1].values():
+                ahead.send()
+
+    def _find_input_paths(self, batch: Any) -> Any:
+        """Run the first step plain, noting which field of the batch each sharded collection receives; the input_dist
+        of the next batch starts once they are known (after this forward)."""
+        received: Dict[str, Any] = {}
+        hooks = [module.register_forward_pre_hook(
+            lambda module, args, path=path: received.setdefault(path, args[0] if args else None))
+            for path, module in self._sharded.items()]
+
+        def after_forward() -> None:
+            for hook in hooks:
+                hook.remove()
+            self._input_paths = {path: field_path for path, features in received.items()
+                                 if (field_path := _path_to(batch, features)) is not None}
+            if len(self._batches) > 1:
+                self._start_input_dist(1)
+            self._send_ids_ahead()
+
+        try:
+            return self._train_step(batch, after_forward)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _enqueue(self, dataloader_iter: Iterator[Any]) -> bool:
+        loaded = self._enqueue_batch(dataloader_iter)
+        if loaded:
+            self._ahead.append({})
+        return loaded
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """Train on batch i and return the model's output; StopIteration once every batch has been trained on
+        (execute_all_batches=False: once the dataloader has run out)."""
+        while len(self._batches) < 2 and self._enqueue(dataloader_iter):
+            pass  # fill: batch i and batch i+1
+        if not self._batches:
+            raise StopIteration
+        batch = self._batches[0]
+        self._wait_for_batch(batch)
+        for ahead in self._ahead[0].values():
+            ahead.wait()
+        if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
+            self.finish()
+            raise StopIteration
+        for path, ahead in self._ahead[0].items():
+            self._sharded[path].use_input_dist(ahead)
+        if self._input_paths is None:
+            output = self._find_input_paths(batch)
+        else:
+            if len(self._batches) > 1:
+                self._start_input_dist(1)  # the sizes of batch i+1 travel during forward i
+            output = self._train_step(batch, self._send_ids_ahead)
+        self._batches.pop(0)
+        self._ahead.pop(0)
+        self._batch_count += 1
+        return output
+
+    def finish(self) -> None:
+        """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that
+        stops before the dataloader runs out (every rank at the same step: the peers have the same in flight)."""
+        for started in self._ahead:
+            for ahead in started.values():
+                ahead.wait()
+        self._batches.clear()
+        self._ahead.clear()
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _refuse(name: str, value: Any, default: Any, why: str) -> None:
+    if value != default:
+        raise NotImplementedError(f"train pipeline: {name}={value!r} is not supported ({why}); leave it at "
+                                  f"{default!r}")
+
+
+def _fields(batch: Any) -> List[Tuple[Any, Any]]:
+    """(name or key or index, value) of a batch's parts: a NamedTuple's or dataclass's fields, a dict's items,
+    a tuple's or list's entries, an object's attributes."""
+    if isinstance(batch, torch.Tensor) or batch is None:
+        return []
+    if hasattr(batch, "_fields"):
+        return [(name, getattr(batch, name)) for name in batch._fields]
+    if dataclasses.is_dataclass(batch):
+        return [(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)]
+    if isinstance(batch, dict):
+        return [((key,), value) for key, value in batch.items()]  # a tuple: a key, not an attribute name
+    if isinstance(batch, (tuple, list)):
+        return [((index,), value) for index, value in enumerate(batch)]
+    return list(getattr(batch, "__dict__", {}).items())
+
+
+def _path_to(batch: Any, target: Any, depth: int = 2) -> Optional[FieldPath]:
+    """How to reach `target` (the very object) from `batch`: () for the batch itself, else field names/keys."""
+    if target is None:
+        return None
+    if batch is target:
+        return ()
+    if depth == 0:
+        return None
+    for name, value in _fields(batch):
+        rest = _path_to(value, target, depth - 1)
+        if rest is not None:
+            return (name, *rest)
+    return None
+
+
+def _follow(batch: Any, path: FieldPath) -> Any:
+    for step in path:
+        batch = batch[step[0]] if isinstance(step, tuple) else getattr(batch, step)
+    return batch
+
+
+def _tensors_of(batch: Any) -> List[torch.Tensor]:
+    """Every tensor in a batch (fields, KJT values / lengths / weights), for record_stream."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if hasattr(batch, "values") and hasattr(batch, "lengths") and callable(batch.lengths):  # a KJT / JT
+        parts = [batch.values(), batch.lengths(), batch.weights_or_none()]
+        return [t for t in parts if isinstance(t, torch.Tensor)]
+    return [t for _, value in _fields(batch) for t in _tensors_of(value)]

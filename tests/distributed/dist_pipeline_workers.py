@@ -1,0 +1,210 @@
+"""Workers of the train pipeline tests: the same N steps through the plain loop and through
+TrainPipelineSparseDist, on two DMPs built alike (importable by spawned processes)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.optim import CombinedOptimizer
+from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.train.data import Batch
+import rectoolkit as rtk
+from dist_dmp_workers import TinyModel, step_batches
+from dist_harness import make_batch
+from dist_workers import BATCH, bag_tables, plan_for, seq_tables
+
+PATH = "model.sparse.ebc"  # the collection inside WithLoss
+SEQUENCE_PATH = "ec"  # the collection inside SequenceWithLoss; cases "sequence_<plan>" use it
+
+
+class WithLoss(nn.Module):
+    """TorchRec's model contract for pipelines: forward(batch) -> (loss, output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = TinyModel()
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, loss.detach()
+
+
+class SequenceWithLoss(nn.Module):
+    """An EmbeddingCollection (one row per id) and a dense layer; forward(batch) -> (loss, loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ec = rtk.EmbeddingCollection(seq_tables(), optimizer="adagrad", lr=0.1)
+        self.dense = nn.Linear(3, 8)
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.cat([jt.values() for jt in self.ec(batch.sparse_features).values()])
+        loss = (rows.sum(1) - 1).square().mean() + self.dense(batch.dense_features).square().mean()
+        return loss, loss.detach()
+
+
+def sequence_case(case: str) -> bool:
+    return case.startswith("sequence_")
+
+
+def batches(rank: int, W: int, steps: int, case: str = "") -> List[Batch]:
+    """This rank's batches, the same for both runs (fixed seeds)."""
+    out = []
+    for step in range(steps):
+        kjts, dense = step_batches(step, W)
+        if sequence_case(case):
+            features = {f: t.num_embeddings for t in seq_tables() for f in t.feature_names}
+            kjts = [make_batch(features, BATCH, seed=500 + 1000 * step + r) for r in range(W)]
+        labels = (torch.rand(dense[rank].shape[0], generator=torch.Generator().manual_seed(5 + step)) > 0.5).float()
+        out.append(Batch(dense[rank], kjts[rank], labels))
+    return out
+
+
+def path_of(case: str) -> str:
+    return SEQUENCE_PATH if sequence_case(case) else PATH
+
+
+def build(case: str, W: int, env=None):
+    """The DMP (same initial weights on every call) and its optimizer: fused Adagrad in backward, Adam dense."""
+    torch.manual_seed(0)
+    if sequence_case(case):
+        plan = ShardingPlan({SEQUENCE_PATH: plan_for(case.removeprefix("sequence_"), seq_tables(), W, 1)})
+        dmp = DistributedModelParallel(SequenceWithLoss(), env=env, plan=plan)
+    else:
+        dmp = DistributedModelParallel(WithLoss(), env=env, plan=ShardingPlan({PATH: plan_for(case, bag_tables(), W, 1)}))
+    optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer),
+                                   ("dense", torch.optim.Adam(dmp.dense_parameters(), lr=0.01))])
+    return dmp, optimizer
+
+
+def plain_loop(case: str, data: List[Batch], W: int, env=None):
+    """The loop the pipeline must reproduce: zero_grad, forward, backward, step, batch after batch."""
+    dmp, optimizer = build(case, W, env)
+    losses = []
+    for batch in data:
+        optimizer.zero_grad()
+        loss, _ = dmp(batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, dmp.state_dict()
+
+
+def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True):
+    """The same through TrainPipelineSparseDist; also what it pipelined, how long it waited and how often a
+    forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
+    dmp, optimizer = build(case, W, env)
+    sync_calls: List[int] = []
+    routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
+              if g.sharding_type != ShardingType.DATA_PARALLEL]
+    for group in routed:
+        group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all_batches)
+    losses, stops = [], 0
+    feed = iter(data)
+    while True:
+        try:
+            losses.append(pipeline.progress(feed))
+        except StopIteration:
+            stops += 1
+            break
+    try:
+        pipeline.progress(feed)
+    except StopIteration:
+        stops += 1
+    info = dict(modules=pipeline.pipelined_modules, waits=dict(dmp.env.stats.wait_s), stops=stops,
+                sync_input_dists=len(sync_calls), routed_groups=len(routed))
+    return losses, dmp.state_dict(), info
+
+
+def check_pipelined(rank: int, case: str, info: Dict) -> None:
+    """The collection was pipelined: only the first step's forward sent its own ids; StopIteration at the end
+    and again after; the waits are counted."""
+    assert info["modules"] == [path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
+    assert info["sync_input_dists"] == info["routed_groups"], (
+        f"rank {rank} {case}: forward ran its own input_dist {info['sync_input_dists']} times; only the first "
+        f"step's {info['routed_groups']} groups should")
+    assert info["stops"] == 2, f"rank {rank} {case}: StopIteration raised {info['stops']} times, expected 2"
+    assert "input_dist" in info["waits"] and "metadata" in info["waits"], f"rank {rank} {case}: {info['waits']}"
+
+
+def assert_identical(rank: int, case: str, plain: Tuple[list, Dict], piped: Tuple[list, Dict], steps: int) -> None:
+    (plain_losses, plain_state), (piped_losses, piped_state) = plain, piped
+    assert len(piped_losses) == steps, f"rank {rank} {case}: the pipeline trained {len(piped_losses)} of {steps} batches"
+    for step, (a, b) in enumerate(zip(plain_losses, piped_losses)):
+        assert torch.equal(a, b), f"rank {rank} {case} step {step}: loss {a.item()!r} (plain) != {b.item()!r} (pipeline)"
+    assert list(plain_state) == list(piped_state)
+    for key, value in plain_state.items():
+        assert torch.equal(value, piped_state[key]), (
+            f"rank {rank} {case}: {key} differs by {(value - piped_state[key]).abs().max()} after {steps} steps")
+
+
+def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
+    """For every plan: pipeline == plain loop bit for bit (losses every step, every weight at the end); every
+    batch trained on; StopIteration at the end and again after; the collection pipelined; its waits counted.
+    Then execute_all_batches=False stops with the dataloader, two batches short (TorchRec's behaviour)."""
+    for case in cases:
+        data = batches(rank, W, steps, case)
+        plain = plain_loop(case, data, W)
+        losses, state, info = pipelined(case, data, W)
+        check_pipelined(rank, case, info)
+        assert_identical(rank, case, plain, (losses, state), steps)
+    data = batches(rank, W, steps, cases[0])
+    plain_losses, plain_state = plain_loop(cases[0], data[:steps - 2], W)
+    losses, state, _ = pipelined(cases[0], data, W, execute_all_batches=False)
+    assert len(losses) == steps - 2, f"rank {rank}: execute_all_batches=False trained {len(losses)} batches"
+    assert all(torch.equal(state[k], v) for k, v in plain_state.items()), f"rank {rank}: weights differ"
+
+
+def local_env() -> ShardingEnv:
+    return ShardingEnv.local()
+
+
+class _TorchRecModel(nn.Module):
+    """One TorchRec EmbeddingBagCollection; forward(batch) -> (loss, loss), for TorchRec's own pipeline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchrec
+
+        self.ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+            name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])], device=torch.device("meta"))
+
+    def forward(self, batch):
+        loss = self.ebc(batch.sparse_features).values().sum()
+        return loss, loss.detach()
+
+
+def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -> None:
+    """How many batches TorchRec 1.8's TrainPipelineSparseDist trains on, for each count of batches and each
+    execute_all_batches; saved as {(execute_all_batches, batches): steps}."""
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+    from torchrec.distributed.model_parallel import DistributedModelParallel as TorchRecDMP
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist as TorchRecPipeline
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TorchRecKJT
+
+    def batch(i: int):
+        kjt = TorchRecKJT.from_lengths_sync(["f"], torch.tensor([i % 10, 1]), torch.tensor([1, 1]))
+        return TorchRecBatch(dense_features=torch.zeros(2, 1), sparse_features=kjt, labels=torch.zeros(2))
+
+    steps = {}
+    for execute_all_batches in (True, False):
+        for count in counts:
+            dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+            pipeline = TorchRecPipeline(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
+                                        execute_all_batches=execute_all_batches)
+            feed, trained = iter([batch(i) for i in range(count)]), 0
+            try:
+                while True:
+                    pipeline.progress(feed)
+                    trained += 1
+            except StopIteration:
+                pass
+            steps[(execute_all_batches, count)] = trained
+    torch.save(steps, out_file)

@@ -1,0 +1,132 @@
+"""TrainPipelineSparseDist (rectoolkit.distributed.train_pipeline) against the plain training loop.
+
+2 ranks (gloo): for a table-wise, a row-wise and a mixed plan (row-wise + data-parallel + column-wise) of an
+EmbeddingBagCollection and a row-wise EmbeddingCollection, N steps
+through the pipeline give bit-identical losses at every step and bit-identical weights (tables, Adagrad'd in
+backward, and the dense part, Adam) at the end; every batch is trained on and StopIteration comes at the end.
+In this process (world size 1): the same at world size 1, execute_all_batches=False, TrainPipelineBase, and
+the errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rectoolkit.distributed import TrainPipelineBase, TrainPipelineSparseDist
+from dist_harness import run_workers
+from dist_pipeline_workers import (
+    assert_identical,
+    batches,
+    build,
+    check_pipelined,
+    local_env,
+    pipeline_worker,
+    pipelined,
+    plain_loop,
+    torchrec_steps_worker,
+)
+
+STEPS = 5
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_pipeline_equals_the_plain_loop_on_two_ranks():
+    run_workers(pipeline_worker, 2, ["table_wise", "row_wise", "mixed_a", "sequence_row_wise"], STEPS)
+
+
+@pytest.mark.parametrize("case", ["mixed_a", "sequence_table_wise"])
+def test_pipeline_equals_the_plain_loop_in_one_process(case):
+    data = batches(0, 1, STEPS, case)
+    plain = plain_loop(case, data, 1, local_env())
+    losses, state, info = pipelined(case, data, 1, local_env())
+    check_pipelined(0, case, info)
+    assert_identical(0, case, plain, (losses, state), STEPS)
+
+
+COUNTS = [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize("steps", COUNTS)
+def test_execute_all_batches_false_stops_with_the_dataloader(steps):
+    # TorchRec's rule (train_pipelines.py, enqueue_batch): the pipeline stops when batch i+2 cannot be loaded
+    data = batches(0, 1, steps)
+    losses, *_ = pipelined("table_wise", data, 1, local_env(), execute_all_batches=False)
+    assert len(losses) == max(0, steps - 2)
+    losses, *_ = pipelined("table_wise", data, 1, local_env(), execute_all_batches=True)
+    assert len(losses) == steps
+
+
+@pytest.mark.torchrec
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path):
+    pytest.importorskip("torchrec")
+    out_file = str(tmp_path / "torchrec_steps.pt")
+    run_workers(torchrec_steps_worker, 1, COUNTS, out_file)  # TorchRec's DMP needs a process group
+    torchrec_steps = torch.load(out_file)
+    ours = {(execute_all, count): len(pipelined("table_wise", batches(0, 1, count), 1, local_env(),
+                                                 execute_all_batches=execute_all)[0])
+            for execute_all, count in torchrec_steps}
+    assert ours == torchrec_steps
+
+
+def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
+    dmp, optimizer = build("table_wise", 1, local_env())
+    features = ["f0", "f0b", "f1", "f2"]
+
+    def forward(batch):  # the collection gets a KJT the forward makes, not a field of the batch
+        return dmp(batch._replace(sparse_features=batch.sparse_features.permute(list(range(len(features))))))
+
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), custom_model_fwd=forward)
+    data = batches(0, 1, 3)
+    feed = iter(data)
+    losses = [pipeline.progress(feed) for _ in data]
+    assert pipeline.pipelined_modules == []
+    plain, _ = plain_loop("table_wise", data, 1, local_env())
+    assert all(torch.equal(a, b) for a, b in zip(losses, plain))
+
+
+def test_train_pipeline_base_equals_the_plain_loop():
+    def run(use_pipeline: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        data = [torch.randn(5, 3, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+        forward = lambda x: ((model(x) ** 2).mean(), None)  # noqa: E731
+        if use_pipeline:
+            pipeline, feed = TrainPipelineBase(model, optimizer, torch.device("cpu"), custom_model_fwd=forward), iter(data)
+            for _ in data:
+                pipeline.progress(feed)
+            with pytest.raises(StopIteration):
+                pipeline.progress(feed)
+        else:
+            for x in data:
+                optimizer.zero_grad()
+                forward(x)[0].backward()
+                optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(True), run(False)))
+
+
+def test_errors_name_the_problem_and_the_fix():
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="not a DistributedModelParallel.*TrainPipelineBase"):
+        TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
+    dmp, dmp_optimizer = build("table_wise", 1, local_env())
+    for name, value in [("apply_jit", True), ("enqueue_batch_after_forward", True), ("free_features_storage_early", True),
+                        ("clear_data_dist_inputs", True), ("pipeline_postproc", True), ("enable_inplace_copy_batch", True),
+                        ("dmp_collection_sync_interval_batches", 4)]:
+        with pytest.raises(NotImplementedError, match=name):
+            TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu"), **{name: value})
+    pipeline = TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu"))
+    with pytest.raises(TypeError, match="takes an iterator.*iter\\(dataloader\\)"):
+        pipeline.progress(batches(0, 1, 2))  # a list, not an iterator
+    with pytest.raises(StopIteration):
+        pipeline.progress(iter([]))  # an empty iterator: nothing to train on, as in TorchRec
+    with pytest.raises(TypeError, match="must have .to"):
+        TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu")).progress(iter([{"ids": [1, 2]}]))
