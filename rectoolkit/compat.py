@@ -26,6 +26,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",
+    "rectoolkit.distributed.sharding_plan": "torchrec.distributed.sharding_plan",
     "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }

@@ -7,6 +7,7 @@ it from (TorchRec itself keeps it in torchrec.distributed.planner.types).
 
 from rectoolkit.distributed.awaitable import LazyAwaitable
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.plan.types import (
     EmbeddingModuleShardingPlan,
     ParameterSharding,
@@ -16,5 +17,5 @@ from rectoolkit.plan.types import (
 )
 from rectoolkit.planner.constraints import ParameterConstraints
 
-__all__ = ["EmbeddingModuleShardingPlan", "LazyAwaitable", "ParameterConstraints", "ParameterSharding", "ShardingEnv", "ShardingPlan",
+__all__ = ["EmbeddingModuleShardingPlan", "LazyAwaitable", "ModuleSharder", "ParameterConstraints", "ParameterSharding", "ShardingEnv", "ShardingPlan",
            "ShardingType", "ShardMetadata"]
