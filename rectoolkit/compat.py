@@ -37,6 +37,8 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
+    "rectoolkit.optim.warmup": "torchrec.optim.warmup",
+    "rectoolkit.optim.clipping": "torchrec.optim.clipping",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
 }

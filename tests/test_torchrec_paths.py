@@ -25,7 +25,10 @@ PATHS = {
                                   "get_module_to_default_sharders", "get_default_sharders"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
-    "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
+    "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"],
+    "optim.warmup": ["WarmupOptimizer", "WarmupStage", "WarmupPolicy"],
+    "optim.clipping": ["GradientClippingOptimizer", "GradientClipping"],
+    "optim": ["WarmupOptimizer", "GradientClippingOptimizer", "OptimizerWrapper", "CombinedOptimizer"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
 }
 
