@@ -34,6 +34,8 @@ PATH_MODULES = {
 # real rectoolkit modules that sit at TorchRec's path
 TORCHREC_NAMED_MODULES = {
     "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
+    "rectoolkit.sparse.jagged_tensor_validator": "torchrec.sparse.jagged_tensor_validator",
+    "rectoolkit.modules.regroup": "torchrec.modules.regroup",
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",

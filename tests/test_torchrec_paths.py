@@ -11,7 +11,10 @@ import rectoolkit
 import rectoolkit as torchrec_alias
 
 PATHS = {
-    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal"],
+    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal",
+                             "ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts"],
+    "sparse.jagged_tensor_validator": ["validate_keyed_jagged_tensor"],
+    "modules.regroup": ["KTRegroupAsDict"],
     "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
     "modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
