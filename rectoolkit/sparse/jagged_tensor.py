@@ -205,14 +205,16 @@ class JaggedTensor:
 
     # -------------------------------------------------------------------------------- conversions
     def to_dense(self) -> List[torch.Tensor]:
-        """One tensor (a view into values) per sample."""
-        return list(torch.split(self._values, self.lengths().tolist()))
+        """One tensor (a view into values) per sample; the padding of a padded batch is left out."""
+        lengths = self.lengths().tolist()
+        return list(torch.split(self._values[:sum(lengths)], lengths))
 
     def to_dense_weights(self) -> Optional[List[torch.Tensor]]:
         """One weights tensor per sample, or None if unweighted."""
         if self._weights is None:
             return None
-        return list(torch.split(self._weights, self.lengths().tolist()))
+        lengths = self.lengths().tolist()
+        return list(torch.split(self._weights[:sum(lengths)], lengths))
 
     def _padded(self, source: torch.Tensor, desired_length: Optional[int], padding_value: float) -> torch.Tensor:
         lengths = self.lengths()

@@ -241,6 +241,8 @@ class KeyedJaggedTensor:
             raise ValueError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
         keys: List[str] = []
         length_per_key: List[int] = []
+        for kjt in kjt_list[:-1]:  # padding inside the result would shift the next KJT's values (TorchRec's does)
+            validation.check_not_padded(sum(kjt.length_per_key()), kjt.values(), _OWNER, "concat")
         for kjt in kjt_list:
             if (kjt.weights_or_none() is not None) != weighted:
                 raise ValueError("Can't merge weighted KJT with unweighted KJT")
@@ -509,6 +511,7 @@ class KeyedJaggedTensor:
         length_per_key = self.length_per_key()
         if not length_per_key:
             return {}
+        validation.check_not_padded(sum(length_per_key), self._values, _OWNER, "to_dict")
         values = torch.split(self._values, length_per_key)
         weights = torch.split(self._weights, length_per_key) if self._weights is not None else None
         if self.variable_stride_per_key():
