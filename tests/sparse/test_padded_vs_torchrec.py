@@ -81,3 +81,14 @@ def test_fewer_values_than_counted_is_refused():
         rtk.KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor(LENGTHS))
     with pytest.raises(ValueError, match=r"lengths sum to 3 but values has only 2 entries"):
         rtk.JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([2, 1]))
+
+
+def test_sharded_collections_refuse_a_padded_batch_at_the_front_door():
+    from rectoolkit.distributed.comm import ShardingEnv
+    from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
+    from rectoolkit.plan.types import ParameterSharding, ShardMetadata
+
+    plan = {"t": ParameterSharding("row_wise", "fused", [0], [ShardMetadata([0, 0], [10, 2], "rank:0/cpu")])}
+    sharded = shard_embedding_bag_collection(_bag_collection(rtk), plan, ShardingEnv.local(torch.device("cpu")))
+    with pytest.raises(ValueError, match=r"ShardedEmbeddingBagCollection.forward: .*padded batch.*values\[:4\]"):
+        sharded(_kjt(rtk))
