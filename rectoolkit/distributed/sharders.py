@@ -15,7 +15,7 @@ collection by its part of a plan:
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, List, Mapping, Optional, Type
+from typing import Any, Dict, Generic, List, Mapping, Optional, Type, TypeVar
 
 import torch
 from torch import nn
@@ -33,7 +33,10 @@ _TRAINING_KERNELS = {
 }
 
 
-class ModuleSharder(abc.ABC):
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSharder(abc.ABC, Generic[M]):
     """TorchRec's base of every sharder (torchrec.distributed.types.ModuleSharder): `shard()` turns one module into
     its sharded form; the rest answer what can be sharded and how. Subclass it for a sharder of your own: give
     `module_type` and `shard`; the defaults below are TorchRec's (every parameter shardable, data parallel only).
@@ -46,6 +49,8 @@ class ModuleSharder(abc.ABC):
         ['bias', 'weight']
         >>> Replicate().storage_usage(torch.empty(4, 2), "cpu", "dense")
         {'ddr': 32}
+        >>> ModuleSharder[torch.nn.Module] is not None  # TorchRec's type hints subscript it
+        True
     """
 
     def __init__(self, qcomm_codecs_registry: Any = None) -> None:
