@@ -26,6 +26,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",
+    "rectoolkit.distributed.sharding_plan": "torchrec.distributed.sharding_plan",
     "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }
@@ -33,10 +34,14 @@ PATH_MODULES = {
 # real rectoolkit modules that sit at TorchRec's path
 TORCHREC_NAMED_MODULES = {
     "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
+    "rectoolkit.sparse.jagged_tensor_validator": "torchrec.sparse.jagged_tensor_validator",
+    "rectoolkit.modules.regroup": "torchrec.modules.regroup",
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
+    "rectoolkit.optim.warmup": "torchrec.optim.warmup",
+    "rectoolkit.optim.clipping": "torchrec.optim.clipping",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
     "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",

@@ -11,19 +11,28 @@ import rectoolkit
 import rectoolkit as torchrec_alias
 
 PATHS = {
-    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal"],
+    "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal",
+                             "ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts"],
+    "sparse.jagged_tensor_validator": ["validate_keyed_jagged_tensor"],
+    "modules.regroup": ["KTRegroupAsDict"],
     "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
     "modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
-                          "LazyAwaitable", "EmbeddingModuleShardingPlan"],
+                          "LazyAwaitable", "EmbeddingModuleShardingPlan", "ModuleSharder"],
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
     "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "distributed.model_parallel": ["DistributedModelParallel"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline"],
+    "distributed.sharding_plan": ["construct_module_sharding_plan", "table_wise", "row_wise", "column_wise",
+                                  "table_row_wise", "grid_shard", "data_parallel", "apply_to_all",
+                                  "get_module_to_default_sharders", "get_default_sharders"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
-    "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
+    "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"],
+    "optim.warmup": ["WarmupOptimizer", "WarmupStage", "WarmupPolicy"],
+    "optim.clipping": ["GradientClippingOptimizer", "GradientClipping"],
+    "optim": ["WarmupOptimizer", "GradientClippingOptimizer", "OptimizerWrapper", "CombinedOptimizer"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
 }
 

@@ -11,9 +11,10 @@ from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard), imported on first use
+# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard,
+# .sharding_plan), imported on first use
 # so that `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner here.
-_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard")
+_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard", "sharding_plan")
 
 
 def __getattr__(name: str):

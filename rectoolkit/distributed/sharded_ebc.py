@@ -88,6 +88,26 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
     return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
 
 
+def check_table_options(table: BaseEmbeddingConfig, ps: ParameterSharding, ids_out_of_range: str) -> None:
+    """Refuse the TorchRec options a plan carries (ParameterSharding's, from ParameterConstraints) that these shards
+    cannot honour. Honoured: enforce_hbm (weights always live in the compute device's memory), cache_params
+    (no cache runs here, see CacheParams), bounds_check_mode FATAL with ids_out_of_range="error" (the id check
+    raises), output_dtype FP32, stochastic_rounding on FP32 tables (no rounding happens in an fp32 update)."""
+    where = f"table {table.name!r}: the plan's ParameterSharding has"
+    mode = getattr(ps.bounds_check_mode, "name", ps.bounds_check_mode)
+    if mode is not None and (str(mode).upper() not in ("FATAL", "V2_FATAL") or ids_out_of_range != "error"):
+        raise NotImplementedError(f"{where} bounds_check_mode={mode} but the collection handles out-of-range ids "
+                                  f"with ids_out_of_range={ids_out_of_range!r}; plan BoundsCheckMode.FATAL with "
+                                  "ids_out_of_range='error', or leave bounds_check_mode None")
+    if ps.output_dtype is not None and str(getattr(ps.output_dtype, "name", ps.output_dtype)).upper() != "FP32":
+        raise NotImplementedError(f"{where} output_dtype={ps.output_dtype}: rectoolkit's sharded collections "
+                                  "output fp32; leave output_dtype None or FP32")
+    if ps.stochastic_rounding is not None and table.data_type != DataType.FP32:
+        raise NotImplementedError(f"{where} stochastic_rounding={ps.stochastic_rounding} for a "
+                                  f"{table.data_type.name} table: rectoolkit's fused update does not choose how it "
+                                  "rounds to FP16; leave stochastic_rounding None, or use an FP32 table")
+
+
 def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
                     module_plan: Mapping[str, ParameterSharding]) -> Dict[str, ParameterSharding]:
     """The plan cut down to `tables` (a collection's, or one group's), raising for tables it does not plan."""
@@ -137,6 +157,8 @@ class ShardedCollection(nn.Module):
             return optimizer if optimizer is not None or data_parallel else default_optimizer
 
         dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer_of(t)) for t in tables}
+        for t in tables:
+            check_table_options(t, self.module_plan[t.name], ids_out_of_range)
         if optimizer is None and default_optimizer is not None and not all(dense.values()):
             self._optimizer = optimizer = default_optimizer
         self.groups = nn.ModuleDict()

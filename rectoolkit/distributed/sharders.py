@@ -14,7 +14,8 @@ collection by its part of a plan:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Type
+import abc
+from typing import Any, Dict, Generic, List, Mapping, Optional, Type, TypeVar
 
 import torch
 from torch import nn
@@ -32,7 +33,65 @@ _TRAINING_KERNELS = {
 }
 
 
-class EmbeddingBagCollectionSharder:
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSharder(abc.ABC, Generic[M]):
+    """TorchRec's base of every sharder (torchrec.distributed.types.ModuleSharder): `shard()` turns one module into
+    its sharded form; the rest answer what can be sharded and how. Subclass it for a sharder of your own: give
+    `module_type` and `shard`; the defaults below are TorchRec's (every parameter shardable, data parallel only).
+
+        >>> class Replicate(ModuleSharder):
+        ...     module_type = torch.nn.Linear
+        ...     def shard(self, module, params, env, device=None, module_fqn=None):
+        ...         return module
+        >>> sorted(Replicate().shardable_parameters(torch.nn.Linear(2, 3)))
+        ['bias', 'weight']
+        >>> Replicate().storage_usage(torch.empty(4, 2), "cpu", "dense")
+        {'ddr': 32}
+        >>> ModuleSharder[torch.nn.Module] is not None  # TorchRec's type hints subscript it
+        True
+    """
+
+    def __init__(self, qcomm_codecs_registry: Any = None) -> None:
+        if qcomm_codecs_registry is not None:
+            raise NotImplementedError(f"{type(self).__name__}(qcomm_codecs_registry=...): quantized communication "
+                                      "is not implemented in rectoolkit; leave it None")
+        self._qcomm_codecs_registry = None
+
+    @abc.abstractmethod
+    def shard(self, module: nn.Module, params: Mapping[str, Any], env: Any, device: Optional[torch.device] = None,
+              module_fqn: Optional[str] = None) -> nn.Module:
+        """The sharded form of `module` by its part of the plan (table or parameter name -> ParameterSharding)."""
+
+    @property
+    @abc.abstractmethod
+    def module_type(self) -> Type[nn.Module]:
+        """The module class this sharder shards."""
+
+    @property
+    def qcomm_codecs_registry(self) -> None:
+        return self._qcomm_codecs_registry
+
+    def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
+        """The parameters a plan may shard, by the names the plan uses."""
+        return dict(module.named_parameters())
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return [ShardingType.DATA_PARALLEL.value]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        return ["default"]
+
+    def storage_usage(self, tensor: torch.Tensor, compute_device_type: str, compute_kernel: str) -> Dict[str, int]:
+        """Bytes of `tensor` by where it is stored: "hbm" on accelerators, "ddr" on CPU."""
+        if compute_device_type not in ("cuda", "cpu", "mtia"):
+            raise ValueError(f"storage_usage: compute_device_type {compute_device_type!r}; use cuda, cpu or mtia")
+        where = "ddr" if compute_device_type == "cpu" else "hbm"
+        return {where: tensor.element_size() * tensor.nelement()}
+
+
+class EmbeddingBagCollectionSharder(ModuleSharder):
     """Shards EmbeddingBagCollection: all six sharding types.
 
     Args:
@@ -47,9 +106,7 @@ class EmbeddingBagCollectionSharder:
               ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL]
 
     def __init__(self, fused_params: Optional[Dict[str, Any]] = None, qcomm_codecs_registry: Any = None) -> None:
-        if qcomm_codecs_registry is not None:
-            raise NotImplementedError(f"{type(self).__name__}(qcomm_codecs_registry=...): quantized communication "
-                                      "is not implemented in rectoolkit; leave it None")
+        super().__init__(qcomm_codecs_registry)
         if fused_params is not None:
             FusedOptimizerConfig.from_fused_params(fused_params)  # refuse unknown keys now, not at shard()
         self._fused_params = dict(fused_params) if fused_params is not None else None
@@ -78,6 +135,10 @@ class EmbeddingBagCollectionSharder:
         sharded.module_fqn = module_fqn  # the collection's path in its model ("" or None: the model itself)
         return sharded
 
+    def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
+        """Table name -> its weight, the names a plan uses."""
+        return {name.split(".")[0]: param for name, param in module.embedding_bags.named_parameters()}
+
     def sharding_types(self, compute_device_type: str) -> List[str]:
         _check_device(compute_device_type)
         return [t.value for t in self._types]
@@ -97,6 +158,10 @@ class EmbeddingCollectionSharder(EmbeddingBagCollectionSharder):
 
     module_type = EmbeddingCollection
     _types = [ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL]
+
+    def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
+        """Table name -> its weight, the names a plan uses."""
+        return {name.split(".")[0]: param for name, param in module.embeddings.named_parameters()}
 
 
 def _check_device(compute_device_type: str) -> None:

@@ -7,7 +7,12 @@ it from (TorchRec itself keeps it in torchrec.distributed.planner.types).
 
 from rectoolkit.distributed.awaitable import LazyAwaitable
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.sharders import ModuleSharder
+from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import (
+    BoundsCheckMode,
+    CacheAlgorithm,
+    CacheParams,
     EmbeddingModuleShardingPlan,
     ParameterSharding,
     ShardingPlan,
@@ -16,5 +21,5 @@ from rectoolkit.plan.types import (
 )
 from rectoolkit.planner.constraints import ParameterConstraints
 
-__all__ = ["EmbeddingModuleShardingPlan", "LazyAwaitable", "ParameterConstraints", "ParameterSharding", "ShardingEnv", "ShardingPlan",
+__all__ = ["BoundsCheckMode", "CacheAlgorithm", "CacheParams", "DataType", "EmbeddingModuleShardingPlan", "LazyAwaitable", "ModuleSharder", "ParameterConstraints", "ParameterSharding", "ShardingEnv", "ShardingPlan",
            "ShardingType", "ShardMetadata"]

@@ -161,7 +161,9 @@ class BatchedEmbeddingKernel:
             )
         batch_size = num_bags // self.num_features
         if self.device.type == "cpu" and int(offsets[-1]) != ids.numel():
-            raise ValueError(f"offsets end at {int(offsets[-1])} but there are {ids.numel()} ids")
+            raise ValueError(f"offsets end at {int(offsets[-1])} but there are {ids.numel()} ids: a padded batch "
+                             "(values longer than its lengths count) cannot be looked up (TorchRec's collections fail "
+                             f"on it too); drop the padding, values[:{int(offsets[-1])}], before the lookup")
         ids_per_feature = offsets[:: max(batch_size, 1)].diff() if batch_size else torch.zeros(
             self.num_features, dtype=torch.int64, device=self.device
         )

@@ -3,7 +3,7 @@
 from rectoolkit.modules.configs import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules import (  # noqa: F401
-    activation, crossnet, deepfm, embedding_tower, feature_processor_, fp_embedding_modules, mlp)
+    activation, crossnet, deepfm, embedding_tower, feature_processor_, fp_embedding_modules, mlp, regroup)
 from rectoolkit.modules.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
 from rectoolkit.modules.deepfm import DeepFM, FactorizationMachine
 from rectoolkit.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection

@@ -43,6 +43,7 @@ import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+from rectoolkit.sparse.validation import check_not_padded
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -97,6 +98,8 @@ class FeatureLayout:
                 features = self._padded_to_largest_stride(features)
         keys, stride = features.keys(), features.stride()
         values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):  # the sum reads the lengths
+            check_not_padded(sum(features.length_per_key()), values, self.owner, "forward")
         if list(keys) != self.feature_names:
             position = {k: i for i, k in enumerate(keys)}
             missing = [f for f in self.feature_names if f not in position]

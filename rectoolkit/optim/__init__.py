@@ -1,10 +1,14 @@
-"""Keyed optimizers (TorchRec's KeyedOptimizer, CombinedOptimizer) and the fused embedding optimizer."""
+"""Keyed optimizers (TorchRec's KeyedOptimizer, CombinedOptimizer, and the wrappers WarmupOptimizer and
+GradientClippingOptimizer) and the fused embedding optimizer."""
 
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.optim.keyed import (
     CombinedOptimizer,
     KeyedOptimizer,
     KeyedOptimizerWrapper,
+    OptimizerWrapper,
     in_backward_optimizer_filter,
 )
+from rectoolkit.optim.warmup import WarmupOptimizer, WarmupPolicy, WarmupStage
+from rectoolkit.optim.clipping import GradientClipping, GradientClippingOptimizer
 from rectoolkit.optim.apply_optimizer_in_backward import apply_optimizer_in_backward

@@ -147,6 +147,53 @@ class KeyedOptimizerWrapper(KeyedOptimizer):
         return repr(self._optimizer)
 
 
+class OptimizerWrapper(KeyedOptimizer):
+    """A KeyedOptimizer around another one, for optimizers that add a step of their own (WarmupOptimizer,
+    GradientClippingOptimizer): it shares the wrapped optimizer's params, state and param_groups, and forwards
+    step, zero_grad and (de)serialization to it (TorchRec's torchrec.optim.keyed.OptimizerWrapper).
+
+        >>> w = torch.nn.Parameter(torch.ones(2))
+        >>> inner = KeyedOptimizerWrapper({"w": w}, lambda params: torch.optim.SGD(params, lr=0.5))
+        >>> OptimizerWrapper(inner).params is inner.params
+        True
+    """
+
+    def __init__(self, optimizer: KeyedOptimizer) -> None:
+        super().__init__({}, {}, [])
+        self._optimizer = optimizer
+        # the wrapped optimizer's own mappings (a combined optimizer computes them: then a snapshot, as TorchRec's)
+        self._keyed_params = optimizer.params
+        self._keyed_state = optimizer.state
+        self._keyed_param_groups = optimizer.param_groups
+
+    def __repr__(self) -> str:
+        return repr(self._optimizer)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> None:
+        self._optimizer.step(closure=closure)
+
+    def add_param_group(self, param_group: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: parameter groups are fixed at construction")
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._optimizer.state_dict()
+
+    def post_load_state_dict(self) -> None:
+        self._optimizer.post_load_state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._optimizer.load_state_dict(state_dict)
+        self._keyed_state = self._optimizer.state
+        self._keyed_param_groups = self._optimizer.param_groups
+        self.post_load_state_dict()
+
+    def save_param_groups(self, save: bool) -> None:
+        self._optimizer.save_param_groups(save)
+
+
 class CombinedOptimizer(KeyedOptimizer):
     """Several keyed optimizers stepped as one: CombinedOptimizer([("dense", dense_opt), ("sparse", fused_opt)]).
 
@@ -216,15 +263,14 @@ class CombinedOptimizer(KeyedOptimizer):
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Each sub-optimizer gets the entries of its own parameters, matched by full key (not by prefix: a
+        sub-optimizer keyed "" would otherwise claim every other one's entries and groups)."""
         for key, opt in self._optims:
-            prefix = key + "." if key else ""
-            sub_state = {n[len(prefix):]: s for n, s in state_dict["state"].items() if n.startswith(prefix)}
-            sub = {"state": sub_state}
+            own = {self.prepend_opt_key(name, key): name for name in opt.params}
+            sub: Dict[str, Any] = {"state": {own[n]: s for n, s in state_dict["state"].items() if n in own}}
             if "param_groups" in state_dict:
-                sub["param_groups"] = [
-                    {**g, "params": [n[len(prefix):] for n in g["params"]]}
-                    for g in state_dict["param_groups"] if g["params"] and g["params"][0].startswith(prefix)
-                ]
+                sub["param_groups"] = [{**g, "params": [own[n] for n in g["params"]]}
+                                       for g in state_dict["param_groups"] if g["params"] and g["params"][0] in own]
             opt.load_state_dict(sub)
 
     def save_param_groups(self, save: bool) -> None:

@@ -20,6 +20,19 @@ PLAN_FORMAT = "rectoolkit.sharding_plan"
 SCHEMA_VERSION = 1
 
 
+# TorchRec's per-table options kept in the JSON: booleans as they are, enums by name ("FATAL", "FP32"); the
+# cache settings other than the load factor are TorchRec objects and stay out of the file
+JSON_OPTIONS = ("enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
+
+
+def _carried_options(ps: ParameterSharding) -> Dict[str, Any]:
+    names = {}
+    for option in JSON_OPTIONS:
+        value = getattr(ps, option)
+        names[option] = getattr(value, "name", value)
+    return names
+
+
 def plan_to_dict(plan: ShardingPlan, tables: Any = None) -> Dict[str, Any]:
     """A JSON-ready dict: format, schema_version, the plan, and (if given) each table's shape for validation."""
     out: Dict[str, Any] = {"format": PLAN_FORMAT, "schema_version": SCHEMA_VERSION, "plan": {}}
@@ -29,6 +42,7 @@ def plan_to_dict(plan: ShardingPlan, tables: Any = None) -> Dict[str, Any]:
             "compute_kernel": ps.compute_kernel,
             "ranks": ps.ranks,
             "cache_load_factor": ps.cache_load_factor,
+            **{name: value for name, value in _carried_options(ps).items() if value is not None},
             "shards": [{"shard_offsets": s.shard_offsets, "shard_sizes": s.shard_sizes, "placement": s.placement}
                        for s in ps.shards],
         }
@@ -56,7 +70,8 @@ def plan_from_dict(data: Any, tables: Any = None, source: str = "plan") -> Shard
             try:
                 shards = [ShardMetadata(s["shard_offsets"], s["shard_sizes"], s["placement"]) for s in entry["shards"]]
                 module[name] = ParameterSharding(entry["sharding_type"], entry["compute_kernel"], entry.get("ranks"),
-                                                 shards, entry.get("cache_load_factor"))
+                                                 shards, entry.get("cache_load_factor"),
+                                                 **{option: entry.get(option) for option in JSON_OPTIONS})
             except (KeyError, TypeError, ValueError) as error:
                 raise PlanValidationError(f"{where}: malformed entry ({error})") from error
         modules[path] = module

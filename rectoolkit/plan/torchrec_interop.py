@@ -10,9 +10,10 @@ no shards for DATA_PARALLEL tables; from_torchrec rebuilds the replicas from `ta
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional
 
-from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
+from rectoolkit.plan.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_plan
 
 
@@ -29,7 +30,7 @@ def _torchrec():
 def to_torchrec(plan: ShardingPlan) -> Any:
     """A torchrec.distributed.types.ShardingPlan with the same types, kernels, ranks, shards and cache load factors."""
     tr_types, EnumerableShardingSpec, TorchShardMetadata = _torchrec()
-    from torchrec.distributed.types import CacheParams
+    from torchrec.distributed.types import CacheParams as TorchRecCacheParams
 
     modules: Dict[str, Any] = {}
     for path, name, ps in plan.items():
@@ -40,11 +41,13 @@ def to_torchrec(plan: ShardingPlan) -> Any:
                                    placement=s.placement)
                 for s in ps.shards
             ])
-        cache = CacheParams(load_factor=ps.cache_load_factor) if ps.cache_load_factor is not None else None
         module = modules.setdefault(path, tr_types.EmbeddingModuleShardingPlan())
         module[name] = tr_types.ParameterSharding(
             sharding_type=ps.sharding_type, compute_kernel=ps.compute_kernel,
-            ranks=list(ps.ranks) if ps.ranks is not None else None, sharding_spec=spec, cache_params=cache)
+            ranks=list(ps.ranks) if ps.ranks is not None else None, sharding_spec=spec,
+            cache_params=_torchrec_cache_params(ps, TorchRecCacheParams), enforce_hbm=ps.enforce_hbm,
+            stochastic_rounding=ps.stochastic_rounding, bounds_check_mode=ps.bounds_check_mode,
+            output_dtype=_torchrec_data_type(ps.output_dtype))
     return tr_types.ShardingPlan(modules)
 
 
@@ -76,13 +79,45 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
                 shards = [ShardMetadata([0, 0], [rows, cols], _placement(compute_device, r, local)) for r in ranks]
             cache = getattr(tr, "cache_params", None)
             load_factor = getattr(cache, "load_factor", None) if cache is not None else None
-            module[name] = ParameterSharding(tr.sharding_type, tr.compute_kernel,
-                                             list(tr.ranks) if tr.ranks is not None else None, shards, load_factor)
+            module[name] = ParameterSharding(
+                tr.sharding_type, tr.compute_kernel, list(tr.ranks) if tr.ranks is not None else None, shards,
+                load_factor, cache_params=_our_cache_params(cache), enforce_hbm=getattr(tr, "enforce_hbm", None),
+                stochastic_rounding=getattr(tr, "stochastic_rounding", None),
+                bounds_check_mode=getattr(tr, "bounds_check_mode", None), output_dtype=getattr(tr, "output_dtype", None))
         modules[path] = module
     plan = ShardingPlan(modules)
     if shapes is not None:  # without the shapes, DATA_PARALLEL tables have no shards yet: DMP validates them
         validate_plan(plan, shapes, source="the TorchRec plan")
     return plan
+
+
+CACHE_FIELDS = tuple(field.name for field in dataclasses.fields(CacheParams))
+
+
+def _torchrec_cache_params(ps: ParameterSharding, torchrec_cache_params: Any) -> Any:
+    """TorchRec's CacheParams with every field of ours (or just the load factor the planner chose)."""
+    cache = ps.cache_params
+    if cache is None:
+        return torchrec_cache_params(load_factor=ps.cache_load_factor) if ps.cache_load_factor is not None else None
+    if isinstance(cache, torchrec_cache_params):
+        return cache
+    return torchrec_cache_params(**{field: getattr(cache, field, None) for field in CACHE_FIELDS})
+
+
+def _our_cache_params(cache: Any) -> Optional[CacheParams]:
+    """Ours from TorchRec's; None when it holds only a load factor (ParameterSharding.cache_load_factor has it)."""
+    if cache is None or all(getattr(cache, field, None) is None for field in CACHE_FIELDS if field != "load_factor"):
+        return None
+    return CacheParams(**{field: getattr(cache, field, None) for field in CACHE_FIELDS})
+
+
+def _torchrec_data_type(data_type: Any) -> Any:
+    """TorchRec's DataType member of the same name (rectoolkit's DataType mirrors it)."""
+    if data_type is None:
+        return None
+    from torchrec.types import DataType
+
+    return DataType[getattr(data_type, "name", str(data_type))]
 
 
 def _device_type_of(torchrec_plan: Any) -> str:

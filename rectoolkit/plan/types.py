@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 
 @enum.unique
@@ -131,6 +131,57 @@ class ShardMetadata:
         return self.shard_sizes[0] * self.shard_sizes[1]
 
 
+class CacheAlgorithm(enum.Enum):
+    """fbgemm's cache eviction policies (torchrec.distributed.types.CacheAlgorithm), same names and values."""
+
+    LRU = 0
+    LFU = 1
+
+
+class BoundsCheckMode(enum.IntEnum):
+    """fbgemm's handling of ids out of a table's range (torchrec.distributed.types.BoundsCheckMode), same names
+    and values. rectoolkit's id check is FATAL: it raises, naming the feature, table and id."""
+
+    FATAL = 0
+    WARNING = 1
+    IGNORE = 2
+    NONE = 3
+    V2_IGNORE = 4
+    V2_WARNING = 5
+    V2_FATAL = 6
+
+
+@dataclass
+class CacheParams:
+    """TorchRec's caching settings of one table (torchrec.distributed.types.CacheParams), same fields.
+
+    `load_factor` (the fraction of rows cached in HBM under "fused_uvm_caching") is what rectoolkit's planner and
+    cost model read. The others (algorithm: fbgemm's CacheAlgorithm LRU/LFU, reserved_memory, precision,
+    prefetch_pipeline, stats, multipass_prefetch_config) are carried in the plan, into ParameterSharding.cache_params
+    and to TorchRec by `to_torchrec`: rectoolkit's own kernels run no cache (on CPU "fused_uvm_caching" is the
+    plain fused kernel; on GPU it is refused), so there is nothing for them to tune here.
+
+        >>> CacheParams(load_factor=0.2).load_factor
+        0.2
+    """
+
+    algorithm: Optional[Any] = None
+    load_factor: Optional[float] = None
+    reserved_memory: Optional[float] = None
+    precision: Optional[Any] = None
+    prefetch_pipeline: Optional[bool] = None
+    stats: Optional[Any] = None
+    multipass_prefetch_config: Optional[Any] = None
+
+    def __post_init__(self) -> None:
+        if self.load_factor is not None and not 0 < float(self.load_factor) <= 1:
+            raise ValueError(f"CacheParams: load_factor must be in (0, 1], got {self.load_factor}")
+
+    def __hash__(self) -> int:
+        return hash((self.algorithm, self.load_factor, self.reserved_memory, self.precision, self.prefetch_pipeline,
+                     self.multipass_prefetch_config))
+
+
 @dataclass
 class _ShardingSpec:
     """Stands in for TorchRec's EnumerableShardingSpec: only `.shards`."""
@@ -144,6 +195,10 @@ class ParameterSharding:
 
     `sharding_type` and `compute_kernel` are stored as TorchRec's strings; `ShardingType` members are
     accepted. For DATA_PARALLEL, `shards` holds one full-table replica per rank.
+
+    TorchRec's per-table options ride along as TorchRec puts them (from the table's ParameterConstraints):
+    `cache_params`, `enforce_hbm`, `stochastic_rounding`, `bounds_check_mode`, `output_dtype`. The sharded
+    collections check them against what they run (rectoolkit.distributed.sharded_ebc.check_table_options).
     """
 
     sharding_type: str
@@ -151,10 +206,18 @@ class ParameterSharding:
     ranks: Optional[List[int]] = None
     shards: List[ShardMetadata] = field(default_factory=list)
     cache_load_factor: Optional[float] = None  # fused_uvm_caching: fraction of rows cached in HBM
+    cache_params: Optional[CacheParams] = None
+    enforce_hbm: Optional[bool] = None
+    stochastic_rounding: Optional[bool] = None
+    bounds_check_mode: Optional[Any] = None  # fbgemm's BoundsCheckMode
+    output_dtype: Optional[Any] = None  # a DataType
 
     def __post_init__(self) -> None:
         self.sharding_type = ShardingType.parse(self.sharding_type).value
         self.compute_kernel = EmbeddingComputeKernel.parse(self.compute_kernel).value
+        if self.cache_load_factor is None and self.cache_params is not None \
+                and self.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value:
+            self.cache_load_factor = getattr(self.cache_params, "load_factor", None)
         self.shards = list(self.shards)
         if self.ranks is not None:
             self.ranks = [int(r) for r in self.ranks]

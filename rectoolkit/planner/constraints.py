@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Union
 
-from rectoolkit.plan.types import EmbeddingComputeKernel, ShardingType
+from rectoolkit.plan.types import CacheParams, EmbeddingComputeKernel, ShardingType
 
+__all__ = ["CacheParams", "ParameterConstraints", "check_per_feature"]
 
-@dataclass
-class CacheParams:
-    """UVM caching settings (TorchRec's CacheParams, the part the planner uses)."""
-
-    load_factor: Optional[float] = None
+# fbgemm's BoundsCheckMode values that mean "raise on an id out of range": what rectoolkit's id check does
+RAISING_BOUNDS_CHECK_MODES = {"FATAL", "V2_FATAL"}
 
 
 @dataclass
@@ -29,12 +27,19 @@ class ParameterConstraints:
         compute_kernels: allowed kernels ("fused", "fused_uvm", "fused_uvm_caching", "dense"); None = default.
         min_partition: smallest column block for COLUMN_WISE / GRID_SHARD (TorchRec's meaning).
         pooling_factors: mean ids per sample, one per feature of the table.
-        num_poolings: poolings per sample, one per feature (recorded; the cost model pools once per sample).
+        num_poolings: poolings per sample, one per feature: only 1.0 (rectoolkit's collections pool each feature
+            once per sample); other values are refused.
         batch_sizes: samples per rank, one per feature (default: the topology's batch_size).
         is_weighted: per-id weights travel with the ids (4 more bytes each).
-        cache_params / cache_load_factor: fraction of rows cached in HBM for fused_uvm_caching.
-        enforce_hbm, stochastic_rounding, bounds_check_mode, feature_names, output_dtype, device_group:
-            accepted for TorchRec compatibility.
+        cache_params / cache_load_factor: fraction of rows cached in HBM for fused_uvm_caching; cache_params
+            (rectoolkit.plan.types.CacheParams or TorchRec's) is carried whole into the plan's ParameterSharding.
+        enforce_hbm, stochastic_rounding, bounds_check_mode, output_dtype: carried into the plan's
+            ParameterSharding, as TorchRec's planner does. Refused here when rectoolkit cannot honour them:
+            bounds_check_mode other than FATAL / V2_FATAL (rectoolkit raises on an out-of-range id; for other
+            handling build the collection with ids_out_of_range="hash"), output_dtype other than FP32 (sharded
+            collections output fp32). stochastic_rounding is checked when the table is sharded (FP16 tables).
+        key_value_params, use_virtual_table: SSD / virtual tables are not implemented; only None / False.
+        feature_names, device_group: accepted for TorchRec compatibility.
         ranks: restrict the table's shards to these ranks (TABLE_WISE / COLUMN_WISE blocks).
     """
 
@@ -53,6 +58,8 @@ class ParameterConstraints:
     feature_names: Optional[List[str]] = None
     output_dtype: Optional[Any] = None
     device_group: Optional[str] = None
+    key_value_params: Optional[Any] = None
+    use_virtual_table: bool = False
     ranks: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
@@ -73,10 +80,27 @@ class ParameterConstraints:
                 raise ValueError(f"ParameterConstraints: batch_sizes must be positive, got {self.batch_sizes}")
         if self.min_partition is not None and int(self.min_partition) <= 0:
             raise ValueError(f"ParameterConstraints: min_partition must be positive, got {self.min_partition}")
+        self._refuse_what_cannot_be_honoured()
         if self.cache_load_factor is None and self.cache_params is not None:
             self.cache_load_factor = getattr(self.cache_params, "load_factor", None)
         if self.cache_load_factor is not None and not 0 < float(self.cache_load_factor) <= 1:
             raise ValueError(f"ParameterConstraints: cache_load_factor must be in (0, 1], got {self.cache_load_factor}")
+
+    def _refuse_what_cannot_be_honoured(self) -> None:
+        if self.num_poolings is not None and any(float(n) != 1.0 for n in self.num_poolings):
+            raise NotImplementedError(f"ParameterConstraints(num_poolings={self.num_poolings}): rectoolkit's collections "
+                                      "pool each feature once per sample; leave num_poolings None (or 1.0 per feature)")
+        if self.output_dtype is not None and _name_of(self.output_dtype) != "FP32":
+            raise NotImplementedError(f"ParameterConstraints(output_dtype={self.output_dtype}): rectoolkit's sharded "
+                                      "collections output fp32; leave output_dtype None or DataType.FP32, and cast "
+                                      "the pooled output yourself")
+        if self.bounds_check_mode is not None and _name_of(self.bounds_check_mode) not in RAISING_BOUNDS_CHECK_MODES:
+            raise NotImplementedError(f"ParameterConstraints(bounds_check_mode={self.bounds_check_mode}): rectoolkit "
+                                      "always checks ids and raises on one out of range (BoundsCheckMode.FATAL); to map "
+                                      "them into range build the collection with ids_out_of_range='hash'")
+        if self.key_value_params is not None or self.use_virtual_table:
+            raise NotImplementedError("ParameterConstraints(key_value_params=..., use_virtual_table=True): SSD and "
+                                      "virtual tables are not implemented in rectoolkit; leave them None / False")
 
     def allowed_sharding_types(self) -> Optional[List[ShardingType]]:
         return None if self.sharding_types is None else [ShardingType(t) for t in self.sharding_types]
@@ -96,6 +120,11 @@ class ParameterConstraints:
         if self.ranks is not None:
             parts.append(f"ranks={self.ranks}")
         return ", ".join(parts) or "no restrictions"
+
+
+def _name_of(value: Any) -> str:
+    """An enum member's name (ours, TorchRec's or fbgemm's), or the string given: DataType.FP32 -> "FP32"."""
+    return str(getattr(value, "name", value)).upper()
 
 
 def check_per_feature(name: str, values: Optional[Sequence], num_features: int, table: str) -> None:

@@ -231,5 +231,11 @@ def to_parameter_sharding(option: ShardingOption, table: PlannerTable, locations
     ranks = [s.rank for s in shards]
     if option.sharding_type in (ShardingType.TABLE_ROW_WISE,):
         ranks = sorted(set(ranks))
+    c = table.constraints  # TorchRec's per-table options ride along in the plan, as its planner puts them
     return ParameterSharding(option.sharding_type.value, option.compute_kernel.value, ranks=ranks, shards=shards,
-                             cache_load_factor=option.cache_load_factor)
+                             cache_load_factor=option.cache_load_factor,
+                             **{name: getattr(c, name) for name in CARRIED_OPTIONS if c is not None})
+
+
+# the ParameterConstraints fields that TorchRec's planner copies into each ParameterSharding
+CARRIED_OPTIONS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")

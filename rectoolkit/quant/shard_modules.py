@@ -12,7 +12,7 @@ rectoolkit.distributed.shard re-exports it at TorchRec's path.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Type
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,8 @@ from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-from rectoolkit.plan.types import ShardingPlan
+from rectoolkit.plan.constructors import ParameterShardingGenerator, get_device_type, get_local_size
+from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
 from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder
 
@@ -91,3 +92,82 @@ def _module_plan(plan: ShardingPlan, path: str):
     if module_plan is None:
         raise ValueError(f"shard_modules: the plan has no entry for the module at {path!r}; it has {list(plan.plan)}")
     return module_plan
+
+
+def get_module_to_default_sharders() -> Dict[Type[nn.Module], Any]:
+    """Module class -> its default sharder (TorchRec's torchrec.distributed.sharding_plan function).
+
+    >>> from rectoolkit import EmbeddingBagCollection
+    >>> type(get_module_to_default_sharders()[EmbeddingBagCollection]).__name__
+    'EmbeddingBagCollectionSharder'
+    """
+    return {sharder.module_type: sharder for sharder in get_default_sharders()}
+
+
+def _sharder_for(module: nn.Module, sharder: Any, caller: str) -> Any:
+    if sharder is None:
+        sharder = get_module_to_default_sharders().get(type(module))
+        if sharder is None:
+            known = sorted(cls.__name__ for cls in get_module_to_default_sharders())
+            raise ValueError(f"{caller}: no default sharder for a {type(module).__name__}; shard one of {known}, "
+                             "or pass sharder=")
+    elif not isinstance(module, sharder.module_type):
+        raise TypeError(f"{caller}: {type(sharder).__name__} shards {sharder.module_type.__name__}, "
+                        f"got a {type(module).__name__}; pass its sharder")
+    return sharder
+
+
+def apply_to_all(module: nn.Module, parameter_sharding_generator: ParameterShardingGenerator,
+                 sharder: Any = None) -> Dict[str, ParameterShardingGenerator]:
+    """The same generator for every shardable table of `module`: the second argument of
+    construct_module_sharding_plan.
+
+    >>> from rectoolkit import EmbeddingBagCollection, EmbeddingBagConfig
+    >>> from rectoolkit.plan.constructors import row_wise
+    >>> ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=4, num_embeddings=8,
+    ...     feature_names=[n]) for n in ("a", "b")])
+    >>> sorted(apply_to_all(ebc, row_wise()))
+    ['a', 'b']
+    """
+    sharder = _sharder_for(module, sharder, "apply_to_all")
+    return {name: parameter_sharding_generator for name in sharder.shardable_parameters(module)}
+
+
+def construct_module_sharding_plan(module: nn.Module, per_param_sharding: Mapping[str, ParameterShardingGenerator],
+                                   sharder: Any = None, local_size: Optional[int] = None,
+                                   world_size: Optional[int] = None, device_type: Optional[str] = None,
+                                   ) -> EmbeddingModuleShardingPlan:
+    """TorchRec's hand-written plan of one collection: table name -> a generator (`table_wise(rank=0)`,
+    `row_wise()`, ... from rectoolkit.plan.constructors), for every shardable table of `module`.
+
+    `world_size` defaults to the process group's, `local_size` to TorchRec's (LOCAL_WORLD_SIZE, else 8 when it
+    divides the world, else the world), `device_type` to "cuda" when available, else "cpu". The result is the
+    module's part of a ShardingPlan: `ShardingPlan({"": plan})`, or `{"sparse.ebc": plan}` for a child.
+
+    >>> from rectoolkit import EmbeddingBagCollection, EmbeddingBagConfig
+    >>> from rectoolkit.plan.constructors import column_wise, table_wise
+    >>> ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=8, num_embeddings=10,
+    ...     feature_names=[n]) for n in ("a", "b")])
+    >>> plan = construct_module_sharding_plan(ebc, {"a": table_wise(rank=1), "b": column_wise(ranks=[0, 1])},
+    ...                                       world_size=2, device_type="cpu")
+    >>> plan["a"].ranks, [s.shard_sizes for s in plan["b"].shards]
+    ([1], [[10, 4], [10, 4]])
+    """
+    sharder = _sharder_for(module, sharder, "construct_module_sharding_plan")
+    shardable = sharder.shardable_parameters(module)
+    if set(shardable) != set(per_param_sharding):
+        missing = [name for name in shardable if name not in per_param_sharding]
+        unknown = [name for name in per_param_sharding if name not in shardable]
+        raise ValueError(f"construct_module_sharding_plan: give a generator for each table of the "
+                         f"{type(module).__name__} and no other; missing {missing}, not tables {unknown} "
+                         f"(tables: {list(shardable)})")
+    if world_size is None:
+        if not dist.is_initialized():
+            raise RuntimeError("construct_module_sharding_plan: torch.distributed is not initialized; pass "
+                               "world_size= (and local_size=) or call dist.init_process_group first")
+        world_size = dist.get_world_size()
+    local_size = local_size or get_local_size(world_size)
+    device_type = device_type or get_device_type()
+    return EmbeddingModuleShardingPlan(
+        (name, generate(shardable[name], local_size, world_size, device_type, sharder))
+        for name, generate in per_param_sharding.items())

@@ -24,6 +24,7 @@ from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
+from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import ParameterSharding, ShardingType
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
@@ -76,7 +77,7 @@ class ShardedQuantEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return self._run_groups(features)
 
 
-class QuantEmbeddingBagCollectionSharder:
+class QuantEmbeddingBagCollectionSharder(ModuleSharder):
     """TorchRec's sharder for the quantized EmbeddingBagCollection: `shard()` gives the sharded inference module.
 
     Sharding types: table-, row- and column-wise, TABLE_ROW_WISE, GRID_SHARD (not DATA_PARALLEL).
@@ -92,6 +93,11 @@ class QuantEmbeddingBagCollectionSharder:
         if given:
             raise NotImplementedError(f"QuantEmbeddingBagCollectionSharder({', '.join(given)}=...): not implemented "
                                       "for rectoolkit's quantized sharding; leave them None")
+        super().__init__()
+
+    def shardable_parameters(self, module):
+        """Table name -> its stored (quantized) weight, as TorchRec names them: every state_dict "*.weight"."""
+        return {name.split(".")[-2]: weight for name, weight in module.state_dict().items() if name.endswith(".weight")}
 
     def sharding_types(self, compute_device_type: str):
         return [t.value for t in self._types]

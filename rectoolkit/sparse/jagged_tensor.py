@@ -103,6 +103,34 @@ class JaggedTensor:
         )
 
     @staticmethod
+    def empty_like(jt: "JaggedTensor", device: Optional[torch.device] = None) -> "JaggedTensor":
+        """No samples, the same dtypes and device (device=None); or the same shapes, uninitialized, on ``device``.
+
+        >>> JaggedTensor.empty_like(JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([2]))).lengths()
+        tensor([], dtype=torch.int64)
+        """
+        if device is None:
+            weights = jt.weights_or_none()
+            return JaggedTensor(values=jt.values().new_empty(0),
+                                weights=weights.new_empty(0) if weights is not None else None,
+                                lengths=jt.lengths().new_empty(0), validate=False)
+
+        def like(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return torch.empty_like(tensor, device=device) if tensor is not None else None
+
+        return JaggedTensor(values=like(jt.values()), weights=like(jt.weights_or_none()),
+                            lengths=like(jt.lengths_or_none()), offsets=like(jt.offsets_or_none()), validate=False)
+
+    def copy_(self, jt: "JaggedTensor", non_blocking: bool = False) -> "JaggedTensor":
+        """Copy ``jt``'s values, and its weights, lengths and offsets where both hold them, into this one's tensors
+        in place (the shapes must already match, as for torch.Tensor.copy_); returns self."""
+        for mine, theirs in ((self._values, jt._values), (self._weights, jt._weights),
+                             (self._lengths, jt._lengths), (self._offsets, jt._offsets)):
+            if mine is not None and theirs is not None:
+                mine.copy_(theirs, non_blocking=non_blocking)
+        return self
+
+    @staticmethod
     def from_dense_lengths(
         values: torch.Tensor,
         lengths: torch.Tensor,
@@ -177,14 +205,16 @@ class JaggedTensor:
 
     # -------------------------------------------------------------------------------- conversions
     def to_dense(self) -> List[torch.Tensor]:
-        """One tensor (a view into values) per sample."""
-        return list(torch.split(self._values, self.lengths().tolist()))
+        """One tensor (a view into values) per sample; the padding of a padded batch is left out."""
+        lengths = self.lengths().tolist()
+        return list(torch.split(self._values[:sum(lengths)], lengths))
 
     def to_dense_weights(self) -> Optional[List[torch.Tensor]]:
         """One weights tensor per sample, or None if unweighted."""
         if self._weights is None:
             return None
-        return list(torch.split(self._weights, self.lengths().tolist()))
+        lengths = self.lengths().tolist()
+        return list(torch.split(self._weights[:sum(lengths)], lengths))
 
     def _padded(self, source: torch.Tensor, desired_length: Optional[int], padding_value: float) -> torch.Tensor:
         lengths = self.lengths()
@@ -259,4 +289,8 @@ def __getattr__(name: str):
         from rectoolkit.sparse import equality
 
         return getattr(equality, name)
+    if name in ("ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts"):
+        from rectoolkit.sparse import conversions
+
+        return getattr(conversions, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -241,6 +241,8 @@ class KeyedJaggedTensor:
             raise ValueError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
         keys: List[str] = []
         length_per_key: List[int] = []
+        for kjt in kjt_list[:-1]:  # padding inside the result would shift the next KJT's values (TorchRec's does)
+            validation.check_not_padded(sum(kjt.length_per_key()), kjt.values(), _OWNER, "concat")
         for kjt in kjt_list:
             if (kjt.weights_or_none() is not None) != weighted:
                 raise ValueError("Can't merge weighted KJT with unweighted KJT")
@@ -322,6 +324,26 @@ class KeyedJaggedTensor:
             if kjt._inverse_indices is not None else None,
             validate=False,
         )
+
+    def copy_(self, kjt: "KeyedJaggedTensor", non_blocking: bool = False) -> "KeyedJaggedTensor":
+        """Copy ``kjt`` into this one in place (TorchRec's copy_, e.g. into pinned or device buffers made by
+        empty_like): its per-key metadata, then its values, and its weights, lengths, offsets and inverse indices
+        where both hold them. Keys and stride are taken as already equal; returns self."""
+        self._stride_per_key_per_rank = kjt._stride_per_key_per_rank if kjt.variable_stride_per_key() else None
+        self._length_per_key = kjt._length_per_key
+        self._lengths_offset_per_key = kjt._lengths_offset_per_key
+        self._offset_per_key = kjt._offset_per_key
+        self._index_per_key = kjt._index_per_key
+        self._stride_per_key = kjt._stride_per_key
+        self._jt_dict = kjt._jt_dict
+        for mine, theirs in ((self._values, kjt._values), (self._weights, kjt._weights),
+                             (self._lengths, kjt._lengths), (self._offsets, kjt._offsets)):
+            if mine is not None and theirs is not None:
+                mine.copy_(theirs, non_blocking=non_blocking)
+        if self._inverse_indices is not None and kjt._inverse_indices is not None:
+            self._inverse_indices = (kjt._inverse_indices[0],
+                                     self._inverse_indices[1].copy_(kjt._inverse_indices[1], non_blocking=non_blocking))
+        return self
 
     def sync(self) -> "KeyedJaggedTensor":
         """Compute (and cache) length_per_key and offset_per_key; returns self."""
@@ -489,6 +511,7 @@ class KeyedJaggedTensor:
         length_per_key = self.length_per_key()
         if not length_per_key:
             return {}
+        validation.check_not_padded(sum(length_per_key), self._values, _OWNER, "to_dict")
         values = torch.split(self._values, length_per_key)
         weights = torch.split(self._weights, length_per_key) if self._weights is not None else None
         if self.variable_stride_per_key():

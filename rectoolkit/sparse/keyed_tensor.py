@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import torch
+import torch.utils._pytree as pytree
 
 from rectoolkit.sparse import validation
 from rectoolkit.sparse.jagged_ops import cumsum_list, values_string
@@ -242,3 +243,22 @@ class KeyedTensor:
             block = self[key]
             entries.append(f'    "{key}": [' + ", ".join(values_string(row, 0, len(row)) for row in block) + "]")
         return "KeyedTensor({\n" + ",\n".join(entries) + "\n})\n"
+
+
+# KeyedTensor is a pytree node, as in TorchRec: its values are the leaf, (keys, length_per_key) the context, so
+# torch.utils._pytree (torch.export, tree_map) sees through it.
+def _kt_flatten(kt: KeyedTensor) -> Tuple[List[torch.Tensor], Tuple[List[str], List[int]]]:
+    return [kt._values], (kt._keys, kt._length_per_key)
+
+
+def _kt_unflatten(values: List[torch.Tensor], context: Tuple[List[str], List[int]]) -> KeyedTensor:
+    return KeyedTensor(context[0], context[1], values[0])
+
+
+def _kt_flatten_with_keys(kt: KeyedTensor):
+    values, context = _kt_flatten(kt)
+    return [(pytree.GetAttrKey("_values"), values[0])], context
+
+
+pytree.register_pytree_node(KeyedTensor, _kt_flatten, _kt_unflatten, flatten_with_keys_fn=_kt_flatten_with_keys,
+                            serialized_type_name="rectoolkit.sparse.keyed_tensor.KeyedTensor")

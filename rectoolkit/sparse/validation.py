@@ -102,10 +102,22 @@ def check_lengths_nonnegative(
 
 
 def check_total_length(total: int, values: torch.Tensor, owner: str, detail: str = "") -> None:
+    """Lengths may cover fewer values than there are (a padded batch, as TorchRec accepts: the tail is unused),
+    never more."""
+    if total > values.size(0):
+        raise ValueError(
+            f"{owner}: lengths sum to {total} but values has only {values.size(0)} entries{detail}; "
+            "lengths[i] must count the values of sample i"
+        )
+
+
+def check_not_padded(total: int, values: torch.Tensor, owner: str, operation: str) -> None:
+    """Refuse a padded batch (values longer than its lengths' sum) where an operation needs every value counted."""
     if total != values.size(0):
         raise ValueError(
-            f"{owner}: lengths sum to {total} but values has {values.size(0)} entries{detail}; "
-            "lengths[i] must count the values of sample i"
+            f"{owner}.{operation}: lengths sum to {total} but values has {values.size(0)} entries (a padded batch); "
+            f"{operation} needs exactly the counted values (TorchRec fails here too): drop the padding first, "
+            f"values[:{total}] (and weights[:{total}])"
         )
 
 

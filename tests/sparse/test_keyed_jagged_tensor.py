@@ -136,7 +136,7 @@ def test_to_device_keeps_caches():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(values=torch.arange(7), lengths=torch.tensor([3, 1, 2, 2])), r"lengths sum to 8 but values has 7.*'product', 'user'.*stride=2"),
+        (dict(values=torch.arange(7), lengths=torch.tensor([3, 1, 2, 2])), r"lengths sum to 8 but values has only 7.*'product', 'user'.*stride=2"),
         (dict(values=torch.arange(8), lengths=torch.tensor([3, 1, 5, -1])), r"key 'user', sample 1 has length -1"),
         (dict(values=torch.arange(8), lengths=torch.tensor([3, 1, 4])), r"lengths has 3 entries, not a multiple of the 2 keys"),
         (dict(values=torch.arange(8), lengths=torch.tensor([3, 1, 2, 2]), stride=3), r"len\(keys\) \* stride = 2 \* 3 = 6"),
@@ -153,7 +153,7 @@ def test_validation_errors_name_key_and_numbers(kwargs, message):
 
 
 def test_validation_switch():
-    bad = dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 1]))
+    bad = dict(keys=["a"], values=torch.arange(1), lengths=torch.tensor([1, 1]))  # fewer values than counted
     with pytest.raises(ValueError):
         KeyedJaggedTensor(**bad)
     with pytest.raises(ValueError):

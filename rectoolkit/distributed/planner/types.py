@@ -3,6 +3,8 @@ input types. The planner itself is rectoolkit.planner; TorchRec's other names he
 Enumerator / Proposer / Partitioner interfaces, ...) describe parts of TorchRec's planner that rectoolkit's does not
 have (docs/cost_model.md)."""
 
+from rectoolkit.modules.configs import DataType
+from rectoolkit.plan.types import BoundsCheckMode, CacheParams
 from rectoolkit.planner import ParameterConstraints, PlannerError, Topology
 
-__all__ = ["ParameterConstraints", "PlannerError", "Topology"]
+__all__ = ["BoundsCheckMode", "CacheParams", "DataType", "ParameterConstraints", "PlannerError", "Topology"]
