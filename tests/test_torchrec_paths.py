@@ -22,6 +22,8 @@ PATHS = {
     "distributed.model_parallel": ["DistributedModelParallel"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "distributed.quant_embedding": ["QuantEmbeddingCollectionSharder", "ShardedQuantEmbeddingCollection"],
+    "distributed.quant_embeddingbag": ["QuantEmbeddingBagCollectionSharder", "ShardedQuantEmbeddingBagCollection"],
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
 }

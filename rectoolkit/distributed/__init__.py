@@ -10,9 +10,10 @@ from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, 
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 
-# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard), imported on first use
-# so that `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner here.
-_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard")
+# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .quant_embedding,
+# .quant_embeddingbag), imported on first use so that `rectoolkit.distributed.planner.Topology` reads like TorchRec
+# code without importing the planner (or the quantized modules) here.
+_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard", "quant_embedding", "quant_embeddingbag")
 
 
 def __getattr__(name: str):
