@@ -7,7 +7,13 @@ import torch
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv
 from rectoolkit.distributed.shard import shard_modules
-from rectoolkit.quant import QuantEmbeddingCollection, dequantize_rowwise, quantize_rowwise, slice_columns_rowwise
+from rectoolkit.quant import (
+    QuantEmbeddingBagCollection,
+    QuantEmbeddingCollection,
+    dequantize_rowwise,
+    quantize_rowwise,
+    slice_columns_rowwise,
+)
 from rectoolkit.quant.sharding import QuantEmbeddingCollectionSharder, shard_quant_embedding_collection
 
 on = rtk.ShardMetadata.on_rank
@@ -111,3 +117,33 @@ def test_sharder_refuses_other_modules_and_arguments():
     with pytest.raises(TypeError, match="shards QuantEmbeddingCollection"):
         QuantEmbeddingCollectionSharder().shard(rtk.EmbeddingCollection(tables()), plan(), ShardingEnv.local())
     assert QuantEmbeddingCollectionSharder().compute_kernels("table_wise", "cpu") == ["quant"]
+
+
+class Ranker(torch.nn.Module):
+    def __init__(self, bags, sequences) -> None:
+        super().__init__()
+        self.bags = bags
+        self.sequences = sequences
+
+    def forward(self, features):
+        rows = self.sequences(features)
+        return self.bags(features).values() * 2, rows["d"].values() + 1
+
+
+def test_fx_traces_a_model_holding_sharded_quantized_collections():
+    from rectoolkit.fx import Tracer, symbolic_trace
+
+    torch.manual_seed(0)
+    bag_tables = [rtk.EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                         feature_names=t.feature_names) for t in tables()]
+    bags = QuantEmbeddingBagCollection.from_float(rtk.EmbeddingBagCollection(bag_tables), dtype=torch.int8)
+    model = Ranker(bags, quantized(torch.quint4x2))
+    expected = model(batch())
+    shard_modules(model, env=ShardingEnv.local(), plan=rtk.ShardingPlan({"bags": plan(), "sequences": plan()}))
+    for traced in (symbolic_trace(model),
+                   torch.fx.GraphModule(model, Tracer(leaf_modules=["IntNBitTableBatchedEmbeddingBagsCodegen"]).trace(model))):
+        assert [n.target for n in traced.graph.nodes if n.op == "call_module"] == ["sequences._run_groups",
+                                                                                  "bags._run_groups"]
+        pooled, rows = traced(batch())
+        torch.testing.assert_close(pooled, expected[0], rtol=0, atol=1e-5)
+        assert torch.equal(rows, expected[1])
