@@ -33,7 +33,7 @@ is not (give every replica the quantized module instead).
 from __future__ import annotations
 
 import copy
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
-from rectoolkit.plan.types import ParameterSharding, ShardingType
+from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.rowwise import _check_dim, slice_columns_rowwise
@@ -104,7 +104,23 @@ def check_quant_plan(collection: str, configs: Sequence[BaseEmbeddingConfig],
                                  "width are multiples of the codes per byte") from None
 
 
-class ShardedQuantEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+class QuantizedShards:
+    """What both sharded quantized collections say about their shards: stored bytes, no optimizer state."""
+
+    def memory_bytes(self) -> Dict[str, int]:
+        """Bytes of the quantized shards on this rank, and where they live (as ShardedCollection.memory_bytes)."""
+        held = self.quantized_bytes
+        on_gpu = self.env.device.type == "cuda"
+        return {"weights": held, "optimizer": 0, "device": held if on_gpu else 0, "host": 0 if on_gpu else held}
+
+    def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
+        """(table, shard, stored rows uint8 [rows, row bytes], {}) of every shard this rank holds."""
+        return [(table, shard, rows, {}) for group in self.groups.values() if group.local.kernel is not None
+                for (table, _), shard, rows in zip(group.local.shard_keys, group.local.shards,
+                                                   group.local.kernel.table_weights())]
+
+
+class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCollection):
     """A QuantEmbeddingBagCollection sharded for inference: forward gives the KeyedTensor itself (TorchRec's
     inference modules return no awaitable)."""
 
@@ -112,7 +128,7 @@ class ShardedQuantEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return self._run_groups(features)
 
 
-class ShardedQuantEmbeddingCollection(ShardedEmbeddingCollection):
+class ShardedQuantEmbeddingCollection(QuantizedShards, ShardedEmbeddingCollection):
     """A QuantEmbeddingCollection sharded for inference: forward gives {feature: JaggedTensor} itself (as
     TorchRec's ShardedQuantEmbeddingCollection), in the quantized module's output dtype."""
 

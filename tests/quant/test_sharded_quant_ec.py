@@ -58,6 +58,19 @@ def test_every_id_reads_its_stored_row(dtype, backend):
             assert torch.equal(out[feature].lengths(), kjt[feature].lengths())
 
 
+def test_memory_and_local_shards_are_the_stored_bytes():
+    qec = quantized(torch.int8)
+    sharded = shard_quant_embedding_collection(qec, plan(), ShardingEnv.local())
+    # int8 rows: 4 bytes scale/bias + 8 codes -> padded to 16; the 4-column blocks: 4 + 4 -> 16 too
+    assert sharded.memory_bytes() == {"weights": (12 + 10 + 9 + 9) * 16, "optimizer": 0, "device": 0,
+                                      "host": (12 + 10 + 9 + 9) * 16}
+    shards = {(table, shard.shard_offsets[1]): rows for table, shard, rows, _ in sharded.local_shards()}
+    assert sorted(shards) == [("t_cw", 0), ("t_cw", 4), ("t_rw", 0), ("t_tw", 0)]
+    assert torch.equal(shards[("t_tw", 0)], qec.embeddings["t_tw"].weight)
+    assert torch.equal(dequantize_rowwise(shards[("t_cw", 4)], rtk.DataType.INT8, 4, backend="torch"),
+                       dequantize_rowwise(qec.embeddings["t_cw"].weight, rtk.DataType.INT8, 8, backend="torch")[:, 4:])
+
+
 def test_need_indices_and_half_output():
     qec = quantized(torch.int8, output_dtype=torch.float16)
     qec._need_indices = True
