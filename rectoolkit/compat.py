@@ -27,6 +27,8 @@ PATH_MODULES = {
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",
     "rectoolkit.distributed.sharding_plan": "torchrec.distributed.sharding_plan",
+    "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
+    "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
     "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }

@@ -2,8 +2,10 @@
 
 rectoolkit's collections and sharded collections run Python (per-feature dictionaries, collectives) that fx cannot
 trace through, so the Tracer keeps them as leaves: a traced model calls them as modules, and what they return
-(KeyedTensor, a dict of JaggedTensors) flows on as traced values. A sharded collection becomes one call of its
-`_run_groups` child (all its groups; then its awaitable, for the training modules).
+(KeyedTensor, a dict of JaggedTensors) flows on as traced values. A sharded collection (float or quantized,
+bags or sequences) becomes one call of its `_run_groups` child (all its groups; then its awaitable, for the
+training modules). Plain `torch.fx.symbolic_trace` works on the unsharded collections too (each becomes one
+call_function node, see rectoolkit.modules.fx_call), as it does on TorchRec's; sharded ones need this Tracer.
 
     >>> import torch, rectoolkit as rtk
     >>> class Model(torch.nn.Module):

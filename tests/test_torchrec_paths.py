@@ -29,6 +29,8 @@ PATHS = {
                                   "get_module_to_default_sharders", "get_default_sharders"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "distributed.quant_embedding": ["QuantEmbeddingCollectionSharder", "ShardedQuantEmbeddingCollection"],
+    "distributed.quant_embeddingbag": ["QuantEmbeddingBagCollectionSharder", "ShardedQuantEmbeddingBagCollection"],
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"],
     "optim.warmup": ["WarmupOptimizer", "WarmupStage", "WarmupPolicy"],
     "optim.clipping": ["GradientClippingOptimizer", "GradientClipping"],

@@ -11,10 +11,11 @@ from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard,
-# .sharding_plan), imported on first use
-# so that `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner here.
-_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard", "sharding_plan")
+# TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .sharding_plan,
+# .quant_embedding, .quant_embeddingbag), imported on first use so that `rectoolkit.distributed.planner.Topology`
+# reads like TorchRec code without importing the planner (or the quantized modules) here.
+_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "shard", "sharding_plan", "quant_embedding",
+                   "quant_embeddingbag")
 
 
 def __getattr__(name: str):

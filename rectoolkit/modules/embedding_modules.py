@@ -25,12 +25,14 @@ from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
+import torch.fx
 from torch import nn
 
 from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
@@ -253,6 +255,8 @@ class EmbeddingBagCollection(_BatchedCollection):
 
         A KJT with a batch size per feature (VBE) is pooled per feature, then expanded to the full batch with its
         inverse_indices (B = their width), as TorchRec does."""
+        if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
+            return trace_as_one_call(self, self.embedding_bags, features)
         self._sync_kernel()
         values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted, variable_batch=True)
         inverse_indices = self._layout.inverse_indices(features)
@@ -326,6 +330,8 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
+        if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
+            return trace_as_one_call(self, self.embeddings, features)
         self._sync_kernel()
         gathered = self._layout.gather(features, weighted=False)
         rows = self._kernel(gathered.values, self._complete_cumsum(gathered.lengths))

@@ -20,6 +20,7 @@ from rectoolkit.quant.rowwise import (
     dequantize_rowwise,
     quantize_rowwise,
     row_size_in_bytes,
+    slice_columns_rowwise,
     split_scale_bias,
     table_size_in_bytes,
     unpadded_row_size_in_bytes,

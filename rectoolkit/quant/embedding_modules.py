@@ -33,10 +33,12 @@ import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.fx
 from torch import nn
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from rectoolkit.modules.embedding_modules import SequenceCollectionAccessors, get_embedding_names_by_table
+from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
@@ -236,6 +238,8 @@ class QuantEmbeddingBagCollection(_QuantCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool each feature's ids with its quantized table: KJT -> KeyedTensor [B, sum of dims]."""
+        if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
+            return trace_as_one_call(self, self.embedding_bags, features)
         values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted)
         pooled = self.pooled_from_tensors(values, lengths, weights, batch_size)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._length_per_key, values=pooled, key_dim=1)
@@ -324,6 +328,8 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
+        if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
+            return trace_as_one_call(self, self.embeddings, features)
         self._sync_storage()
         gathered = self._layout.gather(features, weighted=False)
         self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)

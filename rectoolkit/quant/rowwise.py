@@ -184,6 +184,33 @@ def split_scale_bias(rows: torch.Tensor, data_type: DataType,
     return rows[:, SCALE_BIAS_BYTES:SCALE_BIAS_BYTES + nbytes], _fp16_at(rows, 0), _fp16_at(rows, 2)
 
 
+def slice_columns_rowwise(rows: torch.Tensor, data_type: DataType, embedding_dim: int, col_start: int, col_end: int,
+                          row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> torch.Tensor:
+    """Stored rows of the columns [col_start, col_end) of a quantized table: the same codes, and each row's own
+    scale and bias, so dequantizing them gives exactly those columns of the whole rows (how a column-wise shard
+    of a quantized table is stored). The block's edges must fall on byte boundaries (even columns for INT4).
+
+    >>> rows = quantize_rowwise(torch.tensor([[-1.0, 84.0, 169.0, 254.0]]), DataType.INT8, backend="torch")
+    >>> dequantize_rowwise(slice_columns_rowwise(rows, DataType.INT8, 4, 2, 4), DataType.INT8, 2)
+    tensor([[169., 254.]])
+    """
+    data_type = _check_data_type(data_type)
+    if not 0 <= col_start < col_end <= embedding_dim:
+        raise ValueError(f"columns [{col_start}, {col_end}) are not a block of a table of dim {embedding_dim}")
+    for edge in (col_start, col_end):
+        try:
+            _check_dim(edge, data_type)
+        except ValueError:
+            raise ValueError(f"columns [{col_start}, {col_end}) of a {data_type.value} table: column {edge} is inside "
+                             f"a byte ({8 // DATA_TYPE_NUM_BITS[data_type]} columns per byte); start and end the "
+                             "block on a byte boundary") from None
+    data, _, _ = split_scale_bias(rows, data_type, embedding_dim)
+    bits = DATA_TYPE_NUM_BITS[data_type]
+    block = data[:, col_start * bits // 8:col_end * bits // 8]
+    scale_bias = rows[:, :SCALE_BIAS_BYTES] if data_type in INTEGER_DATA_TYPES else None
+    return _assemble_rows(block, scale_bias, row_size_in_bytes(col_end - col_start, data_type, row_alignment))
+
+
 def _fp16_at(rows: torch.Tensor, byte: int) -> torch.Tensor:
     """The little-endian fp16 stored at `byte` of each row (no dtype view of a 2-D slice, which torch.export
     would have to specialize for a single row)."""

@@ -22,13 +22,14 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.plan.constructors import ParameterShardingGenerator, get_device_type, get_local_size
 from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan
-from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
-from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder
+from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder
 
 
 def get_default_sharders() -> List[Any]:
-    """A sharder for each collection rectoolkit shards: float bags and sequences, quantized bags."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder(), QuantEmbeddingBagCollectionSharder()]
+    """A sharder for each collection rectoolkit shards: float and quantized, bags and sequences."""
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder(), QuantEmbeddingBagCollectionSharder(),
+            QuantEmbeddingCollectionSharder()]
 
 
 def shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device: Optional[torch.device] = None,
@@ -81,7 +82,8 @@ def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device:
 def _quant_kernels(module: nn.Module, plan: ShardingPlan) -> ShardingPlan:
     """The plan with compute_kernel "quant" for the quantized collections' tables: rectoolkit's planner plans
     training kernels, and the printed plan should say what runs (TorchRec's planner says "quant" there too)."""
-    quantized = {path for path, m in module.named_modules() if isinstance(m, QuantEmbeddingBagCollection)}
+    quantized = {path for path, m in module.named_modules()
+                 if isinstance(m, (QuantEmbeddingBagCollection, QuantEmbeddingCollection))}
     return ShardingPlan({path: {table: dataclasses.replace(ps, compute_kernel="quant") if path in quantized else ps
                                 for table, ps in tables.items()}
                          for path, tables in plan.plan.items()})

@@ -1,80 +1,157 @@
-"""Sharded inference: a quantized EmbeddingBagCollection split by a plan over ranks, same answer as unsharded.
+"""Sharded inference: a quantized EmbeddingBagCollection or EmbeddingCollection split by a plan over ranks, with
+the unsharded module's answer.
 
     sharded = shard_quant_embedding_bag_collection(qebc, plan, ShardingEnv.from_process_group())
     sharded(local_kjt)          # KeyedTensor of this rank's samples, as rectoolkit.distributed's sharded EBC
+    sharded = shard_quant_embedding_collection(qec, plan, env)
+    sharded(local_kjt)          # {feature: JaggedTensor [ids, dim]} of this rank's ids
+
+    >>> import torch, rectoolkit as rtk
+    >>> from rectoolkit.distributed import ShardingEnv
+    >>> from rectoolkit.quant import QuantEmbeddingCollection
+    >>> ec = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="t", num_embeddings=6, embedding_dim=8,
+    ...                                                   feature_names=["f"])])
+    >>> qec = QuantEmbeddingCollection.from_float(ec, dtype=torch.int8, backend="torch")
+    >>> on = rtk.ShardMetadata.on_rank
+    >>> plan = {"t": rtk.ParameterSharding("column_wise", ranks=[0, 0], shards=[on(0, 0, 0, 6, 4), on(0, 0, 4, 6, 4)])}
+    >>> sharded = shard_quant_embedding_collection(qec, plan, ShardingEnv.local())
+    >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([5, 0, 3]), torch.tensor([2, 1]))
+    >>> torch.equal(sharded(kjt)["f"].values(), qec(kjt)["f"].values())
+    True
 
 The communication (input_dist, output_dist) is rectoolkit.distributed's, unchanged; only each rank's local
-lookup is swapped for a quantized one (rectoolkit.quant.lookup) holding this rank's shards:
-- table-wise and row-wise shards are slices of the stored rows (the same bytes, so the same numbers);
-- column-wise shards are re-quantized per column block (each block gets its own per-row scale and bias,
-  as a table of that width would), so they differ from the unsharded rows by at most one quantization step
-  of the block.
+lookup is swapped for a quantized one (rectoolkit.quant.lookup) holding this rank's shards, so the module reads
+like the float one. A shard stores the quantized table's own bytes: table-wise and row-wise shards are its rows,
+column-wise shards its codes of those columns with each row's scale and bias (quant.rowwise.slice_columns_rowwise).
+Every value read is then the unsharded module's, exactly; pooled outputs may differ only by summation order.
 
-Supported: TABLE_WISE, ROW_WISE, COLUMN_WISE, TABLE_ROW_WISE, GRID_SHARD; DATA_PARALLEL is not (replicate
-the quantized module instead).
+Supported sharding types: quantized bags TABLE_WISE, ROW_WISE, COLUMN_WISE, TABLE_ROW_WISE, GRID_SHARD;
+quantized sequences TABLE_WISE, ROW_WISE, COLUMN_WISE (TorchRec's QuantEmbeddingCollectionSharder). DATA_PARALLEL
+is not (give every replica the quantized module instead).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection
+from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection
 from rectoolkit.distributed.sharders import ModuleSharder
-from rectoolkit.modules.configs import DataType
-from rectoolkit.plan.types import ParameterSharding, ShardingType
-from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection
+from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
+from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
+from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
-from rectoolkit.quant.rowwise import dequantize_rowwise, quantize_rowwise
-from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
+from rectoolkit.quant.rowwise import _check_dim, slice_columns_rowwise
+from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+BAG_SHARDING_TYPES = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
+                      ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD]
+SEQUENCE_SHARDING_TYPES = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE]
 
 
 def shard_quant_embedding_bag_collection(qebc: QuantEmbeddingBagCollection,
                                          module_plan: Mapping[str, ParameterSharding], env,
                                          backend: str = "auto") -> nn.Module:
     """Shard a QuantEmbeddingBagCollection by `module_plan` on `env` (a rectoolkit.distributed.ShardingEnv)."""
-    for name, ps in module_plan.items():
-        if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL:
-            raise ValueError(f"table {name!r} is planned DATA_PARALLEL; quantized tables shard table-, row- or "
-                             "column-wise (for data parallel serving, give every replica the QuantEmbeddingBagCollection)")
-    data_types = {t.name: t.data_type for t in qebc.embedding_bag_configs()}
-    float_configs = copy.deepcopy(qebc.embedding_bag_configs())
-    for config in float_configs:
-        config.data_type = DataType.FP32
+    configs = qebc.embedding_bag_configs()
+    check_quant_plan(type(qebc).__name__, configs, module_plan, BAG_SHARDING_TYPES)
     # The sharded module built for float tables gives the communication; its float shards are replaced below.
-    sharded = ShardedQuantEmbeddingBagCollection(float_configs, module_plan, env, is_weighted=qebc.is_weighted(),
-                                            backend="torch", ids_out_of_range=qebc._ids_out_of_range)
-    stored = {name: module.weight for name, module in qebc.embedding_bags.items()}
-    dims = {t.name: t.embedding_dim for t in qebc.embedding_bag_configs()}
-    quantized_bytes = 0
-    for group in sharded.groups.values():
-        local = group.local
-        if local.kernel is None:
-            continue
-        specs = [QuantTableSpec(s.shard_sizes[0], s.shard_sizes[1], data_types[t], f"{t}__{k}")
-                 for (t, k), s in zip(local.shard_keys, local.shards)]
-        lookup = QuantBatchedLookup(specs, feature_table_map=local.kernel.feature_table_map, pooled=True,
-                                    row_alignment=qebc.row_alignment, backend=backend, device=env.device)
-        with torch.no_grad():
-            for (table, _), shard, view in zip(local.shard_keys, local.shards, lookup.table_weights()):
-                view.copy_(_shard_rows(stored[table], data_types[table], dims[table], shard, qebc.row_alignment))
-        local.kernel = lookup
-        local.weights = nn.ParameterDict()  # drop the float shards
-        quantized_bytes += lookup.storage_bytes()
-    sharded.quantized_bytes = quantized_bytes  # bytes of the quantized shards on this rank
-    return sharded
+    sharded = ShardedQuantEmbeddingBagCollection(_float_configs(configs), module_plan, env,
+                                                 is_weighted=qebc.is_weighted(), backend="torch",
+                                                 ids_out_of_range=qebc._ids_out_of_range)
+    return _quantize_shards(sharded, configs, _stored_rows(qebc.embedding_bags), qebc.row_alignment, backend,
+                            pooled=True)
 
 
-class ShardedQuantEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+def shard_quant_embedding_collection(qec: QuantEmbeddingCollection, module_plan: Mapping[str, ParameterSharding],
+                                     env, backend: str = "auto") -> nn.Module:
+    """Shard a QuantEmbeddingCollection by `module_plan` on `env`: table-, row- or column-wise, per table."""
+    configs = qec.embedding_configs()
+    check_quant_plan(type(qec).__name__, configs, module_plan, SEQUENCE_SHARDING_TYPES)
+    sharded = ShardedQuantEmbeddingCollection(_float_configs(configs), module_plan, env, backend="torch",
+                                              ids_out_of_range=qec._ids_out_of_range,
+                                              need_indices=qec.need_indices(), output_dtype=qec.output_dtype())
+    return _quantize_shards(sharded, configs, _stored_rows(qec.embeddings), qec.row_alignment, backend,
+                            pooled=False)
+
+
+def check_quant_plan(collection: str, configs: Sequence[BaseEmbeddingConfig],
+                     module_plan: Mapping[str, ParameterSharding], supported: Sequence[ShardingType]) -> None:
+    """Refuse, on every rank alike, what a quantized collection cannot shard: a sharding type it does not support,
+    and column blocks whose edges fall inside a byte of packed codes (INT4: 2 columns per byte, INT2: 4)."""
+    data_types = {t.name: t.data_type for t in configs}
+    for name, ps in module_plan.items():
+        kind = ShardingType.parse(ps.sharding_type)
+        if kind not in supported:
+            hint = ("for data parallel serving, give every replica the quantized module" if
+                    kind == ShardingType.DATA_PARALLEL else f"plan one of {[t.value for t in supported]}")
+            raise ValueError(f"table {name!r} is planned {kind.value}, which a sharded {collection} does not support; "
+                             f"{hint}")
+        if name not in data_types:
+            continue  # the plan check of the sharded module names unknown tables
+        for shard in ps.shards:
+            try:
+                _check_dim(shard.shard_sizes[1], data_types[name])
+                _check_dim(shard.shard_offsets[1], data_types[name])
+            except ValueError:
+                raise ValueError(f"table {name!r} ({data_types[name].value}) has a column block at columns "
+                                 f"{shard.shard_offsets[1]}..{shard.shard_offsets[1] + shard.shard_sizes[1]}, whose "
+                                 "edges fall inside a byte of packed codes; plan column blocks whose start and "
+                                 "width are multiples of the codes per byte") from None
+
+
+class QuantizedShards:
+    """What both sharded quantized collections say about their shards: stored bytes, no optimizer state."""
+
+    def memory_bytes(self) -> Dict[str, int]:
+        """Bytes of the quantized shards on this rank, and where they live (as ShardedCollection.memory_bytes)."""
+        held = self.quantized_bytes
+        on_gpu = self.env.device.type == "cuda"
+        return {"weights": held, "optimizer": 0, "device": held if on_gpu else 0, "host": 0 if on_gpu else held}
+
+    def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
+        """(table, shard, stored rows uint8 [rows, row bytes], {}) of every shard this rank holds."""
+        return [(table, shard, rows, {}) for group in self.groups.values() if group.local.kernel is not None
+                for (table, _), shard, rows in zip(group.local.shard_keys, group.local.shards,
+                                                   group.local.kernel.table_weights())]
+
+
+class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCollection):
     """A QuantEmbeddingBagCollection sharded for inference: forward gives the KeyedTensor itself (TorchRec's
     inference modules return no awaitable)."""
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         return self._run_groups(features)
+
+
+class ShardedQuantEmbeddingCollection(QuantizedShards, ShardedEmbeddingCollection):
+    """A QuantEmbeddingCollection sharded for inference: forward gives {feature: JaggedTensor} itself (as
+    TorchRec's ShardedQuantEmbeddingCollection), in the quantized module's output dtype."""
+
+    def __init__(self, tables, module_plan, env: ShardingEnv, backend: str = "auto", ids_out_of_range: str = "error",
+                 need_indices: bool = False, output_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(tables, module_plan, env, backend=backend, ids_out_of_range=ids_out_of_range,
+                         need_indices=need_indices)
+        self._output_dtype = output_dtype
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        return self._run_groups(features)
+
+    def _outputs(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        outputs = super()._outputs(features)
+        if self._output_dtype == torch.float32:
+            return outputs
+        # the shards look up in float32 and the cast comes last, as the unsharded lookup casts its float32 rows
+        return {name: JaggedTensor(values=jt.values().to(self._output_dtype), lengths=jt.lengths(),
+                                   weights=jt.weights_or_none()) for name, jt in outputs.items()}
+
+    def output_dtype(self) -> torch.dtype:
+        return self._output_dtype
 
 
 class QuantEmbeddingBagCollectionSharder(ModuleSharder):
@@ -84,14 +161,14 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
     """
 
     module_type = QuantEmbeddingBagCollection
-    _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
-              ShardingType.GRID_SHARD]
+    _types = BAG_SHARDING_TYPES
+    _shard: Callable[..., nn.Module] = staticmethod(shard_quant_embedding_bag_collection)
 
     def __init__(self, fused_params=None, qcomm_codecs_registry=None, shardable_params=None) -> None:
         given = {k: v for k, v in (("fused_params", fused_params), ("qcomm_codecs_registry", qcomm_codecs_registry),
                                    ("shardable_params", shardable_params)) if v is not None}
         if given:
-            raise NotImplementedError(f"QuantEmbeddingBagCollectionSharder({', '.join(given)}=...): not implemented "
+            raise NotImplementedError(f"{type(self).__name__}({', '.join(given)}=...): not implemented "
                                       "for rectoolkit's quantized sharding; leave them None")
         super().__init__()
 
@@ -99,25 +176,70 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
         """Table name -> its stored (quantized) weight, as TorchRec names them: every state_dict "*.weight"."""
         return {name.split(".")[-2]: weight for name, weight in module.state_dict().items() if name.endswith(".weight")}
 
-    def sharding_types(self, compute_device_type: str):
+    def sharding_types(self, compute_device_type: str) -> List[str]:
         return [t.value for t in self._types]
 
-    def compute_kernels(self, sharding_type: str, compute_device_type: str):
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         return ["quant"]
 
     def shard(self, module, params, env, device=None, module_fqn=None):
         """Shard `module` by its plan entry `params` (table -> ParameterSharding) on `env`."""
+        if not isinstance(module, self.module_type):
+            raise TypeError(f"{type(self).__name__}.shard: got a {type(module).__name__}, this sharder shards "
+                            f"{self.module_type.__name__}")
         if device is not None and torch.device(device) != env.device:
             env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
-        sharded = shard_quant_embedding_bag_collection(module, dict(params), env)
+        sharded = self._shard(module, dict(params), env)
         sharded.module_fqn = module_fqn
         return sharded
 
 
-def _shard_rows(rows: torch.Tensor, data_type: DataType, dim: int, shard, row_alignment: int) -> torch.Tensor:
-    (r0, r1), (c0, c1) = shard.rows, shard.columns
-    if (c0, c1) == (0, dim):
-        return rows[r0:r1]  # whole rows: the stored bytes as they are
-    block = dequantize_rowwise(rows[r0:r1], data_type, dim)[:, c0:c1]
-    return quantize_rowwise(block, data_type, row_alignment)
+class QuantEmbeddingCollectionSharder(QuantEmbeddingBagCollectionSharder):
+    """TorchRec's sharder for the quantized EmbeddingCollection: table-, row- and column-wise.
 
+    >>> QuantEmbeddingCollectionSharder().sharding_types("cpu")
+    ['table_wise', 'row_wise', 'column_wise']
+    """
+
+    module_type = QuantEmbeddingCollection
+    _types = SEQUENCE_SHARDING_TYPES
+    _shard = staticmethod(shard_quant_embedding_collection)
+
+
+def _float_configs(configs: Sequence[BaseEmbeddingConfig]) -> List[BaseEmbeddingConfig]:
+    float_configs = copy.deepcopy(list(configs))
+    for config in float_configs:
+        config.data_type = DataType.FP32
+    return float_configs
+
+
+def _stored_rows(tables: nn.ModuleDict) -> Dict[str, torch.Tensor]:
+    return {name: module.weight for name, module in tables.items()}
+
+
+def _quantize_shards(sharded, configs: Sequence[BaseEmbeddingConfig], stored: Mapping[str, torch.Tensor],
+                     row_alignment: int, backend: str, pooled: bool) -> nn.Module:
+    """Replace each group's float lookup by a quantized one holding the stored bytes of this rank's shards."""
+    data_types = {t.name: t.data_type for t in configs}
+    dims = {t.name: t.embedding_dim for t in configs}
+    quantized_bytes = 0
+    for group in sharded.groups.values():
+        local = group.local
+        if local.kernel is None:
+            continue
+        specs = [QuantTableSpec(s.shard_sizes[0], s.shard_sizes[1], data_types[t], f"{t}__{k}")
+                 for (t, k), s in zip(local.shard_keys, local.shards)]
+        lookup = QuantBatchedLookup(specs, feature_table_map=local.kernel.feature_table_map, pooled=pooled,
+                                    row_alignment=row_alignment, backend=backend, device=sharded.env.device)
+        with torch.no_grad():
+            for (table, _), shard, view in zip(local.shard_keys, local.shards, lookup.table_weights()):
+                (r0, r1), (c0, c1) = shard.rows, shard.columns
+                rows = stored[table][r0:r1]
+                if (c0, c1) != (0, dims[table]):
+                    rows = slice_columns_rowwise(rows, data_types[table], dims[table], c0, c1, row_alignment)
+                view.copy_(rows)
+        local.kernel = lookup
+        local.weights = nn.ParameterDict()  # drop the float shards
+        quantized_bytes += lookup.storage_bytes()
+    sharded.quantized_bytes = quantized_bytes  # bytes of the quantized shards on this rank
+    return sharded
