@@ -34,6 +34,7 @@ from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingB
 from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from rectoolkit.sparse.validation import is_tracing
 
 
 def get_embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> List[List[str]]:
@@ -204,7 +205,7 @@ class _BatchedCollection(nn.Module):
     def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
         """Offsets [0, l0, l0+l1, ...] as int64 (fbgemm's one-pass op when it is loaded)."""
         lengths = lengths.to(torch.int64)
-        if lengths.device.type != "meta" and fbgemm_available():
+        if lengths.device.type != "meta" and not is_tracing() and fbgemm_available():  # traced: aten ops only
             return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
         return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 

@@ -22,6 +22,7 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
 
     >>> import torch
     >>> from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+from rectoolkit.sparse.validation import is_tracing
     >>> layout = FeatureLayout("EmbeddingBagCollection", ["user", "item"], ["t_user", "t_item"], [10, 20])
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(["item", "user"], torch.tensor([7, 8, 1]), torch.tensor([2, 0, 1, 0]))
     >>> gathered = layout.gather(kjt, weighted=False)      # the collection's order: user, then item
@@ -43,6 +44,7 @@ import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+from rectoolkit.sparse.validation import is_tracing
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -57,7 +59,7 @@ def set_finite_checks(enabled: Optional[bool]) -> None:
 def finite_checks_enabled() -> bool:
     """True unless set_finite_checks(False) or RECTOOLKIT_CHECK_FINITE=0 (also "false", "no", "off"), or while
     torch.export / torch.compile traces (the checks read values; an exported program has no Python to run them)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if is_tracing():
         return False
     if _finite_checks_override is not None:
         return _finite_checks_override
