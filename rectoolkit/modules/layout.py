@@ -22,7 +22,6 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
 
     >>> import torch
     >>> from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
-from rectoolkit.sparse.validation import is_tracing
     >>> layout = FeatureLayout("EmbeddingBagCollection", ["user", "item"], ["t_user", "t_item"], [10, 20])
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(["item", "user"], torch.tensor([7, 8, 1]), torch.tensor([2, 0, 1, 0]))
     >>> gathered = layout.gather(kjt, weighted=False)      # the collection's order: user, then item
@@ -107,9 +106,14 @@ class FeatureLayout:
                 raise ValueError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
                                  f"{needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine).")
             order = [position[f] for f in self.feature_names]
-            starts = features.offset_per_key()
-            values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
-            weights = _cat([weights[starts[i]:starts[i + 1]] for i in order], weights) if weights is not None else None
+            if is_tracing():  # one gather of static size: slicing by key would need the lengths' values
+                take = _positions_in_key_order(lengths.view(len(keys), stride), order, values.shape[0])
+                values = values[take]
+                weights = weights[take] if weights is not None else None
+            else:
+                starts = features.offset_per_key()
+                values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
+                weights = _cat([weights[starts[i]:starts[i + 1]] for i in order], weights) if weights is not None else None
             lengths = lengths.view(len(keys), stride)[order].reshape(-1)
         self.refuse_float_ids(values)
         if weighted and weights is None:
@@ -222,6 +226,22 @@ def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
 
         output.register_hook(check)
     return output
+
+
+def _positions_in_key_order(lengths_2d: torch.Tensor, order: List[int], num_values) -> torch.Tensor:
+    """For each value of the KJT with its keys taken in `order`, its position in the KJT: [num_values] int64.
+
+    >>> _positions_in_key_order(torch.tensor([[2, 1], [0, 1]]), [1, 0], 4).tolist()  # key 0: 3 ids, key 1: 1 id
+    [3, 0, 1, 2]
+    """
+    totals = lengths_2d.sum(1).to(torch.int64)
+    starts = torch.cumsum(totals, 0) - totals
+    picked = totals[order]
+    new_ends = torch.cumsum(picked, 0)
+    position = torch.arange(num_values, device=lengths_2d.device)
+    new_key = torch.bucketize(position, new_ends, right=True)
+    source_starts = starts[order][new_key]
+    return source_starts + position - (new_ends - picked)[new_key]
 
 
 def _cat(parts: List[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
