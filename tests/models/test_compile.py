@@ -49,6 +49,16 @@ def _assert_same_grads(model, reference):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
+def _assert_same_step(compiled, model, reference, dense, kjt, rtol):
+    """Forward: the same logits; backward of a loss: the same gradients on every parameter."""
+    out = compiled(dense, kjt)
+    expected = reference(dense, kjt)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=1e-6)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    _assert_same_grads(model, reference)
+
+
 def test_dlrm_forward_has_no_graph_break():
     model = _dlrm()
     explanation = torch._dynamo.explain(model)(*_batch(4, seed=1))
@@ -62,13 +72,7 @@ def test_dlrm_fullgraph_forward_backward_equals_eager_for_changing_batches():
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     for batch_size, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]:  # batch sizes and id counts change
-        dense, kjt = _batch(batch_size, seed)
-        out = compiled(dense, kjt)
-        expected = reference(dense, kjt)
-        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-        out.square().sum().backward()
-        expected.square().sum().backward()
-        _assert_same_grads(model, reference)
+        _assert_same_step(compiled, model, reference, *_batch(batch_size, seed), rtol=1e-6)
         model.zero_grad()
         reference.zero_grad()
 
@@ -78,13 +82,7 @@ def test_dlrm_fullgraph_inductor_forward_backward_equals_eager():
     model = _dlrm()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="inductor")
-    dense, kjt = _batch(5, seed=7)
-    out = compiled(dense, kjt)
-    expected = reference(dense, kjt)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
-    out.square().sum().backward()
-    expected.square().sum().backward()
-    _assert_same_grads(model, reference)
+    _assert_same_step(compiled, model, reference, *_batch(5, seed=7), rtol=1e-5)
 
 
 @pytest.mark.timeout(240)
