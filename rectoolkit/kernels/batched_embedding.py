@@ -164,9 +164,12 @@ class BatchedEmbeddingKernel:
         batch_size = num_bags // self.num_features
         if self.device.type == "cpu" and not is_tracing() and int(offsets[-1]) != ids.numel():
             raise ValueError(f"offsets end at {int(offsets[-1])} but there are {ids.numel()} ids")
-        ids_per_feature = offsets[:: max(batch_size, 1)].diff() if batch_size else torch.zeros(
-            self.num_features, dtype=torch.int64, device=self.device
-        )
+        if is_tracing():  # no branch on the (symbolic) batch size; a batch of 1 or 0 is like any other
+            ids_per_feature = offsets.diff().view(self.num_features, batch_size).sum(1)
+        elif batch_size:
+            ids_per_feature = offsets[::batch_size].diff()
+        else:
+            ids_per_feature = torch.zeros(self.num_features, dtype=torch.int64, device=self.device)
         ids = self.id_ranges.check(ids, ids_per_feature, self.ids_out_of_range, bag_lengths=offsets.diff)
         return ids, offsets, batch_size, ids_per_feature
 

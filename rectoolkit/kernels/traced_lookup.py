@@ -25,7 +25,7 @@ call checks them (an exported program has no Python to raise).
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -73,14 +73,19 @@ def _per_id(per_feature: torch.Tensor, ids_per_feature: torch.Tensor, num_ids) -
 
 
 def traced_lookup(kernel, indices: torch.Tensor, offsets: torch.Tensor,
-                  per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`kernel(indices, offsets, per_sample_weights)` as aten ops on `kernel.table_weights` (see module docstring)."""
+                  per_sample_weights: Optional[torch.Tensor] = None,
+                  table_weights: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
+    """`kernel(indices, offsets, per_sample_weights)` as aten ops on `table_weights` (see the module docstring).
+
+    `table_weights`: one [rows, dim] tensor per table, by default `kernel.table_weights`; a module passes its own
+    Parameters (under torch.export they are stand-ins for the kernel's)."""
     ids, offsets, batch_size, ids_per_feature = kernel.prepare_ids(indices, offsets)
+    table_weights = kernel.table_weights if table_weights is None else list(table_weights)
     plan = _plan(kernel)
     num_ids = ids.numel()
     rows = ids + _per_id(plan.row_shift.to(ids.device), ids_per_feature, num_ids) if len(kernel.tables) > 1 else ids
-    weights = [kernel.table_weights[group.table_ids[0]] if len(group.table_ids) == 1
-               else torch.cat([kernel.table_weights[t] for t in group.table_ids]) for group in plan.groups]
+    weights = [table_weights[group.table_ids[0]] if len(group.table_ids) == 1
+               else torch.cat([table_weights[t] for t in group.table_ids]) for group in plan.groups]
     if not kernel.pooled:
         return F.embedding(rows, weights[0]).float()
     if per_sample_weights is not None:
@@ -88,8 +93,8 @@ def traced_lookup(kernel, indices: torch.Tensor, offsets: torch.Tensor,
     if len(plan.groups) == 1:
         pooled = F.embedding_bag(rows, weights[0], offsets, mode="sum", per_sample_weights=per_sample_weights,
                                  include_last_offset=True).float()
-        return pooled.view(kernel.num_features, batch_size, plan.groups[0].dim).transpose(0, 1) \
-            .reshape(batch_size, kernel.num_features * plan.groups[0].dim)
+        # [F * B, dim] -> [B, F * dim] by a concatenation: a transposed reshape makes the tracer guard B != 1
+        return torch.cat(pooled.view(kernel.num_features, batch_size, plan.groups[0].dim).unbind(0), dim=1)
     per_feature: Dict[int, torch.Tensor] = {}
     for group, weight, in_group in zip(plan.groups, weights, plan.feature_in_group):
         mine = _per_id(in_group.to(ids.device), ids_per_feature, num_ids)

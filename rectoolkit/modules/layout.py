@@ -147,7 +147,8 @@ class FeatureLayout:
         inverse = features.inverse_indices_or_none()
         if inverse is None:
             strides = dict(zip(features.keys(), features.stride_per_key()))
-            if len({strides[f] for f in self.feature_names if f in strides}) > 1:
+            mine = [strides[f] for f in self.feature_names if f in strides]
+            if any(stride != mine[0] for stride in mine):  # (no set: a traced stride is an unhashable SymInt)
                 raise ValueError(f"{self.owner}: the features have different batch sizes {strides} but the "
                                  "KeyedJaggedTensor has no inverse_indices to expand them to one batch; pass "
                                  "inverse_indices=(keys, tensor[len(keys), batch size])")
