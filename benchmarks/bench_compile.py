@@ -115,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> str:
         f"{torch.get_num_threads()} thread(s), {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs shared with other jobs (load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after). {args.rounds} alternating rounds of {args.steps} steps each: median per-step "
-        f"time over rounds, range in brackets. Compile (first calls, incl. one recompile for dynamic id counts): "
+        f"time over rounds, range in brackets. Compile (first calls, incl. one recompile for dynamic id counts; inductor's on-disk cache may be warm): "
         f"{compile_s:.0f} s.",
         "",
         "| contender | step time (median) | range over rounds | vs eager |",
@@ -127,11 +127,16 @@ def main(argv: Optional[List[str]] = None) -> str:
                      f"{eager_median / median:.2f}x |")
     lines += ["", "Command: `python benchmarks/bench_compile.py " + " ".join(argv if argv is not None else sys.argv[1:])
               + "`"]
-    table = "\n".join(lines) + "\n"
+    return report("\n".join(lines) + "\n", args.out)
+
+
+def report(table: str, out: str) -> str:
+    """Print the results table and write it to `out` (benchmarks/results/compile.md; nothing for "")."""
     print(table)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(table)
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(table)
     return table
 
 
