@@ -47,6 +47,8 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, apply_row_update, init_optimizer_state
 from rectoolkit.kernels.id_ranges import ID_MODES, IdRanges, per_id
 from rectoolkit.kernels.optimizer_state import EmbOptimType
+from rectoolkit.kernels.traced_lookup import traced_lookup
+from rectoolkit.sparse.validation import is_tracing
 
 BACKENDS = ("auto", "torch", "fbgemm")
 
@@ -160,13 +162,16 @@ class BatchedEmbeddingKernel:
                 f"with num_features={self.num_features} ({self.feature_names})"
             )
         batch_size = num_bags // self.num_features
-        if self.device.type == "cpu" and int(offsets[-1]) != ids.numel():
+        if self.device.type == "cpu" and not is_tracing() and int(offsets[-1]) != ids.numel():
             raise ValueError(f"offsets end at {int(offsets[-1])} but there are {ids.numel()} ids: a padded batch "
                              "(values longer than its lengths count) cannot be looked up (TorchRec's collections fail "
                              f"on it too); drop the padding, values[:{int(offsets[-1])}], before the lookup")
-        ids_per_feature = offsets[:: max(batch_size, 1)].diff() if batch_size else torch.zeros(
-            self.num_features, dtype=torch.int64, device=self.device
-        )
+        if is_tracing():  # no branch on the (symbolic) batch size; a batch of 1 or 0 is like any other
+            ids_per_feature = offsets.diff().view(self.num_features, batch_size).sum(1)
+        elif batch_size:
+            ids_per_feature = offsets[::batch_size].diff()
+        else:
+            ids_per_feature = torch.zeros(self.num_features, dtype=torch.int64, device=self.device)
         ids = self.id_ranges.check(ids, ids_per_feature, self.ids_out_of_range, bag_lengths=offsets.diff)
         return ids, offsets, batch_size, ids_per_feature
 
@@ -193,8 +198,11 @@ class BatchedEmbeddingKernel:
         """Re-attach table_weights to the storage after something replaced their data (deepcopy, assign-load).
 
         The Parameter's current values win: they are copied into the storage, then the Parameter views it again.
-        Cheap when nothing changed (compares data pointers with the ones seen last time).
+        Cheap when nothing changed (compares data pointers with the ones seen last time). Skipped while tracing:
+        the traced lookup reads the Parameters themselves (see traced_lookup.py).
         """
+        if is_tracing():
+            return
         if getattr(self, "_synced_ptrs", None) == [p.data_ptr() for p in self.table_weights]:
             return
         with torch.no_grad():
@@ -231,6 +239,16 @@ class BatchedEmbeddingKernel:
                         tensor.copy_(theirs[name].reshape(tensor.shape))
 
     def __call__(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
+        if is_tracing():
+            if self.optimizer is None or torch.compiler.is_exporting():  # export traces forward only: no update
+                return traced_lookup(self, indices, offsets, per_sample_weights)
+            return self._forward_outside_graph(indices, offsets, per_sample_weights)
+        return self.forward(indices, offsets, per_sample_weights)
+
+    @torch.compiler.disable(reason="a fused optimizer updates the tables in place from backward; build the "
+                                   "collection with optimizer=None (dense gradients) to compile the lookup")
+    def _forward_outside_graph(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
+        self.sync_parameters()
         return self.forward(indices, offsets, per_sample_weights)
 
     def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:

@@ -18,13 +18,15 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from rectoolkit.sparse.validation import is_tracing
+
 ID_MODES = ("error", "hash", "unchecked")
 _SERIAL_CHUNK = 16384  # elements; torch's CPU reductions go parallel at 32768 (at::internal::GRAIN_SIZE)
 
 
 def per_id(per_feature: torch.Tensor, ids_per_feature: torch.Tensor, num_ids: int) -> torch.Tensor:
     """Repeat a per-feature value for each id of the feature (fast on CPU: no repeat_interleave)."""
-    if per_feature.device.type == "cpu":
+    if per_feature.device.type == "cpu" and not is_tracing():  # (.tolist() reads data: not while tracing)
         pieces = [v.expand(c) for v, c in zip(per_feature, ids_per_feature.tolist())]
         return torch.cat(pieces) if pieces else per_feature.new_empty(0)
     return per_feature.repeat_interleave(ids_per_feature, output_size=num_ids)
@@ -53,6 +55,8 @@ class IdRanges:
         if mode not in ID_MODES:
             raise ValueError(f"ids_out_of_range must be one of {ID_MODES}, got {mode!r}")
         if mode == "unchecked" or ids.device.type == "meta" or not ids.numel():
+            return ids
+        if mode == "error" and is_tracing():  # a traced graph cannot raise on data; the eager call checks
             return ids
         rows = self.rows if self.rows.device == ids.device else self.rows.to(ids.device)
         if mode == "hash":

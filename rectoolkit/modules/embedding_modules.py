@@ -31,11 +31,13 @@ from torch import nn
 from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
+from rectoolkit.kernels.traced_lookup import traced_lookup
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from rectoolkit.sparse.validation import is_tracing
 
 
 def get_embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> List[List[str]]:
@@ -202,11 +204,21 @@ class _BatchedCollection(nn.Module):
         if self.fused_optimizer is not None:
             self.fused_optimizer.sync_hyperparameters()
 
+    def _lookup(self, values: torch.Tensor, offsets: torch.Tensor,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The kernel's lookup; while compiling or exporting, as aten ops on this module's own Parameters
+        (torch.export swaps them for traced stand-ins, so the kernel's storage must not be read or synced)."""
+        if is_tracing() and (self._kernel.optimizer is None or torch.compiler.is_exporting()):
+            return traced_lookup(self._kernel, values, offsets, weights, self._table_parameters())
+        if not is_tracing():
+            self._sync_kernel()
+        return self._kernel(values, offsets, weights)  # (compiling a fused optimizer: runs outside the graph)
+
     @staticmethod
     def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
         """Offsets [0, l0, l0+l1, ...] as int64 (fbgemm's one-pass op when it is loaded)."""
         lengths = lengths.to(torch.int64)
-        if lengths.device.type != "meta" and fbgemm_available():
+        if lengths.device.type != "meta" and not is_tracing() and fbgemm_available():  # traced: aten ops only
             return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
         return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 
@@ -257,10 +269,9 @@ class EmbeddingBagCollection(_BatchedCollection):
         inverse_indices (B = their width), as TorchRec does."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embedding_bags, features)
-        self._sync_kernel()
         values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted, variable_batch=True)
         inverse_indices = self._layout.inverse_indices(features)
-        pooled = self._kernel(values, self._complete_cumsum(lengths), weights)
+        pooled = self._lookup(values, self._complete_cumsum(lengths), weights)
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
             pooled = guard_gradient(pooled, type(self).__name__)
         if self._has_mean:
@@ -332,9 +343,8 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embeddings, features)
-        self._sync_kernel()
         gathered = self._layout.gather(features, weighted=False)
-        rows = self._kernel(gathered.values, self._complete_cumsum(gathered.lengths))
+        rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
         if rows.device.type == "meta":
             raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them

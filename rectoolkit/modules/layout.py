@@ -43,7 +43,7 @@ import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
-from rectoolkit.sparse.validation import check_not_padded
+from rectoolkit.sparse.validation import check_not_padded, is_tracing
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -58,7 +58,7 @@ def set_finite_checks(enabled: Optional[bool]) -> None:
 def finite_checks_enabled() -> bool:
     """True unless set_finite_checks(False) or RECTOOLKIT_CHECK_FINITE=0 (also "false", "no", "off"), or while
     torch.export / torch.compile traces (the checks read values; an exported program has no Python to run them)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if is_tracing():
         return False
     if _finite_checks_override is not None:
         return _finite_checks_override
@@ -98,7 +98,7 @@ class FeatureLayout:
                 features = self._padded_to_largest_stride(features)
         keys, stride = features.keys(), features.stride()
         values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):  # the sum reads the lengths
+        if not is_tracing():  # the sum reads the lengths
             check_not_padded(sum(features.length_per_key()), values, self.owner, "forward")
         if list(keys) != self.feature_names:
             position = {k: i for i, k in enumerate(keys)}
@@ -108,9 +108,14 @@ class FeatureLayout:
                 raise ValueError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
                                  f"{needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine).")
             order = [position[f] for f in self.feature_names]
-            starts = features.offset_per_key()
-            values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
-            weights = _cat([weights[starts[i]:starts[i + 1]] for i in order], weights) if weights is not None else None
+            if is_tracing():  # one gather of static size: slicing by key would need the lengths' values
+                take = _positions_in_key_order(lengths.view(len(keys), stride), order, values.shape[0])
+                values = values[take]
+                weights = weights[take] if weights is not None else None
+            else:
+                starts = features.offset_per_key()
+                values = _cat([values[starts[i]:starts[i + 1]] for i in order], values)
+                weights = _cat([weights[starts[i]:starts[i + 1]] for i in order], weights) if weights is not None else None
             lengths = lengths.view(len(keys), stride)[order].reshape(-1)
         self.refuse_float_ids(values)
         if weighted and weights is None:
@@ -144,7 +149,8 @@ class FeatureLayout:
         inverse = features.inverse_indices_or_none()
         if inverse is None:
             strides = dict(zip(features.keys(), features.stride_per_key()))
-            if len({strides[f] for f in self.feature_names if f in strides}) > 1:
+            mine = [strides[f] for f in self.feature_names if f in strides]
+            if any(stride != mine[0] for stride in mine):  # (no set: a traced stride is an unhashable SymInt)
                 raise ValueError(f"{self.owner}: the features have different batch sizes {strides} but the "
                                  "KeyedJaggedTensor has no inverse_indices to expand them to one batch; pass "
                                  "inverse_indices=(keys, tensor[len(keys), batch size])")
@@ -223,6 +229,22 @@ def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
 
         output.register_hook(check)
     return output
+
+
+def _positions_in_key_order(lengths_2d: torch.Tensor, order: List[int], num_values) -> torch.Tensor:
+    """For each value of the KJT with its keys taken in `order`, its position in the KJT: [num_values] int64.
+
+    >>> _positions_in_key_order(torch.tensor([[2, 1], [0, 1]]), [1, 0], 4).tolist()  # key 0: 3 ids, key 1: 1 id
+    [3, 0, 1, 2]
+    """
+    totals = lengths_2d.sum(1).to(torch.int64)
+    starts = torch.cumsum(totals, 0) - totals
+    picked = totals[order]
+    new_ends = torch.cumsum(picked, 0)
+    position = torch.arange(num_values, device=lengths_2d.device)
+    new_key = torch.bucketize(position, new_ends, right=True)
+    source_starts = starts[order][new_key]
+    return source_starts + position - (new_ends - picked)[new_key]
 
 
 def _cat(parts: List[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

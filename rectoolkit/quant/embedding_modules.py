@@ -50,12 +50,9 @@ from rectoolkit.quant.rowwise import (
     quantize_rowwise,
 )
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from rectoolkit.sparse.validation import is_tracing
 
 _ID_MODES = ("error", "unchecked")
-
-
-def _tracing() -> bool:
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 class _QuantCollection(nn.Module):
@@ -168,7 +165,7 @@ class _QuantCollection(nn.Module):
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, values: torch.Tensor, lengths: torch.Tensor, batch_size: int) -> None:
         """Raise naming the feature, sample, id and table when an id is outside its table (modules.layout)."""
-        if not _tracing():
+        if not is_tracing():
             self._layout.check_ids(GatheredFeatures(values, lengths, None, batch_size), self._ids_out_of_range,
                                    subject=f"{type(self).__name__}: ")
 
@@ -254,7 +251,7 @@ class QuantEmbeddingBagCollection(_QuantCollection):
         num_features = len(self._feature_names)
         if batch_size is None:
             batch_size = lengths.shape[0] // num_features
-        if not _tracing():
+        if not is_tracing():
             self._sync_storage()
             if lengths.numel() != num_features * batch_size:
                 raise ValueError(f"{type(self).__name__}: {lengths.numel()} lengths for {num_features} features "

@@ -108,6 +108,50 @@ def export_for_serving(collection: nn.Module, example: KeyedJaggedTensor,
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
 
 
+def export_with_jagged_inputs(module: nn.Module, args: Tuple[Any, ...],
+                              dynamic: bool = True) -> torch.export.ExportedProgram:
+    """torch.export a module whose forward takes KeyedJaggedTensors (and dense tensors [B, ...]) as they are.
+
+    Float or quantized collections, or a whole model (a DLRM: `args = (dense, kjt)`). With `dynamic`, the batch
+    size (dim 0 of the dense tensors, lengths = num keys x batch) and each KJT's number of ids may change; the
+    KJT's keys (and their order) are fixed by the example. The program takes and returns rectoolkit's types,
+    so the process that loads it imports rectoolkit and calls `register_jagged_pytree_nodes()` first:
+
+        >>> import torch, rectoolkit as rtk
+        >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4)])
+        >>> kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["t"], torch.tensor([1, 2, 3]), torch.tensor([2, 1]))
+        >>> program = export_with_jagged_inputs(ebc, (kjt,))
+        >>> bigger = rtk.KeyedJaggedTensor.from_lengths_sync(["t"], torch.tensor([4, 5, 6, 7]), torch.tensor([1, 0, 3]))
+        >>> torch.equal(program.module()(bigger).values(), ebc(bigger).values())
+        True
+    """
+    register_jagged_pytree_nodes()
+    dynamic_shapes = _jagged_dynamic_shapes(args) if dynamic else None
+    from torch.fx.experimental import _config as shape_config
+
+    with shape_config.patch(backed_size_oblivious=True):  # a batch of 1 is not special-cased (as above)
+        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _jagged_dynamic_shapes(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    batch = Dim("batch", min=1)
+    shapes: List[Any] = []
+    for position, arg in enumerate(args):
+        if isinstance(arg, KeyedJaggedTensor):
+            if arg.variable_stride_per_key() or arg.inverse_indices_or_none() is not None:
+                raise NotImplementedError(f"argument {position}: a KeyedJaggedTensor with a batch size per feature "
+                                          "(VBE) cannot be exported; pass one with a single stride")
+            num_ids = Dim(f"num_ids_{position}", min=0)
+            weights = {0: num_ids} if arg.weights_or_none() is not None else None
+            shapes.append([{0: num_ids}, {0: len(arg.keys()) * batch}, weights])
+        elif isinstance(arg, torch.Tensor):
+            shapes.append({0: batch} if arg.dim() else None)
+        else:
+            raise TypeError(f"argument {position}: export_with_jagged_inputs takes tensors and KeyedJaggedTensors, "
+                            f"got {type(arg).__name__}")
+    return tuple(shapes)
+
+
 def save_for_serving(program: torch.export.ExportedProgram, path: Union[str, os.PathLike]) -> None:
     """torch.export.save; load anywhere with `torch.export.load(path).module()`."""
     torch.export.save(program, path)

@@ -46,8 +46,22 @@ def validation_disabled() -> Iterator[None]:
         _state.enabled = previous
 
 
+def is_tracing() -> bool:
+    """True while torch.compile or torch.export traces: checks that read tensor values are skipped then.
+
+    A traced graph cannot branch on data (it would break the graph, or fail under ``fullgraph=True`` and
+    torch.export), and an exported program has no Python left to raise; eager calls keep every check.
+
+    >>> is_tracing()
+    False
+    """
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 def should_validate(validate: Optional[bool]) -> bool:
-    """Resolve a per-call ``validate`` argument against the global switch."""
+    """Resolve a per-call ``validate`` argument against the global switch (never while tracing, see is_tracing)."""
+    if is_tracing():
+        return False
     return validation_enabled() if validate is None else validate
 
 

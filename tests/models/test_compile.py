@@ -1,0 +1,150 @@
+"""torch.compile(fullgraph=True) of a DLRM with an EmbeddingBagCollection, of the EBC alone and of a KJT built
+inside the compiled function: no graph break, and the same outputs and gradients as eager (the eager run uses
+the kernel's own autograd function, a different code path from the traced lookup).
+
+Most tests use the aot_eager backend (dynamo + AOTAutograd, no code generation: seconds); one runs inductor.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.train.model import DLRM
+
+FEATURES = ["f0", "f1", "f2"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _dlrm(seed=0):
+    torch.manual_seed(seed)
+    tables = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0", "f1"]),
+              rtk.EmbeddingBagConfig(name="t1", num_embeddings=7, embedding_dim=4, feature_names=["f2"],
+                                     pooling=rtk.PoolingType.MEAN)]
+    ebc = rtk.EmbeddingBagCollection(tables)
+    return DLRM(ebc, dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
+
+
+def _batch(batch_size, seed, weighted=False, keys=FEATURES):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 4, (len(keys) * batch_size,), generator=g)
+    values = torch.randint(0, 7, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    kjt = rtk.KeyedJaggedTensor.from_lengths_sync(list(keys), values, lengths, weights=weights)
+    return torch.randn(batch_size, 3, generator=g), kjt
+
+
+def _assert_same_grads(model, reference):
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert p.grad is not None and q.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def _assert_same_step(compiled, model, reference, dense, kjt, rtol):
+    """Forward: the same logits; backward of a loss: the same gradients on every parameter."""
+    out = compiled(dense, kjt)
+    expected = reference(dense, kjt)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=1e-6)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    _assert_same_grads(model, reference)
+
+
+def test_dlrm_forward_has_no_graph_break():
+    model = _dlrm()
+    explanation = torch._dynamo.explain(model)(*_batch(4, seed=1))
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.timeout(240)
+def test_dlrm_fullgraph_forward_backward_equals_eager_for_changing_batches():
+    model = _dlrm()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for batch_size, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]:  # batch sizes and id counts change
+        _assert_same_step(compiled, model, reference, *_batch(batch_size, seed), rtol=1e-6)
+        model.zero_grad()
+        reference.zero_grad()
+
+
+@pytest.mark.timeout(420)
+def test_dlrm_fullgraph_inductor_forward_backward_equals_eager():
+    model = _dlrm()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
+    _assert_same_step(compiled, model, reference, *_batch(5, seed=7), rtol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_weighted_ebc_of_mixed_dims_and_a_kjt_built_inside_compile():
+    torch.manual_seed(0)
+    tables = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0", "f1"]),
+              rtk.EmbeddingBagConfig(name="t1", num_embeddings=7, embedding_dim=6, feature_names=["f2"])]
+    ebc = rtk.EmbeddingBagCollection(tables, is_weighted=True)
+    reference = copy.deepcopy(ebc)
+
+    def pooled(values, lengths, weights):  # the KJT is built (and permuted) inside the compiled function
+        kjt = rtk.KeyedJaggedTensor(keys=["f2", "f0", "f1"], values=values, lengths=lengths, weights=weights)
+        return kjt, ebc(kjt).values()
+
+    compiled = torch.compile(pooled, fullgraph=True, backend="aot_eager")
+    explanation = torch._dynamo.explain(pooled)(*_flat(_batch(3, seed=5, weighted=True)[1]))
+    assert explanation.graph_break_count == 0, [(b.reason, b.user_stack[-2:]) for b in explanation.break_reasons]
+    for batch_size, seed in [(3, 5), (7, 6)]:
+        _, kjt = _batch(batch_size, seed, weighted=True, keys=["f2", "f0", "f1"])
+        weights = kjt.weights().clone().requires_grad_(True)
+        values, lengths, _ = _flat(kjt)
+        rebuilt, out = compiled(values, lengths, weights)
+        assert rebuilt.keys() == ["f2", "f0", "f1"] and torch.equal(rebuilt.lengths(), lengths)
+        reference_weights = kjt.weights().clone().requires_grad_(True)
+        expected = reference(rtk.KeyedJaggedTensor(keys=["f2", "f0", "f1"], values=values, lengths=lengths,
+                                                   weights=reference_weights)).values()
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(weights.grad, reference_weights.grad, rtol=1e-5, atol=1e-6)
+        _assert_same_grads(ebc, reference)
+        ebc.zero_grad()
+        reference.zero_grad()
+
+
+def _flat(kjt):
+    return kjt.values(), kjt.lengths(), kjt.weights()
+
+
+def test_eager_calls_keep_their_checks_after_compiling():
+    model = _dlrm()
+    torch.compile(model, fullgraph=True, backend="aot_eager")(*_batch(2, seed=1))
+    dense, _ = _batch(2, seed=1)
+    bad = rtk.KeyedJaggedTensor.from_lengths_sync(FEATURES, torch.tensor([3, 10]), torch.tensor([1, 0, 0, 1, 0, 0]))
+    with pytest.raises(ValueError, match="id 10 of feature 'f1'.*table 't0' with num_embeddings=10"):
+        model(dense, bad)
+    with pytest.raises(ValueError, match="lengths sum to 3 but values has 2"):
+        rtk.KeyedJaggedTensor.from_lengths_sync(FEATURES, torch.tensor([3, 1]), torch.tensor([1, 1, 0, 1, 0, 0]))
+
+
+def test_fused_optimizer_lookup_runs_outside_the_graph_and_says_why():
+    torch.manual_seed(0)
+    tables = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=FEATURES)]
+    ebc = rtk.EmbeddingBagCollection(tables, optimizer="sgd", lr=0.5)
+    before = ebc.embedding_bags["t0"].weight.detach().clone()
+    _, kjt = _batch(3, seed=2)
+    explanation = torch._dynamo.explain(ebc)(kjt)
+    assert any("a fused optimizer updates the tables" in b.reason for b in explanation.break_reasons)
+    with pytest.raises(Exception, match="build the collection with optimizer=None"):
+        torch.compile(ebc, fullgraph=True, backend="aot_eager")(kjt)
+    torch._dynamo.reset()
+    torch.compile(ebc, backend="aot_eager")(kjt).values().sum().backward()  # without fullgraph: runs, updates
+    # d(sum)/d(row) is 1 per column for every occurrence of the id: SGD subtracts lr * count
+    counts = torch.bincount(kjt.values(), minlength=10).to(torch.float32)[:, None]
+    torch.testing.assert_close(ebc.embedding_bags["t0"].weight.detach(), before - 0.5 * counts)
