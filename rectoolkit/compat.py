@@ -35,6 +35,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.modules.mc_modules": "torchrec.modules.mc_modules",
+    "rectoolkit.modules.mc_embedding_modules": "torchrec.modules.mc_embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",

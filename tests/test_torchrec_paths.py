@@ -17,6 +17,7 @@ PATHS = {
     "modules.mc_modules": ["ManagedCollisionCollection", "ManagedCollisionModule", "MCHManagedCollisionModule",
                            "MCHEvictionPolicy", "LFU_EvictionPolicy", "LRU_EvictionPolicy",
                            "DistanceLFU_EvictionPolicy"],
+    "modules.mc_embedding_modules": ["ManagedCollisionEmbeddingBagCollection", "ManagedCollisionEmbeddingCollection"],
     "distributed.types": ["ShardingType", "ShardingPlan", "ParameterSharding", "ShardingEnv", "ShardMetadata",
                           "LazyAwaitable", "EmbeddingModuleShardingPlan"],
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],

@@ -137,3 +137,24 @@ def test_errors_name_the_table_and_numbers():
     assert shard._mch_remapped_ids_mapping.tolist() == [4, 5, 6, 7] and shard.buckets() == 2
     with pytest.raises(ValueError, match=r"rows \[4, 8\) cannot be built out of the loaded output segments \[0, 4\]"):
         shard.load_state_dict(MCHManagedCollisionModule(4, "cpu", LFU_EvictionPolicy(), 1).state_dict())
+
+
+def test_mc_embedding_bag_collection_looks_up_the_remapped_rows_and_refuses_mismatches():
+    from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
+    from rectoolkit.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+
+    tables = [EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=3, feature_names=["f"])]
+    ebc = EmbeddingBagCollection(tables)
+    mcc = ManagedCollisionCollection({"t": MCHManagedCollisionModule(4, "cpu", LFU_EvictionPolicy(), 1)}, tables)
+    mc_ebc = ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+    weight = ebc.embedding_bags["t"].weight.detach().clone()
+    kjt = KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([2**40, 2**40, 5, 2**40]), torch.tensor([2, 2]))
+    pooled, remapped = mc_ebc(kjt)
+    # 2**40 (x3) takes row 1, 5 row 2 (hand-worked as in test_lfu_hand_worked): bags [1, 1] and [2, 1]
+    assert remapped is None
+    torch.testing.assert_close(pooled["f"], torch.stack([weight[1] + weight[1], weight[2] + weight[1]]))
+    other = [EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=8, feature_names=["f"])]
+    with pytest.raises(ValueError, match=r"tables \['t'\] and the managed collision collection's \['t'\] must be"):
+        ManagedCollisionEmbeddingBagCollection(EmbeddingBagCollection(other), mcc)
+    with pytest.raises(NotImplementedError, match="allow_in_place_embed_weight_update=True"):
+        ManagedCollisionEmbeddingBagCollection(ebc, mcc, allow_in_place_embed_weight_update=True)

@@ -121,3 +121,47 @@ def test_collection_same_as_torchrec():
     mine_state, reference_state = mine.state_dict(), reference.state_dict()
     assert list(mine_state) == list(reference_state)
     assert all(torch.equal(mine_state[k], v) for k, v in reference_state.items())
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_mc_embedding_collections_same_outputs_and_state_dict_keys(pooled):
+    from torchrec.modules import mc_embedding_modules as their_mc_embedding
+
+    import rectoolkit as rtk
+    from rectoolkit.modules import mc_embedding_modules as our_mc_embedding
+
+    def build(lib, mc_lib, mc_embedding_lib):
+        config = lib.EmbeddingBagConfig if pooled else lib.EmbeddingConfig
+        tables = [config(name="users", num_embeddings=6, embedding_dim=4, feature_names=["user", "friend"]),
+                  config(name="catalog", num_embeddings=5, embedding_dim=4, feature_names=["item"])]
+        collection = (lib.EmbeddingBagCollection if pooled else lib.EmbeddingCollection)(
+            tables=tables, device=torch.device("cpu"))
+        modules = {t.name: mc_lib.MCHManagedCollisionModule(zch_size=t.num_embeddings, device=torch.device("cpu"),
+                                                            eviction_policy=mc_lib.LFU_EvictionPolicy(),
+                                                            eviction_interval=2) for t in tables}
+        wrapper = (mc_embedding_lib.ManagedCollisionEmbeddingBagCollection if pooled
+                   else mc_embedding_lib.ManagedCollisionEmbeddingCollection)
+        return wrapper(collection, mc_lib.ManagedCollisionCollection(modules, tables), return_remapped_features=True)
+
+    reference = build(torchrec, theirs, their_mc_embedding)
+    mine = build(rtk, ours, our_mc_embedding)
+    assert list(mine.state_dict()) == list(reference.state_dict())
+    mine.load_state_dict(reference.state_dict())  # the same weights
+    g = torch.Generator().manual_seed(3)
+    keys = ["friend", "item", "user"]
+    lengths = torch.tensor([1, 2, 0, 2, 1, 1, 3, 0, 1])
+    for step in range(6):
+        values = torch.randint(0, 10, (int(lengths.sum()),), generator=g) * 7919
+        got, got_ids = mine(KeyedJaggedTensor(keys=keys, values=values, lengths=lengths))
+        expected, expected_ids = reference(torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths))
+        assert torch.equal(got_ids.values(), expected_ids.values()) and got_ids.keys() == expected_ids.keys(), step
+        if pooled:
+            assert got.keys() == expected.keys()
+            torch.testing.assert_close(got.values(), expected.values())
+        else:
+            assert list(got) == list(expected)
+            for key, jagged in expected.items():
+                torch.testing.assert_close(got[key].values(), jagged.values())
+                assert torch.equal(got[key].lengths(), jagged.lengths())
+    mine_state, reference_state = mine.state_dict(), reference.state_dict()
+    assert all(torch.equal(mine_state[k], v) for k, v in reference_state.items())
