@@ -456,25 +456,11 @@ class ManagedCollisionCollection(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor, mutate_miss_lengths: bool = True) -> KeyedJaggedTensor:
         """The features' ids remapped, table by table; keys in the configs' order."""
-        missing = [f for f in self._feature_names if f not in features.keys()]
-        if missing:
-            raise ValueError(f"ManagedCollisionCollection: features {missing} of tables "
-                             f"{sorted({t for t, fs in self._table_to_features.items() if set(fs) & set(missing)})}"
-                             f" are not in the input (keys {features.keys()})")
-        if features.keys() != self._feature_names:
-            features = features.permute([features.keys().index(f) for f in self._feature_names])
-        per_table = features.split([len(fs) for fs in self._table_to_features.values()])
-        values, lengths = [], []
-        for (table, module), kjt in zip(self._managed_collision_modules.items(), per_table):
-            remapped = module({table: JaggedTensor(values=kjt.values(), lengths=kjt.lengths())},
-                              mutate_miss_lengths=mutate_miss_lengths)[table]
-            values.append(remapped.values())
-            lengths.append(remapped.lengths())
-        return KeyedJaggedTensor(keys=features.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
-                                 weights=features.weights_or_none(), stride=features.stride(),
-                                 stride_per_key_per_rank=(features.stride_per_key_per_rank()
-                                                          if features.variable_stride_per_key() else None),
-                                 inverse_indices=features.inverse_indices_or_none())
+        features, per_table = features_by_table(features, self._table_to_features)
+        remapped = [module({table: JaggedTensor(values=kjt.values(), lengths=kjt.lengths())},
+                           mutate_miss_lengths=mutate_miss_lengths)[table]
+                    for (table, module), kjt in zip(self._managed_collision_modules.items(), per_table)]
+        return with_remapped_ids(features, [jt.values() for jt in remapped], [jt.lengths() for jt in remapped])
 
     def evict(self) -> Dict[str, Optional[torch.Tensor]]:
         """Each table's rows evicted since the last call (None where none)."""
@@ -483,3 +469,27 @@ class ManagedCollisionCollection(nn.Module):
     def open_slots(self) -> Dict[str, torch.Tensor]:
         """Each table's count of slots no id holds yet."""
         return {table: module.open_slots() for table, module in self._managed_collision_modules.items()}
+
+
+def features_by_table(features: KeyedJaggedTensor, table_to_features: Dict[str, List[str]]
+                      ) -> Tuple[KeyedJaggedTensor, List[KeyedJaggedTensor]]:
+    """The features in the tables' order (raising for missing ones), and split into one KJT per table."""
+    feature_names = [f for names in table_to_features.values() for f in names]
+    missing = [f for f in feature_names if f not in features.keys()]
+    if missing:
+        tables = sorted(t for t, names in table_to_features.items() if set(names) & set(missing))
+        raise ValueError(f"ManagedCollisionCollection: features {missing} of tables {tables} are not in the input "
+                         f"(keys {features.keys()})")
+    if features.keys() != feature_names:
+        features = features.permute([features.keys().index(f) for f in feature_names])
+    return features, features.split([len(names) for names in table_to_features.values()])
+
+
+def with_remapped_ids(features: KeyedJaggedTensor, values: List[torch.Tensor],
+                      lengths: List[torch.Tensor]) -> KeyedJaggedTensor:
+    """`features` (in the tables' order) with each table's remapped ids and lengths in place of its own."""
+    return KeyedJaggedTensor(keys=features.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
+                             weights=features.weights_or_none(), stride=features.stride(),
+                             stride_per_key_per_rank=(features.stride_per_key_per_rank()
+                                                      if features.variable_stride_per_key() else None),
+                             inverse_indices=features.inverse_indices_or_none())
