@@ -37,6 +37,8 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.modules.mc_modules": "torchrec.modules.mc_modules",
     "rectoolkit.modules.mc_embedding_modules": "torchrec.modules.mc_embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
+    "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
+    "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",

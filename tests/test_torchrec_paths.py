@@ -26,6 +26,9 @@ PATHS = {
     "distributed.model_parallel": ["DistributedModelParallel"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "distributed.mc_modules": ["ShardedManagedCollisionCollection"],
+    "distributed.mc_embeddingbag": ["ShardedManagedCollisionEmbeddingBagCollection",
+                                    "ManagedCollisionEmbeddingBagCollectionSharder"],
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
 }

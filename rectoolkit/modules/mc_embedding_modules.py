@@ -42,9 +42,9 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
         owner = type(self).__name__
         if allow_in_place_embed_weight_update:
             raise NotImplementedError(
-                f"{owner}: allow_in_place_embed_weight_update=True re-initializes evicted rows in a sharded "
-                "collection (TorchRec); an unsharded one keeps them (as TorchRec's does), so the flag would change "
-                "nothing: leave it False")
+                f"{owner}: allow_in_place_embed_weight_update=True is how TorchRec's sharded collection "
+                "re-initializes evicted rows; rectoolkit keeps their weights, sharded or not (as TorchRec's unsharded "
+                "collection does), so the flag would change nothing: leave it False")
         self._managed_collision_collection = managed_collision_collection  # first: TorchRec's state_dict order
         self._return_remapped_features = return_remapped_features
         self._allow_in_place_embed_weight_update = allow_in_place_embed_weight_update
