@@ -9,11 +9,13 @@ layer with the same weights. Compared over training batches with evictions: rema
 
 from __future__ import annotations
 
+import tempfile
+
 import torch
 from torch import nn
 
 import rectoolkit as rtk
-from rectoolkit.distributed import DistributedModelParallel
+from rectoolkit.distributed import DistributedModelParallel, save_checkpoint
 from rectoolkit.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from rectoolkit.modules.mc_modules import (
     LFU_EvictionPolicy, LRU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule)
@@ -93,6 +95,13 @@ def mc_dmp_worker(rank: int, W: int, plan_key: str) -> None:
             assert got == want, f"{where}: feature {key!r} remapped to {got}, expected {want}"
         assert torch.allclose(out, expected_out[rank * BATCH:(rank + 1) * BATCH], atol=1e-6), where
     assert sum(blocks["users"][k].open_slots().item() for k in range(W)) < 2 * W, "the test should fill the slots"
+    with tempfile.TemporaryDirectory() as tmp:  # refused before anything is written
+        try:
+            save_checkpoint(dmp, tmp)
+        except Exception as error:  # noqa: BLE001 - every rank raises the agreed error
+            assert "managed-collision state sharded per rank" in str(error), error
+        else:
+            raise AssertionError("a checkpoint of sharded managed-collision state was accepted")
     try:
         DistributedModelParallel(MCModel(), plan=ShardingPlan({plan_key: {
             **plan.plan[plan_key], "catalog": row_wise([0], 6, 4, kind="table_wise")}}), local_world_size=W)
