@@ -39,6 +39,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
+    "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",

@@ -29,6 +29,8 @@ PATHS = {
     "distributed.mc_modules": ["ShardedManagedCollisionCollection"],
     "distributed.mc_embeddingbag": ["ShardedManagedCollisionEmbeddingBagCollection",
                                     "ManagedCollisionEmbeddingBagCollectionSharder"],
+    "distributed.mc_embedding": ["ShardedManagedCollisionEmbeddingCollection",
+                                 "ManagedCollisionEmbeddingCollectionSharder"],
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
 }

@@ -32,6 +32,7 @@ from torch import nn
 from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
+from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbeddingCollection
 from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection, sharded_mc_buffers
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
@@ -78,10 +79,12 @@ def plan_at_collections(plan: ShardingPlan, module: nn.Module) -> ShardingPlan:
     FeatureProcessedEmbeddingBagCollection by its own path ("fp"); here the collection inside it is sharded (its
     feature processors stay dense), so such an entry moves to the inner path ("fp._embedding_bag_collection").
     A managed-collision collection's entry moves to its "_embedding_module" likewise."""
-    inner = {FeatureProcessedEmbeddingBagCollection: "_embedding_bag_collection",
-             ManagedCollisionEmbeddingBagCollection: "_embedding_module"}
-    moved = {path: f"{path}.{inner[type(m)]}" if path else inner[type(m)]
-             for path, m in module.named_modules() if type(m) in inner}
+    def inner(m: nn.Module) -> Optional[str]:
+        if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+            return "_embedding_bag_collection"
+        return "_embedding_module" if isinstance(m, BaseManagedCollisionEmbeddingCollection) else None
+
+    moved = {path: f"{path}.{inner(m)}" if path else inner(m) for path, m in module.named_modules() if inner(m)}
     if not any(path in plan.plan for path in moved):
         return plan
     return ShardingPlan({moved.get(path, path): dict(tables) for path, tables in plan.plan.items()})
@@ -127,15 +130,13 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
 def _shard_managed_collisions(module: nn.Module, path: str, collection: BaseManagedCollisionEmbeddingCollection,
                               module_plan: Any, env: ShardingEnv, fused_params: Mapping[str, Any]) -> Sharded:
     """Replace the managed-collision collection at `path` by its sharded version; returns its sharded lookup."""
-    if not isinstance(collection, ManagedCollisionEmbeddingBagCollection):
-        raise NotImplementedError(f"DistributedModelParallel: the {type(collection).__name__} at {path!r} cannot be "
-                                  "sharded yet (a ManagedCollisionEmbeddingBagCollection can); keep it unsharded")
     if not path:
         raise NotImplementedError("DistributedModelParallel: a ManagedCollisionEmbeddingBagCollection is sharded "
                                   "inside a model; wrap it in an nn.Module, or use its sharder's shard()")
-    new = ShardedManagedCollisionEmbeddingBagCollection(
-        collection, module_plan, env,
-        fused_params=fused_params.get(type(collection).__name__) or fused_params.get("EmbeddingBagCollection"),
+    bags = isinstance(collection, ManagedCollisionEmbeddingBagCollection)
+    inner = "EmbeddingBagCollection" if bags else "EmbeddingCollection"
+    new = (ShardedManagedCollisionEmbeddingBagCollection if bags else ShardedManagedCollisionEmbeddingCollection)(
+        collection, module_plan, env, fused_params=fused_params.get(type(collection).__name__) or fused_params.get(inner),
         torchrec_default_optimizer=True)
     parent_path, _, name = path.rpartition(".")
     setattr(module.get_submodule(parent_path) if parent_path else module, name, new)

@@ -1,10 +1,10 @@
 """Worker of the sharded managed-collision test (importable by spawned processes).
 
-A model holding a ManagedCollisionEmbeddingBagCollection under DistributedModelParallel on W ranks, both tables
+A model holding a ManagedCollisionEmbeddingBagCollection (or ...EmbeddingCollection) under DistributedModelParallel on W ranks, both tables
 ROW_WISE, against an independent reference on the global batch: per row block k, an unsharded
 MCHManagedCollisionModule for rows [start_k, end_k) (`rebuild_with_output_id_range`) fed the ids of input bucket
-k (TorchRec's routing: id // ceil(input_hash_size / blocks)), then the unsharded EmbeddingBagCollection and dense
-layer with the same weights. Compared over training batches with evictions: remapped ids and outputs.
+k (TorchRec's routing: id // ceil(input_hash_size / blocks)), then the unsharded collection (and dense layer)
+with the same weights. Compared over training batches with evictions: remapped ids and outputs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from torch import nn
 
 import rectoolkit as rtk
 from rectoolkit.distributed import DistributedModelParallel, save_checkpoint
-from rectoolkit.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+from rectoolkit.modules.mc_embedding_modules import (
+    ManagedCollisionEmbeddingBagCollection, ManagedCollisionEmbeddingCollection)
 from rectoolkit.modules.mc_modules import (
     LFU_EvictionPolicy, LRU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule)
 from rectoolkit.plan.types import ShardingPlan
@@ -35,18 +36,25 @@ def _mch(table: str) -> MCHManagedCollisionModule:
 
 
 class MCModel(nn.Module):
-    def __init__(self) -> None:
+    """pooled: a ManagedCollisionEmbeddingBagCollection and a dense layer; else a ManagedCollisionEmbeddingCollection
+    whose sequence embeddings are returned as they are."""
+
+    def __init__(self, pooled: bool) -> None:
         super().__init__()
-        tables = [rtk.EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=4, feature_names=features)
+        config = rtk.EmbeddingBagConfig if pooled else rtk.EmbeddingConfig
+        tables = [config(name=t, num_embeddings=rows, embedding_dim=4, feature_names=features)
                   for t, (rows, features, *_rest) in TABLES.items()]
-        self.mc = ManagedCollisionEmbeddingBagCollection(
-            rtk.EmbeddingBagCollection(tables), ManagedCollisionCollection({t: _mch(t) for t in TABLES}, tables),
-            return_remapped_features=True)
-        self.over = nn.Linear(12, 1)
+        collection = rtk.EmbeddingBagCollection(tables) if pooled else rtk.EmbeddingCollection(tables)
+        wrapper = ManagedCollisionEmbeddingBagCollection if pooled else ManagedCollisionEmbeddingCollection
+        self.mc = wrapper(collection, ManagedCollisionCollection({t: _mch(t) for t in TABLES}, tables),
+                          return_remapped_features=True)
+        self.over = nn.Linear(12, 1) if pooled else None
 
     def forward(self, kjt):
-        pooled, remapped = self.mc(kjt)
-        return self.over(pooled.values()).squeeze(1), remapped
+        embeddings, remapped = self.mc(kjt)
+        if self.over is None:
+            return {key: jt.values() for key, jt in embeddings.wait().items()}, remapped
+        return self.over(embeddings.values()).squeeze(1), remapped
 
 
 def _reference_remap(blocks, kjt):
@@ -66,12 +74,12 @@ def _reference_remap(blocks, kjt):
     return rtk.KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.cat([kjt[f].lengths() for f in keys]))
 
 
-def mc_dmp_worker(rank: int, W: int, plan_key: str) -> None:
+def mc_dmp_worker(rank: int, W: int, plan_key: str, pooled: bool) -> None:
     plan = ShardingPlan({plan_key: {t: row_wise(list(range(W)), rows, 4) for t, (rows, *_rest) in TABLES.items()}})
     torch.manual_seed(0)
-    reference = MCModel()
+    reference = MCModel(pooled)
     torch.manual_seed(0)
-    dmp = DistributedModelParallel(MCModel(), plan=plan, local_world_size=W)
+    dmp = DistributedModelParallel(MCModel(pooled), plan=plan, local_world_size=W)
     blocks = {}
     for table, (rows, *_rest) in TABLES.items():
         shards = sorted(plan.plan[plan_key][table].shards, key=lambda s: s.shard_offsets[0])
@@ -84,16 +92,19 @@ def mc_dmp_worker(rank: int, W: int, plan_key: str) -> None:
         kjts = [make_batch(features, BATCH, seed=100 * step + r) for r in range(W)]
         out, remapped = dmp(kjts[rank])
         expected_ids = _reference_remap(blocks, global_batch(kjts))
-        expected_out = reference.over(ebc(expected_ids).values()).squeeze(1)
         where = f"rank {rank}, step {step}"
-        mine = {key: jt for key, jt in expected_ids.to_dict().items()}
-        for key in remapped.keys():
+        expected_ids_of, expected_rows_of = expected_ids.to_dict(), ebc(expected_ids)
+        for key in remapped.keys():  # this rank's ids come after the lower ranks' ids of the key
             start = sum(int(kjts[r][key].lengths().sum()) for r in range(rank))
             count = int(kjts[rank][key].lengths().sum())
             got = remapped[key].values().tolist()
-            want = mine[key].values()[start:start + count].tolist()
+            want = expected_ids_of[key].values()[start:start + count].tolist()
             assert got == want, f"{where}: feature {key!r} remapped to {got}, expected {want}"
-        assert torch.allclose(out, expected_out[rank * BATCH:(rank + 1) * BATCH], atol=1e-6), where
+            if not pooled:
+                assert torch.allclose(out[key], expected_rows_of[key].values()[start:start + count]), (where, key)
+        if pooled:
+            expected_out = reference.over(expected_rows_of.values()).squeeze(1)
+            assert torch.allclose(out, expected_out[rank * BATCH:(rank + 1) * BATCH], atol=1e-6), where
     assert sum(blocks["users"][k].open_slots().item() for k in range(W)) < 2 * W, "the test should fill the slots"
     with tempfile.TemporaryDirectory() as tmp:  # refused before anything is written
         try:
@@ -103,7 +114,7 @@ def mc_dmp_worker(rank: int, W: int, plan_key: str) -> None:
         else:
             raise AssertionError("a checkpoint of sharded managed-collision state was accepted")
     try:
-        DistributedModelParallel(MCModel(), plan=ShardingPlan({plan_key: {
+        DistributedModelParallel(MCModel(pooled), plan=ShardingPlan({plan_key: {
             **plan.plan[plan_key], "catalog": row_wise([0], 6, 4, kind="table_wise")}}), local_world_size=W)
     except NotImplementedError as error:
         assert "table 'catalog' has sharding type 'table_wise'" in str(error), error
