@@ -423,7 +423,6 @@ class ManagedCollisionCollection(nn.Module):
         if not need_preprocess:
             raise NotImplementedError("ManagedCollisionCollection: need_preprocess=False (skip input_hash_func "
                                       "before a sharded input_dist) is not supported; leave it True")
-        self._managed_collision_modules = nn.ModuleDict(managed_collision_modules)
         self._embedding_configs = embedding_configs
         self.need_preprocess = need_preprocess
         names = [config.name for config in embedding_configs]
@@ -444,7 +443,6 @@ class ManagedCollisionCollection(nn.Module):
         # the modules run in the configs' order; the dict may list them otherwise
         self._managed_collision_modules = nn.ModuleDict({name: managed_collision_modules[name] for name in names})
         self._table_to_features = {config.name: list(config.feature_names) for config in embedding_configs}
-        self._feature_names = [f for config in embedding_configs for f in config.feature_names]
 
     def embedding_configs(self) -> Sequence[BaseEmbeddingConfig]:
         """The table configs, as given."""
