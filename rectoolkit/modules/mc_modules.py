@@ -42,6 +42,39 @@ _MAX_SEGMENTS = 1025  # TorchRec's fixed length of _output_segments_tensor (at m
 ThresholdFilter = Callable[[torch.Tensor], Tuple[torch.Tensor, Union[float, torch.Tensor]]]
 
 
+# ------------------------------------------------------------------------------------------------ threshold filters
+@torch.no_grad()
+def dynamic_threshold_filter(id_counts: torch.Tensor, threshold_skew_multiplier: float = 10.0
+                             ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ids counted more than threshold_skew_multiplier times the mean count: (mask, threshold).
+
+    >>> dynamic_threshold_filter(torch.tensor([1, 1, 30, 2]), threshold_skew_multiplier=2.0)[0].tolist()
+    [False, False, True, False]
+    """
+    threshold = threshold_skew_multiplier / id_counts.numel() * id_counts.sum()
+    return id_counts > threshold, threshold
+
+
+@torch.no_grad()
+def average_threshold_filter(id_counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ids counted more than the mean count: (mask, threshold).
+
+    >>> average_threshold_filter(torch.tensor([1, 3, 2]))[0].tolist()
+    [False, True, False]
+    """
+    threshold = id_counts.float().mean()
+    return id_counts > threshold, threshold
+
+
+@torch.no_grad()
+def probabilistic_threshold_filter(id_counts: torch.Tensor, per_id_probability: float = 0.01
+                                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Keep each id with probability 1 - (1 - per_id_probability) ** count (torch's global RNG): (mask, draws)."""
+    scores = 1 - torch.pow(torch.full_like(id_counts, 1 - per_id_probability, dtype=torch.float), id_counts)
+    threshold = torch.rand(id_counts.size(), device=id_counts.device)
+    return scores > threshold, threshold
+
+
 # ------------------------------------------------------------------------------------------------ policies
 class MCHEvictionPolicyMetadataInfo(NamedTuple):
     """One statistic an eviction policy keeps per slot (`_mch_<name>`) and, if history, per recorded id."""

@@ -165,3 +165,17 @@ def test_mc_embedding_collections_same_outputs_and_state_dict_keys(pooled):
                 assert torch.equal(got[key].lengths(), jagged.lengths())
     mine_state, reference_state = mine.state_dict(), reference.state_dict()
     assert all(torch.equal(mine_state[k], v) for k, v in reference_state.items())
+
+
+@pytest.mark.parametrize("name,kwargs", [("dynamic_threshold_filter", {"threshold_skew_multiplier": 1.5}),
+                                         ("average_threshold_filter", {}),
+                                         ("probabilistic_threshold_filter", {"per_id_probability": 0.2})])
+def test_threshold_filters_same_as_torchrec(name, kwargs):
+    counts = torch.randint(1, 9, (40,), generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(11)  # the probabilistic filter draws from torch's global generator
+    mine_mask, mine_threshold = getattr(ours, name)(counts, **kwargs)
+    torch.manual_seed(11)
+    their_mask, their_threshold = getattr(theirs, name)(counts, **kwargs)
+    assert torch.equal(mine_mask, their_mask) and torch.equal(torch.as_tensor(mine_threshold),
+                                                              torch.as_tensor(their_threshold))
+    assert 0 < int(mine_mask.sum()) < len(counts)  # the case filters something and keeps something
