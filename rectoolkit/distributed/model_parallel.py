@@ -41,7 +41,7 @@ from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, Embeddi
 from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
-from rectoolkit.plan.types import ShardingPlan
+from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.plan.validation import validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
@@ -56,17 +56,20 @@ def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
 
 def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
     """A plan for every collection, by rectoolkit.planner. `sharders`, if given, limit the planner's sharding
-    types (EmbeddingShardingPlanner.plan).
+    types (EmbeddingShardingPlanner.plan); the tables behind managed collisions are planned ROW_WISE.
 
     Computed on rank 0 and broadcast, so every rank shards alike.
     """
     plan = None
     if env.rank == 0:
-        from rectoolkit.planner import EmbeddingShardingPlanner, Topology  # the planner imports this package
+        from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # imports us
 
         topology = Topology(world_size=env.world_size, compute_device=env.device.type,
                             local_world_size=env.local_world_size)
-        plan = EmbeddingShardingPlanner(topology=topology).plan(module, sharders)
+        row_wise_only = {config.name: ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value])
+                         for _, m in module.named_modules() if isinstance(m, BaseManagedCollisionEmbeddingCollection)
+                         for config in m._managed_collision_collection.embedding_configs()}
+        plan = EmbeddingShardingPlanner(topology=topology, constraints=row_wise_only or None).plan(module, sharders)
     if env.world_size > 1:
         box = [plan]
         dist.broadcast_object_list(box, src=0, group=env.pg)
