@@ -53,6 +53,7 @@ import torch
 
 from rectoolkit.distributed.agree import all_gather_bytes
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.mc_embeddingbag import sharded_mc_buffers
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import check_tiling
 
@@ -160,6 +161,7 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     error: Optional[BaseException] = None
     try:
         _check_dense_optimizer(model, dense_optimizer)
+        _refuse_managed_collisions(model, "saved")
         data.mkdir(parents=True, exist_ok=True)
         shards = _saved_shards(model)
         written[_rank_file(env.rank, env.world_size)] = dict(_write_file(
@@ -223,6 +225,14 @@ def _remove_stale(path: Path, keep: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.name.startswith(f".{METADATA}.tmp-"):
             entry.unlink(missing_ok=True)
+
+
+def _refuse_managed_collisions(model, done: str) -> None:
+    held = sorted(sharded_mc_buffers(model.module))
+    if held:
+        raise NotImplementedError(f"checkpoint: the model has managed-collision state sharded per rank ({held[0]}, "
+                                  f"...), which cannot be {done} by rectoolkit's checkpoints yet (its row blocks' "
+                                  "slots would be lost); save each rank's dmp.state_dict() yourself")
 
 
 def _check_dense_optimizer(model, dense_optimizer: Optional[torch.optim.Optimizer]) -> None:
@@ -455,6 +465,7 @@ def _check_dense(model, dense: Any, file: Path, dense_optimizer: Optional[torch.
 def _prepare_load(model, path: Path, dense_optimizer: Optional[torch.optim.Optimizer]
                   ) -> Tuple[List[Copy], Dict[str, Any]]:
     """Read and check the whole checkpoint against the model; return the copies to make and the dense file."""
+    _refuse_managed_collisions(model, "loaded")
     metadata = read_metadata(path)
     _check_tables(model, metadata, path / METADATA)
     index = _saved_index(metadata)

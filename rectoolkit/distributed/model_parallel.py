@@ -32,12 +32,16 @@ from torch import nn
 from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
+from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbeddingCollection
+from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection, sharded_mc_buffers
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
-from rectoolkit.plan.types import ShardingPlan
+from rectoolkit.modules.mc_embedding_modules import (
+    BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
+from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.plan.validation import validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
@@ -52,17 +56,20 @@ def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
 
 def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
     """A plan for every collection, by rectoolkit.planner. `sharders`, if given, limit the planner's sharding
-    types (EmbeddingShardingPlanner.plan).
+    types (EmbeddingShardingPlanner.plan); the tables behind managed collisions are planned ROW_WISE.
 
     Computed on rank 0 and broadcast, so every rank shards alike.
     """
     plan = None
     if env.rank == 0:
-        from rectoolkit.planner import EmbeddingShardingPlanner, Topology  # the planner imports this package
+        from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # imports us
 
         topology = Topology(world_size=env.world_size, compute_device=env.device.type,
                             local_world_size=env.local_world_size)
-        plan = EmbeddingShardingPlanner(topology=topology).plan(module, sharders)
+        row_wise_only = {config.name: ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value])
+                         for _, m in module.named_modules() if isinstance(m, BaseManagedCollisionEmbeddingCollection)
+                         for config in m._managed_collision_collection.embedding_configs()}
+        plan = EmbeddingShardingPlanner(topology=topology, constraints=row_wise_only or None).plan(module, sharders)
     if env.world_size > 1:
         box = [plan]
         dist.broadcast_object_list(box, src=0, group=env.pg)
@@ -73,9 +80,14 @@ def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]]
 def plan_at_collections(plan: ShardingPlan, module: nn.Module) -> ShardingPlan:
     """The plan keyed by the paths of the collections that get sharded: TorchRec keys the tables of a
     FeatureProcessedEmbeddingBagCollection by its own path ("fp"); here the collection inside it is sharded (its
-    feature processors stay dense), so such an entry moves to the inner path ("fp._embedding_bag_collection")."""
-    moved = {path: path + "._embedding_bag_collection" if path else "_embedding_bag_collection"
-             for path, m in module.named_modules() if isinstance(m, FeatureProcessedEmbeddingBagCollection)}
+    feature processors stay dense), so such an entry moves to the inner path ("fp._embedding_bag_collection").
+    A managed-collision collection's entry moves to its "_embedding_module" likewise."""
+    def inner(m: nn.Module) -> Optional[str]:
+        if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+            return "_embedding_bag_collection"
+        return "_embedding_module" if isinstance(m, BaseManagedCollisionEmbeddingCollection) else None
+
+    moved = {path: f"{path}.{inner(m)}" if path else inner(m) for path, m in module.named_modules() if inner(m)}
     if not any(path in plan.plan for path in moved):
         return plan
     return ShardingPlan({moved.get(path, path): dict(tables) for path, tables in plan.plan.items()})
@@ -102,6 +114,11 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
                     if "" in planned and path != "" else "")
             raise ValueError(f"the plan has no entry for the collection at {path!r}; it has modules "
                              f"{planned}{hint}")
+        parent_path, _, name = path.rpartition(".")
+        parent = module.get_submodule(parent_path) if path else None
+        if isinstance(parent, BaseManagedCollisionEmbeddingCollection):  # sharded with its managed collisions
+            sharded[path] = _shard_managed_collisions(module, parent_path, parent, module_plan, env, fused_params)
+            continue
         shard = shard_embedding_bag_collection if isinstance(collection, EmbeddingBagCollection) \
             else shard_embedding_collection
         new = shard(collection, module_plan, env, backend, fused_params=fused_params.get(type(collection).__name__),
@@ -109,9 +126,24 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
         sharded[path] = new
         if path == "":
             continue  # the caller holds the top-level collection itself
-        parent_path, _, name = path.rpartition(".")
-        setattr(module.get_submodule(parent_path) if parent_path else module, name, new)
+        setattr(parent, name, new)
     return sharded
+
+
+def _shard_managed_collisions(module: nn.Module, path: str, collection: BaseManagedCollisionEmbeddingCollection,
+                              module_plan: Any, env: ShardingEnv, fused_params: Mapping[str, Any]) -> Sharded:
+    """Replace the managed-collision collection at `path` by its sharded version; returns its sharded lookup."""
+    if not path:
+        raise NotImplementedError("DistributedModelParallel: a ManagedCollisionEmbeddingBagCollection is sharded "
+                                  "inside a model; wrap it in an nn.Module, or use its sharder's shard()")
+    bags = isinstance(collection, ManagedCollisionEmbeddingBagCollection)
+    inner = "EmbeddingBagCollection" if bags else "EmbeddingCollection"
+    new = (ShardedManagedCollisionEmbeddingBagCollection if bags else ShardedManagedCollisionEmbeddingCollection)(
+        collection, module_plan, env, fused_params=fused_params.get(type(collection).__name__) or fused_params.get(inner),
+        torchrec_default_optimizer=True)
+    parent_path, _, name = path.rpartition(".")
+    setattr(module.get_submodule(parent_path) if parent_path else module, name, new)
+    return new._embedding_module
 
 
 def wrap_dense(module: nn.Module, sharded: Mapping[str, Sharded], env: ShardingEnv) -> nn.Module:
@@ -123,6 +155,7 @@ def wrap_dense(module: nn.Module, sharded: Mapping[str, Sharded], env: ShardingE
 
     ignore = [f"{path}.{name}" if path else name for path, sub in sharded.items()
               for name, _ in list(sub.named_parameters()) + list(sub.named_buffers())]
+    ignore += list(sharded_mc_buffers(module))  # each rank's own slots
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
     backend = dist.get_backend(env.pg)
     dense_group = dist.new_group(ranks=list(range(env.world_size)), backend=backend)

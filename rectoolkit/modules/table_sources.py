@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules.mc_modules import ManagedCollisionCollection
 
 def find_table_configs(source: Any) -> List[Tuple[str, BaseEmbeddingConfig, Optional[float], bool]]:
     """(module path, config, pooling factor from the input or None, is_weighted) for every table."""
@@ -35,8 +36,8 @@ def _from_module(module: Any) -> List[Tuple[str, BaseEmbeddingConfig, Optional[f
     found = []
     for path, sub in module.named_modules():
         getter = getattr(sub, "embedding_bag_configs", None) or getattr(sub, "embedding_configs", None)
-        if getter is None or not callable(getter):
-            continue
+        if getter is None or not callable(getter) or isinstance(sub, ManagedCollisionCollection):
+            continue  # a managed-collision collection lists the configs of the collection it sits in front of
         weighted = bool(getattr(sub, "is_weighted", lambda: False)()) if callable(getattr(sub, "is_weighted", None)) else False
         found += [(path, config, None, weighted) for config in getter()]
     if not found:
