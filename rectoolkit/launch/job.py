@@ -31,8 +31,11 @@ and the next launch works. Which rank is blamed for a failure is decided in `bla
 from __future__ import annotations
 
 import atexit
+import io
 import linecache
+import marshal
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -80,6 +83,25 @@ def default_backend(world_size: int) -> str:
 def default_num_threads(world_size: int) -> int:
     """CPU threads per worker: the machine's cores shared evenly, at least 1."""
     return max(1, (os.cpu_count() or 1) // world_size)
+
+
+class _FileNamePickler(cloudpickle.Pickler):
+    """cloudpickle, except that code objects keep their file names. cloudpickle 3.1.3 and later write every
+    function's file as "<dynamic-code>", which leaves a worker's traceback without the notebook cell's lines
+    (_notebook_sources sends them under the cell's name). The workers run this same interpreter
+    (sys.executable), so the code objects travel in marshal's format, file names included."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType):
+            return marshal.loads, (marshal.dumps(obj),)
+        return super().reducer_override(obj)
+
+
+def _dumps_keeping_file_names(obj: Any) -> bytes:
+    """`cloudpickle.dumps(obj)`, with the code objects' file names kept (see _FileNamePickler)."""
+    buffer = io.BytesIO()
+    _FileNamePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def _notebook_sources(max_bytes: int = 4_000_000) -> Dict[str, tuple]:
@@ -153,7 +175,7 @@ class Job:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
                              f"are visible; use backend='gloo' or a smaller world_size")
         try:
-            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+            payload = _dumps_keeping_file_names((fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise TypeError(f"cannot send the worker function {getattr(fn, '__name__', fn)!r} and its arguments "
                             f"to the workers (cloudpickle failed: {exc}); pass picklable arguments and create "

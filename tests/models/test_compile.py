@@ -129,7 +129,7 @@ def test_eager_calls_keep_their_checks_after_compiling():
     bad = rtk.KeyedJaggedTensor.from_lengths_sync(FEATURES, torch.tensor([3, 10]), torch.tensor([1, 0, 0, 1, 0, 0]))
     with pytest.raises(ValueError, match="id 10 of feature 'f1'.*table 't0' with num_embeddings=10"):
         model(dense, bad)
-    with pytest.raises(ValueError, match="lengths sum to 3 but values has 2"):
+    with pytest.raises(ValueError, match="lengths sum to 3 but values has only 2 entries"):
         rtk.KeyedJaggedTensor.from_lengths_sync(FEATURES, torch.tensor([3, 1]), torch.tensor([1, 1, 0, 1, 0, 0]))
 
 
