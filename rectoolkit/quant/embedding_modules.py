@@ -91,15 +91,24 @@ class _QuantCollection(nn.Module):
             [QuantTableSpec(t.num_embeddings, t.embedding_dim, t.data_type, t.name) for t in tables],
             feature_table_map=feature_table_map, pooled=pooled, row_alignment=row_alignment, backend=backend,
             output_dtype=output_dtype, device=self._device)
-        modules = nn.ModuleDict({t.name: nn.Module() for t in tables})
+        self._table_names = names
+        self._state_order = self._tables_in_state_order(tables)
+        modules = nn.ModuleDict({tables[i].name: nn.Module() for i in self._state_order})
         setattr(self, self._dict_name, modules)
         self._link_tables()
         if table_name_to_quantized_weights:
             self._load_torchrec_weights(tables, table_name_to_quantized_weights)
 
     # ------------------------------------------------------------------ storage
+    @staticmethod
+    def _tables_in_state_order(tables: Sequence[BaseEmbeddingConfig]) -> List[int]:
+        """The order of the tables in the state_dict: as given (see QuantEmbeddingCollection for the other)."""
+        return list(range(len(tables)))
+
     def _table_modules(self) -> List[nn.Module]:
-        return list(getattr(self, self._dict_name).values())
+        """The per-table modules, in table order (the lookup's order; the state_dict's may differ)."""
+        modules = getattr(self, self._dict_name)
+        return [modules[name] for name in self._table_names]
 
     def _link_tables(self) -> None:
         """Make every table's `weight` buffer a view of the lookup's flat storage."""
@@ -331,7 +340,17 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
         gathered = self._layout.gather(features, weighted=False)
         self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
-        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
+        outputs = rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
+        if self._state_order != sorted(self._state_order):
+            outputs = {name: outputs[name] for i in self._state_order for name in self._embedding_names_by_table[i]}
+        return outputs
+
+    @staticmethod
+    def _tables_in_state_order(tables: Sequence[BaseEmbeddingConfig]) -> List[int]:
+        """TorchRec's order of a quantized EC's state_dict and outputs: tables grouped by data type (one TBE per
+        type), types in the order they first appear. One data type: the tables' own order."""
+        data_types = list(dict.fromkeys(t.data_type for t in tables))
+        return [i for data_type in data_types for i, t in enumerate(tables) if t.data_type == data_type]
 
     @classmethod
     def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
