@@ -79,7 +79,7 @@ class _QuantCollection(nn.Module):
         for table in tables:
             if not table.feature_names:
                 table.feature_names = [table.name]
-            weight_data_type(table.data_type)  # raises for data types that cannot be stored
+            _table_data_type(table.name, table.data_type)  # raises for data types that cannot be stored
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._output_dtype = output_dtype
         self.row_alignment = row_alignment
@@ -391,10 +391,18 @@ def _quantized_configs(module: nn.Module, configs: Sequence[BaseEmbeddingConfig]
                          f"its tables are {[c.name for c in configs]}")
     new_configs = copy.deepcopy(list(configs))
     for config in new_configs:
-        config.data_type = weight_data_type(per_table[config.name]) if config.name in per_table else default
+        config.data_type = _table_data_type(config.name, per_table[config.name]) if config.name in per_table else default
     if output_dtype is None:
         output_dtype = qconfig.activation().dtype if qconfig is not None else torch.float
     return new_configs, [c.data_type for c in new_configs], output_dtype
+
+
+def _table_data_type(table: str, dtype: Union[torch.dtype, DataType, str]) -> DataType:
+    """weight_data_type, with the table named in the error (in a collection mixing types, which one is at fault)."""
+    try:
+        return weight_data_type(dtype)
+    except ValueError as err:
+        raise ValueError(f"table {table!r}: {err}") from None
 
 
 def _module_device(module: nn.Module) -> torch.device:
