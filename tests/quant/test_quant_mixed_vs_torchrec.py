@@ -101,3 +101,27 @@ def test_mixed_quant_ec_equals_torchrec(backend):
     for key in out:  # per-id rows: each value is one dequantized stored value, so exactly TorchRec's
         assert torch.equal(out[key].values(), expected[key].values()), key
         assert torch.equal(out[key].lengths(), expected[key].lengths()), key
+
+
+@pytest.mark.fbgemm
+@pytest.mark.skipif(not rtk.fbgemm_available(), reason="fbgemm_gpu not available (TorchRec quantizes with its op)")
+def test_torchrec_quantize_state_dict_of_mixed_types_builds_ours():
+    # TorchRec's own quantizer, per-table types: its (codes, scale_bias) per table go into both constructors
+    from torchrec.modules.embedding_configs import DataType as TorchRecDataType
+    from torchrec.quant.embedding_modules import quantize_state_dict
+
+    theirs_float = torchrec.EmbeddingBagCollection(tables=_tables(torchrec, bags=True))
+    quantized_weights = {}
+    quantize_state_dict(theirs_float, quantized_weights,
+                        {name: TorchRecDataType[value] for name, value in EXPECTED_TYPES.items()})
+    their_tables, our_tables = _tables(torchrec, bags=True), _tables(rtk, bags=True)
+    for theirs_table, ours_table in zip(their_tables, our_tables):
+        theirs_table.data_type = TorchRecDataType[EXPECTED_TYPES[theirs_table.name]]
+        ours_table.data_type = rtk.DataType[EXPECTED_TYPES[ours_table.name]]
+    theirs = TorchRecQEBC(their_tables, is_weighted=False, device=torch.device("cpu"),
+                          table_name_to_quantized_weights=quantized_weights)
+    ours = QuantEmbeddingBagCollection(our_tables, table_name_to_quantized_weights=quantized_weights, backend="torch")
+    _same_state(ours, theirs)
+    inputs = _inputs(seed=23)
+    assert torch.equal(ours(rtk.KeyedJaggedTensor.from_lengths_sync(**inputs)).values(),
+                       theirs(torchrec.KeyedJaggedTensor.from_lengths_sync(**inputs)).values())
