@@ -25,4 +25,10 @@ from rectoolkit.quant.rowwise import (
     table_size_in_bytes,
     unpadded_row_size_in_bytes,
 )
-from rectoolkit.quant.sizes import quantized_row_bytes, quantized_table_bytes, shard_bytes, table_bytes_by_data_type
+from rectoolkit.quant.sizes import (
+    bytes_per_table,
+    quantized_row_bytes,
+    quantized_table_bytes,
+    shard_bytes,
+    table_bytes_by_data_type,
+)

@@ -19,6 +19,9 @@ Two ways to get one from a trained (float) collection, as in TorchRec's tutorial
     >>> model(kjt).values().shape
     torch.Size([2, 64])
 
+Tables may differ in data type (FP32, FP16, INT8, INT4, INT2): `per_table_weight_dtype` (of `from_float` or of
+QuantConfig) picks a table's type; each table is stored and looked up in its own, as in TorchRec.
+
 Weights are buffers (uint8 rows in fbgemm's layout, see rectoolkit.quant.rowwise), one [rows, row bytes]
 view per table of one flat storage. Lookups run fbgemm's int-n-bit TBE op when fbgemm is available and a
 pure-torch dequantizing lookup otherwise (rectoolkit.quant.lookup); both give the same results.
@@ -76,7 +79,7 @@ class _QuantCollection(nn.Module):
         for table in tables:
             if not table.feature_names:
                 table.feature_names = [table.name]
-            weight_data_type(table.data_type)  # raises for data types that cannot be stored
+            _table_data_type(table.name, table.data_type)  # raises for data types that cannot be stored
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._output_dtype = output_dtype
         self.row_alignment = row_alignment
@@ -91,15 +94,24 @@ class _QuantCollection(nn.Module):
             [QuantTableSpec(t.num_embeddings, t.embedding_dim, t.data_type, t.name) for t in tables],
             feature_table_map=feature_table_map, pooled=pooled, row_alignment=row_alignment, backend=backend,
             output_dtype=output_dtype, device=self._device)
-        modules = nn.ModuleDict({t.name: nn.Module() for t in tables})
+        self._table_names = names
+        self._state_order = self._tables_in_state_order(tables)
+        modules = nn.ModuleDict({tables[i].name: nn.Module() for i in self._state_order})
         setattr(self, self._dict_name, modules)
         self._link_tables()
         if table_name_to_quantized_weights:
             self._load_torchrec_weights(tables, table_name_to_quantized_weights)
 
     # ------------------------------------------------------------------ storage
+    @staticmethod
+    def _tables_in_state_order(tables: Sequence[BaseEmbeddingConfig]) -> List[int]:
+        """The order of the tables in the state_dict: as given (see QuantEmbeddingCollection for the other)."""
+        return list(range(len(tables)))
+
     def _table_modules(self) -> List[nn.Module]:
-        return list(getattr(self, self._dict_name).values())
+        """The per-table modules, in table order (the lookup's order; the state_dict's may differ)."""
+        modules = getattr(self, self._dict_name)
+        return [modules[name] for name in self._table_names]
 
     def _link_tables(self) -> None:
         """Make every table's `weight` buffer a view of the lookup's flat storage."""
@@ -331,7 +343,17 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
         gathered = self._layout.gather(features, weighted=False)
         self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
-        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
+        outputs = rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
+        if self._state_order != sorted(self._state_order):
+            outputs = {name: outputs[name] for i in self._state_order for name in self._embedding_names_by_table[i]}
+        return outputs
+
+    @staticmethod
+    def _tables_in_state_order(tables: Sequence[BaseEmbeddingConfig]) -> List[int]:
+        """TorchRec's order of a quantized EC's state_dict and outputs: tables grouped by data type (one TBE per
+        type), types in the order they first appear. One data type: the tables' own order."""
+        data_types = list(dict.fromkeys(t.data_type for t in tables))
+        return [i for data_type in data_types for i, t in enumerate(tables) if t.data_type == data_type]
 
     @classmethod
     def from_float(cls, module: nn.Module, use_precomputed_fake_quant: bool = False, *,
@@ -369,10 +391,18 @@ def _quantized_configs(module: nn.Module, configs: Sequence[BaseEmbeddingConfig]
                          f"its tables are {[c.name for c in configs]}")
     new_configs = copy.deepcopy(list(configs))
     for config in new_configs:
-        config.data_type = weight_data_type(per_table[config.name]) if config.name in per_table else default
+        config.data_type = _table_data_type(config.name, per_table[config.name]) if config.name in per_table else default
     if output_dtype is None:
         output_dtype = qconfig.activation().dtype if qconfig is not None else torch.float
     return new_configs, [c.data_type for c in new_configs], output_dtype
+
+
+def _table_data_type(table: str, dtype: Union[torch.dtype, DataType, str]) -> DataType:
+    """weight_data_type, with the table named in the error (in a collection mixing types, which one is at fault)."""
+    try:
+        return weight_data_type(dtype)
+    except ValueError as err:
+        raise ValueError(f"table {table!r}: {err}") from None
 
 
 def _module_device(module: nn.Module) -> torch.device:

@@ -11,11 +11,14 @@ and TorchRec's layout), so an inference plan can be sized with the same function
     278528
     >>> shard_bytes(rows=1000, cols=32, data_type="INT4")         # one shard of a row- or column-wise plan
     32000
+
+A collection may mix storage types (one table FP32 beside an INT4 one, as TorchRec allows): `bytes_per_table`
+sizes each table in its own data_type.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
 from rectoolkit.quant.config import weight_data_type
@@ -56,3 +59,27 @@ def table_bytes_by_data_type(tables: Sequence[BaseEmbeddingConfig],
     """
     kinds = [weight_data_type(d) for d in data_types]
     return {t.name: {k.value: quantized_table_bytes(t, k, row_alignment) for k in kinds} for t in tables}
+
+
+def bytes_per_table(collection: Any, row_alignment: Optional[int] = None) -> Dict[str, int]:
+    """{table name: bytes} of a quantized collection, or of a list of table configs, each table stored in its own
+    `data_type` (tables of one collection may differ). `row_alignment` defaults to the collection's (else 16).
+
+    >>> import rectoolkit as rtk
+    >>> tables = [rtk.EmbeddingBagConfig(name="a", num_embeddings=10, embedding_dim=8, data_type=DataType.FP32),
+    ...           rtk.EmbeddingBagConfig(name="b", num_embeddings=10, embedding_dim=8, data_type=DataType.INT4)]
+    >>> bytes_per_table(tables)        # a: 8 x 4 = 32 bytes a row; b: 4 + 8 / 2 = 8 -> padded to 16
+    {'a': 320, 'b': 160}
+    """
+    if isinstance(collection, (list, tuple)):
+        tables = list(collection)
+    elif hasattr(collection, "embedding_bag_configs"):
+        tables = collection.embedding_bag_configs()
+    elif hasattr(collection, "embedding_configs"):
+        tables = collection.embedding_configs()
+    else:
+        raise TypeError(f"bytes_per_table: got a {type(collection).__name__}; pass a quantized EmbeddingBagCollection "
+                        "or EmbeddingCollection, or a list of table configs")
+    if row_alignment is None:
+        row_alignment = getattr(collection, "row_alignment", DEFAULT_ROW_ALIGNMENT)
+    return {t.name: quantized_table_bytes(t, row_alignment=row_alignment) for t in tables}

@@ -18,6 +18,16 @@ from rectoolkit.quant.sharding import shard_quant_embedding_bag_collection
 
 BATCH = 4
 ROWS = {"t_tw": 40, "t_rw": 50, "t_cw": 30, "t_mean": 20}
+# issue 12: one collection mixing storage types, each table its own (the rest: INT8)
+MIXED_BAGS = {"t_tw": torch.float16, "t_rw": torch.quint4x2, "t_cw": torch.quint2x4, "t_mean": torch.float32}
+MIXED_SEQUENCES = {"t_tw": torch.float32, "t_rw": torch.quint2x4, "t_cw": torch.quint4x2}
+
+
+def quantize(quant_type, float_module, dtype, mixed):
+    """`float_module` quantized to `dtype`, or with each table its own type from `mixed` when dtype is "mixed"."""
+    if dtype == "mixed":
+        return quant_type.from_float(float_module, dtype=torch.int8, per_table_weight_dtype=mixed, backend="torch")
+    return quant_type.from_float(float_module, dtype=dtype, backend="torch")
 
 
 def tables():
@@ -66,11 +76,11 @@ def sharded_inference_worker(rank: int, world_size: int, init_file: str, result_
     try:
         results = []
         env = ShardingEnv.from_process_group()
-        for dtype in (torch.int8, torch.quint4x2):
+        for dtype in (torch.int8, torch.quint4x2, "mixed"):
             for weighted in (False, True):
                 torch.manual_seed(0)
                 ebc = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
-                qebc = QuantEmbeddingBagCollection.from_float(ebc, dtype=dtype, backend="torch")
+                qebc = quantize(QuantEmbeddingBagCollection, ebc, dtype, MIXED_BAGS)
                 # the expected answer: a float collection holding the dequantized tables (column-wise shards keep
                 # each row's scale and bias, so they dequantize to the very columns of the whole rows)
                 deq = {t.name: dequantize_rowwise(qebc.embedding_bags[t.name].weight, t.data_type, t.embedding_dim)
@@ -145,10 +155,9 @@ def sharded_quant_ec_worker(rank: int, world_size: int, result_file: str) -> Non
 
     env = ShardingEnv.from_process_group()
     results = []
-    for dtype in (torch.int8, torch.quint4x2, torch.float16):
+    for dtype in (torch.int8, torch.quint4x2, torch.float16, "mixed"):
         torch.manual_seed(0)
-        qec = QuantEmbeddingCollection.from_float(rtk.EmbeddingCollection(sequence_tables()), dtype=dtype,
-                                                  backend="torch")
+        qec = quantize(QuantEmbeddingCollection, rtk.EmbeddingCollection(sequence_tables()), dtype, MIXED_SEQUENCES)
         kjt = sequence_batch(rank)
         sharded = shard_quant_embedding_collection(qec, sequence_plan(), env)
         out, unsharded = sharded(kjt), qec(kjt)

@@ -281,3 +281,17 @@ def test_unaligned_groups_with_row_alignment_one():
     assert qebc.state_dict()["embedding_bags.t_user.weight"].shape == (30, 7)
     kjt = _kjt(seed=8)
     torch.testing.assert_close(qebc(kjt).values(), _reference_pooled(qebc, kjt), rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_types_refused_where_a_table_cannot_be_stored_naming_the_table():
+    tables = [rtk.EmbeddingBagConfig(name="t_a", num_embeddings=10, embedding_dim=8, feature_names=["a"]),
+              rtk.EmbeddingBagConfig(name="t_b", num_embeddings=10, embedding_dim=6, feature_names=["b"])]
+    ebc = rtk.EmbeddingBagCollection(tables)
+    with pytest.raises(ValueError, match=r"table 't_b': cannot store embedding weights as torch.bfloat16"):
+        QuantEmbeddingBagCollection.from_float(ebc, dtype=torch.int8, per_table_weight_dtype={"t_b": torch.bfloat16})
+    with pytest.raises(ValueError, match=r"table 't_b': INT2 packs 4 columns per byte, .* multiple of 4; got 6"):
+        QuantEmbeddingBagCollection.from_float(ebc, dtype=torch.int8, per_table_weight_dtype={"t_b": torch.quint2x4})
+    configs = copy.deepcopy(tables)
+    configs[0].data_type = DataType.BF16
+    with pytest.raises(ValueError, match=r"table 't_a': cannot store embedding weights as DataType.BF16"):
+        QuantEmbeddingBagCollection(configs)

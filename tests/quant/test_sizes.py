@@ -5,7 +5,13 @@ import torch
 
 import rectoolkit as rtk
 from rectoolkit.quant import QuantEmbeddingBagCollection
-from rectoolkit.quant.sizes import quantized_row_bytes, quantized_table_bytes, shard_bytes, table_bytes_by_data_type
+from rectoolkit.quant.sizes import (
+    bytes_per_table,
+    quantized_row_bytes,
+    quantized_table_bytes,
+    shard_bytes,
+    table_bytes_by_data_type,
+)
 
 
 @pytest.mark.parametrize("dim", [4, 8, 16, 24, 64, 128])
@@ -28,3 +34,25 @@ def test_hand_worked_sizes():
               rtk.EmbeddingBagConfig(name="b", num_embeddings=10, embedding_dim=128)]
     assert table_bytes_by_data_type(tables, ["FP32", "INT8"]) == {
         "a": {"FP32": 6400, "INT8": 100 * 32}, "b": {"FP32": 5120, "INT8": 10 * 144}}
+
+
+@pytest.mark.parametrize("row_alignment", [1, 16])
+def test_bytes_per_table_of_a_mixed_collection(row_alignment):
+    # issue 12: each table sized in its own storage type, as the collection allocates it
+    tables = [rtk.EmbeddingBagConfig(name=n, num_embeddings=rows, embedding_dim=dim, feature_names=[n])
+              for n, rows, dim in [("fp32", 10, 12), ("fp16", 20, 12), ("int8", 30, 12), ("int4", 40, 12),
+                                   ("int2", 50, 12)]]
+    qebc = QuantEmbeddingBagCollection.from_float(
+        rtk.EmbeddingBagCollection(tables), dtype=torch.int8, row_alignment=row_alignment,
+        per_table_weight_dtype={"fp32": torch.float32, "fp16": torch.float16, "int4": torch.quint4x2,
+                                "int2": torch.quint2x4})
+    # rows of dim 12: fp32 48 bytes, fp16 24, int8 4 + 12 = 16, int4 4 + 6 = 10, int2 4 + 3 = 7 (then padded)
+    unpadded = {"fp32": 48, "fp16": 24, "int8": 16, "int4": 10, "int2": 7}
+    padded = {n: -(-b // row_alignment) * row_alignment for n, b in unpadded.items()}
+    rows = {t.name: t.num_embeddings for t in tables}
+    expected = {n: rows[n] * padded[n] for n in rows}
+    assert bytes_per_table(qebc) == expected
+    assert {n: w.numel() for n, w in ((k.split(".")[1], v) for k, v in qebc.state_dict().items())} == expected
+    assert sum(expected.values()) == qebc.storage_bytes()
+    with pytest.raises(TypeError, match="pass a quantized EmbeddingBagCollection"):
+        bytes_per_table(rtk.KeyedJaggedTensor.empty())
