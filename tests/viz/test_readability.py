@@ -82,4 +82,4 @@ def test_training_curves_say_when_no_step_is_reported_yet():
     assert all(len(t["x"]) == 0 for t in empty_traces)
     assert not any(empty[k]["showticklabels"] or empty[k]["zeroline"] for k in empty if k[1:5] == "axis")
     traces, drawn = training_curves_traces([{"step": 1, "loss": 0.7, "auc": 0.5, "samples_per_s": 100.0}])
-    assert "annotations" not in drawn and [list(t["y"]) for t in traces] == [[0.7], [0.5], [100.0]]
+    assert "annotations" not in drawn and [list(t["y"]) for t in traces] == [[0.7], [0.5], [100.0], [], []]  # NE, calibration: not reported

@@ -1,6 +1,7 @@
 """First paint of the explorer: shown at once with placeholders, its figures sent right after the display."""
 
 import asyncio
+import concurrent.futures
 
 import pytest
 
@@ -41,7 +42,10 @@ def _display_in_a_kernel(explorer, page_paints: bool, fallback_wait_s: float = 0
         await asyncio.sleep(fallback_wait_s)
         return bundle, before, between, held()
 
-    return asyncio.run(run())
+    # On a thread of its own: the kernel's loop is the only one running there (in the whole suite, the browser
+    # tests' session-wide sync Playwright keeps an event loop running on the main thread).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result(timeout=60)
 
 
 def test_first_display_paints_placeholders_then_the_figures_follow_the_page():
