@@ -4,7 +4,8 @@ The cheap cells of the notebooks run here in-process (cells that start workers o
 and every DataFrame a cell shows (its last expression, or `display(...)`) is rendered as Jupyter would
 (text/html and text/plain) and searched for raw numbers: a float with more than 4 significant digits
 (`488.281250`, `206209024.0`), a timing with more than 3 decimals (`15.8232 ms`), a unit with a long tail
-(`15.823211669921875 MiB`), or a bare integer of 5+ digits (a byte count such as `1824000` not in KiB/MiB).
+(`15.823211669921875 MiB`), a bare integer of 5+ digits (a byte count such as `1824000` not in KiB/MiB),
+or a big number in scientific notation (`2.062e+08`).
 The widgets' tables (explorer tabs, plan diff, measure) are checked the same way.
 """
 
@@ -33,8 +34,8 @@ _NUMBER = re.compile(r"(?<![\w.])(-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.])(\
 def raw_numbers(text: str) -> list:
     """The numbers in `text` a person should not have to read (see the module docstring).
 
-        >>> raw_numbers("206209024.0 | 15.823211669921875 MiB | 0.0123456 ms | 1824000 | 488.281")
-        ['206209024.0', '15.823211669921875 MiB', '0.0123456 ms', '1824000', '488.281']
+        >>> raw_numbers("206209024.0 | 15.823211669921875 MiB | 0.0123456 ms | 1824000 | 488.281 | 2.062e+08")
+        ['206209024.0', '15.823211669921875 MiB', '0.0123456 ms', '1824000', '488.281', '2.062e+08']
         >>> raw_numbers("196.66 MiB | 15.82 ms | 0.012 ms | 1,824,000 | 0.6881 | 8.816e-06 | 1234 | 0 B")
         []
     """
@@ -45,7 +46,9 @@ def raw_numbers(text: str) -> list:
         mantissa, _, _ = digits.partition("e")
         whole, _, decimals = mantissa.partition(".")
         significant = len((whole + decimals).lstrip("0"))
-        if unit == "ms":
+        if "e+" in number:  # 2.062e+08: a big number (a byte count?) in scientific notation
+            bad = True
+        elif unit == "ms":
             bad = len(decimals) > 3
         elif unit:
             bad = len(decimals) >= 5
@@ -70,13 +73,19 @@ def raw_in_frame(frame) -> list:
     return [n for cell in table_cells(shown) for n in raw_numbers(cell)] + raw_numbers(repr(frame))
 
 
-def _shown_frames(notebook_name: str):
+def _shown_frames(notebook_name: str, monkeypatch):
     """Run the notebook's cheap code cells in one namespace; yield (cell index, DataFrame) for each table shown."""
+    import IPython.display
     import nbformat
 
     notebook = nbformat.read(NOTEBOOKS / notebook_name, as_version=4)
     shown = []
-    namespace = {"__name__": "__main__", "display": lambda *objects, **_: shown.extend(objects)}
+
+    def display(*objects, **_):
+        shown.extend(objects)
+
+    monkeypatch.setattr(IPython.display, "display", display)  # also what `from IPython.display import display` gets
+    namespace = {"__name__": "__main__", "display": display}
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":
             continue
@@ -106,7 +115,7 @@ def test_notebook_tables_show_humanized_numbers(notebook_name, tmp_path, monkeyp
     try:
         # the notebooks' own pandas options and warning filters stay inside this test
         with pd.option_context("display.float_format", None), warnings.catch_warnings():
-            for index, frame in _shown_frames(notebook_name):
+            for index, frame in _shown_frames(notebook_name, monkeypatch):
                 tables += 1
                 raw = raw_in_frame(frame)
                 assert not raw, (f"{notebook_name} cell {index} shows raw numbers {raw[:6]}: show the table "
@@ -124,6 +133,8 @@ def test_the_check_catches_the_raw_tables_of_issue_14():
     assert raw_in_frame(humanized(frame)) == []
     transposed = frame.T.rename(columns={0: "TorchRec's planner"})
     assert raw_in_frame(transposed) and raw_in_frame(humanized(transposed)) == []
+    # a transposed summary takes each row's unit from its name: 206209024 / 2**20 = 196.656 MiB
+    assert humanized(transposed)["TorchRec's planner"].tolist() == ["0.441 ms", "196.66 MiB", "488.3"]
 
 
 def test_explorer_tables_show_humanized_numbers(tmp_path):

@@ -174,8 +174,8 @@ def humanize(value: Any, column: str = "", unit: Optional[str] = None) -> str:
 
         >>> humanize(206209024.0, "weights_bytes"), humanize(0.012345678, "total_ms"), humanize(1234567)
         ('196.66 MiB', '0.012 ms', '1,234,567')
-        >>> humanize(2048, "measured", unit="bytes")
-        '2.00 KiB'
+        >>> humanize(2048, "measured", unit="bytes"), humanize(6141.228881, "samples_per_s")
+        ('2.00 KiB', '6,141')
     """
     if value is None or (isinstance(value, float) and value != value):
         return ""
@@ -189,8 +189,8 @@ def humanize(value: Any, column: str = "", unit: Optional[str] = None) -> str:
         return format_ms(number)
     if kind:
         raise ValueError(f"humanize: unknown unit {kind!r} for column {column!r}; use 'bytes', 'ms' or ''")
-    if number == int(number) and abs(number) < 1e15:
-        return f"{int(number):,}"
+    if abs(number) < 1e15 and (number == int(number) or abs(number) >= 1000):
+        return f"{round(number):,}"  # 1881.4 samples/s -> '1,881', not '1881' or '1.881e+03'
     return f"{number:.4g}"
 
 
