@@ -1,18 +1,20 @@
 """Issue 14: every table the notebooks and widgets show has humanized numbers, no raw floats.
 
-The cheap cells of the notebooks run here in-process (cells that start workers or subprocesses are skipped),
-and every DataFrame a cell shows (its last expression, or `display(...)`) is rendered as Jupyter would
-(text/html and text/plain) and searched for raw numbers: a float with more than 4 significant digits
-(`488.281250`, `206209024.0`), a timing with more than 3 decimals (`15.8232 ms`), a unit with a long tail
-(`15.823211669921875 MiB`), a bare integer of 5+ digits (a byte count such as `1824000` not in KiB/MiB),
-or a big number in scientific notation (`2.062e+08`).
-The widgets' tables (explorer tabs, plan diff, measure) are checked the same way.
+The cheap cells of the notebooks run here in-process (cells that start workers or subprocesses are skipped).
+Every DataFrame a cell shows (its last expression, `display(...)`, or `print(frame.to_string())`) is rendered
+as Jupyter would (text/html and text/plain) and searched for raw numbers: a float with more than 4 significant
+digits (`488.281250`, `206209024.0`), a timing with more than 3 decimals (`15.8232 ms`), a unit with a long
+tail (`15.823211669921875 MiB`), a bare integer of 5+ digits (a byte count such as `1824000` not in KiB/MiB),
+or a big number in scientific notation (`2.062e+08`). The widgets' tables (explorer tabs, plan diff, Measure)
+are checked the same way.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import html
+import io
 import re
 import warnings
 from pathlib import Path
@@ -36,10 +38,11 @@ def raw_numbers(text: str) -> list:
 
         >>> raw_numbers("206209024.0 | 15.823211669921875 MiB | 0.0123456 ms | 1824000 | 488.281 | 2.062e+08")
         ['206209024.0', '15.823211669921875 MiB', '0.0123456 ms', '1824000', '488.281', '2.062e+08']
-        >>> raw_numbers("196.66 MiB | 15.82 ms | 0.012 ms | 1,824,000 | 0.6881 | 8.816e-06 | 1234 | 0 B")
+        >>> raw_numbers("196.66 MiB | 15.82 ms | 0.012 ms | 1,824,000 | 0.6881 | 8.816e-06 | 1234 | (5000, 10000)")
         []
     """
     found = []
+    text = re.sub(r"\([^()]*\)|\[[^\[\]]*\]", "", text)  # (0, 10000), [3, 17]: row ranges and ids, not amounts
     for match in _NUMBER.finditer(text):
         number, unit = match.group(1), (match.group(2) or "").strip()
         digits = number.replace(",", "").lstrip("-")
@@ -73,8 +76,9 @@ def raw_in_frame(frame) -> list:
     return [n for cell in table_cells(shown) for n in raw_numbers(cell)] + raw_numbers(repr(frame))
 
 
-def _shown_frames(notebook_name: str, monkeypatch):
-    """Run the notebook's cheap code cells in one namespace; yield (cell index, DataFrame) for each table shown."""
+def _shown_tables(notebook_name: str, monkeypatch):
+    """Run the notebook's cheap code cells in one namespace; yield (cell index, raw numbers) for each table shown:
+    a DataFrame displayed, or a table printed with `DataFrame.to_string()`."""
     import IPython.display
     import nbformat
 
@@ -95,12 +99,17 @@ def _shown_frames(notebook_name: str, monkeypatch):
             break
         tree = ast.parse(cell.source)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, f"{notebook_name} cell {index}", "exec"), namespace)
-        if last is not None:
-            shown.append(eval(compile(ast.Expression(last.value), f"{notebook_name} cell {index}", "eval"), namespace))
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(tree, f"{notebook_name} cell {index}", "exec"), namespace)
+            if last is not None:
+                shown.append(eval(compile(ast.Expression(last.value), f"{notebook_name} cell {index}", "eval"),
+                                  namespace))
         for value in shown:
             if isinstance(value, (pd.DataFrame, pd.Series)):
-                yield index, value
+                yield index, raw_in_frame(value)
+        if ".to_string(" in cell.source:
+            yield index, raw_numbers(printed.getvalue())
         shown.clear()
 
 
@@ -115,9 +124,8 @@ def test_notebook_tables_show_humanized_numbers(notebook_name, tmp_path, monkeyp
     try:
         # the notebooks' own pandas options and warning filters stay inside this test
         with pd.option_context("display.float_format", None), warnings.catch_warnings():
-            for index, frame in _shown_frames(notebook_name, monkeypatch):
+            for index, raw in _shown_tables(notebook_name, monkeypatch):
                 tables += 1
-                raw = raw_in_frame(frame)
                 assert not raw, (f"{notebook_name} cell {index} shows raw numbers {raw[:6]}: show the table "
                                  f"through rectoolkit.viz.humanized (the numeric frame stays for computing)")
     finally:
