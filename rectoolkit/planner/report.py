@@ -231,6 +231,15 @@ def _why_not_fit(state, option: ShardingOption, result: PlanningResult) -> str:
     return "its groups do not all fit at once (ranks fill up as its shards are placed)"
 
 
+def time_text(ms: float) -> str:
+    """A step time for a sentence, 4 significant digits, in µs below a millisecond (so never 0.005571 ms).
+
+        >>> time_text(0.0055708082490408565), time_text(15.823211669921875), time_text(0.0)
+        ('5.571 µs', '15.82 ms', '0 ms')
+    """
+    return f"{ms * 1000:.4g} µs" if 0 < abs(ms) < 1 else f"{ms:.4g} ms"
+
+
 def choice_reason(result: PlanningResult, table: int, alternatives: Optional[List[Dict[str, Any]]] = None) -> str:
     """One line: why this table got its option ('row-wise: table is 3.2 GiB, over one rank's 2.0 GiB free')."""
     alternatives = alternatives or table_alternatives(result, table)
@@ -251,8 +260,8 @@ def choice_reason(result: PlanningResult, table: int, alternatives: Optional[Lis
     if result.objective == "time":
         delta = best_other["slowest_ms"] - chosen["slowest_ms"]
         if delta > 1e-12:
-            return (f"{name}: slowest rank {chosen['slowest_ms']:.4g} ms; the runner-up "
-                    f"{best_other['option']} would make it {best_other['slowest_ms']:.4g} ms")
+            return (f"{name}: slowest rank {time_text(chosen['slowest_ms'])}; the runner-up "
+                    f"{best_other['option']} would make it {time_text(best_other['slowest_ms'])}")
         return f"{name}: ties with {best_other['option']} on the slowest rank; it adds less total work"
     return f"{name}: best for the '{result.objective}' objective; runner-up {best_other['option']}"
 
@@ -266,12 +275,12 @@ def explain_table(result: PlanningResult, table_name: str, sharding_type: Union[
     alternatives = table_alternatives(result, index)
     chosen = alternatives[0]
     head = (f"{table.label} ({table.rows} x {table.dim}, {format_bytes(table.weight_bytes)}): chose {chosen['option']} "
-            f"on ranks {sorted(set(_ranks_of(result, index)))}; slowest rank {chosen['slowest_ms']:.4g} ms. "
+            f"on ranks {sorted(set(_ranks_of(result, index)))}; slowest rank {time_text(chosen['slowest_ms'])}. "
             f"{choice_reason(result, index, alternatives)}.")
     if sharding_type is None:
         lines = [head, "Alternatives (slowest rank if only this table changed):"]
         for a in alternatives[1:]:
-            lines.append(f"  {a['option']}: " + (f"{a['slowest_ms']:.4g} ms" if a["fits"] else f"does not fit: {a['why_not']}"))
+            lines.append(f"  {a['option']}: " + (time_text(a['slowest_ms']) if a["fits"] else f"does not fit: {a['why_not']}"))
         return "\n".join(lines)
     wanted = ShardingType.parse(sharding_type)
     if wanted.value == chosen["sharding_type"]:
@@ -290,7 +299,7 @@ def explain_table(result: PlanningResult, table_name: str, sharding_type: Union[
     if result.objective == "time":
         ratio = best["slowest_ms"] / chosen["slowest_ms"] - 1 if chosen["slowest_ms"] else 0.0
         return (f"Why not {wanted.name} for {table.label}? Its best placement ({best['option']}) makes the slowest rank "
-                f"{best['slowest_ms']:.4g} ms instead of {chosen['slowest_ms']:.4g} ms ({ratio:+.1%}).\n{head}")
+                f"{time_text(best['slowest_ms'])} instead of {time_text(chosen['slowest_ms'])} ({ratio:+.1%}).\n{head}")
     return f"Why not {wanted.name} for {table.label}? The '{result.objective}' objective prefers {chosen['option']}.\n{head}"
 
 

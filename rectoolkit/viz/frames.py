@@ -22,6 +22,7 @@ import pandas as pd
 
 from rectoolkit.modules.configs import DATA_TYPE_NUM_BITS, BaseEmbeddingConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
+from rectoolkit.viz.style import format_bytes
 
 PlanLike = Union[ShardingPlan, Mapping[str, ParameterSharding]]
 TablesLike = Union[None, Sequence[BaseEmbeddingConfig], Mapping[str, BaseEmbeddingConfig]]
@@ -142,11 +143,12 @@ class PlanDiff:
         return int(self.tables["moved_bytes"].sum())
 
     def summary(self) -> str:
+        """One line for people: how many tables changed, and the weights that move (in binary units)."""
         counts = self.tables["status"].value_counts()
         parts = [f"{counts.get(s, 0)} {s}" for s in ("moved", "resharded", "added", "removed") if counts.get(s, 0)]
         if not parts:
             return "the plans are identical"
-        return ", ".join(parts) + f"; {self.moved_bytes:,} bytes of weights change rank"
+        return ", ".join(parts) + f"; {format_bytes(self.moved_bytes)} of weights change rank"
 
 
 def plan_diff(old: PlanLike, new: PlanLike, tables: TablesLike = None) -> PlanDiff:
@@ -162,6 +164,8 @@ def plan_diff(old: PlanLike, new: PlanLike, tables: TablesLike = None) -> PlanDi
         >>> d = plan_diff(a, b)
         >>> d.tables[["table", "status", "moved_bytes"]].values.tolist(), d.ranks["delta_bytes"].tolist()
         ([['t', 'moved', 160]], [-160, 160])
+        >>> d.summary()
+        '1 moved; 160 B of weights change rank'
     """
     configs = table_configs(tables)
     old_tables, new_tables = table_shardings(old), table_shardings(new)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import colorsys
 import re
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
+
+import pandas as pd
 
 # Plotly's qualitative "Plotly" palette followed by "D3"-like extras: distinct for the first 20 ranks.
 _RANK_PALETTE = [
@@ -151,37 +153,68 @@ def signed_bytes_axis(largest_change: float, title: str) -> dict:
                 range=[-values[-1] * 1.05, values[-1] * 1.05])
 
 
-def humanize(value: Any, column: str = "") -> str:
-    """One table cell for people: bytes in binary units (by column name), ms with few digits, big ints
-    with separators, floats with 4 significant digits.
+def unit_of(name: str) -> str:
+    """The unit a column (or row) name announces: 'bytes', 'ms', or '' for a plain number.
+
+        >>> unit_of("weights_bytes"), unit_of("bytes sent, estimated"), unit_of("slowest rank (ms)"), unit_of("rows")
+        ('bytes', 'bytes', 'ms', '')
+    """
+    name = name.lower()
+    # "weights_bytes", "bytes sent, estimated", "bytes_across_links": bytes wherever the word stands
+    if re.search(r"(^|[^a-z])bytes([^a-z]|$)", name) or name in ("memory", "size"):
+        return "bytes"
+    if name.endswith(("_ms", "(ms)")) or name == "ms":
+        return "ms"
+    return ""
+
+
+def humanize(value: Any, column: str = "", unit: Optional[str] = None) -> str:
+    """One table cell for people: bytes in binary units (by column name, or `unit="bytes"`), ms with few
+    digits, big ints with separators, floats with 4 significant digits.
 
         >>> humanize(206209024.0, "weights_bytes"), humanize(0.012345678, "total_ms"), humanize(1234567)
         ('196.66 MiB', '0.012 ms', '1,234,567')
+        >>> humanize(2048, "measured", unit="bytes"), humanize(6141.228881, "samples_per_s")
+        ('2.00 KiB', '6,141')
     """
     if value is None or (isinstance(value, float) and value != value):
         return ""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "dtype"):
         return str(value)
     number = float(value)
-    name = column.lower()
-    # "weights_bytes", "bytes sent, estimated", "bytes_across_links": bytes wherever the word stands
-    if re.search(r"(^|[^a-z])bytes([^a-z]|$)", name) or name in ("memory", "size"):
+    kind = unit_of(column) if unit is None else unit
+    if kind == "bytes":
         return format_bytes(number)
-    if name.endswith("_ms") or name == "ms":
+    if kind == "ms":
         return format_ms(number)
-    if number == int(number) and abs(number) < 1e15:
-        return f"{int(number):,}"
+    if kind:
+        raise ValueError(f"humanize: unknown unit {kind!r} for column {column!r}; use 'bytes', 'ms' or ''")
+    if abs(number) < 1e15 and (number == int(number) or abs(number) >= 1000):
+        return f"{round(number):,}"  # 1881.4 samples/s -> '1,881', not '1881' or '1.881e+03'
     return f"{number:.4g}"
 
 
-def humanized(frame: Any) -> Any:
-    """A copy of a DataFrame for reading: every cell through `humanize` (by its column's name).
+def humanized(frame: Any, unit: Optional[str] = None) -> Any:
+    """A copy of a DataFrame for reading: every cell through `humanize`. A cell's unit comes from its column's
+    name, else from its row's name (a transposed summary: rows 'total_bytes', 'max_time_ms'), else `unit`
+    ('bytes' or 'ms') when the whole frame holds one kind of number. Keep the numeric frame for computing.
 
         >>> import pandas as pd
         >>> humanized(pd.DataFrame({"bytes": [206209024.0], "ms": [15.823211669921875]})).to_dict("records")
         [{'bytes': '196.66 MiB', 'ms': '15.82 ms'}]
+        >>> humanized(pd.DataFrame({"plan A": [206209024.0, 0.4413], "plan B": [2.5e8, 0.33297]},
+        ...                        index=["total_bytes", "max_time_ms"]))["plan A"].tolist()
+        ['196.66 MiB', '0.441 ms']
+        >>> humanized(pd.DataFrame({"estimated": [1824000], "measured": [1824000]}), unit="bytes").iloc[0].tolist()
+        ['1.74 MiB', '1.74 MiB']
     """
-    return frame.apply(lambda column: column.map(lambda value: humanize(value, str(column.name))))
+    def readable(column: Any) -> Any:
+        column_unit = unit_of(str(column.name))
+        cells = [humanize(value, unit=column_unit or unit_of(str(row)) or unit or "")
+                 for row, value in column.items()]
+        return pd.Series(cells, index=column.index, name=column.name, dtype=object)
+
+    return frame.apply(readable)
 
 
 def format_ms(ms: float) -> str:
