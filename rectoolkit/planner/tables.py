@@ -133,15 +133,22 @@ def tables_by_module(tables: Sequence[PlannerTable]) -> Dict[str, List[PlannerTa
     return out
 
 
+def _collection_kind(class_name: str) -> str:
+    """EmbeddingBagCollection or EmbeddingCollection for a collection class name, quantized ones included."""
+    return class_name[len("Quant"):] if class_name.startswith("Quant") else class_name
+
+
 def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_device: str) -> List[PlannerTable]:
     """Restrict each table to the sharding types its collection's sharder supports (TorchRec's planner does the
     same). A sharder is matched by its `module_type`'s class name, so TorchRec's sharders work too: passing
-    TorchRec's EmbeddingBagCollectionSharder on CPU gives a plan TorchRec can run there.
+    TorchRec's EmbeddingBagCollectionSharder on CPU gives a plan TorchRec can run there. A quantized collection's
+    sharder (module_type QuantEmbeddingBagCollection here, torchrec.quant's EmbeddingBagCollection in TorchRec)
+    shards bags or sequences like the float one.
 
     The table's own constraints still apply (the intersection); a table whose collection has no sharder in the
     list is an error, since nothing would shard it.
     """
-    by_module = {getattr(getattr(s, "module_type", None), "__name__", None): s for s in sharders}
+    by_module = {_collection_kind(getattr(getattr(s, "module_type", None), "__name__", "")): s for s in sharders}
     out = []
     for table in tables:
         module = "EmbeddingBagCollection" if isinstance(table.config, EmbeddingBagConfig) else "EmbeddingCollection"

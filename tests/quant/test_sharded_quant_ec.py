@@ -160,3 +160,32 @@ def test_fx_traces_a_model_holding_sharded_quantized_collections():
         pooled, rows = traced(batch())
         torch.testing.assert_close(pooled, expected[0], rtol=0, atol=1e-5)
         assert torch.equal(rows, expected[1])
+
+
+def test_the_planner_takes_the_quantized_sharders():
+    """planner.plan(model, [quantized sharders]) as TorchRec code writes it: each collection is planned with the
+    types its sharder allows, and the plan shards the model to the unsharded answer."""
+    from rectoolkit.distributed.planner import EmbeddingShardingPlanner, Topology
+    from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder
+
+    bags = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name=f"b{i}", num_embeddings=40, embedding_dim=8,
+                                                              feature_names=[f"bf{i}"]) for i in range(2)])
+    model = torch.nn.ModuleDict({"bags": QuantEmbeddingBagCollection.from_float(bags, dtype=torch.int8),
+                                 "seq": quantized(torch.int8)})
+    sharders = [QuantEmbeddingBagCollectionSharder(), QuantEmbeddingCollectionSharder()]
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(model, sharders)
+    sequence_types = set(QuantEmbeddingCollectionSharder().sharding_types("cpu"))
+    assert set(plan.plan) == {"bags", "seq"}
+    assert all(ps.sharding_type in sequence_types for ps in plan.plan["seq"].values())
+
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).plan(model, sharders)
+    bag_ids = rtk.KeyedJaggedTensor.from_lengths_sync(["bf0", "bf1"], torch.tensor([3, 39, 0, 7]),
+                                                      torch.tensor([1, 1, 1, 1]))
+    seq_ids = batch()
+    want_bags, want_seq = model["bags"](bag_ids).values(), model["seq"](seq_ids)
+    sharded = shard_modules(model, env=ShardingEnv.local(), plan=plan)
+    got_bags = sharded["bags"](bag_ids)
+    got_bags = got_bags.wait() if hasattr(got_bags, "wait") else got_bags
+    got_seq = sharded["seq"](seq_ids)
+    assert torch.equal(got_bags.values(), want_bags)
+    assert all(torch.equal(got_seq[name].values(), want_seq[name].values()) for name in want_seq)
