@@ -1,6 +1,7 @@
-"""torch.compile benchmark: a DLRM training step (forward + backward) on CPU, eager against inductor.
+"""torch.compile benchmark: a DLRM training step (forward + backward) on CPU or CUDA, eager against inductor.
 
-Run: .venv/bin/python benchmarks/bench_compile.py [--batch 512] [--rounds 7] [--steps 10] [--out benchmarks/results/compile.md]
+Run: .venv/bin/python benchmarks/bench_compile.py [--batch 512] [--rounds 7] [--steps 10] [--device cpu|cuda]
+     [--out benchmarks/results/compile.md (cpu), compile_cuda.md (cuda)]
 
 The model: rectoolkit's DLRM over an EmbeddingBagCollection without a fused optimizer (dense gradients; a fused
 optimizer's lookup runs outside the compiled graph, see docs/compile_export.md), 8 tables of 20,000 rows, dim
@@ -66,16 +67,28 @@ def step_fn(model: torch.nn.Module, forward: Callable) -> Callable[[tuple], None
     return step
 
 
+def to_device(batches: List[tuple], device: torch.device) -> List[tuple]:
+    return [(dense.to(device), kjt.to(device), labels.to(device)) for dense, kjt, labels in batches]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def alternate(steps: Dict[str, Callable[[tuple], None]], batches: List[tuple], rounds: int,
-              steps_per_round: int) -> Dict[str, List[float]]:
-    """Per round, the mean step time of each contender; the contender that goes first alternates."""
+              steps_per_round: int, device: torch.device = torch.device("cpu")) -> Dict[str, List[float]]:
+    """Per round, the mean step time of each contender; the contender that goes first alternates. On CUDA the
+    device is synchronized before and after each contender's steps, so a round times the work, not its launch."""
     names = list(steps)
     per_round: Dict[str, List[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
+            synchronize(device)
             start = time.perf_counter()
             for i in range(steps_per_round):
                 steps[name](batches[i % len(batches)])
+            synchronize(device)
             per_round[name].append((time.perf_counter() - start) / steps_per_round)
     return per_round
 
@@ -86,14 +99,20 @@ def main(argv: Optional[List[str]] = None) -> str:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile.md"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (model and batches on that device)")
+    parser.add_argument("--out", default=None, help="default: results/compile.md (cpu), compile_cuda.md (cuda)")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
+    out = args.out if args.out is not None else str(
+        Path(__file__).parent / "results" / ("compile.md" if device.type == "cpu" else f"compile_{device.type}.md"))
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    eager = make_model()
+    eager = make_model().to(device)
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, fullgraph=True, backend="inductor")
-    batches = make_batches(args.batch, count=4)
+    batches = to_device(make_batches(args.batch, count=4), device)
     steps = {"eager": step_fn(eager, eager), "compiled (inductor, fullgraph)": step_fn(compiled_model, compiled)}
 
     started = time.perf_counter()
@@ -103,12 +122,13 @@ def main(argv: Optional[List[str]] = None) -> str:
     for batch in batches:
         steps["eager"](batch)
     load_before = os.getloadavg()
-    per_round = alternate(steps, batches, args.rounds, args.steps)
+    per_round = alternate(steps, batches, args.rounds, args.steps, device)
     load_after = os.getloadavg()
 
     eager_median = statistics.median(per_round["eager"])
+    where = "CPU" if device.type == "cpu" else f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
     lines = [
-        "# torch.compile: DLRM training step, eager vs inductor (CPU)",
+        f"# torch.compile: DLRM training step, eager vs inductor ({where})",
         "",
         f"DLRM over {NUM_TABLES} tables x {ROWS:,} rows, dim {DIM}, batch {args.batch}, ~4 ids per bag; dense "
         f"gradients (no fused optimizer). Step = forward + BCE loss + backward + zero_grad. torch {torch.__version__}, "
@@ -127,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> str:
                      f"{eager_median / median:.2f}x |")
     lines += ["", "Command: `python benchmarks/bench_compile.py " + " ".join(argv if argv is not None else sys.argv[1:])
               + "`"]
-    return report("\n".join(lines) + "\n", args.out)
+    return report("\n".join(lines) + "\n", out)
 
 
 def report(table: str, out: str) -> str:

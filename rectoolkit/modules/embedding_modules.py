@@ -184,6 +184,14 @@ class _BatchedCollection(nn.Module):
     def device(self) -> torch.device:
         return self._device
 
+    def _apply(self, fn, recurse: bool = True):
+        """`.to()`, `.cuda()`, `to_empty()`... move the tables' Parameters; the kernel follows at once, so that a
+        forward traced by torch.compile / torch.export (which cannot rebuild it) finds it on the weights' device."""
+        module = super()._apply(fn, recurse)
+        if "_kernel" in self.__dict__:
+            self._sync_kernel()
+        return module
+
     # ------------------------------------------------------------------ forward helpers
     def _sync_kernel(self) -> None:
         """Keep the kernel's storage and the tables' Parameters the same memory (after deepcopy, .to(), assign)."""

@@ -704,6 +704,8 @@ class KeyedJaggedTensor:
         )
 
     def pin_memory(self) -> "KeyedJaggedTensor":
+        """A copy in pinned host memory, lengths and offsets both (the missing one is computed first), so that a
+        following `.to(device, non_blocking=True)` carries everything and the device never has to derive them."""
         def pin(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return tensor.pin_memory() if tensor is not None else None
 
@@ -711,8 +713,8 @@ class KeyedJaggedTensor:
             keys=self._keys,
             values=pin(self._values),
             weights=pin(self._weights),
-            lengths=pin(self._lengths),
-            offsets=pin(self._offsets),
+            lengths=pin(self.lengths()),
+            offsets=pin(self.offsets()),
             stride=self._stride,
             stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self._length_per_key,

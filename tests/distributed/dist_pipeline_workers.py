@@ -83,20 +83,21 @@ def build(case: str, W: int, env=None):
     return dmp, optimizer
 
 
-def plain_loop(case: str, data: List[Batch], W: int, env=None):
+def plain_loop(case: str, data: List[Batch], W: int, env=None, device: str = "cpu"):
     """The loop the pipeline must reproduce: zero_grad, forward, backward, step, batch after batch."""
     dmp, optimizer = build(case, W, env)
     losses = []
     for batch in data:
         optimizer.zero_grad()
-        loss, _ = dmp(batch)
+        loss, _ = dmp(batch.to(torch.device(device)))
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
     return losses, dmp.state_dict()
 
 
-def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True):
+def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True,
+              device: str = "cpu"):
     """The same through TrainPipelineSparseDist; also what it pipelined, how long it waited and how often a
     forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
     dmp, optimizer = build(case, W, env)
@@ -105,7 +106,7 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
               if g.sharding_type != ShardingType.DATA_PARALLEL]
     for group in routed:
         group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all_batches)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device(device), execute_all_batches=execute_all_batches)
     losses, stops = [], 0
     feed = iter(data)
     while True:
@@ -119,7 +120,8 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
     except StopIteration:
         stops += 1
     info = dict(modules=pipeline.pipelined_modules, waits=dict(dmp.env.stats.wait_s), stops=stops,
-                sync_input_dists=len(sync_calls), routed_groups=len(routed))
+                sync_input_dists=len(sync_calls), routed_groups=len(routed),
+                side_stream=pipeline._memcpy_stream is not None)
     return losses, dmp.state_dict(), info
 
 

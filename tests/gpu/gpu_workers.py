@@ -104,3 +104,24 @@ def quant_sharded_worker(rank: int, W: int, device_template: str, result_file: s
         with open(result_file, "w") as handle:
             json.dump(results, handle)
 
+
+
+def pipeline_device_worker(rank: int, W: int, device_template: str, cases: list, steps: int) -> None:
+    """TrainPipelineSparseDist with the model on `device`: batches copied ahead (a side stream on CUDA), the next
+    batch's ids sent while this one trains; losses at every step and every weight at the end identical to the
+    plain loop's on the same device."""
+    from dist_pipeline_workers import assert_identical, batches, check_pipelined, pipelined, plain_loop
+
+    device = torch.device(device_template.format(rank=rank))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    for case in cases:
+        data = batches(rank, W, steps, case)
+        plain = plain_loop(case, data, W, ShardingEnv.from_process_group(device=device), device=str(device))
+        losses, state, info = pipelined(case, data, W, ShardingEnv.from_process_group(device=device),
+                                        device=str(device))
+        check_pipelined(rank, case, info)
+        assert info["side_stream"] == (device.type == "cuda"), f"rank {rank} {case}: side stream {info['side_stream']}"
+        assert all(loss.device == device for loss in losses), f"rank {rank} {case}: losses on {losses[0].device}"
+        assert all(t.device == device for t in state.values()), f"rank {rank} {case}: state not all on {device}"
+        assert_identical(rank, case, plain, (losses, state), steps)

@@ -148,3 +148,18 @@ def test_fused_optimizer_lookup_runs_outside_the_graph_and_says_why():
     # d(sum)/d(row) is 1 per column for every occurrence of the id: SGD subtracts lr * count
     counts = torch.bincount(kjt.values(), minlength=10).to(torch.float32)[:, None]
     torch.testing.assert_close(ebc.embedding_bags["t0"].weight.detach(), before - 0.5 * counts)
+
+
+@pytest.mark.timeout(240)
+def test_a_collection_moved_after_construction_compiles_on_its_new_device():
+    # built on meta then materialized: the kernel must follow the weights at once (a traced forward cannot
+    # rebuild it), as it must after `.to("cuda")` (tests/gpu/test_pipeline_compile_gpu.py)
+    tables = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0", "f1"]),
+              rtk.EmbeddingBagConfig(name="t1", num_embeddings=7, embedding_dim=4, feature_names=["f2"])]
+    ebc = rtk.EmbeddingBagCollection(tables, device=torch.device("meta"))
+    ebc.to_empty(device="cpu")
+    ebc.reset_parameters()
+    assert ebc.kernel.device == torch.device("cpu") and ebc.device == torch.device("cpu")
+    _, kjt = _batch(4, seed=2)
+    compiled = torch.compile(ebc, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(kjt).values(), ebc(kjt).values(), rtol=1e-6, atol=1e-6)
