@@ -10,10 +10,12 @@ The package is callable: `rectoolkit.launch(fn, 2)` is `rectoolkit.launch.launch
 """
 
 import sys
+import types
+from typing import Any, Callable, List
 
 from rectoolkit.launch.context import WorkerContext
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
-from rectoolkit.launch.job import CallableModule, Job, default_backend, default_num_threads, launch, start
+from rectoolkit.launch.job import Job, default_backend, default_num_threads, launch, start
 from rectoolkit.launch.torchrun import torchrun_context
 
 __all__ = [
@@ -29,5 +31,14 @@ __all__ = [
     "start",
     "torchrun_context",
 ]
+
+
+class CallableModule(types.ModuleType):
+    """Lets the package itself be called: `rectoolkit.launch(fn, 2)` is `rectoolkit.launch.launch(fn, 2)`,
+    while `rectoolkit.launch.start`, `import rectoolkit.launch as L` etc. keep working."""
+
+    def __call__(self, fn: Callable[..., Any], world_size: int = 1, *args: Any, **kwargs: Any) -> List[Any]:
+        return launch(fn, world_size, *args, **kwargs)
+
 
 sys.modules[__name__].__class__ = CallableModule

@@ -31,11 +31,7 @@ and the next launch works. Which rank is blamed for a failure is decided in `bla
 from __future__ import annotations
 
 import atexit
-import io
-import linecache
-import marshal
 import os
-import pickle
 import queue
 import signal
 import socket
@@ -43,7 +39,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import uuid
 import weakref
 from collections import deque
@@ -59,6 +54,7 @@ from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
                                     never_arrived)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
+from rectoolkit.launch.shipping import dumps_keeping_file_names, notebook_sources
 
 _END = object()
 _POLL_S = 0.1
@@ -83,39 +79,6 @@ def default_backend(world_size: int) -> str:
 def default_num_threads(world_size: int) -> int:
     """CPU threads per worker: the machine's cores shared evenly, at least 1."""
     return max(1, (os.cpu_count() or 1) // world_size)
-
-
-class _FileNamePickler(cloudpickle.Pickler):
-    """cloudpickle, except that code objects keep their file names. cloudpickle 3.1.3 and later write every
-    function's file as "<dynamic-code>", which leaves a worker's traceback without the notebook cell's lines
-    (_notebook_sources sends them under the cell's name). The workers run this same interpreter
-    (sys.executable), so the code objects travel in marshal's format, file names included."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.CodeType):
-            return marshal.loads, (marshal.dumps(obj),)
-        return super().reducer_override(obj)
-
-
-def _dumps_keeping_file_names(obj: Any) -> bytes:
-    """`cloudpickle.dumps(obj)`, with the code objects' file names kept (see _FileNamePickler)."""
-    buffer = io.BytesIO()
-    _FileNamePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
-
-
-def _notebook_sources(max_bytes: int = 4_000_000) -> Dict[str, tuple]:
-    """Source lines the interpreter knows only in memory (notebook cells), so worker tracebacks show them."""
-    sources, total = {}, 0
-    for filename, entry in list(linecache.cache.items()):
-        if len(entry) != 4 or os.path.exists(filename):
-            continue
-        size, _, lines, fullname = entry
-        total += size
-        if total > max_bytes:
-            break
-        sources[filename] = (size, None, lines, fullname)
-    return sources
 
 
 @dataclass
@@ -175,7 +138,7 @@ class Job:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
                              f"are visible; use backend='gloo' or a smaller world_size")
         try:
-            payload = _dumps_keeping_file_names((fn, tuple(args), dict(kwargs)))
+            payload = dumps_keeping_file_names((fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise TypeError(f"cannot send the worker function {getattr(fn, '__name__', fn)!r} and its arguments "
                             f"to the workers (cloudpickle failed: {exc}); pass picklable arguments and create "
@@ -247,7 +210,7 @@ class Job:
             "store_host": "127.0.0.1", "store_port": self._store.port,
             "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
             "sys_path": [p for p in sys.path if p], "payload": payload, "parent_pid": os.getpid(),
-            "linecache": _notebook_sources(),
+            "linecache": notebook_sources(),
         }
         state.conn.send_bytes(cloudpickle.dumps(spec))
         reader = threading.Thread(target=self._read_output, args=(state,), daemon=True,
@@ -647,11 +610,3 @@ def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Opti
 def _stop_live_jobs() -> None:
     for job in list(_LIVE_JOBS):
         job.stop()
-
-
-class CallableModule(types.ModuleType):
-    """Lets the package itself be called: `rectoolkit.launch(fn, 2)` is `rectoolkit.launch.launch(fn, 2)`,
-    while `rectoolkit.launch.start`, `import rectoolkit.launch as L` etc. keep working."""
-
-    def __call__(self, fn: Callable[..., Any], world_size: int = 1, *args: Any, **kwargs: Any) -> List[Any]:
-        return launch(fn, world_size, *args, **kwargs)
