@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 
@@ -25,6 +25,10 @@ class MSEMetric(SumStateMetric):
     _namespace = "mse"
     _state_names = ("error_sum", "weighted_num_samples", "label_sum", "label_squared_sum")
     _options = {"include_r_squared": False}
+
+    def _persistent_states(self) -> Tuple[str, ...]:
+        """TorchRec saves the label sums only when they are used (include_r_squared)."""
+        return self._state_names if self._options["include_r_squared"] else self._state_names[:2]
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return torch.stack([(weights * (labels - predictions) ** 2).sum(), weights.sum(), (weights * labels).sum(),

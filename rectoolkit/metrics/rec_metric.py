@@ -263,9 +263,61 @@ def _task_input(value: Optional[RecModelOutput], task: RecTaskInfo, index: int, 
 
 
 class SumStateMetric(RecMetric):
-    """A metric computed from weighted sums (`_state_names`): lifetime sums, window sums, all_reduce(SUM)."""
+    """A metric computed from weighted sums (`_state_names`): lifetime sums, window sums, all_reduce(SUM).
+
+    Its state_dict holds this rank's lifetime sums under TorchRec's keys and shapes,
+    `_metrics_computations.{i}.{state}`: one computation per task of shape [1] (unfused mode), or one of shape
+    [n_tasks] (fused modes); the window is not saved, so after load_state_dict it starts empty (as TorchRec's).
+
+        >>> from rectoolkit.metrics.ctr import CTRMetric
+        >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+        >>> ctr = CTRMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="click")], window_size=2)
+        >>> ctr.update(predictions={"click": torch.tensor([0.2, 0.9])}, labels={"click": torch.tensor([0., 1.])},
+        ...            weights=None)
+        >>> {key: value.tolist() for key, value in ctr.state_dict().items()}
+        {'_metrics_computations.0.ctr_num': [1.0], '_metrics_computations.0.ctr_denom': [2.0]}
+    """
 
     _state_names: Tuple[str, ...] = ()
+
+    def _persistent_states(self) -> Tuple[str, ...]:
+        """The states TorchRec saves in its state_dict (all of them unless a metric says otherwise)."""
+        return self._state_names
+
+    def _saved_computations(self) -> List[Tuple[str, List[int]]]:
+        """(key prefix, the task rows it holds) per computation, as TorchRec lays them out."""
+        if self._compute_mode == RecComputeMode.UNFUSED_TASKS_COMPUTATION:
+            return [(f"_metrics_computations.{i}.", [i]) for i in range(len(self._tasks))]
+        return [("_metrics_computations.0.", list(range(len(self._tasks))))]
+
+    def _save_to_state_dict(self, destination: Dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for key_prefix, rows in self._saved_computations():
+            for name in self._persistent_states():
+                destination[prefix + key_prefix + name] = self._lifetime[rows, self._state_names.index(name)].clone()
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: List[str], unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        loaded, errors_before = self._lifetime.clone(), len(error_msgs)
+        for key_prefix, rows in self._saved_computations():
+            for name in self._persistent_states():
+                key = prefix + key_prefix + name
+                if key in unexpected_keys:
+                    unexpected_keys.remove(key)
+                if key not in state_dict:
+                    missing_keys.append(key)
+                    continue
+                value = torch.as_tensor(state_dict[key], dtype=torch.float64).cpu()
+                if value.shape != (len(rows),):
+                    error_msgs.append(f"{type(self).__name__}: {key} has shape {tuple(value.shape)}, expected "
+                                      f"({len(rows)},) for {len(rows)} task(s) in {self._compute_mode.name}")
+                    continue
+                loaded[rows, self._state_names.index(name)] = value
+        if len(error_msgs) == errors_before:  # a failed load changes nothing
+            self._lifetime = loaded
+            self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
 
     def reset(self) -> None:
         self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)

@@ -185,3 +185,78 @@ def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
         expected.update(feed(metric, stream))
     assert len(expected) == 2 * (2 + 1 + 2 + 2 + 4)
     run_workers(_two_rank_worker, 2, stream, expected)
+
+
+def _torchrec_metric(name, mode, **extra):
+    import importlib
+
+    from torchrec.metrics.metrics_config import RecComputeMode as TorchRecMode
+    from torchrec.metrics.metrics_config import RecTaskInfo as TorchRecTask
+
+    cls = getattr(importlib.import_module(f"torchrec.metrics.{MODULES[name]}"), name)
+    return cls(world_size=1, my_rank=0, batch_size=BATCH, tasks=[TorchRecTask(name=t) for t in TASKS],
+               compute_mode=getattr(TorchRecMode, mode), window_size=20, **extra)
+
+
+def _our_metric(name, mode, **extra):
+    return OURS[name](world_size=1, my_rank=0, batch_size=BATCH, tasks=[RecTaskInfo(name=t) for t in TASKS],
+                      compute_mode=getattr(RecComputeMode, mode), window_size=20, **extra)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
+@pytest.mark.parametrize("name, extra", [("NEMetric", {}), ("AUCMetric", {}), ("CalibrationMetric", {}),
+                                         ("CTRMetric", {}), ("MSEMetric", {}), ("MSEMetric", {"include_r_squared": True})])
+def test_state_dict_keys_and_values_equal_torchrecs_and_each_loads_the_others(name, mode, extra):
+    theirs, ours = _torchrec_metric(name, mode, **extra), _our_metric(name, mode, **extra)
+    feed(theirs, batches(count=5))
+    feed(ours, batches(count=5))
+    their_state, our_state = theirs.state_dict(), ours.state_dict()
+    assert list(our_state) == list(their_state)
+    for key, value in their_state.items():
+        assert our_state[key].dtype == value.dtype and our_state[key].shape == value.shape, key
+        # TorchRec sums each batch in float32 (its inputs' dtype), rectoolkit in float64
+        torch.testing.assert_close(our_state[key], value, rtol=1e-6, atol=1e-9, msg=key)
+    # each library resumes from the other's state: the lifetime values carry on, the window starts empty
+    resumed_ours, resumed_theirs = _our_metric(name, mode, **extra), _torchrec_metric(name, mode, **extra)
+    resumed_ours.load_state_dict(their_state)
+    resumed_theirs.load_state_dict(our_state)
+    later = batches(count=2, seed=9)
+    expected, got = feed(resumed_theirs, later), feed(resumed_ours, later)
+    assert set(got) == set(expected)
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9, nan_ok=True), key
+
+
+def test_metric_module_state_dict_round_trip_and_a_wrong_shape_changes_nothing():
+    config = MetricsConfig(rec_tasks=[RecTaskInfo(name=t) for t in TASKS],
+                           rec_metrics={RecMetricEnum.NE: RecMetricDef(rec_tasks=[RecTaskInfo(name=t) for t in TASKS],
+                                                                       window_size=40)})
+    module = generate_metric_module(RecMetricModule, config, batch_size=BATCH, world_size=1, my_rank=0,
+                                    state_metrics_mapping={}, device=torch.device("cpu"))
+    stream = batches(count=3)
+    for predictions, labels, weights in stream:
+        module.rec_metrics.update(predictions=predictions, labels=labels, weights=weights)
+    state = module.state_dict()
+    assert sorted(state) == sorted(f"rec_metrics.rec_metrics.0._metrics_computations.{i}.{s}" for i in range(2)
+                                   for s in ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"))
+    # the sums by hand: task 0's weighted number of samples and positives
+    assert float(state["rec_metrics.rec_metrics.0._metrics_computations.0.weighted_num_samples"]) == pytest.approx(
+        sum(float(w["click"].sum()) for _, _, w in stream))
+    assert float(state["rec_metrics.rec_metrics.0._metrics_computations.0.pos_labels"]) == pytest.approx(
+        sum(float((w["click"] * y["click"]).sum()) for _, y, w in stream))
+    fresh = generate_metric_module(RecMetricModule, config, batch_size=BATCH, world_size=1, my_rank=0,
+                                   state_metrics_mapping={}, device=torch.device("cpu"))
+    fresh.load_state_dict(state)
+    lifetime = {k: v for k, v in module.compute().items() if "lifetime" in k}
+    assert {k: float(v) for k, v in fresh.compute().items() if "lifetime" in k} == \
+        {k: float(v) for k, v in lifetime.items()}
+    bad = dict(state)
+    bad["rec_metrics.rec_metrics.0._metrics_computations.1.pos_labels"] = torch.zeros(3, dtype=torch.float64)
+    other = generate_metric_module(RecMetricModule, config, batch_size=BATCH, world_size=1, my_rank=0,
+                                   state_metrics_mapping={}, device=torch.device("cpu"))
+    with pytest.raises(RuntimeError, match=r"_metrics_computations.1.pos_labels has shape \(3,\), expected \(1,\)"):
+        other.load_state_dict(bad)
+    assert all(float(v) == 0 for v in other.state_dict().values())
+    with pytest.raises(RuntimeError, match="Missing key"):
+        other.load_state_dict({k: v for k, v in state.items() if "neg_labels" not in k})
