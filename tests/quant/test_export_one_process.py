@@ -100,29 +100,35 @@ def test_the_bag_program_routes_ids_without_reading_data():
 
 @pytest.mark.timeout(300)
 def test_programs_reload_in_a_fresh_process_and_equal_eager(tmp_path):
-    """The whole sharded model (bags, sequences) and rank 1's program of the bags; batch sizes and id counts other
-    than the example's (batch 4), among them batch 1 and a batch without ids."""
-    qebc, bags = _bags()
-    _, sequences = _sequences()
+    """The whole sharded model (bags, sequences), rank 1's program of the bags, the unsharded quantized and float
+    EmbeddingCollection; batch sizes and id counts other than the example's (batch 4), among them batch 1 and a
+    batch without ids."""
+    _, bags = _bags()
+    qec, sequences = _sequences()
+    float_ec = rtk.EmbeddingCollection(_configs(rtk.EmbeddingConfig), need_indices=True)
     example = {"bags": _flat_batch(4, 0, True), "sequences": _flat_batch(4, 0, False)}
     programs = {"bags": export_with_jagged_inputs(bags, (_kjt(example["bags"]),)),
                 "sequences": export_with_jagged_inputs(sequences, (_kjt(example["sequences"]),)),
-                "rank1": bags.export_rank(1, _kjt(example["bags"]))}
+                "rank1": bags.export_rank(1, _kjt(example["bags"])),
+                # the unsharded sequence collections export too (their output split per feature by the lengths)
+                "qec": export_with_jagged_inputs(qec, (_kjt(example["sequences"]),)),
+                "ec": export_with_jagged_inputs(float_ec, (_kjt(example["sequences"]),))}
+    eager = {"sequences": sequences, "qec": qec, "ec": float_ec}
     batches = {(7, 11), (1, 12)}
     expected = {}
     for name, program in programs.items():
         torch.export.save(program, tmp_path / f"{name}.pt2")
         for batch_size, seed in batches:
-            flat = _flat_batch(batch_size, seed, weighted=name != "sequences")
+            flat = _flat_batch(batch_size, seed, weighted=name in ("bags", "rank1"))
             torch.save(flat, tmp_path / f"{name}_{batch_size}.in.pt")
             with torch.no_grad():
                 if name == "bags":
                     expected[name, batch_size] = [bags(_kjt(flat)).values()]
-                elif name == "sequences":
-                    expected[name, batch_size] = [t for jt in sequences(_kjt(flat)).values()
-                                                  for t in (jt.values(), jt.lengths(), jt.weights())]
-                else:
+                elif name == "rank1":
                     expected[name, batch_size] = [bags.ranks["1"](*flat)]
+                else:
+                    expected[name, batch_size] = [t for jt in eager[name](_kjt(flat)).values()
+                                                  for t in (jt.values(), jt.lengths(), jt.weights())]
     no_ids = (torch.zeros(0, dtype=torch.int64), torch.zeros(3 * len(KEYS), dtype=torch.int64), torch.zeros(0))
     torch.save(no_ids, tmp_path / "bags_3.in.pt")
     expected["bags", 3] = [torch.zeros(3, 4 * DIM)]  # empty bags pool to 0 (MEAN too)
@@ -133,19 +139,20 @@ def test_programs_reload_in_a_fresh_process_and_equal_eager(tmp_path):
         from rectoolkit.quant.export import register_jagged_pytree_nodes
         register_jagged_pytree_nodes()  # the whole-model programs take and return rectoolkit's jagged types
         root = {str(tmp_path)!r}
-        for name, batch_sizes in [("bags", [7, 1, 3]), ("sequences", [7, 1]), ("rank1", [7, 1])]:
+        for name, batch_sizes in [("bags", [7, 1, 3]), ("rank1", [7, 1]), ("sequences", [7, 1]), ("qec", [7, 1]),
+                                  ("ec", [7, 1])]:
             served = torch.export.load(f"{{root}}/{{name}}.pt2").module()
             for batch_size in batch_sizes:
                 values, lengths, weights = torch.load(f"{{root}}/{{name}}_{{batch_size}}.in.pt")
                 kjt = rtk.KeyedJaggedTensor.from_lengths_sync({KEYS!r}, values, lengths,
-                                                              weights=None if name == "sequences" else weights)
+                                                              weights=weights)
                 with torch.no_grad():
                     if name == "bags":
                         out = [served(kjt).values()]
-                    elif name == "sequences":
-                        out = [t for jt in served(kjt).values() for t in (jt.values(), jt.lengths(), jt.weights())]
-                    else:
+                    elif name == "rank1":
                         out = [served(values, lengths, weights)]
+                    else:
+                        out = [t for jt in served(kjt).values() for t in (jt.values(), jt.lengths(), jt.weights())]
                 torch.save(out, f"{{root}}/{{name}}_{{batch_size}}.out.pt")
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
