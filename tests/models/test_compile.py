@@ -49,14 +49,22 @@ def _assert_same_grads(model, reference):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-def _assert_same_step(compiled, model, reference, dense, kjt, rtol):
+def _assert_same_step(compiled, model, reference, inputs, rtol):
     """Forward: the same logits; backward of a loss: the same gradients on every parameter."""
-    out = compiled(dense, kjt)
-    expected = reference(dense, kjt)
+    out = compiled(*inputs)
+    expected = reference(*inputs)
     torch.testing.assert_close(out, expected, rtol=rtol, atol=1e-6)
     out.square().sum().backward()
     expected.square().sum().backward()
     _assert_same_grads(model, reference)
+
+
+def _assert_same_steps(compiled, model, reference, batches, rtol=1e-6):
+    """_assert_same_step for each batch's inputs, gradients cleared between."""
+    for inputs in batches:
+        _assert_same_step(compiled, model, reference, inputs, rtol)
+        model.zero_grad()
+        reference.zero_grad()
 
 
 def test_dlrm_forward_has_no_graph_break():
@@ -71,10 +79,8 @@ def test_dlrm_fullgraph_forward_backward_equals_eager_for_changing_batches():
     model = _dlrm()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    for batch_size, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]:  # batch sizes and id counts change
-        _assert_same_step(compiled, model, reference, *_batch(batch_size, seed), rtol=1e-6)
-        model.zero_grad()
-        reference.zero_grad()
+    # batch sizes and id counts change
+    _assert_same_steps(compiled, model, reference, [_batch(b, seed) for b, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]])
 
 
 @pytest.mark.timeout(420)
@@ -82,7 +88,7 @@ def test_dlrm_fullgraph_inductor_forward_backward_equals_eager():
     model = _dlrm()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="inductor")
-    _assert_same_step(compiled, model, reference, *_batch(5, seed=7), rtol=1e-5)
+    _assert_same_step(compiled, model, reference, _batch(5, seed=7), rtol=1e-5)
 
 
 @pytest.mark.timeout(240)
@@ -234,12 +240,5 @@ def test_a_model_over_an_embedding_collection_compiles_fullgraph_with_equal_grad
         explanation = torch._dynamo.explain(model)(_batch(4, seed=1, keys=SEQUENCE_KEYS)[1])
         assert explanation.graph_break_count == 0, [(b.reason, b.user_stack[-2:]) for b in explanation.break_reasons]
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-        for batch_size, seed in [(4, 1), (6, 2), (1, 3)]:
-            kjt = _batch(batch_size, seed, keys=SEQUENCE_KEYS)[1]
-            out, expected = compiled(kjt), reference(kjt)
-            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-            out.square().sum().backward()
-            expected.square().sum().backward()
-            _assert_same_grads(model, reference)
-            model.zero_grad()
-            reference.zero_grad()
+        _assert_same_steps(compiled, model, reference,
+                           [_batch(b, seed, keys=SEQUENCE_KEYS)[1:] for b, seed in [(4, 1), (6, 2), (1, 3)]])
