@@ -144,6 +144,7 @@ class _OneProcessSharded(nn.Module):
         check_quant_plan(type(quantized).__name__, configs, module_plan, supported)
         validate_module_plan(module_plan, configs, world_size, type(self).__name__)
         self.world_size = world_size
+        self._is_weighted = pooled and quantized.is_weighted()
         self._layout = quantized._layout
         self._ids_out_of_range = quantized._ids_out_of_range
         self._feature_names: List[str] = list(quantized._feature_names)
@@ -165,9 +166,8 @@ class _OneProcessSharded(nn.Module):
         collection's order (as `export_for_serving`'s boundary) -> that rank's answers (RankShards)."""
         if str(rank) not in self.ranks:
             raise ValueError(f"rank {rank} holds no shard of this collection; ranks with shards: {list(self.ranks)}")
-        weighted = getattr(self, "_is_weighted", False)
-        gathered = self._layout.gather(example, weighted)
-        args = (gathered.values, gathered.lengths) + ((gathered.weights,) if weighted else ())
+        gathered = self._layout.gather(example, self._is_weighted)
+        args = (gathered.values, gathered.lengths) + ((gathered.weights,) if self._is_weighted else ())
         return export_flat(self.ranks[str(rank)], args, len(self._feature_names), dynamic)
 
 
@@ -177,7 +177,6 @@ class OneProcessShardedQuantEmbeddingBagCollection(_OneProcessSharded):
     def __init__(self, qebc: QuantEmbeddingBagCollection, module_plan: Mapping[str, ParameterSharding],
                  world_size: int) -> None:
         super().__init__(qebc, module_plan, world_size, BAG_SHARDING_TYPES, pooled=True)
-        self._is_weighted = qebc.is_weighted()
         self._embedding_names = list(qebc._embedding_names)
         self._length_per_key = list(qebc._length_per_key)
         self._has_mean = qebc._has_mean
@@ -222,7 +221,7 @@ class OneProcessShardedQuantEmbeddingCollection(_OneProcessSharded):
         self._output_order = [name for i in qec._state_order for name in qec._embedding_names_by_table[i]]
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
-        gathered = self._gather(features, weighted=False)
+        gathered = self._gather(features, self._is_weighted)
         rows = torch.zeros(gathered.values.shape[0], self._dim, device=gathered.values.device)
         for shards in self.ranks.values():
             answers = shards(gathered.values, gathered.lengths)

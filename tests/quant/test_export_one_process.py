@@ -175,5 +175,10 @@ def test_refusals_name_the_rank_and_the_module():
                                         "EmbeddingCollection"):
         shard_quant_in_one_process(ec, _plan((1, 0)), world_size=2)
     _, bags = _bags()
+    bad = rtk.KeyedJaggedTensor.from_lengths_sync(KEYS, torch.tensor([3, 20]), torch.tensor([1, 0, 1, 0]),
+                                                  weights=torch.ones(2))
+    with pytest.raises(ValueError, match="OneProcessShardedQuantEmbeddingBagCollection: .*id 20 of feature 'c'.*"
+                                         "table 't_cw' with num_embeddings=20"):
+        bags(bad)  # the eager call checks the ids (the program does not: it has no Python to raise)
     with pytest.raises(ValueError, match=r"rank 2 holds no shard of this collection; ranks with shards: \['0', '1'\]"):
         bags.export_rank(2, _kjt(_flat_batch(2, 0, True)))
