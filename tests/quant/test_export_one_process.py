@@ -179,3 +179,17 @@ def test_refusals_name_the_rank_and_the_module():
         bags(bad)  # the eager call checks the ids (the program does not: it has no Python to raise)
     with pytest.raises(ValueError, match=r"rank 2 holds no shard of this collection; ranks with shards: \['0', '1'\]"):
         bags.export_rank(2, _kjt(_flat_batch(2, 0, True)))
+
+
+@pytest.mark.timeout(240)
+def test_the_one_process_bags_compile_without_graph_breaks():
+    torch._dynamo.reset()
+    qebc, sharded = _bags()
+    explanation = torch._dynamo.explain(sharded)(_kjt(_flat_batch(4, 0, weighted=True)))
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    compiled = torch.compile(sharded, fullgraph=True, backend="aot_eager")
+    for batch_size, seed in [(4, 1), (1, 2)]:
+        kjt = _kjt(_flat_batch(batch_size, seed, weighted=True))
+        assert torch.equal(compiled(kjt).values(), sharded(kjt).values())
+        torch.testing.assert_close(compiled(kjt).values(), qebc(kjt).values(), rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
