@@ -126,8 +126,8 @@ class RankShards(nn.Module):
             rows = self.lookup(local_ids, offsets).view(pieces, num_ids, -1)
             return torch.where(mask[:, :, None], rows, torch.zeros_like(rows))
         per_id = mask.to(torch.float32)
-        if weights is not None:
-            per_id = per_id * weights.to(torch.float32)[None, :]
+        if weights is not None:  # where, not a product: a weight of another piece (even inf or NaN) weighs 0 here
+            per_id = torch.where(mask, weights.to(torch.float32)[None, :], torch.zeros_like(per_id))
         return self.lookup(local_ids, offsets, per_id.reshape(-1))
 
     def extra_repr(self) -> str:
