@@ -273,9 +273,7 @@ class QuantEmbeddingBagCollection(_QuantCollection):
         self._check_ids(values, lengths, batch_size)
         pooled = self._lookup(values, self._complete_cumsum(lengths), weights if self._is_weighted else None)
         if self._has_mean:
-            counts = lengths.view(num_features, batch_size).t().clamp(min=1).to(pooled.dtype)
-            scale = torch.where(self._mean_features, 1.0 / counts, torch.ones_like(counts))
-            pooled = pooled * scale.repeat_interleave(self._dims_per_feature, dim=1, output_size=pooled.shape[1])
+            pooled = mean_pooled(pooled, lengths, self._mean_features, self._dims_per_feature)
         return pooled
 
     @classmethod
@@ -304,6 +302,21 @@ class QuantEmbeddingBagCollection(_QuantCollection):
 
     def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
         return self._embedding_bag_configs
+
+
+def mean_pooled(pooled: torch.Tensor, lengths: torch.Tensor, mean_features: torch.Tensor,
+                dims_per_feature: torch.Tensor) -> torch.Tensor:
+    """The pooled sums [B, sum of dims] with the MEAN features' columns divided by their bag sizes (empty bags: 0).
+
+    `lengths` [F * B] feature-major; `mean_features` [F] bool; `dims_per_feature` [F] int64.
+
+    >>> mean_pooled(torch.tensor([[6., 4.]]), torch.tensor([3, 2]), torch.tensor([True, False]), torch.tensor([1, 1]))
+    tensor([[2., 4.]])
+    """
+    num_features = mean_features.shape[0]
+    counts = lengths.view(num_features, lengths.shape[0] // num_features).t().clamp(min=1).to(pooled.dtype)
+    scale = torch.where(mean_features, 1.0 / counts, torch.ones_like(counts))
+    return pooled * scale.repeat_interleave(dims_per_feature, dim=1, output_size=pooled.shape[1])
 
 
 class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
@@ -339,7 +352,8 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
         """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embeddings, features)
-        self._sync_storage()
+        if not is_tracing():  # reads data pointers, which a traced (fake) tensor has not
+            self._sync_storage()
         gathered = self._layout.gather(features, weighted=False)
         self._check_ids(gathered.values, gathered.lengths, gathered.batch_size)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))

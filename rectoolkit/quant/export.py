@@ -92,20 +92,23 @@ def export_for_serving(collection: nn.Module, example: KeyedJaggedTensor,
     """
     module = ServingModule(collection).eval()
     args = serving_inputs(example, module.feature_names, module.is_weighted)
+    return export_flat(module, args, len(module.feature_names), dynamic)
+
+
+def export_flat(module: nn.Module, args: Tuple[torch.Tensor, ...], num_features: int,
+                dynamic: bool = True) -> torch.export.ExportedProgram:
+    """torch.export a module whose forward takes (values, lengths[, weights]) of `num_features` features: the
+    flat boundary. With `dynamic`, the number of ids and the batch size (lengths = num_features x batch) may change."""
     dynamic_shapes = None
     if dynamic:
-        num_features = len(module.feature_names)
         batch = Dim("batch", min=1)
         num_ids = Dim("num_ids", min=0)
-        dynamic_shapes = [{0: num_ids}, {0: num_features * batch}]
-        if module.is_weighted:
-            dynamic_shapes.append({0: num_ids})
-        dynamic_shapes = tuple(dynamic_shapes)
+        dynamic_shapes = tuple([{0: num_ids}, {0: num_features * batch}] + [{0: num_ids}] * (len(args) - 2))
     # size-oblivious shapes: a batch of 1 must not be special-cased (or excluded) by broadcasting checks
     from torch.fx.experimental import _config as shape_config
 
     with torch.no_grad(), shape_config.patch(backed_size_oblivious=True):
-        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
 
 
 def export_with_jagged_inputs(module: nn.Module, args: Tuple[Any, ...],

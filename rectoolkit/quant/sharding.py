@@ -231,15 +231,24 @@ def _quantize_shards(sharded, configs: Sequence[BaseEmbeddingConfig], stored: Ma
                  for (t, k), s in zip(local.shard_keys, local.shards)]
         lookup = QuantBatchedLookup(specs, feature_table_map=local.kernel.feature_table_map, pooled=pooled,
                                     row_alignment=row_alignment, backend=backend, device=sharded.env.device)
-        with torch.no_grad():
-            for (table, _), shard, view in zip(local.shard_keys, local.shards, lookup.table_weights()):
-                (r0, r1), (c0, c1) = shard.rows, shard.columns
-                rows = stored[table][r0:r1]
-                if (c0, c1) != (0, dims[table]):
-                    rows = slice_columns_rowwise(rows, data_types[table], dims[table], c0, c1, row_alignment)
-                view.copy_(rows)
+        copy_shard_rows(lookup, [t for t, _ in local.shard_keys], local.shards, stored, data_types, dims,
+                        row_alignment)
         local.kernel = lookup
         local.weights = nn.ParameterDict()  # drop the float shards
         quantized_bytes += lookup.storage_bytes()
     sharded.quantized_bytes = quantized_bytes  # bytes of the quantized shards on this rank
     return sharded
+
+
+def copy_shard_rows(lookup: QuantBatchedLookup, tables: Sequence[str], shards: Sequence[ShardMetadata],
+                    stored: Mapping[str, torch.Tensor], data_types: Mapping[str, DataType], dims: Mapping[str, int],
+                    row_alignment: int) -> None:
+    """Fill the lookup's tables (one per shard, in order) with the stored bytes of each shard's rows (and, for a
+    column block, the codes of its columns with each row's scale and bias)."""
+    with torch.no_grad():
+        for table, shard, view in zip(tables, shards, lookup.table_weights()):
+            (r0, r1), (c0, c1) = shard.rows, shard.columns
+            rows = stored[table][r0:r1]
+            if (c0, c1) != (0, dims[table]):
+                rows = slice_columns_rowwise(rows, data_types[table], dims[table], c0, c1, row_alignment)
+            view.copy_(rows)

@@ -49,14 +49,22 @@ def _assert_same_grads(model, reference):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-def _assert_same_step(compiled, model, reference, dense, kjt, rtol):
+def _assert_same_step(compiled, model, reference, inputs, rtol):
     """Forward: the same logits; backward of a loss: the same gradients on every parameter."""
-    out = compiled(dense, kjt)
-    expected = reference(dense, kjt)
+    out = compiled(*inputs)
+    expected = reference(*inputs)
     torch.testing.assert_close(out, expected, rtol=rtol, atol=1e-6)
     out.square().sum().backward()
     expected.square().sum().backward()
     _assert_same_grads(model, reference)
+
+
+def _assert_same_steps(compiled, model, reference, batches, rtol=1e-6):
+    """_assert_same_step for each batch's inputs, gradients cleared between."""
+    for inputs in batches:
+        _assert_same_step(compiled, model, reference, inputs, rtol)
+        model.zero_grad()
+        reference.zero_grad()
 
 
 def test_dlrm_forward_has_no_graph_break():
@@ -71,10 +79,8 @@ def test_dlrm_fullgraph_forward_backward_equals_eager_for_changing_batches():
     model = _dlrm()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    for batch_size, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]:  # batch sizes and id counts change
-        _assert_same_step(compiled, model, reference, *_batch(batch_size, seed), rtol=1e-6)
-        model.zero_grad()
-        reference.zero_grad()
+    # batch sizes and id counts change
+    _assert_same_steps(compiled, model, reference, [_batch(b, seed) for b, seed in [(4, 1), (6, 2), (1, 3), (9, 4)]])
 
 
 @pytest.mark.timeout(420)
@@ -82,7 +88,7 @@ def test_dlrm_fullgraph_inductor_forward_backward_equals_eager():
     model = _dlrm()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, fullgraph=True, backend="inductor")
-    _assert_same_step(compiled, model, reference, *_batch(5, seed=7), rtol=1e-5)
+    _assert_same_step(compiled, model, reference, _batch(5, seed=7), rtol=1e-5)
 
 
 @pytest.mark.timeout(240)
@@ -163,3 +169,76 @@ def test_a_collection_moved_after_construction_compiles_on_its_new_device():
     _, kjt = _batch(4, seed=2)
     compiled = torch.compile(ebc, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(kjt).values(), ebc(kjt).values(), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- EmbeddingCollection
+# Its output is split per feature by the lengths: sizes read from the data. Dynamo traces that read (.tolist())
+# with capture_scalar_outputs=True, as TorchRec's compiled models need too; the sizes become symbols of the graph.
+SEQUENCE_KEYS = ["f2", "f0", "f1"]  # not the collection's order: the traced gather permutes the features
+
+
+def _ec(seed=0, need_indices=False):
+    torch.manual_seed(seed)
+    tables = [rtk.EmbeddingConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0", "f1"]),
+              rtk.EmbeddingConfig(name="t1", num_embeddings=7, embedding_dim=4, feature_names=["f2"])]
+    return rtk.EmbeddingCollection(tables, need_indices=need_indices)
+
+
+class _SequenceModel(torch.nn.Module):
+    """An EmbeddingCollection, a per-id projection, each sample's rows summed (per feature), then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ec = _ec(seed=3)
+        self.project = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(12, 1)
+
+    def forward(self, kjt):
+        pooled = []
+        for jt in self.ec(kjt).values():
+            lengths = jt.lengths()
+            sample = torch.arange(lengths.shape[0]).repeat_interleave(lengths, output_size=jt.values().shape[0])
+            rows = torch.relu(self.project(jt.values()))
+            pooled.append(torch.zeros(lengths.shape[0], 4).index_add(0, sample, rows))
+        return self.head(torch.cat(pooled, dim=1))
+
+
+@pytest.mark.timeout(240)
+def test_embedding_collection_compiles_without_graph_breaks_and_equals_eager():
+    ec = _ec(need_indices=True)
+    reference = copy.deepcopy(ec)
+
+    def rows(kjt):
+        out = ec(kjt)
+        return [out[name].values() for name in ["f0", "f1", "f2"]], [out[name].weights() for name in ["f0", "f1", "f2"]]
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        explanation = torch._dynamo.explain(rows)(_batch(3, seed=5, keys=SEQUENCE_KEYS)[1])
+        assert explanation.graph_break_count == 0, [(b.reason, b.user_stack[-2:]) for b in explanation.break_reasons]
+        compiled = torch.compile(rows, fullgraph=True, backend="aot_eager")
+        for batch_size, seed in [(3, 5), (7, 6), (1, 7)]:
+            kjt = _batch(batch_size, seed, keys=SEQUENCE_KEYS)[1]
+            values, indices = compiled(kjt)
+            expected = reference(kjt)
+            for name, got, ids in zip(["f0", "f1", "f2"], values, indices):
+                assert torch.equal(got, expected[name].values()), name  # rows read, not summed: exact
+                assert torch.equal(ids, kjt[name].values()), name
+            # each id's row gets the gradient of its own output row: weight the rows to tell them apart
+            loss = sum((v * (i + 1)).square().sum() for i, v in enumerate(values))
+            loss.backward()
+            sum((expected[n].values() * (i + 1)).square().sum() for i, n in enumerate(["f0", "f1", "f2"])).backward()
+            _assert_same_grads(ec, reference)
+            ec.zero_grad()
+            reference.zero_grad()
+
+
+@pytest.mark.timeout(240)
+def test_a_model_over_an_embedding_collection_compiles_fullgraph_with_equal_gradients():
+    model = _SequenceModel()
+    reference = copy.deepcopy(model)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        explanation = torch._dynamo.explain(model)(_batch(4, seed=1, keys=SEQUENCE_KEYS)[1])
+        assert explanation.graph_break_count == 0, [(b.reason, b.user_stack[-2:]) for b in explanation.break_reasons]
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        _assert_same_steps(compiled, model, reference,
+                           [_batch(b, seed, keys=SEQUENCE_KEYS)[1:] for b, seed in [(4, 1), (6, 2), (1, 3)]])
