@@ -26,6 +26,7 @@ class ShardingType(enum.Enum):
     COLUMN_WISE = "column_wise"  # column blocks, each placed like a table
     ROW_WISE = "row_wise"  # row blocks over all ranks
     TABLE_ROW_WISE = "table_row_wise"  # row blocks over the ranks of one host
+    TABLE_COLUMN_WISE = "table_column_wise"  # column blocks over the ranks of one host
     GRID_SHARD = "grid_shard"  # column blocks, each row-wise over the ranks of one host
 
     @classmethod
