@@ -75,6 +75,7 @@ class EmbeddingComputeKernel(enum.Enum):
 # The kernels the planner proposes per device (a plan may also ask for "dense": plain weights).
 CUDA_KERNELS = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
 CPU_KERNELS = (EmbeddingComputeKernel.FUSED,)
+QUANT_KERNELS = (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM, EmbeddingComputeKernel.QUANT_UVM_CACHING)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,8 @@ def enumerate_options(table: PlannerTable, index: int, topology: Topology) -> Li
     """All options for one table that its constraints allow. Raises ValueError when none is left."""
     c = table.constraints
     allowed_types = SEQUENCE_TYPES if not table.pooled else POOLED_TYPES
+    if table.quantized:  # quantized collections are sharded, never replicated (rectoolkit.quant.sharding)
+        allowed_types = tuple(t for t in allowed_types if t != ShardingType.DATA_PARALLEL)
     if c is not None and c.allowed_sharding_types() is not None:
         wanted = c.allowed_sharding_types()
         types = [t for t in allowed_types if t in wanted]
@@ -176,7 +178,9 @@ def enumerate_options(table: PlannerTable, index: int, topology: Topology) -> Li
 def _kernels_for(sharding_type: ShardingType, table: PlannerTable, topology: Topology) -> List[EmbeddingComputeKernel]:
     c = table.constraints
     wanted = c.allowed_compute_kernels() if c is not None else None
-    if sharding_type == ShardingType.DATA_PARALLEL:
+    if table.quantized:
+        supported = [EmbeddingComputeKernel.QUANT]  # the kernel rectoolkit.quant's sharded collections run
+    elif sharding_type == ShardingType.DATA_PARALLEL:
         supported = [EmbeddingComputeKernel.DENSE]
     elif wanted is not None:
         supported = [k for k in KERNEL_SPEED_ORDER]  # explicit requests may use any training kernel

@@ -88,3 +88,10 @@ def test_outputs_equal_torchrecs_sharded_collection(tmp_path):
         assert r["shape"] == [3 + r["rank"], 8 + 8 + 8]  # features f, f2 (table t) and g (table u), 8 wide each
         assert r["torchrec_vs_ours"] <= 1e-6, r
         assert r["ours_vs_unsharded"] <= 1e-6, r
+
+
+def test_sharding_type_members_are_torchrecs_in_order():
+    from torchrec.distributed.types import ShardingType as TorchRecShardingType
+
+    assert [m.value for m in rtk.ShardingType] == [m.value for m in TorchRecShardingType]
+    assert rtk.ShardingType.parse(TorchRecShardingType.TABLE_COLUMN_WISE) is rtk.ShardingType.TABLE_COLUMN_WISE
