@@ -57,9 +57,8 @@ def plan_for(case: str, tables, W: int, L: int) -> Dict[str, rtk.ParameterShardi
         raise ValueError(kind)
 
     mixes = {"mixed_a": ["row_wise", "data_parallel", "column_wise"],
-             "mixed_b": ["table_row_wise", "table_wise", "grid_shard"],
-             "mixed_c": ["grid_shard", "row_wise", "data_parallel"],
-             "mixed_d": ["table_column_wise", "column_wise", "table_row_wise"]}
+             "mixed_b": ["table_row_wise", "table_column_wise", "grid_shard"],
+             "mixed_c": ["grid_shard", "row_wise", "data_parallel"]}
     kinds = mixes.get(case, [case] * len(tables))
     return {t.name: one(kinds[i % len(kinds)], t, i) for i, t in enumerate(tables)}
 
