@@ -102,7 +102,8 @@ def test_sharders_answer_for_what_rectoolkit_runs():
     bags, sequences = EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()
     assert bags.module_type is rectoolkit.EmbeddingBagCollection
     assert sequences.module_type is rectoolkit.EmbeddingCollection
-    assert len(bags.sharding_types("cpu")) == 6 and "grid_shard" not in sequences.sharding_types("cuda")
+    assert len(bags.sharding_types("cpu")) == 7 and "grid_shard" not in sequences.sharding_types("cuda")
+    assert "table_column_wise" in bags.sharding_types("cpu") and "table_column_wise" not in sequences.sharding_types("cpu")
     assert bags.compute_kernels("data_parallel", "cuda") == ["dense"]
     assert "fused_uvm_caching" in bags.compute_kernels("row_wise", "cuda")
     assert "fused_uvm_caching" not in bags.compute_kernels("row_wise", "cpu")

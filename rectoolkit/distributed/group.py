@@ -1,4 +1,4 @@
-"""What the six sharding types share: the tables of one type in one sharded collection, run in three steps.
+"""What the seven sharding types share: the tables of one type in one sharded collection, run in three steps.
 
     group(batch)  =  output_dist(lookup(input_dist(batch)))  ->  (block, where)
 

@@ -35,6 +35,7 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
 from rectoolkit.distributed.grid import GridSharding
 from rectoolkit.distributed.row_wise import RowWiseSharding
+from rectoolkit.distributed.table_column_wise import TableColumnWiseSharding
 from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
 from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
@@ -51,6 +52,7 @@ GROUP_CLASSES = {
     ShardingType.COLUMN_WISE: ColumnWiseSharding,
     ShardingType.ROW_WISE: RowWiseSharding,
     ShardingType.TABLE_ROW_WISE: TableRowWiseSharding,
+    ShardingType.TABLE_COLUMN_WISE: TableColumnWiseSharding,
     ShardingType.GRID_SHARD: GridSharding,
 }
 

@@ -92,7 +92,7 @@ class ModuleSharder(abc.ABC, Generic[M]):
 
 
 class EmbeddingBagCollectionSharder(ModuleSharder):
-    """Shards EmbeddingBagCollection: all six sharding types.
+    """Shards EmbeddingBagCollection: all seven sharding types.
 
     Args:
         fused_params: the shards' fused optimizer, TorchRec's keys ("optimizer", "learning_rate", "eps", "beta1",
@@ -103,7 +103,7 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
 
     module_type: Type[nn.Module] = EmbeddingBagCollection
     _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
-              ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL]
+              ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL, ShardingType.TABLE_COLUMN_WISE]
 
     def __init__(self, fused_params: Optional[Dict[str, Any]] = None, qcomm_codecs_registry: Any = None) -> None:
         super().__init__(qcomm_codecs_registry)

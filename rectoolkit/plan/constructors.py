@@ -1,7 +1,7 @@
 """Hand-written plans, TorchRec's way: one generator per sharding type (torchrec.distributed.sharding_plan).
 
 `table_wise(rank=1)`, `row_wise()`, `column_wise(ranks=[0, 1])`, `table_row_wise(host_index=1)`,
-`grid_shard(host_indexes=[0, 1])` and `data_parallel()` each return a *generator*: a function of
+`table_column_wise(host_index=1)` (rectoolkit's), `grid_shard(host_indexes=[0, 1])` and `data_parallel()` each return a *generator*: a function of
 (parameter, local_size, world_size, device_type, sharder) that gives the table's ParameterSharding.
 `construct_module_sharding_plan` (rectoolkit.quant.shard_modules, where the default sharders live) calls one per
 table. The shards are TorchRec's, to the row and column:
@@ -284,6 +284,30 @@ def table_row_wise(host_index: int) -> ParameterShardingGenerator:
     return generate
 
 
+def table_column_wise(host_index: int, compute_kernel: Optional[str] = None) -> ParameterShardingGenerator:
+    """Even column blocks over the `local_size` ranks of host `host_index`, block k on its k-th rank.
+    rectoolkit's: TorchRec 1.8 plans TABLE_COLUMN_WISE only through its planner (no generator).
+
+    >>> [(s.shard_offsets, s.rank) for s in table_column_wise(host_index=1)(torch.empty(4, 8), 2, 4, "cpu", None).shards]
+    [([0, 0], 2), ([0, 4], 3)]
+    """
+    def generate(param: torch.Tensor, local_size: int, world_size: int, device_type: str, sharder: Any
+                 ) -> ParameterSharding:
+        rows, columns = param.shape
+        if not 0 <= host_index < world_size // local_size:
+            raise ValueError(f"table_column_wise(host_index={host_index}): there are {world_size // local_size} hosts "
+                             f"of {local_size} ranks; give a host index 0..{world_size // local_size - 1}")
+        if columns % local_size:
+            raise ValueError(f"table_column_wise(host_index={host_index}): the table's {columns} columns do not "
+                             f"divide evenly across the host's {local_size} ranks; use column_wise(size_per_rank=...)")
+        width = columns // local_size
+        shards = [([rows, width], [0, width * local], host_index * local_size + local) for local in range(local_size)]
+        return _sharding(param, ShardingType.TABLE_COLUMN_WISE, shards, local_size, device_type,
+                         compute_kernel=compute_kernel)
+
+    return generate
+
+
 def grid_shard(host_indexes: List[int]) -> ParameterShardingGenerator:
     """Column blocks (at least 128 columns wide, as TorchRec's default), block k row-wise over host
     `host_indexes[k]`; the table needs at least as many column blocks as hosts given.
@@ -318,5 +342,6 @@ def get_sharding_constructor_from_type(sharding_type: Union[ShardingType, str]) 
     return {ShardingType.TABLE_WISE: table_wise, ShardingType.ROW_WISE: row_wise,
             ShardingType.COLUMN_WISE: column_wise, ShardingType.TABLE_ROW_WISE: table_row_wise,
             ShardingType.GRID_SHARD: grid_shard, ShardingType.DATA_PARALLEL: data_parallel,
+            ShardingType.TABLE_COLUMN_WISE: table_column_wise,  # rectoolkit's; TorchRec's dict lacks it
             }[ShardingType.parse(sharding_type)]
 

@@ -18,6 +18,7 @@ from rectoolkit.plan.validation import validate_plan
 
 ANY_RANK = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
 ONE_BLOCK_PER_RANK = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+ONE_HOST = {ShardingType.TABLE_ROW_WISE: "row", ShardingType.GRID_SHARD: "row", ShardingType.TABLE_COLUMN_WISE: "column"}
 
 
 class MoveError(ValueError):
@@ -46,9 +47,9 @@ def check_move(ps: ParameterSharding, table: str, shard_index: int, rank: int, w
         if rank in others:
             raise MoveError(f"rank {rank} already holds a row block of {table!r} columns {shard.columns}; "
                             f"{kind.value} keeps one row block per rank (swap instead: move that block away first)")
-    if kind in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD) and local_world_size:
+    if kind in ONE_HOST and local_world_size:
         if rank // local_world_size != shard.rank // local_world_size:
-            raise MoveError(f"{kind.value} keeps the row blocks of {table!r} inside host "
+            raise MoveError(f"{kind.value} keeps the {ONE_HOST[kind]} blocks of {table!r} inside host "
                             f"{shard.rank // local_world_size} (ranks {shard.rank // local_world_size * local_world_size}.."
                             f"{(shard.rank // local_world_size + 1) * local_world_size - 1}); rank {rank} is on another host")
 

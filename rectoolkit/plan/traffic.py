@@ -10,9 +10,9 @@ that table, and source rank i with a local batch of B_i samples (every rank know
 * ``input_dist`` (all non-DATA_PARALLEL tables): for every shard s and feature f, rank i sends to rank(s)
   the lengths of f in its batch restricted to rows(s) as int32 (4 * B_i bytes) and the ids of f that fall in
   rows(s) as int64 (8 bytes each), plus one float32 weight per id if the collection is weighted (4 bytes
-  each). A TABLE_WISE/COLUMN_WISE shard covers all rows, so it gets every id; row-wise shards get the ids of
+  each). A TABLE_WISE/(TABLE_)COLUMN_WISE shard covers all rows, so it gets every id; row-wise shards get the ids of
   their row block. Column shards on one rank are still sent separately (one "bag" per shard).
-* pooled outputs (EmbeddingBagCollection), TABLE_WISE / COLUMN_WISE / ROW_WISE:
+* pooled outputs (EmbeddingBagCollection), TABLE_WISE / COLUMN_WISE / TABLE_COLUMN_WISE / ROW_WISE:
   ``output_dist``: rank(s) sends to every rank i the [B_i, cols(s)] float32 pooled (for row-wise: partial)
   sums of f: 4 * B_i * cols(s) bytes. Row-wise partial sums are added by the receiver (a reduce-scatter
   done as an all-to-all, which gloo supports).

@@ -26,6 +26,7 @@ class ShardingType(enum.Enum):
     COLUMN_WISE = "column_wise"  # column blocks, each placed like a table
     ROW_WISE = "row_wise"  # row blocks over all ranks
     TABLE_ROW_WISE = "table_row_wise"  # row blocks over the ranks of one host
+    TABLE_COLUMN_WISE = "table_column_wise"  # column blocks over the ranks of one host
     GRID_SHARD = "grid_shard"  # column blocks, each row-wise over the ranks of one host
 
     @classmethod
@@ -74,6 +75,7 @@ class EmbeddingComputeKernel(enum.Enum):
 # The kernels the planner proposes per device (a plan may also ask for "dense": plain weights).
 CUDA_KERNELS = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
 CPU_KERNELS = (EmbeddingComputeKernel.FUSED,)
+QUANT_KERNELS = (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM, EmbeddingComputeKernel.QUANT_UVM_CACHING)
 
 
 @dataclass(frozen=True)

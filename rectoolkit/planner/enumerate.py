@@ -3,7 +3,8 @@
 An option is a shape, not yet a placement. Its shards come in `num_groups` identical groups, and the search
 picks a location for each group:
 
-* kind "rank": one shard per group, placed on a rank (TABLE_WISE: 1 group; COLUMN_WISE: one per column block);
+* kind "rank": one shard per group, placed on a rank (TABLE_WISE: 1 group; COLUMN_WISE: one per column block;
+  TABLE_COLUMN_WISE: one per column block, every block on a rank of the first block's host);
 * kind "host": the ranks of one host hold a group's row blocks (TABLE_ROW_WISE: 1 group; GRID_SHARD: one
   per column block);
 * kind "fixed": no choice (ROW_WISE: a row block on every rank; DATA_PARALLEL: a replica on every rank).
@@ -40,18 +41,22 @@ DEFAULT_CACHE_LOAD_FACTOR = 0.2
 MAX_COLUMN_BLOCK_CHOICES = 3
 
 POOLED_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
-                ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL)
+                ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL,
+                ShardingType.TABLE_COLUMN_WISE)
 SEQUENCE_TYPES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
                   ShardingType.DATA_PARALLEL)
 # Kernels in order of speed: the search takes the first one that fits.
 KERNEL_SPEED_ORDER = (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE,
                       EmbeddingComputeKernel.FUSED_UVM_CACHING, EmbeddingComputeKernel.FUSED_UVM)
 
-# COLUMN_WISE / GRID_SHARD with a single column block (no split allowed) are TABLE_WISE / TABLE_ROW_WISE.
-DUPLICATE_OF = {ShardingType.COLUMN_WISE: ShardingType.TABLE_WISE, ShardingType.GRID_SHARD: ShardingType.TABLE_ROW_WISE}
+# COLUMN_WISE / TABLE_COLUMN_WISE / GRID_SHARD with a single column block (no split allowed) are TABLE_WISE /
+# TABLE_WISE / TABLE_ROW_WISE.
+DUPLICATE_OF = {ShardingType.COLUMN_WISE: ShardingType.TABLE_WISE, ShardingType.TABLE_COLUMN_WISE: ShardingType.TABLE_WISE,
+                ShardingType.GRID_SHARD: ShardingType.TABLE_ROW_WISE}
+COLUMN_SPLIT = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 
 KIND_OF = {
-    ShardingType.TABLE_WISE: "rank", ShardingType.COLUMN_WISE: "rank",
+    ShardingType.TABLE_WISE: "rank", ShardingType.COLUMN_WISE: "rank", ShardingType.TABLE_COLUMN_WISE: "rank",
     ShardingType.TABLE_ROW_WISE: "host", ShardingType.GRID_SHARD: "host",
     ShardingType.ROW_WISE: "fixed", ShardingType.DATA_PARALLEL: "fixed",
 }
@@ -81,7 +86,7 @@ class ShardingOption:
     table_index: int
     sharding_type: ShardingType
     compute_kernel: EmbeddingComputeKernel
-    block_columns: int  # columns per group (the whole dim except COLUMN_WISE / GRID_SHARD)
+    block_columns: int  # columns per group (the whole dim except COLUMN_WISE / TABLE_COLUMN_WISE / GRID_SHARD)
     num_groups: int
     cache_load_factor: Optional[float] = None
     # cost templates (filled by CostModel.fill_many): one group's time wherever it is placed, by kind
@@ -97,6 +102,7 @@ class ShardingOption:
     def __post_init__(self) -> None:
         # read often by the search: plain strings and ints hash faster than enum members
         self.kind = KIND_OF[self.sharding_type]  # "rank", "host" or "fixed"
+        self.one_host = self.sharding_type == ShardingType.TABLE_COLUMN_WISE  # "rank" groups kept on one host
         self.shape = (self.sharding_type.value, self.block_columns, self.num_groups)  # the option less its kernel
         self.speed_rank = KERNEL_SPEED_ORDER.index(self.compute_kernel) if self.compute_kernel in KERNEL_SPEED_ORDER \
             else len(KERNEL_SPEED_ORDER)
@@ -104,7 +110,7 @@ class ShardingOption:
     @property
     def label(self) -> str:
         text = f"{self.sharding_type.value}/{self.compute_kernel.value}"
-        if self.sharding_type in (ShardingType.COLUMN_WISE, ShardingType.GRID_SHARD):
+        if self.sharding_type in COLUMN_SPLIT:
             text += f" ({self.num_groups}x{self.block_columns} cols)"
         return text
 
@@ -136,6 +142,8 @@ def enumerate_options(table: PlannerTable, index: int, topology: Topology) -> Li
     """All options for one table that its constraints allow. Raises ValueError when none is left."""
     c = table.constraints
     allowed_types = SEQUENCE_TYPES if not table.pooled else POOLED_TYPES
+    if table.quantized:  # quantized collections are sharded, never replicated (rectoolkit.quant.sharding)
+        allowed_types = tuple(t for t in allowed_types if t != ShardingType.DATA_PARALLEL)
     if c is not None and c.allowed_sharding_types() is not None:
         wanted = c.allowed_sharding_types()
         types = [t for t in allowed_types if t in wanted]
@@ -148,6 +156,9 @@ def enumerate_options(table: PlannerTable, index: int, topology: Topology) -> Li
         splits = _column_splits(sharding_type, table.dim, min_partition, topology)
         if splits == [(table.dim, 1)] and DUPLICATE_OF.get(sharding_type) in types:
             continue  # one column block: the same shards and costs as the type it duplicates
+        if sharding_type == ShardingType.TABLE_COLUMN_WISE and topology.num_hosts == 1 \
+                and ShardingType.COLUMN_WISE in types:
+            continue  # one host: COLUMN_WISE's options, already there
         for kernel in _kernels_for(sharding_type, table, topology):
             for block, groups in splits:
                 options.append(ShardingOption(
@@ -167,7 +178,9 @@ def enumerate_options(table: PlannerTable, index: int, topology: Topology) -> Li
 def _kernels_for(sharding_type: ShardingType, table: PlannerTable, topology: Topology) -> List[EmbeddingComputeKernel]:
     c = table.constraints
     wanted = c.allowed_compute_kernels() if c is not None else None
-    if sharding_type == ShardingType.DATA_PARALLEL:
+    if table.quantized:
+        supported = [EmbeddingComputeKernel.QUANT]  # the kernel rectoolkit.quant's sharded collections run
+    elif sharding_type == ShardingType.DATA_PARALLEL:
         supported = [EmbeddingComputeKernel.DENSE]
     elif wanted is not None:
         supported = [k for k in KERNEL_SPEED_ORDER]  # explicit requests may use any training kernel
@@ -180,8 +193,8 @@ def _kernels_for(sharding_type: ShardingType, table: PlannerTable, topology: Top
 
 def _column_splits(sharding_type: ShardingType, dim: int, min_partition: int, topology: Topology) -> List[Tuple[int, int]]:
     """(columns per group, number of groups) choices for a sharding type."""
-    if sharding_type == ShardingType.COLUMN_WISE:
-        max_blocks = topology.world_size
+    if sharding_type in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+        max_blocks = topology.world_size  # TABLE_COLUMN_WISE: several blocks may share a rank, as in TorchRec
     elif sharding_type == ShardingType.GRID_SHARD:
         max_blocks = topology.num_hosts
     else:

@@ -39,6 +39,9 @@ def exhaustive_search(searcher: Searcher, upper_bound: float = np.inf,
                     sites = sorted(set(searcher.allowed_ranks[table]))
                 # groups of one option are identical, so location multisets suffice
                 combos = list(itertools.combinations_with_replacement(sites, option.num_groups))
+                if option.one_host:  # TABLE_COLUMN_WISE: every block on one host
+                    L = searcher.L
+                    combos = [combo for combo in combos if len({rank // L for rank in combo}) == 1]
             for combo in combos:
                 assignment = Assignment(option, combo)
                 load = probe.assignment_vectors(assignment)

@@ -50,6 +50,7 @@ BWD_COMPUTE_MULTIPLIER = 2.0  # TorchRec's backward / forward ratio, used where 
 OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")  # EmbOptimType values
 ROW_ROUTED = ("row_wise", "table_row_wise", "grid_shard")  # groups that bucket ids by row block
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "grid_shard", "data_parallel")
+RUNS_AS = {"table_column_wise": "column_wise"}  # a type that runs another's code costs what that one costs
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class CalibrationProfile:
         return self.routed_shard_ms if sharding_type in ROW_ROUTED else self.shard_ms
 
     def group_fixed_ms(self, sharding_type: str) -> float:
-        return float(self.group_ms.get(sharding_type, 0.0))
+        return float(self.group_ms.get(RUNS_AS.get(sharding_type, sharding_type), 0.0))
 
     def backward(self, optimizer: str) -> LookupTerms:
         """The backward + fused update's terms for this optimizer (where it was not measured: TorchRec's 2x the

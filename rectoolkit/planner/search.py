@@ -122,6 +122,8 @@ class Searcher:
                 ok = (trial.hbm_limit - trial.hbm >= option.hbm_bytes) & (trial.ddr_limit - trial.ddr >= option.ddr_bytes)
                 if rank_mask is not None:
                     ok &= rank_mask
+                if option.one_host and locations:  # TABLE_COLUMN_WISE: the first block chose the host
+                    ok &= np.arange(self.W) // L == locations[0] // L
                 slowest = rank_candidates(trial.time, owner, mate, outside, L, trial.host_stats())
                 if memory_objective:
                     used, cap = trial.primary_memory()

@@ -24,7 +24,7 @@ from rectoolkit.modules.configs import (
 from rectoolkit.modules.table_sources import find_table_configs as _find_configs
 from rectoolkit.modules.table_sources import read_table_frame  # noqa: F401  (rectoolkit.widgets.inputs reads it here)
 from rectoolkit.plan.traffic import ID_BYTES, WEIGHT_BYTES
-from rectoolkit.plan.types import ShardingType
+from rectoolkit.plan.types import QUANT_KERNELS, ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints, check_per_feature
 from rectoolkit.planner.stats import WorkloadStats
 
@@ -39,6 +39,7 @@ class PlannerTable:
     batch_sizes: List[int]  # samples per rank, one per feature
     is_weighted: bool
     constraints: Optional[ParameterConstraints] = None
+    quantized: bool = False  # of a quantized (inference) collection: kernel "quant", as TorchRec's planner plans it
 
     @property
     def name(self) -> str:
@@ -91,6 +92,8 @@ def collect_tables(
                          "plans for one batch size (rectoolkit.planner.planner.resolve_batch_size)")
     constraints = dict(constraints or {})
     found = _find_configs(source)
+    quantized = {path for path, sub in source.named_modules() if is_quantized(sub)} \
+        if hasattr(source, "named_modules") else set()
     tables: List[PlannerTable] = []
     seen = set()
     for module_path, config, pooling_factor, weighted in found:
@@ -117,7 +120,7 @@ def collect_tables(
                 factors.append(1.0)
         batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(batch_size)] * num_features
         is_weighted = bool(weighted or (c is not None and c.is_weighted) or (stats is not None and stats.is_weighted))
-        tables.append(PlannerTable(module_path, config, factors, batches, is_weighted, c))
+        tables.append(PlannerTable(module_path, config, factors, batches, is_weighted, c, module_path in quantized))
     if not tables:
         raise ValueError("planner input has no embedding tables: pass configs, a DataFrame or a module with collections")
     unknown = set(constraints) - {t.name for t in tables} - {f"{t.module_path}.{t.name}" for t in tables}
@@ -131,6 +134,15 @@ def tables_by_module(tables: Sequence[PlannerTable]) -> Dict[str, List[PlannerTa
     for table in tables:
         out.setdefault(table.module_path, []).append(table)
     return out
+
+
+QUANT_KERNEL_VALUES = {k.value for k in QUANT_KERNELS}
+
+
+def is_quantized(module: Any) -> bool:
+    """A quantized collection: rectoolkit.quant's Quant* classes, or TorchRec's torchrec.quant modules."""
+    cls = type(module)
+    return cls.__name__.startswith("Quant") or ".quant." in f".{cls.__module__}."
 
 
 def _collection_kind(class_name: str) -> str:
@@ -168,5 +180,8 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
                                  f"{sharder.sharding_types(compute_device)} on {compute_device}")
         merged = dataclasses.replace(c, sharding_types=allowed) if c is not None \
             else ParameterConstraints(sharding_types=allowed)
-        out.append(dataclasses.replace(table, constraints=merged))
+        # a sharder that offers only quantized kernels (TorchRec's and rectoolkit's quantized sharders) plans them
+        kernels = {k for t in allowed for k in sharder.compute_kernels(t.value, compute_device)}
+        quantized = table.quantized or bool(kernels) and kernels <= QUANT_KERNEL_VALUES
+        out.append(dataclasses.replace(table, constraints=merged, quantized=quantized))
     return out

@@ -19,8 +19,8 @@ torch: the program holds aten ops and the quantized rows, no rectoolkit class.
 `save_for_serving(program, path)` writes it with torch.export.save; `torch.export.load(path).module()` runs
 it in any process. The pure-torch lookup is exported (fbgemm's op would make the program need fbgemm_gpu).
 
-For models whose forward takes a KeyedJaggedTensor, `register_jagged_pytree_nodes()` lets torch.export
-flatten JaggedTensor / KeyedJaggedTensor / KeyedTensor arguments and results; loading such a program needs
+For models whose forward takes a KeyedJaggedTensor, torch.export flattens JaggedTensor / KeyedJaggedTensor /
+KeyedTensor arguments and results (they are pytree nodes, as in TorchRec); loading such a program needs
 rectoolkit.sparse imported (the pytree nodes are named by class), so the flat boundary above is the one
 to serve.
 """
@@ -36,7 +36,7 @@ from torch import nn
 from torch.export import Dim
 
 from rectoolkit.modules.configs import DataType
-from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from rectoolkit.sparse import KeyedJaggedTensor
 
 
 class ServingModule(nn.Module):
@@ -118,7 +118,7 @@ def export_with_jagged_inputs(module: nn.Module, args: Tuple[Any, ...],
     Float or quantized collections, or a whole model (a DLRM: `args = (dense, kjt)`). With `dynamic`, the batch
     size (dim 0 of the dense tensors, lengths = num keys x batch) and each KJT's number of ids may change; the
     KJT's keys (and their order) are fixed by the example. The program takes and returns rectoolkit's types,
-    so the process that loads it imports rectoolkit and calls `register_jagged_pytree_nodes()` first:
+    so the process that loads it imports rectoolkit first (the jagged types are pytree nodes from then on):
 
         >>> import torch, rectoolkit as rtk
         >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4)])
@@ -128,12 +128,21 @@ def export_with_jagged_inputs(module: nn.Module, args: Tuple[Any, ...],
         >>> torch.equal(program.module()(bigger).values(), ebc(bigger).values())
         True
     """
-    register_jagged_pytree_nodes()
+    args = tuple(_lengths_only(arg) for arg in args)
     dynamic_shapes = _jagged_dynamic_shapes(args) if dynamic else None
     from torch.fx.experimental import _config as shape_config
 
     with shape_config.patch(backed_size_oblivious=True):  # a batch of 1 is not special-cased (as above)
         return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _lengths_only(arg: Any) -> Any:
+    """A KJT example without its cached offsets, so the program's inputs are values, weights and lengths."""
+    if not isinstance(arg, KeyedJaggedTensor):
+        return arg
+    return KeyedJaggedTensor(arg.keys(), arg.values(), arg.weights_or_none(), arg.lengths(),
+                             stride_per_key_per_rank=arg._stride_per_key_per_rank,
+                             inverse_indices=arg.inverse_indices_or_none(), validate=False)
 
 
 def _jagged_dynamic_shapes(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -146,7 +155,8 @@ def _jagged_dynamic_shapes(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
                                           "(VBE) cannot be exported; pass one with a single stride")
             num_ids = Dim(f"num_ids_{position}", min=0)
             weights = {0: num_ids} if arg.weights_or_none() is not None else None
-            shapes.append([{0: num_ids}, {0: len(arg.keys()) * batch}, weights])
+            # the KJT's pytree leaves (TorchRec's): values, weights, lengths, offsets, strides, inverse indices
+            shapes.append([{0: num_ids}, weights, {0: len(arg.keys()) * batch}, None, None, None])
         elif isinstance(arg, torch.Tensor):
             shapes.append({0: batch} if arg.dim() else None)
         else:
@@ -161,52 +171,13 @@ def save_for_serving(program: torch.export.ExportedProgram, path: Union[str, os.
 
 
 # ---------------------------------------------------------------------------------------------- pytree nodes
-def _flatten_kjt(kjt: KeyedJaggedTensor) -> Tuple[List[Any], Any]:
-    return [kjt.values(), kjt.lengths(), kjt.weights_or_none()], list(kjt.keys())
-
-
-def _unflatten_kjt(children: List[Any], context: Any) -> KeyedJaggedTensor:
-    values, lengths, weights = children  # the batch size follows from lengths: it may change between calls
-    return KeyedJaggedTensor(keys=context, values=values, lengths=lengths, weights=weights, validate=False)
-
-
-def _flatten_jt(jt: JaggedTensor) -> Tuple[List[Any], Any]:
-    return [jt.values(), jt.lengths(), jt.weights_or_none()], None
-
-
-def _unflatten_jt(children: List[Any], context: Any) -> JaggedTensor:
-    values, lengths, weights = children
-    return JaggedTensor(values=values, lengths=lengths, weights=weights, validate=False)
-
-
-def _flatten_kt(kt: KeyedTensor) -> Tuple[List[Any], Any]:
-    return [kt.values()], (list(kt.keys()), list(kt.length_per_key()), kt.key_dim())
-
-
-def _unflatten_kt(children: List[Any], context: Any) -> KeyedTensor:
-    keys, length_per_key, key_dim = context
-    return KeyedTensor(keys=keys, length_per_key=length_per_key, values=children[0], key_dim=key_dim, validate=False)
-
-
 def register_jagged_pytree_nodes() -> None:
-    """Let torch.export / torch.compile flatten JaggedTensor, KeyedJaggedTensor and KeyedTensor (idempotent)."""
-    from torch.utils import _pytree
+    """Kept for code written before the jagged types registered themselves: JaggedTensor, KeyedJaggedTensor and
+    KeyedTensor are torch.utils._pytree nodes as soon as rectoolkit.sparse is imported (flattened as TorchRec
+    flattens them, rectoolkit/sparse/pytree_nodes.py), so this has nothing left to do.
 
-    nodes = [(KeyedJaggedTensor, _flatten_kjt, _unflatten_kjt), (JaggedTensor, _flatten_jt, _unflatten_jt),
-             (KeyedTensor, _flatten_kt, _unflatten_kt)]
-    for cls, flatten, unflatten in nodes:
-        if cls in _pytree.SUPPORTED_NODES:
-            continue
-        _pytree.register_pytree_node(cls, flatten, unflatten,
-                                     serialized_type_name=f"{cls.__module__}.{cls.__name__}",
-                                     flatten_with_keys_fn=_with_keys(flatten))
-
-
-def _with_keys(flatten):
-    from torch.utils._pytree import SequenceKey
-
-    def flatten_with_keys(node):
-        children, context = flatten(node)
-        return [(SequenceKey(i), child) for i, child in enumerate(children)], context
-
-    return flatten_with_keys
+        >>> import torch.utils._pytree as pytree
+        >>> register_jagged_pytree_nodes()
+        >>> KeyedJaggedTensor in pytree.SUPPORTED_NODES
+        True
+    """

@@ -11,7 +11,6 @@ rectoolkit.distributed.shard re-exports it at TorchRec's path.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Type
 
 import torch
@@ -22,7 +21,6 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.plan.constructors import ParameterShardingGenerator, get_device_type, get_local_size
 from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan
-from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
 from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder
 
 
@@ -64,8 +62,8 @@ def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device:
 
             planner = EmbeddingShardingPlanner(topology=Topology(
                 world_size=env.world_size, compute_device=env.device.type, local_world_size=env.local_world_size))
+        # the planner gives quantized collections' tables kernel "quant" (and no DATA_PARALLEL), as TorchRec's does
         plan = planner.collective_plan(module, None, env.pg) if env.pg is not None else planner.plan(module, None)
-        plan = _quant_kernels(module, plan)
     if type(module) in by_type:
         return by_type[type(module)].shard(module, _module_plan(plan, ""), env, env.device, "")
     for path, child in list(module.named_modules()):
@@ -77,16 +75,6 @@ def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device:
             parent = module.get_submodule(parent_path) if parent_path else module
             setattr(parent, name, by_type[type(child)].shard(child, module_plan, env, env.device, path))
     return module
-
-
-def _quant_kernels(module: nn.Module, plan: ShardingPlan) -> ShardingPlan:
-    """The plan with compute_kernel "quant" for the quantized collections' tables: rectoolkit's planner plans
-    training kernels, and the printed plan should say what runs (TorchRec's planner says "quant" there too)."""
-    quantized = {path for path, m in module.named_modules()
-                 if isinstance(m, (QuantEmbeddingBagCollection, QuantEmbeddingCollection))}
-    return ShardingPlan({path: {table: dataclasses.replace(ps, compute_kernel="quant") if path in quantized else ps
-                                for table, ps in tables.items()}
-                         for path, tables in plan.plan.items()})
 
 
 def _module_plan(plan: ShardingPlan, path: str):

@@ -9,11 +9,11 @@ Same constructor arguments, methods, results and printed layout as ``torchrec.Ja
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
-from rectoolkit.sparse import validation
+from rectoolkit.sparse import pytree_nodes, validation
 from rectoolkit.sparse.jagged_ops import (
     jagged_to_padded_dense,
     jagged_values_string,
@@ -294,3 +294,18 @@ def __getattr__(name: str):
 
         return getattr(conversions, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# A pytree node as in TorchRec (pytree_nodes.py): the fields are the leaves, no context.
+_FIELDS = ["_values", "_weights", "_lengths", "_offsets"]
+
+
+def _jt_flatten(jt: JaggedTensor) -> Tuple[List[Optional[torch.Tensor]], None]:
+    return [getattr(jt, name) for name in _FIELDS], None
+
+
+def _jt_unflatten(leaves: List[Optional[torch.Tensor]], context: None) -> JaggedTensor:
+    return JaggedTensor(*leaves, validate=False)  # leaves of a traced program: nothing to check them with
+
+
+pytree_nodes.register_node(JaggedTensor, _FIELDS, _jt_flatten, _jt_unflatten)

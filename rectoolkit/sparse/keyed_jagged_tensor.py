@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from rectoolkit.sparse import validation, variable_batch
+from rectoolkit.sparse import pytree_nodes, validation, variable_batch
 from rectoolkit.sparse.jagged_ops import (
     batched_lengths_to_offsets,
     cat_or_empty,
@@ -753,3 +753,22 @@ class KeyedJaggedTensor:
                     + "\n    }"
                 )
         return "KeyedJaggedTensor({\n" + ",\n".join(entries) + "\n})\n"
+
+
+# A pytree node as in TorchRec (pytree_nodes.py): the fields are the leaves, the keys the context.
+_FIELDS = ["_values", "_weights", "_lengths", "_offsets", "_stride_per_key_per_rank", "_inverse_indices"]
+
+
+def _kjt_flatten(kjt: KeyedJaggedTensor) -> Tuple[List[Optional[torch.Tensor]], List[str]]:
+    inverse = kjt._inverse_indices[1] if kjt._inverse_indices is not None else None
+    strides = pytree_nodes.strides_tensor(kjt._stride_per_key_per_rank)
+    return [kjt._values, kjt._weights, kjt._lengths, kjt._offsets, strides, inverse], kjt._keys
+
+
+def _kjt_unflatten(leaves: List[Optional[torch.Tensor]], keys: List[str]) -> KeyedJaggedTensor:
+    values, weights, lengths, offsets, strides, inverse = leaves
+    return KeyedJaggedTensor(keys, values, weights, lengths, offsets, stride_per_key_per_rank=strides,
+                             inverse_indices=(keys, inverse) if inverse is not None else None, validate=False)
+
+
+pytree_nodes.register_node(KeyedJaggedTensor, _FIELDS, _kjt_flatten, _kjt_unflatten)

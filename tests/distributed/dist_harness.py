@@ -66,12 +66,12 @@ def row_wise(ranks: Sequence[int], rows: int, dim: int, kind: str = "row_wise") 
     return ParameterSharding(kind, ranks=list(ranks), shards=shards)
 
 
-def column_wise(ranks_and_cols: Sequence[tuple], rows: int) -> ParameterSharding:
+def column_wise(ranks_and_cols: Sequence[tuple], rows: int, kind: str = "column_wise") -> ParameterSharding:
     shards, start = [], 0
     for rank, cols in ranks_and_cols:
         shards.append(ShardMetadata.on_rank(rank, 0, start, rows, cols))
         start += cols
-    return ParameterSharding("column_wise", ranks=[r for r, _ in ranks_and_cols], shards=shards)
+    return ParameterSharding(kind, ranks=[r for r, _ in ranks_and_cols], shards=shards)
 
 
 def grid(blocks: Sequence[tuple], rows: int) -> ParameterSharding:

@@ -51,10 +51,13 @@ def plan_for(case: str, tables, W: int, L: int) -> Dict[str, rtk.ParameterShardi
             return row_wise(hosts[i % len(hosts)], R, D, kind="table_row_wise")
         if kind == "grid_shard":
             return grid([(hosts[(i + k) % len(hosts)], 4) for k in range(D // 4)], R)
+        if kind == "table_column_wise":  # blocks of 4 columns round robin over the ranks of one host
+            host = hosts[i % len(hosts)]
+            return column_wise([(host[(i + k) % L], 4) for k in range(D // 4)], R, kind="table_column_wise")
         raise ValueError(kind)
 
     mixes = {"mixed_a": ["row_wise", "data_parallel", "column_wise"],
-             "mixed_b": ["table_row_wise", "table_wise", "grid_shard"],
+             "mixed_b": ["table_row_wise", "table_column_wise", "grid_shard"],
              "mixed_c": ["grid_shard", "row_wise", "data_parallel"]}
     kinds = mixes.get(case, [case] * len(tables))
     return {t.name: one(kinds[i % len(kinds)], t, i) for i, t in enumerate(tables)}

@@ -51,6 +51,13 @@ def test_table_row_wise_stays_in_one_host():
         shard_embedding_bag_collection(_ebc(), plan, _two_ranks(local_world_size=1))
 
 
+def test_table_column_wise_stays_in_one_host():
+    plan = {"t0": column_wise([(0, 4), (1, 4)], 10, kind="table_column_wise"), "t1": table_wise(0, 6, 4)}
+    with pytest.raises(ValueError, match=r"t0.*column blocks sit on hosts \[0, 1\] \(local_world_size=1\)"):
+        shard_embedding_bag_collection(_ebc(), plan, _two_ranks(local_world_size=1))
+    shard_embedding_bag_collection(_ebc(), plan, _two_ranks(local_world_size=2))  # one host of 2 ranks: fine
+
+
 def test_sequence_column_shards_of_one_rank_share_a_width():
     ec = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="e", num_embeddings=10, embedding_dim=8, feature_names=["g"])])
     with pytest.raises(ValueError, match=r"column shards of widths \[2, 6\]"):

@@ -2,7 +2,7 @@
 
 Every case is checked on every rank: outputs, gradients (dense tables) or updated weights (fused Adagrad),
 and the rank x rank bytes of every collective after one forward+backward step. The mixed plans (which
-together cover all six types) run with a different local batch size on every rank. Tolerance: 1e-5 absolute
+together cover all seven types) run with a different local batch size on every rank. Tolerance: 1e-5 absolute
 (sums are taken in a different order when row blocks are reduced).
 """
 
@@ -16,7 +16,8 @@ import pytest
 from dist_harness import run_workers
 from dist_workers import equivalence_worker
 
-ALL_TYPES = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "grid_shard"]
+ALL_TYPES = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "grid_shard",
+             "table_column_wise"]
 
 
 def _run(tmp_path, W, cases):
@@ -35,8 +36,9 @@ def _run(tmp_path, W, cases):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_two_ranks_every_type_and_mixed(tmp_path):
-    """One host of 2 ranks (every type, a mixed plan), then 2 hosts of 1 rank (the two-level types)."""
-    cases = [(kind, 2) for kind in ALL_TYPES + ["mixed_a"]] + [("table_row_wise", 1), ("grid_shard", 1), ("mixed_b", 1)]
+    """One host of 2 ranks (every type, a mixed plan), then 2 hosts of 1 rank (the types bound to a host)."""
+    cases = [(kind, 2) for kind in ALL_TYPES + ["mixed_a"]] + [("table_row_wise", 1), ("grid_shard", 1), ("mixed_b", 1),
+                                                               ("table_column_wise", 1)]
     rows = _run(tmp_path, 2, cases)
     assert {r["case"] for r in rows} == set(ALL_TYPES + ["mixed_a", "mixed_b"])
 
@@ -44,7 +46,8 @@ def test_two_ranks_every_type_and_mixed(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_four_ranks_two_hosts(tmp_path):
-    """2 hosts of 2 ranks: TABLE_ROW_WISE and GRID_SHARD (two levels through gateways) beside TW, RW and DP."""
+    """2 hosts of 2 ranks: TABLE_ROW_WISE and GRID_SHARD (two levels through gateways) beside TABLE_COLUMN_WISE
+    (column blocks on one host), RW and DP."""
     rows = _run(tmp_path, 4, [("mixed_b", 2), ("mixed_c", 2)])
     assert all(r["world_size"] == 4 for r in rows)
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torchrec
 TYPES = [t.value for t in ShardingType]
 
 
-def our_tables(n=6):
+def our_tables(n=len(TYPES)):
     return [EmbeddingBagConfig(name=f"t{i}", num_embeddings=100 + 37 * i, embedding_dim=32, feature_names=[f"f{i}"])
             for i in range(n)]
 

@@ -95,7 +95,8 @@ def test_kjt_in_keyed_tensor_out_exports_with_pytree_nodes():
 
     with shape_config.patch(backed_size_oblivious=True):
         program = torch.export.export(qebc, (example,), strict=False,
-                                      dynamic_shapes=([{0: num_ids}, {0: 3 * batch}, None],))
+                                      # the KJT's leaves, TorchRec's: values, weights, lengths, offsets, ...
+                                      dynamic_shapes=([{0: num_ids}, None, {0: 3 * batch}, None, None, None],))
     kjt = _kjt(batch=8, seed=5, keys=tuple(FEATURES), weighted=False)
     out = program.module()(kjt)
     assert isinstance(out, rtk.KeyedTensor) and out.keys() == FEATURES
