@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -289,6 +289,7 @@ def to_ragged(matrix: torch.Tensor, block_rows: Sequence[int], widths: Sequence[
     B = matrix.shape[1]
     if all(w == B for w in widths):
         return matrix.reshape(-1)
+    block_rows, widths = _merge_equal_widths(block_rows, widths)
     blocks = matrix.split(list(block_rows))
     return torch.cat([block[:, :w].reshape(-1) for block, w in zip(blocks, widths)])
 
@@ -299,8 +300,22 @@ def from_ragged(flat: torch.Tensor, block_rows: Sequence[int], widths: Sequence[
         # reshape, not new_zeros, when empty: an empty block must stay in the autograd graph, or this rank skips
         # the backward collectives behind it while its peers wait in them
         return flat.reshape(sum(block_rows), B)
+    block_rows, widths = _merge_equal_widths(block_rows, widths)
     pieces = flat.split([r * w for r, w in zip(block_rows, widths)])
     return torch.cat([F.pad(piece.view(r, w), (0, B - w)) for piece, r, w in zip(pieces, block_rows, widths)])
+
+
+def _merge_equal_widths(block_rows: Sequence[int], widths: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """Neighbouring blocks of one width as one block (fewer, larger copies; the flat layout is the same)."""
+    rows: List[int] = []
+    merged: List[int] = []
+    for r, w in zip(block_rows, widths):
+        if merged and merged[-1] == w:
+            rows[-1] += r
+        else:
+            rows.append(r)
+            merged.append(w)
+    return rows, merged
 
 
 def barrier(env: ShardingEnv) -> None:
