@@ -207,10 +207,30 @@ def expand_pooled(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Seq
     >>> pooled = torch.tensor([[1., 10., 20.], [2., 30., 40.]])     # user (dim 1, 1 sample), item (dim 2, 2)
     >>> expand_pooled(pooled, torch.tensor([[0, 0, 0], [1, 0, 1]]), [1, 2]).tolist()
     [[1.0, 30.0, 40.0], [1.0, 10.0, 20.0], [1.0, 30.0, 40.0]]
+
+    A ranking batch has few distinct rows of inverse indices (the user features share one; the candidate
+    features read each sample as it is), so the rows are moved whole, once per distinct row, and the
+    features that read their samples as they are not at all; many distinct rows take one elementwise gather.
     """
-    rows = inverse_indices.to(device=pooled.device, dtype=torch.int64).repeat_interleave(
-        torch.tensor(list(dims), device=pooled.device), dim=0, output_size=pooled.shape[1])
+    inverse_indices = inverse_indices.to(device=pooled.device, dtype=torch.int64)
+    full_batch = inverse_indices.shape[1]
+    dims_t = torch.tensor(list(dims), device=pooled.device)
+    if not is_tracing() and 0 < full_batch <= pooled.shape[0] and inverse_indices.shape[0]:
+        as_is = (inverse_indices == torch.arange(full_batch, device=pooled.device)).all(1)
+        moved = (~as_is).nonzero().squeeze(1)
+        rows, group = torch.unique(inverse_indices[moved], dim=0, return_inverse=True)
+        if rows.shape[0] <= _WHOLE_ROW_GROUPS:
+            group_of_feature = torch.full_like(as_is, -1, dtype=torch.int64).index_put((moved,), group)
+            group_of_column = group_of_feature.repeat_interleave(dims_t, output_size=pooled.shape[1])
+            out = pooled[:full_batch]
+            for g in range(rows.shape[0]):
+                out = torch.where(group_of_column == g, pooled.index_select(0, rows[g]), out)
+            return out
+    rows = inverse_indices.repeat_interleave(dims_t, dim=0, output_size=pooled.shape[1])
     return pooled.gather(0, rows.t())
+
+
+_WHOLE_ROW_GROUPS = 4  # up to this many distinct rows of inverse indices, whole rows move (a pass each)
 
 
 def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
