@@ -11,7 +11,7 @@ inverse indices; its ids, lengths and pooled rows cross the all-to-alls at each 
 collection expands the pooled rows at the end. Both outputs are checked equal before timing.
 Input bytes = ids + lengths (+ the per-rank batch-size message) of input_dist, summed over ranks, per step; output
 bytes = pooled rows forward + their gradients backward. Step = forward + backward (fused update) on the slower
-rank: median of 10 steps after 3 warm-up steps, in ROUNDS rounds that alternate expanded and VBE; the table gives
+rank: median of 10 steps after 3 warm-up steps, in 3 rounds that alternate expanded and VBE; the table gives
 the median over rounds and [min, max].
 """
 
