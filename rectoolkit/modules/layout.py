@@ -9,7 +9,9 @@ same things, with the same errors (each names the collection, the feature and th
   take one; the EmbeddingBagCollections (float and sharded) take it: `gather(..., variable_batch=True)` pads
   each feature's bags to the largest stride with empty bags (no ids added, so the lookup and the id
   all-to-alls carry only the deduplicated ids), and `expand_pooled` reads each sample's pooled row through
-  the inverse indices, as TorchRec's EmbeddingBagCollection does;
+  the inverse indices, as TorchRec's EmbeddingBagCollection does. The float EmbeddingCollection takes it as
+  TorchRec 1.8's unsharded one does: each feature's rows at its own batch size, not expanded (the inverse
+  indices are not applied); the sharded and quantized ones refuse it;
 - float ids (a pandas id column with a missing value becomes float): refused, never truncated;
 - per-id weights: required by a weighted collection, refused by an unweighted one (they would be ignored);
 - NaN or inf per-id weights: refused before they reach the tables;
@@ -191,13 +193,17 @@ class FeatureLayout:
 
 
 def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures,
-                     need_indices: bool) -> Dict[str, JaggedTensor]:
+                     need_indices: bool, strides: Optional[Sequence[int]] = None) -> Dict[str, JaggedTensor]:
     """A sequence collection's output: {embedding name: JaggedTensor of the feature's rows [ids, dim]} (with the
-    ids as weights when `need_indices`), from the rows of every gathered id."""
+    ids as weights when `need_indices`), from the rows of every gathered id. `strides`: each feature's own
+    samples when the batch has a batch size per feature (gathered padded to the largest with empty bags)."""
     per_feature_lengths = gathered.lengths.view(len(names), gathered.batch_size)
     counts = per_feature_lengths.sum(1).tolist()
     ids = gathered.values.split(counts)
-    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f], weights=ids[f] if need_indices else None)
+    if strides is None:
+        strides = [gathered.batch_size] * len(names)
+    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f, :strides[f]],
+                               weights=ids[f] if need_indices else None)
             for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
 
 
