@@ -215,28 +215,55 @@ def expand_pooled(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Seq
     [[1.0, 30.0, 40.0], [1.0, 10.0, 20.0], [1.0, 30.0, 40.0]]
 
     A ranking batch has few distinct rows of inverse indices (the user features share one; the candidate
-    features read each sample as it is), so the rows are moved whole, once per distinct row, and the
-    features that read their samples as they are not at all; many distinct rows take one elementwise gather.
+    features read each sample as it is), so neighbouring features that read alike are moved as one block of
+    columns: copied as they are, or their rows selected once; the gradient goes back the same way (an
+    `index_add` into the pooled rows). While tracing (torch.export / compile), one elementwise gather.
     """
     inverse_indices = inverse_indices.to(device=pooled.device, dtype=torch.int64)
     full_batch = inverse_indices.shape[1]
-    dims_t = torch.tensor(list(dims), device=pooled.device)
-    if not is_tracing() and 0 < full_batch <= pooled.shape[0] and inverse_indices.shape[0]:
-        as_is = (inverse_indices == torch.arange(full_batch, device=pooled.device)).all(1)
-        moved = (~as_is).nonzero().squeeze(1)
-        rows, group = torch.unique(inverse_indices[moved], dim=0, return_inverse=True)
-        if rows.shape[0] <= _WHOLE_ROW_GROUPS:
-            group_of_feature = torch.full_like(as_is, -1, dtype=torch.int64).index_put((moved,), group)
-            group_of_column = group_of_feature.repeat_interleave(dims_t, output_size=pooled.shape[1])
-            out = pooled[:full_batch]
-            for g in range(rows.shape[0]):
-                out = torch.where(group_of_column == g, pooled.index_select(0, rows[g]), out)
-            return out
-    rows = inverse_indices.repeat_interleave(dims_t, dim=0, output_size=pooled.shape[1])
-    return pooled.gather(0, rows.t())
+    if is_tracing() or not full_batch or not inverse_indices.shape[0]:
+        rows = inverse_indices.repeat_interleave(torch.tensor(list(dims), device=pooled.device), dim=0,
+                                                 output_size=pooled.shape[1])
+        return pooled.gather(0, rows.t())
+    return _ExpandColumnRuns.apply(pooled, _column_runs(pooled, inverse_indices, dims), full_batch)
 
 
-_WHOLE_ROW_GROUPS = 4  # up to this many distinct rows of inverse indices, whole rows move (a pass each)
+def _column_runs(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Sequence[int]) -> list:
+    """(first column, end column, rows to read or None for "as they are") of each run of neighbouring features
+    that read their pooled rows alike."""
+    full_batch = inverse_indices.shape[1]
+    rows, kind = torch.unique(inverse_indices, dim=0, return_inverse=True)
+    as_is = [full_batch <= pooled.shape[0] and bool(torch.equal(row, torch.arange(full_batch, device=row.device)))
+             for row in rows]
+    runs: list = []
+    column = 0
+    for k, dim in zip(kind.tolist(), dims):
+        if runs and runs[-1][2] == k:
+            runs[-1][1] += dim
+        else:
+            runs.append([column, column + dim, k])
+        column += dim
+    return [(c0, c1, None if as_is[k] else rows[k]) for c0, c1, k in runs]
+
+
+class _ExpandColumnRuns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pooled, runs, full_batch):
+        ctx.runs, ctx.pooled_shape = runs, pooled.shape
+        out = pooled.new_empty(full_batch, pooled.shape[1])
+        for c0, c1, rows in runs:
+            out[:, c0:c1] = pooled[:full_batch, c0:c1] if rows is None else pooled[:, c0:c1].index_select(0, rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_pooled = grad.new_zeros(ctx.pooled_shape)
+        for c0, c1, rows in ctx.runs:
+            if rows is None:
+                grad_pooled[:grad.shape[0], c0:c1] = grad[:, c0:c1]
+            else:
+                grad_pooled[:, c0:c1].index_add_(0, rows, grad[:, c0:c1])
+        return grad_pooled, None, None
 
 
 def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
