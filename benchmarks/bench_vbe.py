@@ -7,9 +7,12 @@ Ranking-style batch on each of 2 local CPU ranks (gloo, 1 torch thread each): 2 
 (B = 2 C samples). 13 user features (pooling factors 1..13) carry one sample per user; 13 item features (pooling
 factor 1) one per candidate. 26 tables of 20k rows x 64 (fused SGD), row-wise or table-wise. "expanded" sends
 every user feature once per candidate (a plain KJT of B samples per feature); "VBE" sends it once per user with
-inverse indices, and the collection expands the pooled rows. Both outputs are checked equal before timing.
-Input bytes = ids + lengths (+ the per-rank batch-size message) of input_dist, summed over ranks, per step.
-Step = forward + backward (fused update), median of 10 steps after 3 warm-up steps, the slower rank.
+inverse indices; its ids, lengths and pooled rows cross the all-to-alls at each feature's own batch size, and the
+collection expands the pooled rows at the end. Both outputs are checked equal before timing.
+Input bytes = ids + lengths (+ the per-rank batch-size message) of input_dist, summed over ranks, per step; output
+bytes = pooled rows forward + their gradients backward. Step = forward + backward (fused update) on the slower
+rank: median of 10 steps after 3 warm-up steps, in 3 rounds that alternate expanded and VBE; the table gives
+the median over rounds and [min, max].
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
 
 HERE = Path(__file__).resolve().parent
 USERS, ROWS, DIM, FEATURES = 2, 20_000, 64, 13
-WARMUP, STEPS = 3, 10
+WARMUP, STEPS, ROUNDS = 3, 10, 3
+OUTPUT_COLLECTIVES = ("output_dist", "output_dist_backward")
 
 
 def tables() -> List[rtk.EmbeddingBagConfig]:
@@ -93,19 +97,25 @@ def worker(rank: int, world_size: int, init_file: str, cases: list, result_file:
         vbe, full = batches(candidates, seed=rank)
         with torch.no_grad():
             assert torch.allclose(sharded(vbe).values(), sharded(full).values(), atol=1e-5), "outputs differ"
-        for name, kjt in (("expanded", full), ("VBE", vbe)):
-            times = []
-            for step in range(WARMUP + STEPS):
-                env.stats.reset()
-                dist.barrier()
-                started = time.perf_counter()
-                sharded(kjt).values().sum().backward()
-                times.append(time.perf_counter() - started)
-            sent = env.gathered_bytes()
-            input_bytes = int(sum(sent[n].sum() for n in sent if n in ("input_dist", "metadata")))
-            slowest = torch.tensor([statistics.median(times[WARMUP:]) * 1e3])
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            rows.append((kind, candidates, name, input_bytes, float(slowest)))
+        step_ms = {"expanded": [], "VBE": []}
+        sent_bytes = {}
+        for _ in range(ROUNDS):
+            for name, kjt in (("expanded", full), ("VBE", vbe)):
+                times = []
+                for step in range(WARMUP + STEPS):
+                    env.stats.reset()
+                    dist.barrier()
+                    started = time.perf_counter()
+                    sharded(kjt).values().sum().backward()
+                    times.append(time.perf_counter() - started)
+                sent = env.gathered_bytes()
+                sent_bytes[name] = [int(sum(sent[n].sum() for n in sent if n in names))
+                                    for names in (("input_dist", "metadata"), OUTPUT_COLLECTIVES)]
+                slowest = torch.tensor([statistics.median(times[WARMUP:]) * 1e3])
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                step_ms[name].append(float(slowest))
+        for name in ("expanded", "VBE"):
+            rows.append((kind, candidates, name, *sent_bytes[name], *step_ms[name]))
     if rank == 0:
         with open(result_file, "w") as f:
             for row in rows:
@@ -114,6 +124,11 @@ def worker(rank: int, world_size: int, init_file: str, cases: list, result_file:
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
+
+
+def spread(values: List[float], unit: str = "", digits: int = 1) -> str:
+    """"median [min, max]" of the rounds."""
+    return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
 def main() -> None:
@@ -126,16 +141,20 @@ def main() -> None:
         rows = [line.split("\t") for line in open(result_file).read().splitlines()]
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = ["# bench_vbe", "", __doc__.split("\n\n", 2)[2].strip().replace("\n", " "), "",
-             f"2 ranks, 1 torch thread each, load average at the end {load}, torch {torch.__version__}.", "",
-             "| plan | candidates per user | batch | input bytes expanded | input bytes VBE | bytes ratio | "
-             "step ms expanded | step ms VBE | speed-up |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"2 ranks, 1 torch thread each, load average at the end {load} (a machine shared with other jobs), "
+             f"torch {torch.__version__}.", "",
+             "| plan | candidates per user | batch | input bytes expanded | input bytes VBE | input ratio | "
+             "output bytes expanded | output bytes VBE | output ratio | step ms expanded | step ms VBE | speed-up |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by_case = {}
-    for kind, c, name, input_bytes, ms in rows:
-        by_case.setdefault((kind, int(c)), {})[name] = (int(input_bytes), float(ms))
+    for kind, c, name, input_bytes, output_bytes, *ms in rows:
+        by_case.setdefault((kind, int(c)), {})[name] = (int(input_bytes), int(output_bytes), [float(m) for m in ms])
     for (kind, c), result in by_case.items():
-        (full_bytes, full_ms), (vbe_bytes, vbe_ms) = result["expanded"], result["VBE"]
-        lines.append(f"| {kind} | {c} | {USERS * c} | {full_bytes:,} | {vbe_bytes:,} | {full_bytes / vbe_bytes:.1f}x | "
-                     f"{full_ms:.1f} | {vbe_ms:.1f} | {full_ms / vbe_ms:.2f}x |")
+        (full_in, full_out, full_ms), (vbe_in, vbe_out, vbe_ms) = result["expanded"], result["VBE"]
+        speed_ups = [f / v for f, v in zip(full_ms, vbe_ms)]  # per round: the two ran side by side
+        lines.append(f"| {kind} | {c} | {USERS * c} | {full_in:,} | {vbe_in:,} | {full_in / vbe_in:.1f}x | "
+                     f"{full_out:,} | {vbe_out:,} | {full_out / vbe_out:.1f}x | {spread(full_ms)} | {spread(vbe_ms)} | "
+                     f"{spread(speed_ups, 'x', 2)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     (HERE / "results" / "vbe.md").write_text(text)

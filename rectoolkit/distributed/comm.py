@@ -24,12 +24,11 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 
 @dataclass
@@ -285,22 +284,78 @@ def start_all_to_all_messages(env: ShardingEnv, messages: Sequence[Sequence[torc
 
 def to_ragged(matrix: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int]) -> torch.Tensor:
     """Flatten a [rows, B] matrix cut into row blocks (block k: block_rows[k] rows), keeping the first widths[k]
-    columns of block k: how blocks for ranks with different batch sizes are sent. Differentiable."""
+    columns of block k: how blocks for ranks with different batch sizes are sent. Differentiable.
+
+        >>> to_ragged(torch.arange(6.).view(2, 3), [1, 1], [1, 2]).tolist()
+        [0.0, 3.0, 4.0]
+    """
     B = matrix.shape[1]
     if all(w == B for w in widths):
         return matrix.reshape(-1)
-    blocks = matrix.split(list(block_rows))
-    return torch.cat([block[:, :w].reshape(-1) for block, w in zip(blocks, widths)])
+    return _ToRagged.apply(matrix, *_merge_equal_widths(block_rows, widths))
 
 
 def from_ragged(flat: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int], B: int) -> torch.Tensor:
-    """The inverse of to_ragged: [sum(block_rows), B], each block's missing columns zero. Differentiable."""
+    """The inverse of to_ragged: [sum(block_rows), B], each block's missing columns zero. Differentiable.
+
+        >>> from_ragged(torch.tensor([0., 3., 4.]), [1, 1], [1, 2], 3).tolist()
+        [[0.0, 0.0, 0.0], [3.0, 4.0, 0.0]]
+    """
     if all(w == B for w in widths):
         # reshape, not new_zeros, when empty: an empty block must stay in the autograd graph, or this rank skips
         # the backward collectives behind it while its peers wait in them
         return flat.reshape(sum(block_rows), B)
-    pieces = flat.split([r * w for r, w in zip(block_rows, widths)])
-    return torch.cat([F.pad(piece.view(r, w), (0, B - w)) for piece, r, w in zip(pieces, block_rows, widths)])
+    return _FromRagged.apply(flat, *_merge_equal_widths(block_rows, widths), B)
+
+
+def _copy_ragged(matrix: torch.Tensor, flat: torch.Tensor, block_rows: Sequence[int], widths: Sequence[int],
+                 into_flat: bool) -> None:
+    """Copy each block's first widths[k] columns between `matrix` and `flat` (one copy per block)."""
+    row, start = 0, 0
+    for r, w in zip(block_rows, widths):
+        block, piece = matrix[row:row + r, :w], flat[start:start + r * w].view(r, w)
+        (piece if into_flat else block).copy_(block if into_flat else piece)
+        row, start = row + r, start + r * w
+
+
+class _ToRagged(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, matrix, block_rows, widths):
+        ctx.layout = (block_rows, widths, matrix.shape[1])
+        flat = matrix.new_empty(sum(r * w for r, w in zip(block_rows, widths)))
+        _copy_ragged(matrix, flat, block_rows, widths, into_flat=True)
+        return flat
+
+    @staticmethod
+    def backward(ctx, grad):
+        block_rows, widths, B = ctx.layout
+        return _FromRagged.apply(grad, block_rows, widths, B), None, None
+
+
+class _FromRagged(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat, block_rows, widths, B):
+        ctx.layout = (block_rows, widths)
+        matrix = flat.new_zeros(sum(block_rows), B)
+        _copy_ragged(matrix, flat, block_rows, widths, into_flat=False)
+        return matrix
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ToRagged.apply(grad.contiguous(), *ctx.layout), None, None, None
+
+
+def _merge_equal_widths(block_rows: Sequence[int], widths: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """Neighbouring blocks of one width as one block (fewer, larger copies; the flat layout is the same)."""
+    rows: List[int] = []
+    merged: List[int] = []
+    for r, w in zip(block_rows, widths):
+        if merged and merged[-1] == w:
+            rows[-1] += r
+        else:
+            rows.append(r)
+            merged.append(w)
+    return rows, merged
 
 
 def barrier(env: ShardingEnv) -> None:

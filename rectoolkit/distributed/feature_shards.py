@@ -13,6 +13,10 @@ The owner runs its kernel with one kernel "feature" per (source rank, feature sh
 so the received buffers are used as they arrive (no reordering). Ranks may bring different batch sizes:
 input_dist tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up
 to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
+A batch with a batch size per feature (VBE) goes further in the one-level types: each feature shard carries only
+its feature's own bags both ways (a "user" feature of 2 samples sends 2 lengths and gets 2 pooled rows back, in
+a batch of 512 candidates); the owner pads them like a smaller source, and the requesting rank expands the
+pooled rows with the inverse indices once, at the end (sharded_ebc.py).
 """
 
 from __future__ import annotations
@@ -106,7 +110,14 @@ class FeatureBatch:
     lengths: Dict[str, torch.Tensor]  # int64, [B]
     weights: Dict[str, Optional[torch.Tensor]]
     value_starts: Dict[str, int]  # start of the feature's ids in the collection's concatenated values
+    # VBE (a batch size per feature): each feature's own samples (its lengths are padded to batch_size with empty
+    # bags); None for a plain batch, where every feature has batch_size samples
+    strides: Optional[Dict[str, int]] = None
     _cache: Dict[tuple, "RoutedIds"] = field(default_factory=dict)
+
+    def stride(self, feature: str) -> int:
+        """The samples of `feature` (before padding)."""
+        return self.batch_size if self.strides is None else self.strides[feature]
 
     @classmethod
     def from_kjt(cls, features, layout: FeatureLayout, weighted: bool, ids_out_of_range: str, rank: int,
@@ -126,9 +137,13 @@ class FeatureBatch:
         starts = [0]
         for count in counts:
             starts.append(starts[-1] + count)
+        strides = None
+        if variable_batch and features.variable_stride_per_key():
+            stride_of = dict(zip(features.keys(), features.stride_per_key()))
+            strides = {name: int(stride_of[name]) for name in names}
         return cls(stride, dict(zip(names, ids.split(counts))), dict(zip(names, per_feature)),
                    dict(zip(names, weights.split(counts) if weights is not None else [None] * len(names))),
-                   dict(zip(names, starts)))
+                   dict(zip(names, starts)), strides)
 
     def cached(self, key: tuple, compute: Callable[[], "RoutedIds"]) -> "RoutedIds":
         """compute(), once per batch and key (several groups and column blocks route the same row range)."""
@@ -159,6 +174,12 @@ class ReceivedIds:
     ids_sent: List[List[int]] = field(default_factory=list)  # [owner][feature shard] ids this rank sent (sequence outputs)
     positions_sent: List[List[torch.Tensor]] = field(default_factory=list)  # where those ids sit in the output
     ids_received: List[int] = field(default_factory=list)  # per source rank
+    # bags per feature shard: [source][my feature shard] received, [owner][its feature shard] sent; a source's
+    # batch size for all of them, unless its batch has a batch size per feature (VBE) and the group sends
+    # each feature's own bags (start_ids_to_owners' bags_per_feature)
+    bags: List[List[int]] = field(default_factory=list)
+    bags_sent: List[List[int]] = field(default_factory=list)
+    batch_size: int = 0  # this rank's own (padded) batch size: the columns of its output block
 
     @property
     def padded_batch_size(self) -> int:
@@ -170,33 +191,46 @@ Route = Callable[[FeatureBatch, FeatureShard], RoutedIds]
 
 
 def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
-                  route: Route, weighted: bool, keep_positions: bool = False) -> ReceivedIds:
+                  route: Route, weighted: bool, keep_positions: bool = False,
+                  bags_per_feature: bool = False) -> ReceivedIds:
     """input_dist: for every feature shard, send the lengths (int32) and ids (int64) [and weights] that `route`
     picks for it to its owner.
 
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
+
+    `bags_per_feature` (the one-level pooled types): a batch with a batch size per feature (VBE) sends each
+    feature shard only its feature's own bags, after a header of one int32 count per feature shard; its
+    metadata says so with a negative size, -(1 + lengths sent), so the message sizes stay known. Otherwise
+    every feature shard gets the batch's B bags (shorter features padded with empty bags).
     """
-    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions).wait().wait()
+    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions, bags_per_feature).wait().wait()
 
 
 def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
-                        route: Route, weighted: bool, keep_positions: bool = False) -> PendingExchange:
+                        route: Route, weighted: bool, keep_positions: bool = False,
+                        bags_per_feature: bool = False) -> PendingExchange:
     """ids_to_owners in two stages, for the train pipeline: this starts the "metadata" all-to-all and returns;
     its `wait()` waits for the sizes and starts the ids' all-to-all, returning a PendingExchange whose `wait()`
     gives the ReceivedIds."""
     B, W = batch.batch_size, env.world_size
+    own_bags = bags_per_feature and batch.strides is not None
     messages: List[List[torch.Tensor]] = []
     ids_sent: List[List[int]] = []
     positions_sent: List[List[torch.Tensor]] = []
+    bags_sent: List[List[int]] = []
     for owner in range(W):
         routed = [route(batch, shard) for shard in by_owner[owner]]
-        message = [_cat([r.ids for r in routed], torch.int64, env.device),
-                   _cat([r.lengths for r in routed], torch.int32, env.device)]
+        bags = [batch.stride(shard.feature) if own_bags else B for shard in by_owner[owner]]
+        lengths = [r.lengths[:n] for r, n in zip(routed, bags)] if own_bags else [r.lengths for r in routed]
+        if own_bags:
+            lengths.insert(0, torch.tensor(bags, dtype=torch.int32, device=env.device))
+        message = [_cat([r.ids for r in routed], torch.int64, env.device), _cat(lengths, torch.int32, env.device)]
         if weighted:
             message.append(_cat([r.weights for r in routed], torch.float32, env.device))
         messages.append(message)
         ids_sent.append([r.ids.numel() for r in routed])
+        bags_sent.append(bags)
         if keep_positions:
             positions_sent.append([r.positions if r.positions is not None else
                                    batch.value_starts[shard.feature] + torch.arange(r.ids.numel(), device=r.ids.device)
@@ -205,14 +239,29 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
 
     def send_ids(received_sizes: torch.Tensor) -> PendingExchange:
         sizes = received_sizes.view(W, 2).tolist()
-        batch_sizes = [b for b, _ in sizes]
+        # a negative size: that source sends its bags per feature shard (VBE), header included
+        lengths_numel = [mine * b if b >= 0 else mine - b - 1 for b, _ in sizes]
         ids_received = [n for _, n in sizes]
-        pending = start_all_to_all_messages(env, messages, [[n, mine * b] + ([n] if weighted else []) for b, n in sizes],
-                                            "input_dist")
-        return pending.then(lambda parts: ReceivedIds(parts[1], parts[0], parts[2] if weighted else None, batch_sizes,
-                                                      ids_sent, positions_sent, ids_received))
+        pending = start_all_to_all_messages(env, messages, [[n, count] + ([n] if weighted else [])
+                                                            for (_, n), count in zip(sizes, lengths_numel)], "input_dist")
 
-    sizes_to_owners = torch.tensor([[B, sum(counts)] for counts in ids_sent], dtype=torch.int64, device=env.device)
+        def received(parts: List[torch.Tensor]) -> ReceivedIds:
+            lengths, bags, batch_sizes = parts[1], [[b] * mine for b, _ in sizes], [b for b, _ in sizes]
+            if any(b < 0 for b, _ in sizes):  # take the headers out
+                chunks = list(lengths.split(lengths_numel))
+                for source, (b, _) in enumerate(sizes):
+                    if b < 0:
+                        bags[source] = chunks[source][:mine].tolist()
+                        batch_sizes[source] = max(bags[source], default=0)
+                        chunks[source] = chunks[source][mine:]
+                lengths = torch.cat(chunks)
+            return ReceivedIds(lengths, parts[0], parts[2] if weighted else None, batch_sizes, ids_sent,
+                               positions_sent, ids_received, bags, bags_sent, B)
+
+        return pending.then(received)
+
+    sizes_to_owners = torch.tensor([[-1 - sum(bags) if own_bags else B, sum(counts)]
+                                    for bags, counts in zip(bags_sent, ids_sent)], dtype=torch.int64, device=env.device)
     return start_all_to_all(env, sizes_to_owners.view(-1), [2] * W, [2] * W, "metadata").then(send_ids)
 
 
@@ -311,9 +360,8 @@ class LocalShards(nn.Module):
             shape = (0, B) if self.pooled else (0, 0)
             return torch.zeros(shape, device=self.env.device, requires_grad=torch.is_grad_enabled())
         lengths, ids, weights = received.lengths, received.ids, received.weights
-        pieces = len(self.piece_cols)
-        # sources with fewer samples get empty bags at the end (no ids move: only lengths are padded)
-        lengths = from_ragged(lengths, [pieces] * self.env.world_size, received.batch_sizes, B).reshape(-1)
+        # bags of fewer samples (smaller sources, VBE features) get empty bags at the end: no ids move
+        lengths = pad_bags(lengths, [n for bags in received.bags for n in bags], B).reshape(-1)
         id_order = None
         if self.permuted and self.pooled and fbgemm_available():  # fbgemm's op does the same in one call
             lengths, ids, weights = torch.ops.fbgemm.permute_2D_sparse_data(
@@ -327,7 +375,9 @@ class LocalShards(nn.Module):
         torch.cumsum(lengths, 0, out=offsets[1:])
         result = self.kernel(ids, offsets, weights)
         if self.pooled:
-            return result.t().index_select(0, self.back_columns) if self.permuted else result.t().contiguous()
+            # (a contiguous copy first: selecting rows of the transposed view reads memory with a stride)
+            transposed = result.t().contiguous()
+            return transposed.index_select(0, self.back_columns) if self.permuted else transposed
         if not self.permuted:
             return result
         inverse = torch.empty_like(id_order)
@@ -345,6 +395,19 @@ class LocalShards(nn.Module):
         return {"weights": weights, "optimizer": state}
 
 
+def pad_bags(lengths: torch.Tensor, bags: Sequence[int], B: int) -> torch.Tensor:
+    """[len(bags), B] lengths: row k holds the next bags[k] lengths, then zeros (empty bags).
+
+    >>> pad_bags(torch.tensor([3, 1, 2]), [1, 2], 3).tolist()
+    [[3, 0, 0], [1, 2, 0]]
+    """
+    if all(n == B for n in bags):
+        return lengths.view(len(bags), B)
+    counts = torch.tensor(list(bags), device=lengths.device)
+    filled = torch.arange(B, device=lengths.device) < counts.unsqueeze(1)
+    return lengths.new_zeros(len(bags), B).masked_scatter(filled, lengths)
+
+
 def permute_segments(lengths: torch.Tensor, order: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reorder the rows of a [features, B] lengths table: (new flat lengths, positions of the values to take)."""
     value_starts = torch.zeros(lengths.numel(), dtype=torch.int64, device=lengths.device)
@@ -360,20 +423,24 @@ def permute_segments(lengths: torch.Tensor, order: torch.Tensor) -> Tuple[torch.
 
 
 # ------------------------------------------------------------------------------------------------ output_dist
-def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, batch_sizes: Sequence[int],
-                         cols_by_owner: Sequence[int], name: str = "output_dist") -> torch.Tensor:
-    """Each owner sends rank i its pooled block (cols x B_i, transposed); returns [sum over owners of cols, B_me].
+def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, received: ReceivedIds,
+                         cols_by_owner: Sequence[Sequence[int]], name: str = "output_dist") -> torch.Tensor:
+    """Each owner sends rank i its pooled block of every feature shard (cols x the bags rank i sent it,
+    transposed); returns [sum over owners of cols, B_me], the bags of shorter features zero at the end.
 
-    `pooled` is the owner's transposed lookup, [W * cols, max B_i] with source-major rows, so the block for
-    rank i is the first B_i columns of rows i * cols ... (i + 1) * cols; with equal batch sizes the send
+    `pooled` is the owner's transposed lookup, [W * cols, max B_i] with rows in (source, feature shard, column)
+    order; `cols_by_owner[o]` the width of each feature shard of owner o. Only a feature shard's own bags
+    travel (received.bags: a source's batch size, or with VBE its feature's); with equal batch sizes the send
     buffer is `pooled` itself.
     """
     W, me = env.world_size, env.rank
     mine = cols_by_owner[me]
-    send = to_ragged(pooled, [mine] * W, batch_sizes)
-    received = all_to_all_with_grad(env, send, [b * mine for b in batch_sizes],
-                                    [batch_sizes[me] * c for c in cols_by_owner], name)
-    return received.view(sum(cols_by_owner), batch_sizes[me])
+    send = to_ragged(pooled, list(mine) * W, [n for bags in received.bags for n in bags])
+    send_numels = [sum(c * n for c, n in zip(mine, bags)) for bags in received.bags]
+    receive_numels = [sum(c * n for c, n in zip(cols, bags)) for cols, bags in zip(cols_by_owner, received.bags_sent)]
+    block = all_to_all_with_grad(env, send, send_numels, receive_numels, name)
+    return from_ragged(block, [c for cols in cols_by_owner for c in cols],
+                       [n for bags in received.bags_sent for n in bags], received.batch_size)
 
 
 def output_columns(by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int]) -> torch.Tensor:

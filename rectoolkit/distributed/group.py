@@ -99,7 +99,13 @@ class ShardingGroup(nn.Module):
 
 
 class RoutedShardingGroup(ShardingGroup):
-    """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL)."""
+    """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).
+
+    A batch with a batch size per feature (VBE) sends each feature's own bags and gets each feature's pooled
+    rows back at that batch size (`bags_per_feature`), when the output goes back in one level; the two-level
+    types pad every feature to the batch's largest (their gateways add blocks of one batch size)."""
+
+    bags_per_feature = True
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
@@ -107,6 +113,7 @@ class RoutedShardingGroup(ShardingGroup):
         self.by_owner: List[List[FeatureShard]] = make_feature_shards(
             self.tables, spec.output_keys, spec.module_plan, self.env.world_size)
         self.cols_by_owner = [sum(p.cols for p in pieces) for pieces in self.by_owner]
+        self.piece_cols_by_owner = [[p.cols for p in pieces] for pieces in self.by_owner]
         mine = self.by_owner[self.env.rank]
         if not self.pooled and len({p.cols for p in mine}) > 1:
             raise ValueError(f"rank {self.env.rank} holds column shards of widths {sorted({p.cols for p in mine})} "
@@ -126,7 +133,7 @@ class RoutedShardingGroup(ShardingGroup):
 
     def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
         return start_ids_to_owners(env or self.env, batch, self.by_owner, self.route, self.weighted,
-                                   keep_positions=not self.pooled)
+                                   keep_positions=not self.pooled, bags_per_feature=self.pooled and self.bags_per_feature)
 
     def lookup(self, received: ReceivedIds) -> torch.Tensor:
         return self.local.lookup(received)
@@ -137,9 +144,10 @@ class RoutedShardingGroup(ShardingGroup):
         return self.pooled_output_dist(looked_up, received)
 
     def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One level: each owner sends every rank its [B_i, cols] block; the blocks land at their output columns
-        (column blocks side by side; row blocks on the same columns, so the collection sums the partial sums)."""
-        return pooled_to_requesters(self.env, pooled, received.batch_sizes, self.cols_by_owner), self.out_columns
+        """One level: each owner sends every rank its [B_i, cols] block (VBE: each feature's own bags); the blocks
+        land at their output columns (column blocks side by side; row blocks on the same columns, so the
+        collection sums the partial sums)."""
+        return pooled_to_requesters(self.env, pooled, received, self.piece_cols_by_owner), self.out_columns
 
     def sequence_output_dist(self, rows: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
         """output_dist of an EmbeddingCollection: each id's row slice goes back to the rank that sent the id."""

@@ -8,7 +8,8 @@
 
 Every row block's partial sums target the same output columns, so the collection's `index_add` adds them up.
 Bytes (rectoolkit.plan.traffic): rank i sends block k's owner 4 B_i + 8 * (ids in block k); every owner
-returns 4 * B_i * dim.
+returns 4 * B_i * dim. With a batch size per feature (VBE), S_i(f) in place of B_i, plus a 4-byte count per
+feature shard.
 """
 
 from __future__ import annotations

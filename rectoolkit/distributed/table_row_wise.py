@@ -29,6 +29,7 @@ class TableRowWiseSharding(RowWiseSharding):
     """The TABLE_ROW_WISE tables of one sharded collection: row-wise routing, two-level output."""
 
     sharding_type = ShardingType.TABLE_ROW_WISE
+    bags_per_feature = False  # the gateways add up blocks of one batch size per source
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)

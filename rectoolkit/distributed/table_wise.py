@@ -5,6 +5,7 @@
     output_dist   the owner sends each rank its [B, dim] pooled rows back         (all-to-all)
 
 Bytes (rectoolkit.plan.traffic): rank i sends the owner 4 B_i + 8 * ids; the owner returns 4 * B_i * dim.
+With a batch size per feature (VBE), S_i(f) in place of B_i, plus a 4-byte count per feature shard.
 """
 
 from __future__ import annotations

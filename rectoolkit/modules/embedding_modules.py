@@ -348,13 +348,20 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
         return self._embedding_configs
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
-        """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}."""
+        """Look up every id: {embedding name: JaggedTensor(values=[ids of the feature, dim], lengths=...)}.
+
+        A KJT with a batch size per feature (VBE) gives each feature's JaggedTensor at that feature's own batch
+        size, as TorchRec's unsharded EmbeddingCollection does (its inverse indices are not applied)."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embeddings, features)
-        gathered = self._layout.gather(features, weighted=False)
+        gathered = self._layout.gather(features, weighted=False, variable_batch=True)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
         if rows.device.type == "meta":
             raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
             rows = guard_gradient(rows, type(self).__name__)
-        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices)
+        strides = None
+        if features.variable_stride_per_key():
+            stride_of = dict(zip(features.keys(), features.stride_per_key()))
+            strides = [stride_of[name] for name in self._layout.feature_names]
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices, strides)

@@ -9,7 +9,9 @@ same things, with the same errors (each names the collection, the feature and th
   take one; the EmbeddingBagCollections (float and sharded) take it: `gather(..., variable_batch=True)` pads
   each feature's bags to the largest stride with empty bags (no ids added, so the lookup and the id
   all-to-alls carry only the deduplicated ids), and `expand_pooled` reads each sample's pooled row through
-  the inverse indices, as TorchRec's EmbeddingBagCollection does;
+  the inverse indices, as TorchRec's EmbeddingBagCollection does. The float EmbeddingCollection takes it as
+  TorchRec 1.8's unsharded one does: each feature's rows at its own batch size, not expanded (the inverse
+  indices are not applied); the sharded and quantized ones refuse it;
 - float ids (a pandas id column with a missing value becomes float): refused, never truncated;
 - per-id weights: required by a weighted collection, refused by an unweighted one (they would be ignored);
 - NaN or inf per-id weights: refused before they reach the tables;
@@ -191,13 +193,17 @@ class FeatureLayout:
 
 
 def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures,
-                     need_indices: bool) -> Dict[str, JaggedTensor]:
+                     need_indices: bool, strides: Optional[Sequence[int]] = None) -> Dict[str, JaggedTensor]:
     """A sequence collection's output: {embedding name: JaggedTensor of the feature's rows [ids, dim]} (with the
-    ids as weights when `need_indices`), from the rows of every gathered id."""
+    ids as weights when `need_indices`), from the rows of every gathered id. `strides`: each feature's own
+    samples when the batch has a batch size per feature (gathered padded to the largest with empty bags)."""
     per_feature_lengths = gathered.lengths.view(len(names), gathered.batch_size)
     counts = per_feature_lengths.sum(1).tolist()
     ids = gathered.values.split(counts)
-    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f], weights=ids[f] if need_indices else None)
+    if strides is None:
+        strides = [gathered.batch_size] * len(names)
+    return {name: JaggedTensor(values=chunk, lengths=per_feature_lengths[f, :strides[f]],
+                               weights=ids[f] if need_indices else None)
             for f, (name, chunk) in enumerate(zip(names, rows.split(counts)))}
 
 
@@ -207,10 +213,57 @@ def expand_pooled(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Seq
     >>> pooled = torch.tensor([[1., 10., 20.], [2., 30., 40.]])     # user (dim 1, 1 sample), item (dim 2, 2)
     >>> expand_pooled(pooled, torch.tensor([[0, 0, 0], [1, 0, 1]]), [1, 2]).tolist()
     [[1.0, 30.0, 40.0], [1.0, 10.0, 20.0], [1.0, 30.0, 40.0]]
+
+    A ranking batch has few distinct rows of inverse indices (the user features share one; the candidate
+    features read each sample as it is), so neighbouring features that read alike are moved as one block of
+    columns: copied as they are, or their rows selected once; the gradient goes back the same way (an
+    `index_add` into the pooled rows). While tracing (torch.export / compile), one elementwise gather.
     """
-    rows = inverse_indices.to(device=pooled.device, dtype=torch.int64).repeat_interleave(
-        torch.tensor(list(dims), device=pooled.device), dim=0, output_size=pooled.shape[1])
-    return pooled.gather(0, rows.t())
+    inverse_indices = inverse_indices.to(device=pooled.device, dtype=torch.int64)
+    full_batch = inverse_indices.shape[1]
+    if is_tracing() or not full_batch or not inverse_indices.shape[0]:
+        rows = inverse_indices.repeat_interleave(torch.tensor(list(dims), device=pooled.device), dim=0,
+                                                 output_size=pooled.shape[1])
+        return pooled.gather(0, rows.t())
+    return _ExpandColumnRuns.apply(pooled, _column_runs(pooled, inverse_indices, dims), full_batch)
+
+
+def _column_runs(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Sequence[int]) -> list:
+    """(first column, end column, rows to read or None for "as they are") of each run of neighbouring features
+    that read their pooled rows alike."""
+    full_batch = inverse_indices.shape[1]
+    rows, kind = torch.unique(inverse_indices, dim=0, return_inverse=True)
+    as_is = [full_batch <= pooled.shape[0] and bool(torch.equal(row, torch.arange(full_batch, device=row.device)))
+             for row in rows]
+    runs: list = []
+    column = 0
+    for k, dim in zip(kind.tolist(), dims):
+        if runs and runs[-1][2] == k:
+            runs[-1][1] += dim
+        else:
+            runs.append([column, column + dim, k])
+        column += dim
+    return [(c0, c1, None if as_is[k] else rows[k]) for c0, c1, k in runs]
+
+
+class _ExpandColumnRuns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pooled, runs, full_batch):
+        ctx.runs, ctx.pooled_shape = runs, pooled.shape
+        out = pooled.new_empty(full_batch, pooled.shape[1])
+        for c0, c1, rows in runs:
+            out[:, c0:c1] = pooled[:full_batch, c0:c1] if rows is None else pooled[:, c0:c1].index_select(0, rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_pooled = grad.new_zeros(ctx.pooled_shape)
+        for c0, c1, rows in ctx.runs:
+            if rows is None:
+                grad_pooled[:grad.shape[0], c0:c1] = grad[:, c0:c1]
+            else:
+                grad_pooled[:, c0:c1].index_add_(0, rows, grad[:, c0:c1])
+        return grad_pooled, None, None
 
 
 def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:

@@ -24,6 +24,12 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   Only reduced sums cross hosts.
 * sequence outputs (EmbeddingCollection, one row per id), every type but DATA_PARALLEL:
   ``output_dist``: rank(s) sends to i one float32 row slice per id of f in rows(s): 4 * n_ids * cols(s).
+* a batch size per feature (VBE: rank i's batch has S_i(f) samples of feature f, padded to B_i = the largest
+  with empty bags): TABLE_WISE / COLUMN_WISE / ROW_WISE send f's own bags only, after a header of one int32
+  count per feature shard: ``input_dist`` carries 4 * (1 + S_i(f)) length bytes in place of 4 * B_i, and
+  ``output_dist`` 4 * S_i(f) * cols(s) in place of 4 * B_i * cols(s). TABLE_ROW_WISE / GRID_SHARD send every
+  feature B_i bags (their gateways add blocks of one batch size). `batch_id_counter` reads the S_i(f) off the
+  batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i.
 * backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
   go back the same way). Input distribution has no backward (ids carry no gradient).
 * ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
@@ -33,7 +39,7 @@ that table, and source rank i with a local batch of B_i samples (every rank know
 
 Not priced here: the control message ``metadata`` that opens every input_dist (each rank tells every owner,
 itself included, its batch size and id count: two int64, 16 bytes per rank pair, once per sharding-type group
-of a sharded collection). The sharded modules count it under its own name (CONTROL_COLLECTIVES), apart from
+of a sharded collection; a VBE batch sends -(1 + lengths sent) as its batch size). The sharded modules count it under its own name (CONTROL_COLLECTIVES), apart from
 the data above.
 
 Matrices are indexed [source rank, destination rank]; the diagonal is data a rank "sends" to itself (it
@@ -76,6 +82,7 @@ CONTROL_COLLECTIVES = ("metadata",)  # counted by the sharded modules, not price
 IdCounter = Callable[[int, str, int, int], float]
 
 TWO_LEVEL = (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+BAGS_PER_FEATURE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)  # VBE, see above
 
 
 def is_pooled(table: BaseEmbeddingConfig) -> bool:
@@ -103,6 +110,7 @@ def step_traffic(
     out = {name: np.zeros((world_size, world_size), dtype=dtype) for name in COLLECTIVES}
     id_bytes = ID_BYTES + (WEIGHT_BYTES if is_weighted else 0)
     L = local_world_size
+    feature_batch_sizes = getattr(count_ids, "feature_batch_sizes", None) or [None] * world_size
     for table in tables:
         ps = module_plan.get(table.name)
         if ps is None:
@@ -119,14 +127,17 @@ def step_traffic(
                 cols = shard.shard_sizes[1]
                 for src in range(world_size):
                     n_ids = count_ids(src, feature, row_start, row_end)
-                    out["input_dist"][src, owner] += LENGTH_BYTES * batch_sizes[src] + id_bytes * n_ids
+                    own_bags = feature_batch_sizes[src] if pooled and kind in BAGS_PER_FEATURE else None
+                    bags = batch_sizes[src] if own_bags is None else own_bags[feature]
+                    header = 0 if own_bags is None else 1
+                    out["input_dist"][src, owner] += LENGTH_BYTES * (header + bags) + id_bytes * n_ids
                     if not pooled:  # sequence rows go straight back to the rank that asked
                         out["output_dist"][owner, src] += VALUE_BYTES * cols * n_ids
                     elif kind in TWO_LEVEL:
                         gateway = (owner // L) * L + src % L
                         out["output_dist_intra"][owner, gateway] += VALUE_BYTES * batch_sizes[src] * cols
                     else:
-                        out["output_dist"][owner, src] += VALUE_BYTES * batch_sizes[src] * cols
+                        out["output_dist"][owner, src] += VALUE_BYTES * bags * cols
             if pooled and kind in TWO_LEVEL:
                 for (col_start, col_end), host in _column_blocks(ps, L).items():
                     for dst in range(world_size):
@@ -169,7 +180,8 @@ def _counts_are_fractional(count_ids: IdCounter) -> bool:
 
 
 def batch_id_counter(batches: Sequence[object]) -> IdCounter:
-    """An exact IdCounter over one KeyedJaggedTensor per rank (any object with TorchRec's KJT API)."""
+    """An exact IdCounter over one KeyedJaggedTensor per rank (any object with TorchRec's KJT API); for a batch
+    with a batch size per feature (VBE) it also carries each feature's samples (`feature_batch_sizes`)."""
     ids_by_rank = []
     for kjt in batches:
         ids_by_rank.append({key: jt.values() for key, jt in kjt.to_dict().items()})
@@ -180,6 +192,9 @@ def batch_id_counter(batches: Sequence[object]) -> IdCounter:
             raise KeyError(f"rank {rank}'s batch has no feature {feature!r}")
         return int(((ids >= row_start) & (ids < row_end)).sum())
 
+    count_ids.feature_batch_sizes = [  # type: ignore[attr-defined]
+        dict(zip(kjt.keys(), map(int, kjt.stride_per_key()))) if kjt.variable_stride_per_key() else None
+        for kjt in batches]
     return count_ids
 
 
@@ -200,7 +215,8 @@ def expected_id_counter(
 
 
 def batch_sizes_of(batches: Sequence[object]) -> list:
-    """Local batch size of each rank's KJT: the bags the sharded collections send per feature, i.e. with a batch
-    size per feature (VBE) the largest feature's (the others are padded with empty bags)."""
+    """Local batch size of each rank's KJT, B_i: with a batch size per feature (VBE) the largest feature's (the
+    two-level types pad the others to it with empty bags; the one-level types send each feature's own, which
+    `batch_id_counter` reads off the batches)."""
     return [int(max(kjt.stride_per_key(), default=0)) if kjt.variable_stride_per_key() else int(kjt.stride())
             for kjt in batches]

@@ -2,7 +2,8 @@
 
 The expected values come from the UNSHARDED EmbeddingBagCollection (itself checked against TorchRec 1.8 in
 tests/modules/test_variable_batch_vs_torchrec.py) run on every rank's VBE batch, and the expected bytes from
-rectoolkit.plan.traffic.step_traffic over the same batches.
+rectoolkit.plan.traffic.step_traffic over the same batches, and for the one-level types (TABLE_WISE, COLUMN_WISE,
+ROW_WISE) also from a hand count: every feature's pooled rows come back at the feature's own batch size.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
 from rectoolkit.plan.traffic import batch_sizes_of
+from rectoolkit.plan.types import ShardingType
 from dist_workers import _bytes_match, _max_diff, bag_tables, plan_for
 
 
@@ -34,6 +36,22 @@ def vbe_batch(features: dict, rank: int, seed: int, weighted: bool) -> rtk.Keyed
     return rtk.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths,
                                  weights=torch.rand(values.numel(), generator=g) if weighted else None,
                                  stride_per_key_per_rank=[[s] for s in strides], inverse_indices=(keys, inverse))
+
+
+def _pooled_bytes_by_hand(plan, tables, batches):
+    """output_dist[owner][rank] = 4 * (rank's samples of f) * cols over the (shard, feature f) pairs of the owner,
+    and what padding every feature to the rank's largest batch would send in all."""
+    W = len(batches)
+    expected = [[0] * W for _ in range(W)]
+    padded = 0
+    for table in tables:
+        for shard in plan[table.name].shards:
+            for feature in table.feature_names:
+                for r, batch in enumerate(batches):
+                    samples = dict(zip(batch.keys(), batch.stride_per_key()))
+                    expected[shard.rank][r] += 4 * samples[feature] * shard.shard_sizes[1]
+                    padded += 4 * max(samples.values()) * shard.shard_sizes[1]
+    return expected, padded
 
 
 def vbe_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
@@ -75,6 +93,12 @@ def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: boo
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         grad_diff = max(grad_diff, _max_diff(weight.grad, reference.embedding_bags[table].weight.grad[r0:r1, c0:c1]))
     _bytes_match(env, plan, tables, W, L, batches, weighted, batch_sizes_of(batches))
+    one_level = {ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE}
+    if all(ShardingType(ps.sharding_type) in one_level for ps in plan.values()):
+        expected, padded = _pooled_bytes_by_hand(plan, tables, batches)
+        measured = env.gathered_bytes()["output_dist"]
+        assert (measured == expected).all(), f"rank {rank}, {case}: output_dist {measured.tolist()} != {expected}"
+        assert measured.sum() < padded, f"rank {rank}, {case}: VBE sent {measured.sum()} bytes, padded {padded}"
     where = f"rank {rank}, case {case}, weighted={weighted}"
     assert out_diff <= 1e-5, f"{where}: outputs differ by {out_diff}"
     assert grad_diff <= 1e-5, f"{where}: gradients differ by {grad_diff}"

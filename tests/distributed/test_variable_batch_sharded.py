@@ -1,6 +1,7 @@
 """A batch size per feature (VBE) through the sharded EmbeddingBagCollection on 2 gloo ranks, every sharding type:
 outputs (expanded with the inverse indices) and gradients equal the unsharded collection's, bytes equal
-traffic.py's (each feature's bags padded to the rank's largest feature stride, ids deduplicated)."""
+traffic.py's (ids deduplicated; the one-level types send each feature's own bags and get its pooled rows back at its
+own batch size, checked by hand too; the two-level types pad every feature to the rank's largest)."""
 
 from __future__ import annotations
 

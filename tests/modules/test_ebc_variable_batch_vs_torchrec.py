@@ -89,7 +89,3 @@ def test_vbe_errors_name_the_features_and_the_fix():
     inputs["inverse_indices"] = (["seen", "item"], inputs["inverse_indices"][1][[0, 2]])
     with pytest.raises(ValueError, match=r"inverse_indices have no row for feature\(s\) \['user'\]"):
         ours(rtk.KeyedJaggedTensor(**inputs))
-    ec = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="t", num_embeddings=20, embedding_dim=4,
-                                                      feature_names=["seen", "user", "item"])])
-    with pytest.raises(ValueError, match="EmbeddingCollection does not take a variable batch size per feature"):
-        ec(rtk.KeyedJaggedTensor(**vbe_inputs(4, False)))
