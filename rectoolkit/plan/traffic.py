@@ -25,7 +25,7 @@ that table, and source rank i with a local batch of B_i samples (every rank know
 * sequence outputs (EmbeddingCollection, one row per id), every type but DATA_PARALLEL:
   ``output_dist``: rank(s) sends to i one float32 row slice per id of f in rows(s): 4 * n_ids * cols(s).
 * a batch size per feature (VBE: rank i's batch has S_i(f) samples of feature f, padded to B_i = the largest
-  with empty bags): TABLE_WISE / COLUMN_WISE / ROW_WISE send f's own bags only, after a header of one int32
+  with empty bags): TABLE_WISE / (TABLE_)COLUMN_WISE / ROW_WISE send f's own bags only, after a header of one int32
   count per feature shard: ``input_dist`` carries 4 * (1 + S_i(f)) length bytes in place of 4 * B_i, and
   ``output_dist`` 4 * S_i(f) * cols(s) in place of 4 * B_i * cols(s). TABLE_ROW_WISE / GRID_SHARD send every
   feature B_i bags (their gateways add blocks of one batch size). `batch_id_counter` reads the S_i(f) off the
@@ -82,7 +82,8 @@ CONTROL_COLLECTIVES = ("metadata",)  # counted by the sharded modules, not price
 IdCounter = Callable[[int, str, int, int], float]
 
 TWO_LEVEL = (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
-BAGS_PER_FEATURE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)  # VBE, see above
+BAGS_PER_FEATURE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
+                    ShardingType.ROW_WISE)  # VBE, see above
 
 
 def is_pooled(table: BaseEmbeddingConfig) -> bool:
