@@ -47,6 +47,15 @@ WATCH = """([rootSel, targets]) => {
 }"""
 
 
+PLACEMENT_PLOT = ".rtk-explorer .rtk-plotly-view.js-plotly-plot"  # the first: the Placement tab's placement
+# The plot <div> marked before a change, as it is now: still the one on the page, and the traces it draws.
+IN_PLACE = """(selector) => {
+  const marked = window.__rtkPlacement;
+  return {same: marked.isConnected && marked === document.querySelector(selector),
+          names: marked.data.map((trace) => trace.name || "")};
+}"""
+
+
 def watch(page, targets, root=".rtk-explorer"):
     page.evaluate(WATCH, [root, [list(t) for t in targets]])
 
@@ -111,6 +120,8 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     per_host = explorer.locator(".widget-dropdown", has_text="ranks per host").locator("select")
     status = explorer.locator(".rtk-status")
     legend = explorer.locator(".js-plotly-plot .legendtext")
+    # the placement plot is updated in place (Plotly.react): the same <div> gets the new plan's data
+    page.evaluate(f"() => {{ window.__rtkPlacement = document.querySelector({json.dumps(PLACEMENT_PLOT)}); }}")
     for size in ("4", "6"):
         watch(page, [("status", ".rtk-explorer .rtk-status", f"26 tables on {size} ranks")])
         world.select_option(size)
@@ -120,6 +131,9 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
         assert per_host.input_value() == size
         expect(legend.filter(has_text=re.compile(rf"^rank {int(size) - 1}$"))).to_have_count(1)
         expect(legend.filter(has_text=re.compile(rf"^rank {size}$"))).to_have_count(0)
+        in_place = page.evaluate(IN_PLACE, PLACEMENT_PLOT)
+        ranks = [f"rank {r}" for r in range(int(size))]
+        assert in_place["same"] and [n for n in in_place["names"] if n.startswith("rank ")] == ranks, in_place
     world.select_option("8")
     expect(status).to_contain_text("26 tables on 8 ranks", timeout=60_000)
 
