@@ -1,9 +1,9 @@
 // PlotlyView: one plotly figure, drawn with Plotly.react into the same <div> every time the kernel sends a new
 // `figure` (data, layout, config as JSON) with a new `revision`: a change updates the plot in place instead of
 // building a new one. plotly.js is loaded once per page: JupyterLab's plotly renderer leaves it in window.Plotly
-// once it has drawn a figure; otherwise the first view asks its kernel, which sends plotly.min.js (the copy the
-// plotly package ships) as one binary buffer. After each drawing, one frame later, the view tells the kernel
-// which revision is on screen ({event: "drawn", revision}).
+// once it has drawn a figure; otherwise the first model on the page asks its kernel, which sends plotly.min.js
+// (the copy the plotly package ships) as one binary buffer. After each drawing, one frame later, the view tells
+// the kernel which revision is on screen ({event: "drawn", revision}).
 
 const PAGE_STYLE_ID = "rtk-plotly-view-style";
 const PAGE_STYLE =
@@ -18,35 +18,53 @@ function addPageStyle() {
   document.head.appendChild(style);
 }
 
-function plotlyFromKernel(model) {
-  return new Promise((resolve, reject) => {
-    const onMessage = (message, buffers) => {
-      if (!message || message.event !== "plotly-js") return;
-      model.off("msg:custom", onMessage);
-      const url = URL.createObjectURL(new Blob(buffers, { type: "text/javascript" }));
-      const script = document.createElement("script");
-      script.onload = () => {
-        URL.revokeObjectURL(url);
-        if (window.Plotly) resolve(window.Plotly);
-        else reject(new Error("plotly.min.js from the kernel ran but set no window.Plotly"));
+// plotly.min.js from the kernel, as a Blob: asked for once per page by the first model (see `initialize`).
+function plotlySource(model) {
+  if (!globalThis.__rtkPlotlySource) {
+    const source = new Promise((resolve) => {
+      const onMessage = (message, buffers) => {
+        if (!message || message.event !== "plotly-js") return;
+        model.off("msg:custom", onMessage);
+        resolve(new Blob(buffers, { type: "text/javascript" }));
       };
-      script.onerror = () => reject(new Error("plotly.min.js from the kernel did not load"));
-      script.src = url;
-      document.head.appendChild(script);
+      model.on("msg:custom", onMessage);
+      model.send({ event: "plotly-js?" });
+    });
+    source.catch(() => { if (globalThis.__rtkPlotlySource === source) globalThis.__rtkPlotlySource = null; });
+    globalThis.__rtkPlotlySource = source;
+  }
+  return globalThis.__rtkPlotlySource;
+}
+
+function runScript(blob) {
+  return new Promise((resolve, reject) => {
+    const url = URL.createObjectURL(blob);
+    const script = document.createElement("script");
+    script.onload = () => {
+      URL.revokeObjectURL(url);
+      if (window.Plotly) resolve(window.Plotly);
+      else reject(new Error("plotly.min.js from the kernel ran but set no window.Plotly"));
     };
-    model.on("msg:custom", onMessage);
-    model.send({ event: "plotly-js?" });
+    script.onerror = () => reject(new Error("plotly.min.js from the kernel did not load"));
+    script.src = url;
+    document.head.appendChild(script);
   });
 }
 
 function loadPlotly(model) {
   if (window.Plotly) return Promise.resolve(window.Plotly);
-  if (!globalThis.__rtkPlotlyLoading) {  // once per page, whichever view asks first
-    const loading = plotlyFromKernel(model);
-    loading.catch(() => { globalThis.__rtkPlotlyLoading = null; });  // the next view asks again
+  if (!globalThis.__rtkPlotlyLoading) {  // once per page, whichever view draws first
+    const loading = plotlySource(model).then(runScript);
+    loading.catch(() => { globalThis.__rtkPlotlyLoading = null; });  // the next drawing tries again
     globalThis.__rtkPlotlyLoading = loading;
   }
   return globalThis.__rtkPlotlyLoading;
+}
+
+// As soon as the page has the first figure's model (before any view of it, e.g. while the explorer holds its
+// figures back for its first paint), start fetching plotly.js; it is run (a 5 MB parse) only when drawing.
+function initialize({ model }) {
+  if (!window.Plotly) plotlySource(model);
 }
 
 function render({ model, el }) {
@@ -97,4 +115,4 @@ function render({ model, el }) {
   };
 }
 
-export default { render };
+export default { initialize, render };

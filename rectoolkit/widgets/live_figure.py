@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import anywidget
@@ -174,6 +175,7 @@ class PaintProbe(anywidget.AnyWidget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._waiting: List[Callable[[], None]] = []
+        self.painted_at: Optional[float] = None  # time.perf_counter() when a page first reported its paint
         self.on_msg(self._on_message)
 
     fallback_s = PAINT_FALLBACK_S
@@ -189,6 +191,8 @@ class PaintProbe(anywidget.AnyWidget):
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("event") == "painted":
+            if self.painted_at is None:
+                self.painted_at = time.perf_counter()
             self._run_waiting()
 
     def _run_waiting(self) -> None:

@@ -6,7 +6,8 @@ plot `<div>` with Plotly.react, so a change updates the plot on the page instead
 it tells the kernel when a revision is on screen (`drawn_revision`, `when_drawn`).
 
 plotly.js is loaded once per page: JupyterLab's plotly renderer leaves it in `window.Plotly` once it has drawn
-a figure; on a page without it, the first view asks its kernel, which sends plotly's own plotly.min.js once.
+a figure; on a page without it, the first PlotlyView model there asks its kernel (as soon as the page has the
+model, before any view draws), which sends plotly's own plotly.min.js once.
 
     >>> view = PlotlyView({"data": [{"type": "bar", "x": ["a"], "y": [1]}], "layout": {}})
     >>> view.revision, view.drawn_revision
@@ -55,6 +56,7 @@ class PlotlyView(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self.drawn_revision = 0
         self.draw_seconds: Optional[float] = None  # show() to on screen, for the last revision drawn
+        self.first_drawn_at: Optional[float] = None  # time.perf_counter() when a page first showed a revision
         self._shown_at: Dict[int, float] = {}
         self._waiting: List[Callable[[float], None]] = []
         self.on_msg(self._on_message)
@@ -91,6 +93,8 @@ class PlotlyView(anywidget.AnyWidget):
             self._drawn(int(content.get("revision", 0)))
 
     def _drawn(self, revision: int) -> None:
+        if self.first_drawn_at is None:
+            self.first_drawn_at = time.perf_counter()
         self.drawn_revision = max(self.drawn_revision, revision)
         if revision != self.revision:
             return  # an older revision; the current one follows

@@ -2,6 +2,7 @@
 and "drawn" reports from the page (widgets/plotly_view.js draws them; tests/browser checks the page side)."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,11 @@ import plotly.io as pio
 import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
+from rectoolkit.viz.training import metrics_frame, training_curves_traces
 from rectoolkit.widgets.explorer import PlanExplorer
 from rectoolkit.widgets.inputs import TableSet
 from rectoolkit.widgets.live_figure import LazyFigure, LiveFigure
+from rectoolkit.widgets.monitor import TrainingMonitor
 from rectoolkit.widgets.plotly_view import PlotlyView
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,3 +113,30 @@ def test_explorer_world_size_change_updates_the_placement_view_in_place():
     assert explorer.placement_fig.widget is view and view.revision > revision
     ranks = [t["name"] for t in view.figure["data"] if t.get("name", "").startswith("rank ")]
     assert ranks == ["rank 0", "rank 1"]
+
+
+def _idle(ctx):
+    return ctx.rank
+
+
+def test_monitor_first_paint_is_what_the_probe_and_the_view_report():
+    monitor = TrainingMonitor(_idle, 2, total_steps=4)
+    assert monitor.first_paint_ms == {"panel": None, "curves": None}  # not displayed yet
+    monitor._repr_mimebundle_()
+    assert monitor.first_paint_ms == {"panel": None, "curves": None}  # no page has shown it
+    time.sleep(0.02)
+    monitor._paint_probe._handle_custom_msg({"event": "painted"}, [])
+    view = monitor.curves.widget
+    view._handle_custom_msg({"event": "drawn", "revision": view.revision}, [])
+    paint = monitor.first_paint_ms
+    assert 20 <= paint["panel"] <= paint["curves"] < 60_000, paint
+
+
+def test_monitor_curves_update_their_view_in_place():
+    monitor = TrainingMonitor(_idle, 2, total_steps=4)
+    view = monitor.curves.widget
+    traces, layout = training_curves_traces(metrics_frame([{"step": 1, "rank": 0, "loss": 0.5}]), title="run")
+    assert monitor.curves.show(traces, layout)  # something changed
+    assert monitor.curves.widget is view and view.revision == 2
+    losses = [t for t in view.figure["data"] if t.get("name") == "loss"]
+    assert losses and losses[0]["y"] == [0.5], view.figure["data"]
