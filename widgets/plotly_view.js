@@ -1,9 +1,9 @@
 // PlotlyView: one plotly figure, drawn with Plotly.react into the same <div> every time the kernel sends a new
 // `figure` (data, layout, config as JSON) with a new `revision`: a change updates the plot in place instead of
-// building a new one. plotly.js is loaded once per page: JupyterLab's plotly renderer leaves it in window.Plotly
-// once it has drawn a figure; otherwise the first model on the page asks its kernel, which sends plotly.min.js
-// (the copy the plotly package ships) as one binary buffer. After each drawing, one frame later, the view tells
-// the kernel which revision is on screen ({event: "drawn", revision}).
+// building a new one. plotly.js is loaded once per page: in JupyterLab, the copy its plotly renderer extension
+// has already loaded; elsewhere the first model on the page asks its kernel, which sends plotly.min.js (the copy
+// the plotly package ships) as one binary buffer. After each drawing, one frame later, the view tells the
+// kernel which revision is on screen ({event: "drawn", revision}).
 
 const PAGE_STYLE_ID = "rtk-plotly-view-style";
 const PAGE_STYLE =
@@ -51,20 +51,51 @@ function runScript(blob) {
   });
 }
 
+// JupyterLab's plotly renderer (the jupyterlab-plotly extension) has plotly.js in a chunk that Lab loads and
+// compiles when the page starts; the renderer runs it for its first figure. Drawing an empty figure off the page
+// has it do so now, which is faster than compiling a second copy. null where the extension is not there.
+async function plotlyFromJupyterLab() {
+  const container = globalThis._JUPYTERLAB && globalThis._JUPYTERLAB["jupyterlab-plotly"];
+  if (!container) return null;
+  const { RenderedPlotly, MIME_TYPE } = (await container.get("./mimeExtension"))();
+  if (!RenderedPlotly || !MIME_TYPE) return null;
+  if (!RenderedPlotly.Plotly) {
+    const renderer = new RenderedPlotly({ mimeType: MIME_TYPE });
+    await renderer.renderModel({ data: { [MIME_TYPE]: { data: [], layout: {} } }, metadata: {}, setData() {} });
+    renderer.dispose();
+  }
+  return RenderedPlotly.Plotly || window.Plotly || null;
+}
+
+function hasJupyterLabPlotly() {
+  return Boolean(globalThis._JUPYTERLAB && globalThis._JUPYTERLAB["jupyterlab-plotly"]);
+}
+
+async function plotlyFromLabOrKernel(model) {
+  try {
+    const plotly = await plotlyFromJupyterLab();
+    if (plotly) return plotly;
+  } catch (error) {
+    console.warn("PlotlyView: JupyterLab's plotly.js did not load; asking the kernel for plotly.min.js", error);
+  }
+  return runScript(await plotlySource(model));
+}
+
 function loadPlotly(model) {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   if (!globalThis.__rtkPlotlyLoading) {  // once per page, whichever view draws first
-    const loading = plotlySource(model).then(runScript);
+    const loading = plotlyFromLabOrKernel(model);
     loading.catch(() => { globalThis.__rtkPlotlyLoading = null; });  // the next drawing tries again
     globalThis.__rtkPlotlyLoading = loading;
   }
   return globalThis.__rtkPlotlyLoading;
 }
 
-// As soon as the page has the first figure's model (before any view of it, e.g. while the explorer holds its
-// figures back for its first paint), start fetching plotly.js; it is run (a 5 MB parse) only when drawing.
+// Without JupyterLab's copy: start fetching plotly.js from the kernel as soon as the page has the first figure's
+// model (before any view of it, e.g. while the explorer holds its figures back for its first paint); it is run
+// (a 5 MB compile) only when a view draws.
 function initialize({ model }) {
-  if (!window.Plotly) plotlySource(model);
+  if (!window.Plotly && !hasJupyterLabPlotly()) plotlySource(model);
 }
 
 function render({ model, el }) {

@@ -5,9 +5,9 @@ The figure travels as JSON, `{"data": [...], "layout": {...}, "config": {...}}` 
 plot `<div>` with Plotly.react, so a change updates the plot on the page instead of building a new one, and
 it tells the kernel when a revision is on screen (`drawn_revision`, `when_drawn`).
 
-plotly.js is loaded once per page: JupyterLab's plotly renderer leaves it in `window.Plotly` once it has drawn
-a figure; on a page without it, the first PlotlyView model there asks its kernel (as soon as the page has the
-model, before any view draws), which sends plotly's own plotly.min.js once.
+plotly.js is loaded once per page: in JupyterLab, the copy that its plotly renderer extension (installed with
+plotly) has already loaded and compiled with the page; elsewhere the first PlotlyView model on a page asks its
+kernel (as soon as the page has the model, before any view draws), which sends plotly's own plotly.min.js once.
 
     >>> view = PlotlyView({"data": [{"type": "bar", "x": ["a"], "y": [1]}], "layout": {}})
     >>> view.revision, view.drawn_revision
