@@ -74,11 +74,16 @@ function hasJupyterLabPlotly() {
 async function plotlyFromLabOrKernel(model) {
   try {
     const plotly = await plotlyFromJupyterLab();
-    if (plotly) return plotly;
+    if (plotly) {
+      globalThis.__rtkPlotlyFrom = "jupyterlab";  // where this page's plotly.js came from (the browser tests check)
+      return plotly;
+    }
   } catch (error) {
     console.warn("PlotlyView: JupyterLab's plotly.js did not load; asking the kernel for plotly.min.js", error);
   }
-  return runScript(await plotlySource(model));
+  const plotly = await runScript(await plotlySource(model));
+  globalThis.__rtkPlotlyFrom = "kernel";
+  return plotly;
 }
 
 function loadPlotly(model) {

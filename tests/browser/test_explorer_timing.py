@@ -120,6 +120,7 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     per_host = explorer.locator(".widget-dropdown", has_text="ranks per host").locator("select")
     status = explorer.locator(".rtk-status")
     legend = explorer.locator(".js-plotly-plot .legendtext")
+    assert page.evaluate("() => window.__rtkPlotlyFrom") == "jupyterlab"  # the copy Lab compiled with the page
     # the placement plot is updated in place (Plotly.react): the same <div> gets the new plan's data
     page.evaluate(f"() => {{ window.__rtkPlacement = document.querySelector({json.dumps(PLACEMENT_PLOT)}); }}")
     for size in ("4", "6"):
