@@ -192,10 +192,11 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     board.screenshot(path=str(artifacts / "timing_board_8_ranks.png"))
     # a drop re-prices the plan: the board says what moved, the explorer counts the hand move
     block = board.locator(".rtk-board-column[data-rank='0'] .rtk-board-shard:not(.rtk-fixed)").first
-    moved = block.get_attribute("data-table")
-    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard 0 to rank 1"),
+    moved, shard_id = block.get_attribute("data-table"), block.get_attribute("data-shard")
+    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard {shard_id.rpartition('/')[2]} to rank 1"),
                  ("re-priced", ".rtk-explorer .widget-html", "1 hand move(s) on the board")])
     block.click()
+    expect(board.locator(f".rtk-board-shard.rtk-selected[data-shard='{shard_id}']")).to_have_count(1)
     board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
     timings["board move (Board tab)"] = measured(page, ["board says", "re-priced"])
     expect(board.locator(f".rtk-board-column[data-rank='1'] .rtk-board-shard[data-table='{moved}']")).to_have_count(1)
