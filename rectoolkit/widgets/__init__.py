@@ -10,11 +10,12 @@ from rectoolkit.widgets.explorer import PlanExplorer
 from rectoolkit.widgets.inputs import TableSet, as_table_set
 from rectoolkit.widgets.kjt import BatchTrace, KJTView
 from rectoolkit.widgets.live_figure import LiveFigure
+from rectoolkit.widgets.plotly_view import PlotlyView
 from rectoolkit.widgets.monitor import TrainingMonitor, for_training
 from rectoolkit.widgets.planning import ExplorerSettings, PlanningResult, plan_and_report
 
 __all__ = [
     "BatchTrace", "ExplorerSettings", "KJTView", "LiveFigure", "MoveError", "PlacementBoard", "PlanExplorer",
-    "PlanningResult", "TableSet", "TrainingMonitor", "as_table_set", "for_training", "move_shard",
+    "PlanningResult", "PlotlyView", "TableSet", "TrainingMonitor", "as_table_set", "for_training", "move_shard",
     "plan_and_report",
 ]

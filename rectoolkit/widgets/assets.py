@@ -14,7 +14,7 @@ from pathlib import Path
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "widgets"
-ASSET_NAMES = ("placement_board.js", "placement_board.css", "paint_probe.js")
+ASSET_NAMES = ("placement_board.js", "placement_board.css", "paint_probe.js", "plotly_view.js")
 
 
 def asset_path(name: str) -> Path:

@@ -1,11 +1,12 @@
-"""A figure in a widget, redrawn from (traces, layout) specs, with plotly.js loaded once per page.
+"""A figure in a widget, redrawn in place from (traces, layout) specs, with plotly.js loaded once per page.
 
 A plotly `FigureWidget` carries its own copy of plotly.js (about 5 MB, sent to the browser and parsed again
-for every figure), which made each tab of the explorer open blank for seconds. A LiveFigure instead shows
-the figure as plotly's own output type (`application/vnd.plotly.v1+json`) inside an ipywidgets `Output`:
-JupyterLab's plotly renderer (installed with plotly) loads plotly.js once per page and draws every figure
-with it. Only the figure's JSON travels on a redraw, and nothing is sent when nothing changed. While a
-figure is being drawn its box shows "drawing ..." (a placeholder the figure covers when it appears).
+for every figure), which made each tab of the explorer open blank for seconds; plotly's own output type
+(`application/vnd.plotly.v1+json`) loads plotly.js once, but every redraw replaces the output, so plotly.js
+builds the whole plot anew (and renders a PNG copy of it). A LiveFigure shows its figure in a `PlotlyView`
+(rectoolkit.widgets.plotly_view): plotly.js is loaded once per page, and a redraw sends only the figure's JSON,
+which the page applies to the plot already there with Plotly.react. Nothing is sent when nothing changed.
+Until plotly.js has drawn the figure its box shows "drawing the figure ...".
 
     >>> live = LiveFigure([dict(type="bar", x=["a"], y=[1])], dict(title=dict(text="one")))
     >>> live.show([dict(type="bar", x=["a"], y=[2])], dict(title=dict(text="one")))
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import anywidget
@@ -25,21 +27,15 @@ import numpy as np
 import traitlets
 
 from rectoolkit.widgets.assets import read_asset
+from rectoolkit.widgets.plotly_view import PlotlyView
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # A turning ring before "working" texts (CSS only: an emoji hourglass needs a font that a browser may lack).
-# Its keyframes come with FIGURE_CSS, which stays on the page: a <style> added and removed with every busy
-# message would make the browser restyle the whole page each time.
+# Its keyframes come with the first figure's view (widgets/plotly_view.js), which puts them on the page once:
+# a <style> added and removed with every busy message would make the browser restyle the whole page each time.
 SPINNER = ('<span class="rtk-spinner" style="display:inline-block;width:9px;height:9px;margin-right:5px;'
            'border:2px solid currentColor;border-right-color:transparent;border-radius:50%;'
            'animation:rtk-spin 0.8s linear infinite"></span>')
 FIGURE_CLASS = "rtk-figure"
-# The placeholder sits under the plot (the plot's white paper covers it once plotly.js has drawn).
-FIGURE_CSS = (f"<style>.{FIGURE_CLASS}{{position:relative;min-height:120px}}"
-              f".{FIGURE_CLASS}::before{{content:'drawing the figure ...';position:absolute;top:48px;left:24px;"
-              "color:#6b7280;font-size:13px;z-index:0}"
-              f".{FIGURE_CLASS} .jp-OutputArea-output{{position:relative;z-index:1}}"
-              "@keyframes rtk-spin{to{transform:rotate(360deg)}}</style>")
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -112,23 +108,24 @@ def _changes(traces: Sequence[dict], layout: dict, old_traces: Sequence[dict], o
     return written
 
 
+def figure_json(traces: Sequence[dict], layout: dict) -> dict:
+    """The figure as PlotlyView sends it: `{"data": traces, "layout": layout}` in plain JSON values."""
+    return {"data": to_json_value(list(traces)), "layout": to_json_value(layout)}
+
+
 class LiveFigure:
-    """Owns one `Output` widget (in the box `widget`); `show(traces, layout)` redraws it when something changed.
+    """Owns one `PlotlyView` (`widget`); `show(traces, layout)` redraws it in place when something changed.
 
     Returns the list of what changed ("data[i].key", "layout.key" or "rebuild"), which tests use to check
     that an update happened. `data` and `layout` give the figure as plotly objects (built on demand).
     """
 
     def __init__(self, traces: Sequence[dict], layout: dict) -> None:
-        import ipywidgets as w
-
-        self.output = w.Output()
-        self.widget = w.VBox([w.HTML(FIGURE_CSS), self.output])  # the style travels with the figure
-        self.widget.add_class(FIGURE_CLASS)
-        self._traces: List[dict] = []
-        self._layout: dict = {}
+        self._traces: List[dict] = [json_safe(dict(t)) for t in traces]
+        self._layout: dict = json_safe(dict(layout))
         self._figure = None
-        self._draw([json_safe(dict(t)) for t in traces], json_safe(dict(layout)))
+        self.widget = PlotlyView(figure_json(self._traces, self._layout))
+        self.widget.add_class(FIGURE_CLASS)
 
     def show(self, traces: Sequence[dict], layout: dict) -> List[str]:
         traces = [json_safe(dict(t)) for t in traces]
@@ -140,11 +137,7 @@ class LiveFigure:
 
     def _draw(self, traces: List[dict], layout: dict) -> None:
         self._traces, self._layout, self._figure = traces, layout, None
-        figure = {"data": to_json_value(traces), "layout": to_json_value(layout),
-                  "config": {"displaylogo": False, "responsive": True}}
-        title = (layout.get("title") or {}).get("text", "") if isinstance(layout.get("title"), dict) else ""
-        self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                "data": {PLOTLY_MIME: figure, "text/plain": f"<figure: {title}>"}},)
+        self.widget.show(figure_json(traces, layout))
 
     def _plotly_figure(self):
         if self._figure is None:
@@ -182,6 +175,7 @@ class PaintProbe(anywidget.AnyWidget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._waiting: List[Callable[[], None]] = []
+        self.painted_at: Optional[float] = None  # time.perf_counter() when a page first reported its paint
         self.on_msg(self._on_message)
 
     fallback_s = PAINT_FALLBACK_S
@@ -197,6 +191,8 @@ class PaintProbe(anywidget.AnyWidget):
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("event") == "painted":
+            if self.painted_at is None:
+                self.painted_at = time.perf_counter()
             self._run_waiting()
 
     def _run_waiting(self) -> None:

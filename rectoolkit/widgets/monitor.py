@@ -27,7 +27,7 @@ import ipywidgets as w
 import numpy as np
 
 from rectoolkit.viz.training import measured_vs_estimated_traces, metrics_frame, training_curves_traces
-from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, LiveFigure
+from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, LiveFigure, PaintProbe
 
 REFRESH_S = 0.3
 
@@ -86,8 +86,28 @@ class TrainingMonitor(w.VBox):
                                  layout=w.Layout(flex_flow="row wrap"))
         if estimated_bytes is not None or estimated_memory is not None:
             self._draw_comparison([])
-        super().__init__([w.HBox([self.start_button, self.stop_button, self.progress]), self.status,
-                          self.comm_wait, self.curves.widget, self.comparison])
+        self._paint_probe = PaintProbe()  # says when a page shows the panel (first_paint_ms)
+        self._displayed_at: Optional[float] = None
+        super().__init__([w.HBox([self.start_button, self.stop_button, self.progress, self._paint_probe]),
+                          self.status, self.comm_wait, self.curves.widget, self.comparison])
+
+    def _repr_mimebundle_(self, **kwargs):
+        if self._displayed_at is None:
+            self._displayed_at = time.perf_counter()
+        return super()._repr_mimebundle_(**kwargs)
+
+    @property
+    def first_paint_ms(self) -> Dict[str, Optional[float]]:
+        """Milliseconds from the panel's first display to a page showing it: "panel" (its buttons and status,
+        reported by a PaintProbe) and "curves" (the live figure drawn, reported by its PlotlyView); None until
+        a page reports (or before the panel is displayed)."""
+        def since_display(at: Optional[float]) -> Optional[float]:
+            if at is None or self._displayed_at is None:
+                return None
+            return 1e3 * (at - self._displayed_at)
+
+        return {"panel": since_display(self._paint_probe.painted_at),
+                "curves": since_display(self.curves.widget.first_drawn_at)}
 
     # ------------------------------------------------------------------ control
 

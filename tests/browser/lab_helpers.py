@@ -54,3 +54,22 @@ def assert_no_widget_errors(page) -> None:
     text = page.locator(".jp-NotebookPanel").inner_text()
     for bad in ("Error displaying widget", "model not found", "Traceback (most recent call last)"):
         assert bad not in text, f"the notebook shows {bad!r}"
+
+
+def run_new_cell(page, code: str, timeout_ms: int = 120_000) -> str:
+    """Add a cell below the last one, type `code` (keep it free of brackets and quotes: the editor closes them
+    itself), run it and return the text of its output."""
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    before = cells.count()
+    page.keyboard.press("Escape")
+    cells.last.locator(".jp-InputPrompt").click()  # selects the last cell (command mode)
+    page.keyboard.press("b")
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length > {before}",
+                           timeout=30_000)
+    page.keyboard.press("Enter")
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    output = cells.nth(before).locator(".jp-OutputArea-output")
+    output.first.wait_for(timeout=timeout_ms)
+    wait_until_idle(page, timeout_ms)
+    return output.first.inner_text()

@@ -1,4 +1,5 @@
-"""The PlanExplorer in real JupyterLab: renders, re-plans on a control change, board drags, errors in-widget."""
+"""The PlanExplorer in real JupyterLab: renders (with plotly.js sent by the kernel), re-plans on a control change,
+board drags, errors in-widget."""
 
 import re
 
@@ -14,6 +15,8 @@ def test_explorer_renders_and_replans(page, lab_server, artifacts):
 
     page.set_viewport_size({"width": 1400, "height": 1900})  # room for the whole widget in the pictures
     open_notebook(page, lab_server, "tests/browser/explorer_check.ipynb", "explorer-check")
+    # as on a page without JupyterLab's plotly renderer (VS Code, Voila): plotly.js comes from the kernel
+    page.evaluate("() => { delete window._JUPYTERLAB['jupyterlab-plotly']; }")
     run_all(page)
     wait_until_idle(page)
     out = page.locator(".jp-OutputArea-output")
@@ -23,6 +26,7 @@ def test_explorer_renders_and_replans(page, lab_server, artifacts):
     legend = placement.locator(".legendtext")
     expect(legend.filter(has_text=re.compile(r"^rank 7$"))).to_have_count(1, timeout=60_000)
     expect(placement.locator(".gtitle")).to_contain_text("Shard placement")
+    assert page.evaluate("() => window.__rtkPlotlyFrom") == "kernel"
     assert_no_widget_errors(page)
     page.wait_for_timeout(500)  # let plotly finish its transitions before the pictures
     explorer = out.locator(".rtk-explorer")

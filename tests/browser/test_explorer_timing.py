@@ -47,6 +47,15 @@ WATCH = """([rootSel, targets]) => {
 }"""
 
 
+PLACEMENT_PLOT = ".rtk-explorer .rtk-plotly-view.js-plotly-plot"  # the first: the Placement tab's placement
+# The plot <div> marked before a change, as it is now: still the one on the page, and the traces it draws.
+IN_PLACE = """(selector) => {
+  const marked = window.__rtkPlacement;
+  return {same: marked.isConnected && marked === document.querySelector(selector),
+          names: marked.data.map((trace) => trace.name || "")};
+}"""
+
+
 def watch(page, targets, root=".rtk-explorer"):
     page.evaluate(WATCH, [root, [list(t) for t in targets]])
 
@@ -111,6 +120,9 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     per_host = explorer.locator(".widget-dropdown", has_text="ranks per host").locator("select")
     status = explorer.locator(".rtk-status")
     legend = explorer.locator(".js-plotly-plot .legendtext")
+    assert page.evaluate("() => window.__rtkPlotlyFrom") == "jupyterlab"  # the copy Lab compiled with the page
+    # the placement plot is updated in place (Plotly.react): the same <div> gets the new plan's data
+    page.evaluate(f"() => {{ window.__rtkPlacement = document.querySelector({json.dumps(PLACEMENT_PLOT)}); }}")
     for size in ("4", "6"):
         watch(page, [("status", ".rtk-explorer .rtk-status", f"26 tables on {size} ranks")])
         world.select_option(size)
@@ -120,6 +132,9 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
         assert per_host.input_value() == size
         expect(legend.filter(has_text=re.compile(rf"^rank {int(size) - 1}$"))).to_have_count(1)
         expect(legend.filter(has_text=re.compile(rf"^rank {size}$"))).to_have_count(0)
+        in_place = page.evaluate(IN_PLACE, PLACEMENT_PLOT)
+        ranks = [f"rank {r}" for r in range(int(size))]
+        assert in_place["same"] and [n for n in in_place["names"] if n.startswith("rank ")] == ranks, in_place
     world.select_option("8")
     expect(status).to_contain_text("26 tables on 8 ranks", timeout=60_000)
 
@@ -177,10 +192,11 @@ def test_explorer_paints_fast_and_stays_consistent(page, lab_server, artifacts):
     board.screenshot(path=str(artifacts / "timing_board_8_ranks.png"))
     # a drop re-prices the plan: the board says what moved, the explorer counts the hand move
     block = board.locator(".rtk-board-column[data-rank='0'] .rtk-board-shard:not(.rtk-fixed)").first
-    moved = block.get_attribute("data-table")
-    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard 0 to rank 1"),
+    moved, shard_id = block.get_attribute("data-table"), block.get_attribute("data-shard")
+    watch(page, [("board says", ".rtk-board-message", f"moved {moved} shard {shard_id.rpartition('/')[2]} to rank 1"),
                  ("re-priced", ".rtk-explorer .widget-html", "1 hand move(s) on the board")])
     block.click()
+    expect(board.locator(f".rtk-board-shard.rtk-selected[data-shard='{shard_id}']")).to_have_count(1)
     board.locator(".rtk-board-column[data-rank='1'] .rtk-board-column-head").click()
     timings["board move (Board tab)"] = measured(page, ["board says", "re-priced"])
     expect(board.locator(f".rtk-board-column[data-rank='1'] .rtk-board-shard[data-table='{moved}']")).to_have_count(1)

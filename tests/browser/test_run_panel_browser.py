@@ -1,11 +1,14 @@
 """The run panel (TrainingMonitor) in real JupyterLab: a "starting workers" state before the first report,
-then its two measured-vs-estimated charts side by side, neither covering the other, every rank's bars shown."""
+then its two measured-vs-estimated charts side by side, neither covering the other, every rank's bars shown;
+its first paint as its PaintProbe and its curves' PlotlyView report it to the kernel."""
 
+import ast
+import json
 import re
 
 import pytest
 
-from lab_helpers import assert_no_widget_errors, open_notebook, run_all, wait_until_idle
+from lab_helpers import assert_no_widget_errors, open_notebook, run_all, run_new_cell, wait_until_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
@@ -59,6 +62,11 @@ def test_run_panel_starts_visibly_and_compares_side_by_side(page, lab_server, ar
         text = " ".join(t.strip() for t in chart.locator("svg text").all_text_contents())
         assert "iB" in text and not re.search(r"\d\.\d{5,}", text), text
     out.locator(".widget-vbox").first.screenshot(path=str(artifacts / "run_panel_finished.png"))
+    # the page told the kernel when it showed the panel and drew its curves (the numbers go to the artifacts)
+    first_paint = ast.literal_eval(run_new_cell(page, "monitor.first_paint_ms").strip())
+    (artifacts / "run_panel_first_paint.json").write_text(json.dumps(first_paint))
+    assert set(first_paint) == {"panel", "curves"}, first_paint
+    assert all(isinstance(ms, float) and 0 < ms < 120_000 for ms in first_paint.values()), first_paint
     assert_no_widget_errors(page)
     errors = [m for m in page.console_messages if m.startswith("[pageerror]")]
     assert not errors, errors
