@@ -101,6 +101,7 @@ class PlanExplorer(w.VBox):
                                                batch_size, optimizer, objective, compute_device, forced)
         self.settings.local_search = local_search
         self.baseline: Optional[ShardingPlan] = None
+        self._board_message = ""  # what the board keeps saying when it is redrawn (its last move, during its re-price)
         self.last_timing_ms: Dict[str, float] = {}
         # Controls written by the explorer itself (to follow another control) must not re-plan on their own:
         # `_put` writes them while `_writing_controls` is set, and `_on_control` ignores those writes.
@@ -412,7 +413,11 @@ class PlanExplorer(w.VBox):
 
     def _on_board_move(self, _plan, table: str, shard: int, rank: int) -> None:
         self.settings.moves.append((table, shard, rank))
-        self.replan()
+        self._board_message = self.board.message  # "moved t shard s to rank r" stays on the re-priced board
+        try:
+            self.replan()
+        finally:
+            self._board_message = ""
 
     def _on_tab(self, _change) -> None:
         index = self.tabs.selected_index
@@ -583,8 +588,8 @@ class PlanExplorer(w.VBox):
             if np.isfinite(cap).all():
                 capacity = list(cap)
         self.board.set_plan(self.result.plan, world_size=self.settings.world_size, capacity_bytes=capacity,
-                            memory_bytes=memory_bytes, local_world_size=self.settings.local_world_size,
-                            placement=self.result.placement)
+                            memory_bytes=memory_bytes, message=self._board_message,
+                            local_world_size=self.settings.local_world_size, placement=self.result.placement)
 
     def _draw_memory(self) -> None:
         if self.result.memory is None:

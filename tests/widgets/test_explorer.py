@@ -119,6 +119,10 @@ def test_board_move_updates_plan_and_figures(explorer):
     assert explorer.plan.plan[""]["wide"].shards[0].rank == target
     assert explorer.settings.moves == [("wide", 0, target)]
     assert "by hand" in explorer.status.value
+    # the board still says what moved once the explorer has re-priced and redrawn it
+    assert explorer.board.message == f"moved wide shard 0 to rank {target}"
+    explorer.set(optimizer="adam")  # a later change that is not a move: the board's message goes
+    assert explorer.plan.plan[""]["wide"].shards[0].rank == target and explorer.board.message == ""
     explorer.show_tab("Placement")
     heat = explorer.rank_table_fig.data[0]
     column = list(heat.x).index("wide")
