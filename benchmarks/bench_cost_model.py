@@ -243,6 +243,12 @@ def summarize(frame) -> Dict[str, Any]:
     }
     if "torchrec" in by_name:
         out["planner_vs_torchrec"] = float(by_name["planner"] / by_name["torchrec"])
+    if "est_now_ms" in frame:  # the estimate at the load probed before the plans ran (measure_plans)
+        now = frame.est_now_ms.to_numpy(float)
+        out["median_abs_error_now"] = float(np.median(np.abs(measured / now - 1)))
+        out["median_abs_error_now_core"] = float(np.median(np.abs(measured[core] / now[core] - 1)))
+        during = frame.est_during_ms.to_numpy(float)
+        out["median_abs_error_during"] = float(np.median(np.abs(measured / during - 1)))
     return out
 
 
@@ -263,6 +269,8 @@ def run(args) -> List[Dict[str, Any]]:
             summary.update(workload=name, repeat=repeat, seconds=round(time.perf_counter() - started, 1),
                            load_before=result.info["load_average_before"][0],
                            load_after=result.info["load_average_after"][0],
+                           load_factor=result.info["load_probe_before"]["factor"],
+                           load_factor_during=result.info["load_probe_during"]["factor"],
                            bytes_exact=bool(result.plans.bytes_exact.all()),
                            memory_exact=bool(result.plans.memory_exact.all()), missing=missing)
             print(f"\n{name} repeat {repeat}: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
@@ -286,28 +294,37 @@ def report(runs: List[Dict[str, Any]]) -> str:
         f"rectoolkit.planner.measure_plans: {first['warmup']} warm-up steps, {first['rounds']} alternating rounds of "
         f"{first['steps']} timed steps per plan "
         f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
-        f"estimate, est_step_ms). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
+        f"estimate, est_step_ms, on a quiet machine; 'now' = est_now_ms, the same times the load factor the run probed "
+        f"before its first timed step, rectoolkit.planner.load; 'during' = the same with the load probed between the "
+        f"plans' blocks, which tells a wrong model from a load that moved). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
         f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms', "
         f"'CPU/est' = the same figures against the busiest rank's process CPU time per step, which machine load "
         f"inflates less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
         "",
-        "| workload | repeat | load avg | Spearman all | Spearman core | median \\|meas/est - 1\\| | fit a (ms) "
-        "| fit b | R^2 | fastest plan | planner / fastest | planner / TorchRec | Spearman all / core vs CPU ms "
-        "| median \\|CPU/est - 1\\| | bytes, memory exact |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| workload | repeat | load avg | load factor before / during | Spearman all | Spearman core "
+        "| median \\|meas/now - 1\\| (core) | median \\|meas/during - 1\\| | median \\|meas/est - 1\\| | fit a (ms) | fit b | R^2 | fastest plan | planner / fastest "
+        "| planner / TorchRec | Spearman all / core vs CPU ms | median \\|CPU/est - 1\\| | bytes, memory exact |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+        "| --- |",
     ]
     for run_ in runs:
         s = run_["summary"]
         torchrec = f"{s['planner_vs_torchrec']:.2f}x" if "planner_vs_torchrec" in s else s["missing"].get("torchrec", "-")
         exact = "yes" if s["bytes_exact"] and s["memory_exact"] else f"bytes {s['bytes_exact']}, memory {s['memory_exact']}"
+        factor = f"{s['load_factor']:.2f} / {s['load_factor_during']:.2f}" if "load_factor" in s else "-"
+        now = (f"{100 * s['median_abs_error_now']:.0f}% ({100 * s['median_abs_error_now_core']:.0f}%)"
+               if "median_abs_error_now" in s else "-")
+        during = f"{100 * s['median_abs_error_during']:.0f}%" if "median_abs_error_during" in s else "-"
         lines.append(f"| {s['workload']} | {s['repeat']} | {s['load_before']:.1f} -> {s['load_after']:.1f} "
-                     f"| {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {100 * s['median_abs_error']:.0f}% "
+                     f"| {factor} | {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {now} | {during} "
+                     f"| {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
                      f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
                      f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
     lines += reproducibility(runs)
-    lines += ["", "Per plan (estimated ms / measured ms, slowest rank; CPU ms of the busiest rank in brackets):", ""]
+    lines += ["", "Per plan (estimated ms [at the probed load] / measured ms, slowest rank; CPU ms of the busiest "
+              "rank in brackets):", ""]
     for name in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == name]
         plans = [p["plan"] for p in mine[0]["measurements"]["plans"]]
@@ -318,7 +335,8 @@ def report(runs: List[Dict[str, Any]]) -> str:
             cells = []
             for r in mine:
                 row = next(p for p in r["measurements"]["plans"] if p["plan"] == plan)
-                cells.append(f"{row['est_step_ms']:.1f} / {row['step_ms']:.1f} ({row['cpu_ms']:.1f})")
+                now = f" [{row['est_now_ms']:.1f}]" if "est_now_ms" in row else ""
+                cells.append(f"{row['est_step_ms']:.1f}{now} / {row['step_ms']:.1f} ({row['cpu_ms']:.1f})")
             lines.append(f"| {plan} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += parts_table(runs)

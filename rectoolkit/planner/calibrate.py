@@ -17,7 +17,9 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
    and per row-routed shard; a 16 MiB
    table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
-   prices, row-block routing per id, and how well local ranks run at once.
+   prices, row-block routing per id, and how well local ranks run at once;
+4. on gloo, rectoolkit.planner.load's synthetic step -> its quiet time (`machine["load_probe"]`), which later load
+   probes divide by so that their factor is relative to the machine as this profile saw it.
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).
 
@@ -47,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
+from rectoolkit.planner.load import measure_load
 from rectoolkit.planner.profile import (SHARDING_TYPES, CalibrationProfile, LookupTerms, default_profile_path,
                                         fit_alpha_beta)
 
@@ -394,8 +397,10 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, repeats: i
         collectives = measure_collectives(world_size, repeats)
         reads = measure_lookups(rank, world_size, repeats)
         fixed = measure_fixed_costs(rank, world_size, repeats)
+        # the quiet synthetic step that later load probes divide by (rectoolkit.planner.load; CPU tensors: gloo)
+        probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
-            results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed)))
+            results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, load_probe=probe)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -557,6 +562,7 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
                    threads_per_rank=threads, repeats=repeats, seconds=round(seconds, 1),
                    load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   load_probe=payload.get("load_probe"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731

@@ -127,16 +127,28 @@ class StepTime:
 
     step_fixed_ms: float
     groups: List[GroupTime]
+    load_factor: float = 1.0  # Topology.load_factor: the machine's current slowdown from other work
+
+    @property
+    def quiet_ms(self) -> float:
+        """The step on a machine of its own: fixed cost plus the groups."""
+        return self.step_fixed_ms + sum(g.total_ms for g in self.groups)
+
+    @property
+    def load_ms(self) -> float:
+        """What the machine's load adds: (load_factor - 1) x quiet_ms."""
+        return (self.load_factor - 1.0) * self.quiet_ms
 
     @property
     def total_ms(self) -> float:
-        return self.step_fixed_ms + sum(g.total_ms for g in self.groups)
+        return self.quiet_ms + self.load_ms
 
     def parts(self) -> Dict[str, float]:
         """ms by term, summed over groups (the report's breakdown)."""
         names = ("fixed_ms", "latency_ms", "lookup_fwd_ms", "comm_fwd_ms", "lookup_bwd_ms", "comm_bwd_ms")
         parts = {"step_fixed_ms": self.step_fixed_ms}
         parts.update({name: sum(getattr(g, name) for g in self.groups) for name in names})
+        parts["load_ms"] = self.load_ms
         return parts
 
 
@@ -362,7 +374,7 @@ class CostModel:
         np.add.at(bwd, ranks, costs.backward_ms)
         traffic = self.traffic(plan, tables, batch_sizes, count_ids)
         step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
-                                               for path, kind in _groups(plan)])
+                                               for path, kind in _groups(plan)], topo.load_factor)
         return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
 
     def _plan_shard_costs(self, entries, tables: Sequence[PlannerTable]) -> Tuple[np.ndarray, "ShardCosts"]:

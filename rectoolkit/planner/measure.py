@@ -26,6 +26,11 @@ machine load hits every plan alike.
   the batch and placing the outputs) and `backward_ms` (the output collectives' backward, the kernel's
   backward with its fused update, and the data-parallel all-reduce). Barriers make the phases honest per
   rank and the step slower; that is why phase steps are apart from the timed steps.
+- Load: before the first timed step and after the last, the ranks run rectoolkit.planner.load's synthetic step
+  (`measure_load`, about a second): how much slower than quiet the machine runs steps right now. The estimate
+  times that factor is `est_now_ms`, a prediction made before any plan was timed. A few more synthetic steps
+  after every plan's block give the load while the plans ran (`est_during_ms`: what the estimate would have
+  been had that load been known; it tells a wrong model from a machine whose load moved).
 - Estimates come from `estimate_plan` (one function: the cost model's per-rank terms), bytes from the cost
   model's traffic on the measured batch, memory from DistributedModelParallel.memory_usage().
 
@@ -53,11 +58,14 @@ from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.load import SyntheticStep, measure_load
+from rectoolkit.planner.load import reference_ms as load_reference_ms
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
 
 GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
+PROBE_STEPS_BETWEEN_BLOCKS = 4  # synthetic load-probe steps after every plan's block of timed steps
 PHASES = GROUP_PHASES + ("forward_other", "backward")  # the last two for the whole collection
 MEASURED_STEP_COLUMNS = ("step_ms", "step_ms_min", "cpu_ms")  # what pick_measured_fastest can compare
 PlanInput = Union[ShardingPlan, Mapping[str, Any]]
@@ -98,9 +106,13 @@ def _off_diagonal_row_sums(traffic: Mapping[str, np.ndarray]) -> np.ndarray:
 class PlanMeasurements:
     """What `measure_plans` measured, as DataFrames.
 
-    plans: one row per plan: est_step_ms (the cost model's step estimate, CostModel.evaluate().step_time_ms), step_ms (median over timed steps of the
-        slowest rank's wall time), step_ms_min, cpu_ms (median over steps of the busiest rank's CPU time),
-        measured_over_estimated, bytes_exact and memory_exact (measured == estimated, every rank).
+    plans: one row per plan: est_step_ms (the cost model's step estimate, CostModel.evaluate().step_time_ms, at the
+        topology's load_factor), est_now_ms (the quiet estimate times the load factor the run probed before its
+        first timed step: rectoolkit.planner.load, info["load_probe_before"]), est_during_ms (the same with the
+        load probed between the plans' blocks, info["load_probe_during"]), step_ms (median over timed steps of
+        the slowest rank's wall time), step_ms_min, cpu_ms (median over steps of the busiest rank's CPU time),
+        measured_over_estimated, measured_over_now, measured_over_during, bytes_exact and memory_exact (measured == estimated, every
+        rank).
     ranks: one row per plan and rank: measured step (median / min, wall / CPU), phase medians (`<phase>_ms`,
         wall; `<phase>_cpu_ms`), the plan's shape (shards on the rank, sharding types with a shard here and in
         the plan), collective calls per step, bytes sent, memory, and the `est_*` columns.
@@ -109,7 +121,8 @@ class PlanMeasurements:
         sharding-type group (the sharded collection's group name, e.g. "row_wise"), forward_other and
         backward for the whole collection (group ""); bytes: measured / exact / expected bytes per plan,
         collective, source and destination rank.
-    info: the run's settings and the machine's load average before and after.
+    info: the run's settings, the machine's load average before and after, and the load probes
+        (rectoolkit.planner.load.LoadProbe as dicts) taken before the first timed step and between the blocks.
     """
 
     plans: pd.DataFrame
@@ -127,7 +140,7 @@ class PlanMeasurements:
 
     def __repr__(self) -> str:
         load = self.info.get("load_average_before"), self.info.get("load_average_after")
-        columns = [c for c in ("plan", "est_step_ms", "step_ms", "cpu_ms", "measured_over_estimated",
+        columns = [c for c in ("plan", "est_step_ms", "est_now_ms", "step_ms", "cpu_ms", "measured_over_now",
                                "bytes_exact", "memory_exact") if c in self.plans]
         return (f"PlanMeasurements({len(self.plans)} plans, world_size={self.info.get('world_size')}, "
                 f"batch_size={self.info.get('batch_size')}, load average {load[0]} -> {load[1]})\n"
@@ -153,6 +166,7 @@ class _RunSpec:
     warmup: int
     rounds: int
     phase_steps: int
+    load_reference_ms: Optional[float]
 
 
 def _make_batches(spec: _RunSpec, rank: int, world_size: int) -> list:
@@ -290,6 +304,9 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
         for step in range(spec.warmup - 1):
             runner.backward(runner.forward(batches[(step + 1) % len(batches)]))
     ctx.report(stage="warm", plans=len(runners))
+    # before any timed step: the machine's slowdown the estimates are scaled by, against the profile's quiet step
+    load_before = measure_load(reference_ms=spec.load_reference_ms)
+    during = SyntheticStep()  # a few synthetic steps after every plan's block: the load while the plans ran
     step_index = 0
     for round_index in range(spec.rounds):
         order = runners if round_index % 2 == 0 else runners[::-1]
@@ -303,9 +320,11 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
             for _ in range(spec.phase_steps):
                 runner.phase_step(batches[step_index % len(batches)], round_index, step_index)
                 step_index += 1
+            during.run(PROBE_STEPS_BETWEEN_BLOCKS)
         ctx.report(stage="round", round=round_index)
-    return {runner.name: {"steps": runner.steps, "phases": runner.phases, **counted[runner.name]}
-            for runner in runners}
+    return {"plans": {runner.name: {"steps": runner.steps, "phases": runner.phases, **counted[runner.name]}
+                      for runner in runners},
+            "load": {"before": load_before.to_dict(), "during": during.probe(spec.load_reference_ms).to_dict()}}
 
 
 # ------------------------------------------------------------------------------------------ the caller side
@@ -363,7 +382,8 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
         except ValueError as error:
             raise ValueError(f"measure_plans: plan {name!r}: {error}") from error
     spec = _RunSpec(named, list(tables), factors, batch_size, num_batches, float(zipf_alpha), seed, str(optimizer),
-                    float(lr), topology.local_world_size, steps, warmup, rounds, phase_steps)
+                    float(lr), topology.local_world_size, steps, warmup, rounds, phase_steps,
+                    load_reference_ms(topology.profile))
     from rectoolkit.launch import launch
 
     load_before = os.getloadavg()
@@ -377,10 +397,11 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "launch_s": round(time.perf_counter() - started, 2), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "machine": platform.machine(), "topology": _topology_fields(topology)}
+            "torch": torch.__version__, "machine": platform.machine(), "topology": _topology_fields(topology),
+            "load_probe_before": per_rank[0]["load"]["before"], "load_probe_during": per_rank[0]["load"]["during"]}
     exact = {name: _exact_traffic(cost_model, plan, planner_tables, spec, world_size) for name, plan in named.items()}
     expected = {name: cost_model.traffic(plan, planner_tables) for name, plan in named.items()}
-    return _frames(named, per_rank, estimates, exact, expected, info)
+    return _frames(named, [result["plans"] for result in per_rank], estimates, exact, expected, info)
 
 
 def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]],
@@ -472,10 +493,15 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
             rank_rows.append(row)
         slowest = steps[steps.plan == name].groupby("step")[["wall_ms", "cpu_ms"]].max()
         est_step = float(est["est_step_ms"][0])
+        quiet = est_step / info["topology"]["load_factor"]
+        est_now, est_during = (quiet * info[f"load_probe_{when}"]["factor"] for when in ("before", "during"))
         step_ms = float(slowest.wall_ms.median())
-        plan_rows.append(dict(plan=name, est_step_ms=est_step, step_ms=step_ms, step_ms_min=float(slowest.wall_ms.min()),
+        plan_rows.append(dict(plan=name, est_step_ms=est_step, est_now_ms=est_now, est_during_ms=est_during,
+                              step_ms=step_ms, step_ms_min=float(slowest.wall_ms.min()),
                               cpu_ms=float(slowest.cpu_ms.median()),
                               measured_over_estimated=step_ms / est_step if est_step > 0 else np.nan,
+                              measured_over_now=step_ms / est_now if est_now > 0 else np.nan,
+                              measured_over_during=step_ms / est_during if est_during > 0 else np.nan,
                               bytes_exact=bytes_exact, memory_exact=bool(memory_exact)))
     return PlanMeasurements(pd.DataFrame(plan_rows), pd.DataFrame(rank_rows), steps, phases, bytes_frame, info)
 

@@ -53,6 +53,11 @@ class Topology:
             Without one, times are TorchRec's bytes-over-bandwidth from the fields above.
         cores_per_host: CPU cores of a host, when ranks are processes sharing them (the cost model lets at most
             this many local ranks compute at once); None: every rank has its own.
+        load_factor: how much longer steps take now than on the quiet machine the profile describes, because of
+            other work on the same cores (rectoolkit.planner.load: `probe_load(world_size, profile).factor`); the
+            step estimate is multiplied by it (1.0: as quiet as when the profile was measured; below 1 when that
+            was busier than now). It moves every plan alike, so it never changes which plan is fastest, only the
+            times shown.
     """
 
     world_size: int
@@ -70,6 +75,7 @@ class Topology:
     batch_size: int = BATCH_SIZE
     profile: Union[None, str, Path, CalibrationProfile] = None
     cores_per_host: Optional[int] = None
+    load_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size <= 0:
@@ -98,6 +104,11 @@ class Topology:
         self.profile = load_profile(self.profile)
         if self.cores_per_host is not None and (not isinstance(self.cores_per_host, int) or self.cores_per_host <= 0):
             raise ValueError(f"Topology: cores_per_host must be a positive int or None, got {self.cores_per_host!r}")
+        if isinstance(self.load_factor, bool) or not isinstance(self.load_factor, (int, float)) \
+                or not 0.0 < self.load_factor < float("inf"):
+            raise ValueError(f"Topology: load_factor must be a positive number (1.0: the machine as quiet as its "
+                             f"profile; rectoolkit.planner.load.probe_load measures it), got {self.load_factor!r}")
+        self.load_factor = float(self.load_factor)
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")
 

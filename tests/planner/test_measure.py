@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import json
 
+import numpy as np
 import pytest
 
 import rectoolkit as rtk
@@ -111,6 +112,16 @@ def test_measure_plans_bytes_memory_and_frames():
                                               "output_dist_backward": 1}
     assert calls[("data_parallel", 1)] == {"dp_allreduce": 1}
     assert result.info["world_size"] == W and len(result.info["load_average_before"]) == 3
+    # the load probed before the first timed step scales the quiet estimate: est_now_ms
+    probe = result.info["load_probe_before"]
+    assert probe["world_size"] == W and probe["steps"] >= 3 and probe["factor"] >= 1.0
+    assert probe["median_ms"] >= probe["quiet_ms"] > 0
+    assert np.allclose(result.plans.est_now_ms, result.plans.est_step_ms * probe["factor"])
+    assert np.allclose(result.plans.measured_over_now, result.plans.step_ms / result.plans.est_now_ms)
+    # ... and between the blocks: 4 synthetic steps after each of the 5 plans' blocks in each of the 2 rounds
+    during = result.info["load_probe_during"]
+    assert during["steps"] == 4 * len(names) * 2 and during["factor"] >= 1.0
+    assert np.allclose(result.plans.est_during_ms, result.plans.est_step_ms * during["factor"])
     record = result.to_dict()
     assert set(record) == {"info", "plans", "ranks", "steps", "phases", "bytes"}
 

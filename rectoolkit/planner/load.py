@@ -1,0 +1,166 @@
+"""Machine load: how much longer a step takes right now than on the quiet machine the profile describes.
+
+The calibration (rectoolkit.planner.calibrate) fits every time term from the fastest of several repeats, so a
+profile prices a plan on a machine of its own: that is what ranks plans, and it holds under load (the plans'
+order stays). A step measured while other work runs on the same cores takes longer by a factor that depends on
+the machine, not on the plan. This module measures that factor before any plan runs, with a synthetic step that
+has the shape of a sharded step (memory-bound gathers between small collectives, every rank waiting for the
+slowest at each one):
+
+    factor = median over steps of the slowest rank's wall time / the quiet step's CPU time
+
+where the quiet step is the one the calibration measured (the profile's `machine["load_probe"]`), else the
+quietest of the probe's own. On a quiet machine it is about 1. `CostModel` multiplies its step estimate by `Topology.load_factor`
+(`StepTime.load_ms` is the part load adds), `measure_plans` probes at the start of its run and reports the
+estimate at that load beside the quiet one, and `probe_load(world_size)` measures it on its own:
+
+    >>> probe = LoadProbe(factor=1.3, quiet_ms=8.0, median_ms=10.4, steps=40, world_size=2,
+    ...                   load_average=(2.5, 2.0, 1.5), cores=2)
+    >>> probe.factor, str(probe)
+    (1.3, 'load factor 1.30 (synthetic step 10.4 ms vs 8.0 ms quiet; 2 ranks, 40 steps, load average 2.5, 2 cores)')
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+PROBE_STEPS = 40  # synthetic steps at least: enough that the median sees the machine's scheduling
+PROBE_SECONDS = 1.5  # and at least this long
+PROBE_MAX_STEPS = 1000
+PROBE_WARMUP = 3
+PROBE_SEGMENTS = 4  # gathers per step, a small all-reduce after each (real steps synchronize 4-12 times)
+PROBE_ROWS, PROBE_DIM, PROBE_IDS = 65536, 64, 49152  # a 16 MiB table; 12 MiB of rows read per segment
+
+
+@dataclass(frozen=True)
+class LoadProbe:
+    """One measurement of the machine's load factor (see the module docstring)."""
+
+    factor: float  # median slowest-rank wall time of a synthetic step / the quiet one's CPU time
+    quiet_ms: float  # the synthetic step's CPU time on its quietest step (the slowest rank's)
+    median_ms: float  # its median wall time (the slowest rank's)
+    steps: int
+    world_size: int
+    load_average: Tuple[float, float, float]  # os.getloadavg() when the probe ended
+    cores: Optional[int]
+
+    def __str__(self) -> str:
+        return (f"load factor {self.factor:.2f} (synthetic step {self.median_ms:.1f} ms vs {self.quiet_ms:.1f} ms "
+                f"quiet; {self.world_size} ranks, {self.steps} steps, load average {self.load_average[0]:.1f}, "
+                f"{self.cores} cores)")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+class SyntheticStep:
+    """The probe's step on this rank (every rank of the group runs it together): PROBE_SEGMENTS gathers of
+    PROBE_IDS rows from an 16 MiB table, a one-number all-reduce after each. `run` times some of them; `probe`
+    turns every step timed so far into a LoadProbe."""
+
+    def __init__(self, group: Any = None) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.group = group
+        self.table = torch.rand(PROBE_ROWS, PROBE_DIM, generator=generator)
+        self.ids = torch.randint(0, PROBE_ROWS, (PROBE_SEGMENTS, PROBE_IDS), generator=generator)
+        self.flag = torch.zeros(1)
+        self.rows: list = []  # (wall ms, CPU ms) of every timed step on this rank
+        for _ in range(PROBE_WARMUP):  # untimed: first touch of the table, the allocator, the caches
+            self._step()
+
+    def _step(self) -> None:
+        import torch.distributed as dist
+
+        for segment in self.ids:
+            self.flag += self.table.index_select(0, segment).sum()
+            dist.all_reduce(self.flag, group=self.group)
+            self.flag.zero_()
+
+    def run(self, steps: int, min_seconds: float = 0.0) -> None:
+        """Time at least `steps` steps, for at least `min_seconds` (rank 0's clock decides when all stop)."""
+        import torch.distributed as dist
+
+        started, go_on, done = time.perf_counter(), torch.ones(1), 0
+        while go_on.item():
+            dist.barrier(group=self.group)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self._step()
+            self.rows.append((1000 * (time.perf_counter() - wall), 1000 * (time.thread_time() - cpu)))
+            done += 1
+            go_on.fill_(float(done < PROBE_MAX_STEPS and (done < steps or time.perf_counter() - started < min_seconds)))
+            dist.broadcast(go_on, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
+                           group=self.group)
+
+    def probe(self, reference_ms: Optional[float] = None) -> LoadProbe:
+        """The LoadProbe of every step timed so far (a collective: every rank calls it)."""
+        import torch.distributed as dist
+
+        if reference_ms is not None and not reference_ms > 0:
+            raise ValueError(f"measure_load: reference_ms must be positive, got {reference_ms!r}")
+        times = torch.tensor(self.rows, dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group)  # the slowest rank of each step
+        quiet = float(times[:, 1].min())
+        median = float(times[:, 0].median())
+        reference = quiet if reference_ms is None else float(reference_ms)
+        return LoadProbe(factor=round(median / reference, 3), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
+                         steps=len(self.rows), world_size=dist.get_world_size(self.group),
+                         load_average=_load_average(), cores=os.cpu_count())
+
+
+def measure_load(steps: int = PROBE_STEPS, group: Any = None, reference_ms: Optional[float] = None,
+                 min_seconds: float = PROBE_SECONDS) -> LoadProbe:
+    """The load factor, measured on every rank of an initialized gloo process group at once (each rank must call
+    it; all get the same LoadProbe). Runs the synthetic step at least `steps` times and for at least
+    `min_seconds` (a burst of load then moves the median less), about 8 ms a step on a quiet core.
+
+    `reference_ms`: the quiet synthetic step to divide by, from the calibration the estimates come from
+    (`CalibrationProfile.machine["load_probe"]["quiet_ms"]`): a profile measured while the machine was busier
+    than now prices everything a little high, and the factor then comes out below 1 by as much. Without it,
+    this probe's own quietest step."""
+    if not isinstance(steps, int) or steps < 3:
+        raise ValueError(f"measure_load: steps must be an int >= 3, got {steps!r}")
+    synthetic = SyntheticStep(group)
+    synthetic.run(steps, min_seconds)
+    return synthetic.probe(reference_ms)
+
+
+def _load_average() -> Tuple[float, float, float]:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
+    except OSError:  # not on every platform
+        return (float("nan"),) * 3  # type: ignore[return-value]
+
+
+def reference_ms(profile: Any) -> Optional[float]:
+    """The quiet synthetic step a CalibrationProfile recorded (None: no profile, or one without a probe)."""
+    probe = getattr(profile, "machine", {}).get("load_probe") if profile is not None else None
+    return float(probe["quiet_ms"]) if probe else None
+
+
+def _probe_worker(ctx: Any, steps: int, reference: Optional[float], min_seconds: float) -> Dict[str, Any]:
+    return measure_load(steps, reference_ms=reference, min_seconds=min_seconds).to_dict()
+
+
+def probe_load(world_size: int = 2, profile: Any = None, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS,
+               num_threads: int = 1, timeout_s: Optional[float] = 120.0) -> LoadProbe:
+    """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up),
+    against `profile`'s quiet synthetic step when it has one (a CalibrationProfile, or a Topology's). From a
+    script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
+
+        probe = probe_load(2, topology.profile)                           # doctest: +SKIP
+        topology = dataclasses.replace(topology, load_factor=probe.factor)  # doctest: +SKIP
+    """
+    from rectoolkit.launch import launch
+
+    if not isinstance(world_size, int) or world_size <= 0:
+        raise ValueError(f"probe_load: world_size must be a positive int, got {world_size!r}")
+    results = launch(_probe_worker, world_size, steps, reference_ms(profile), float(min_seconds),
+                     num_threads=num_threads, backend="gloo", timeout_s=timeout_s, echo_output=False)
+    fields = results[0]
+    fields["load_average"] = tuple(fields["load_average"])
+    return LoadProbe(**fields)
