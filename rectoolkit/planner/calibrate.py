@@ -72,9 +72,12 @@ class CalibrationError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------------ timing
+_ON_CUDA = False  # set in each worker: whether this calibration measures the GPU (compute_device "cuda")
+
+
 def _clock() -> Callable[[], float]:
     """Compute is timed in this thread's CPU time on CPU (other processes' load does not stretch it), wall on CUDA."""
-    return time.perf_counter if torch.cuda.is_available() else time.thread_time
+    return time.perf_counter if _ON_CUDA else time.thread_time
 
 
 def fastest_ms(fn: Callable[[], object], repeats: int, clock: Optional[Callable[[], float]] = None) -> float:
@@ -85,7 +88,7 @@ def fastest_ms(fn: Callable[[], object], repeats: int, clock: Optional[Callable[
     for _ in range(repeats):
         start = clock()
         fn()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if _ON_CUDA:
             torch.cuda.synchronize()
         best = min(best, (clock() - start) * 1000.0)
     return best
@@ -108,7 +111,7 @@ def fastest_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
                 dist.barrier()
             start = clock()
             fn()
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if _ON_CUDA:
                 torch.cuda.synchronize()
             elapsed = (clock() - start) * 1000.0
             if synced:
@@ -120,7 +123,8 @@ def fastest_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
 
 
 def _device() -> torch.device:
-    if torch.cuda.is_available():
+    """The compute device being calibrated: a CPU calibration on a machine with a GPU stays on the CPU."""
+    if _ON_CUDA:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -387,8 +391,11 @@ def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, floa
 
 
 # ------------------------------------------------------------------------------------------------ workers
-def _worker(rank: int, world_size: int, init_file: str, backend: str, repeats: int, threads: int, results) -> None:
+def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_device: str, repeats: int,
+            threads: int, results) -> None:
+    global _ON_CUDA
     try:
+        _ON_CUDA = compute_device == "cuda"
         torch.set_num_threads(threads)
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -436,7 +443,8 @@ def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [context.Process(target=_worker, args=(r, world_size, init_file, backend, repeats, threads, results),
+        procs = [context.Process(target=_worker, args=(r, world_size, init_file, backend, compute_device, repeats, threads,
+                                                             results),
                                  daemon=True) for r in range(world_size)]
         for proc in procs:
             proc.start()
