@@ -55,7 +55,10 @@ class LoadProbe:
                 f"{self.cores} cores)")
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """Plain numbers and lists (JSON round trips it unchanged)."""
+        fields = asdict(self)
+        fields["load_average"] = list(self.load_average)
+        return fields
 
 
 class SyntheticStep:
