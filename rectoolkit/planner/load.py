@@ -34,7 +34,8 @@ PROBE_SECONDS = 1.5  # and at least this long
 PROBE_MAX_STEPS = 1000
 PROBE_WARMUP = 3
 PROBE_SEGMENTS = 4  # gathers per step, a small all-reduce after each (real steps synchronize 4-12 times)
-PROBE_ROWS, PROBE_DIM, PROBE_IDS = 65536, 64, 49152  # a 16 MiB table; 12 MiB of rows read per segment
+PROBE_ROWS, PROBE_DIM, PROBE_IDS = 65536, 64, 196608  # a 16 MiB table; 48 MiB of rows read per segment
+PROBE_BAGS = 4096  # pooled into this many bags (a small output: no large allocation per step)
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ class LoadProbe:
 
 
 class SyntheticStep:
-    """The probe's step on this rank (every rank of the group runs it together): PROBE_SEGMENTS gathers of
-    PROBE_IDS rows from an 16 MiB table, a one-number all-reduce after each. `run` times some of them; `probe`
+    """The probe's step on this rank (every rank of the group runs it together): PROBE_SEGMENTS pooled
+    lookups of PROBE_IDS rows from a 16 MiB table, a one-number all-reduce after each. `run` times some of them; `probe`
     turns every step timed so far into a LoadProbe."""
 
     def __init__(self, group: Any = None) -> None:
@@ -71,6 +72,7 @@ class SyntheticStep:
         self.group = group
         self.table = torch.rand(PROBE_ROWS, PROBE_DIM, generator=generator)
         self.ids = torch.randint(0, PROBE_ROWS, (PROBE_SEGMENTS, PROBE_IDS), generator=generator)
+        self.offsets = torch.arange(0, PROBE_IDS, PROBE_IDS // PROBE_BAGS)  # pooled bags, as a lookup makes
         self.flag = torch.zeros(1)
         self.rows: list = []  # (wall ms, CPU ms) of every timed step on this rank
         for _ in range(PROBE_WARMUP):  # untimed: first touch of the table, the allocator, the caches
@@ -80,7 +82,7 @@ class SyntheticStep:
         import torch.distributed as dist
 
         for segment in self.ids:
-            self.flag += self.table.index_select(0, segment).sum()
+            self.flag += torch.nn.functional.embedding_bag(segment, self.table, self.offsets, mode="sum").sum()
             dist.all_reduce(self.flag, group=self.group)
             self.flag.zero_()
 
@@ -119,7 +121,7 @@ def measure_load(steps: int = PROBE_STEPS, group: Any = None, reference_ms: Opti
                  min_seconds: float = PROBE_SECONDS) -> LoadProbe:
     """The load factor, measured on every rank of an initialized gloo process group at once (each rank must call
     it; all get the same LoadProbe). Runs the synthetic step at least `steps` times and for at least
-    `min_seconds` (a burst of load then moves the median less), about 8 ms a step on a quiet core.
+    `min_seconds` (a burst of load then moves the median less), about 13 ms a step on a quiet core.
 
     `reference_ms`: the quiet synthetic step to divide by, from the calibration the estimates come from
     (`CalibrationProfile.machine["load_probe"]["quiet_ms"]`): a profile measured while the machine was busier

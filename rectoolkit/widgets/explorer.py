@@ -526,9 +526,14 @@ class PlanExplorer(w.VBox):
                                        f"CPU workers and shows measured beside estimated step time.<br>{terms}")
             return
         info = self.measurements.info
-        table = html_table(self.measurements.plans, ["plan", "est_step_ms", "step_ms", "cpu_ms"])
+        columns = [c for c in ("plan", "est_step_ms", "est_now_ms", "step_ms", "cpu_ms") if c in self.measurements.plans]
+        table = html_table(self.measurements.plans, columns)
+        probe = info.get("load_probe_before")
+        load = (f"; the machine ran a synthetic step {probe['factor']:.2f}x slower than when calibrated (est_now_ms = "
+                "est_step_ms x that: other work shares the cores)" if probe else "")
         self.measure_note.value = (f"{table}<small>{info['world_size']} ranks, batch {info['batch_size']} per rank, "
-                                   f"load average {info['load_average_before'][0]} before the run</small><br>{terms}")
+                                   f"load average {info['load_average_before'][0]} before the run{load}</small>"
+                                   f"<br>{terms}")
         self.measure_fig.show(*measured_vs_estimated_traces(self.measurements.ranks))
 
     def _draw_status(self) -> None:
