@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
+import time
 
 import pytest
 
 import rectoolkit as rtk
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology
 from rectoolkit.planner.cost import CostModel
-from rectoolkit.planner.load import LoadProbe, probe_load
+from rectoolkit.planner.load import LoadProbe, SyntheticStep, probe_load
 from rectoolkit.planner.tables import collect_tables
 
 TABLES = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=16 * (i + 1),
@@ -55,28 +54,55 @@ def test_the_probe_describes_itself():
     assert probe.to_dict()["factor"] == 2.0 and "load factor 2.00" in str(probe) and "10.0 ms vs 5.0 ms" in str(probe)
 
 
-def _spinners(count: int) -> list:
-    return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(count)]
+class _SlowPeer(SyntheticStep):
+    """Rank 1 sleeps SLEEP_MS in every step, as a rank the operating system has descheduled would."""
+
+    def _step(self) -> None:
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            time.sleep(SLEEP_MS / 1000)
+        super()._step()
+
+
+SLEEP_MS = 30.0
+
+
+def _probe_with_a_slow_peer(ctx) -> dict:
+    quiet = SyntheticStep()
+    quiet.run(5)
+    slow = _SlowPeer()
+    slow.run(5)
+    reference = quiet.probe().quiet_ms
+    return {"quiet": quiet.probe().to_dict(), "slow": slow.probe(reference).to_dict(),
+            "slow_alone": slow.probe().to_dict(), "reference": reference}
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_the_probe_sees_busy_cores():
-    """Two ranks probe alone, then with twice as many busy loops as this process may use cores: each rank then
-    gets well under half a core, so its synthetic step takes well over 1.5x its quiet CPU time."""
+def test_the_probe_prices_a_rank_that_waits_for_a_descheduled_peer():
+    """Every step waits for rank 1's 30 ms sleep (wall time, no CPU): the slowest rank's median wall time holds
+    it, the quiet CPU time does not, and the factor is their ratio."""
+    from rectoolkit.launch import launch
+
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         probe_load(0)
-    alone = probe_load(2, timeout_s=240)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    busy = _spinners(2 * cores)
-    try:
-        loaded = probe_load(2, timeout_s=240)
-    finally:
-        for process in busy:
-            process.kill()
-        for process in busy:
-            process.wait(timeout=30)
-    assert alone.world_size == loaded.world_size == 2 and alone.steps == loaded.steps
-    assert alone.quiet_ms > 0 and alone.median_ms >= alone.quiet_ms and alone.factor >= 1.0
-    assert loaded.factor > 1.5, (alone, loaded)
-    assert loaded.factor > alone.factor, (alone, loaded)
+    result = launch(_probe_with_a_slow_peer, 2, num_threads=1, backend="gloo", timeout_s=240, echo_output=False)[0]
+    quiet, slow, alone = result["quiet"], result["slow"], result["slow_alone"]
+    assert quiet["steps"] == slow["steps"] == 5 and quiet["world_size"] == slow["world_size"] == 2
+    assert slow["median_ms"] >= SLEEP_MS  # every step of the slowest rank holds the sleep
+    assert slow["factor"] == pytest.approx(slow["median_ms"] / result["reference"], rel=1e-2)
+    assert alone["factor"] == pytest.approx(alone["median_ms"] / alone["quiet_ms"], rel=1e-2)
+    assert slow["factor"] >= SLEEP_MS / result["reference"] and quiet["factor"] >= 1.0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_probe_load_runs_its_own_workers_against_a_profiles_quiet_step():
+    from rectoolkit.planner.profile import CalibrationProfile
+
+    profile = dataclasses.replace(CalibrationProfile.from_topology(Topology(2, "cpu")),
+                                  machine={"load_probe": {"quiet_ms": 1000.0}})
+    probe = probe_load(2, profile, steps=5, min_seconds=0.0, timeout_s=240)
+    assert probe.steps == 5 and probe.world_size == 2 and probe.median_ms > 0
+    assert probe.factor == pytest.approx(probe.median_ms / 1000.0, rel=1e-2)  # against the profile, not its own
