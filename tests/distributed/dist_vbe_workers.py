@@ -2,8 +2,9 @@
 
 The expected values come from the UNSHARDED EmbeddingBagCollection (itself checked against TorchRec 1.8 in
 tests/modules/test_variable_batch_vs_torchrec.py) run on every rank's VBE batch, and the expected bytes from
-rectoolkit.plan.traffic.step_traffic over the same batches, and for the one-level types (TABLE_WISE, COLUMN_WISE,
-ROW_WISE) also from a hand count: every feature's pooled rows come back at the feature's own batch size.
+rectoolkit.plan.traffic.step_traffic over the same batches, and for every routed type also from a hand count: every
+feature's pooled rows come back at the feature's own batch size (through both levels for TABLE_ROW_WISE and
+GRID_SHARD).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import List
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -38,19 +40,33 @@ def vbe_batch(features: dict, rank: int, seed: int, weighted: bool) -> rtk.Keyed
                                  stride_per_key_per_rank=[[s] for s in strides], inverse_indices=(keys, inverse))
 
 
-def _pooled_bytes_by_hand(plan, tables, batches):
-    """output_dist[owner][rank] = 4 * (rank's samples of f) * cols over the (shard, feature f) pairs of the owner,
-    and what padding every feature to the rank's largest batch would send in all."""
+def _pooled_bytes_by_hand(plan, tables, batches, L):
+    """The pooled output bytes by collective: output_dist[owner][rank] = 4 * (rank's samples of f) * cols over the
+    (shard, feature f) pairs of the owner; for the two-level types the same blocks go to the rank's gateway on the
+    owner's host (output_dist_intra), and each column block, reduced, from that gateway to the rank
+    (output_dist_inter). Also what padding every feature to the rank's largest batch would send in all."""
     W = len(batches)
-    expected = [[0] * W for _ in range(W)]
+    expected = {name: np.zeros((W, W), dtype=np.int64) for name in ("output_dist", "output_dist_intra",
+                                                                    "output_dist_inter")}
     padded = 0
     for table in tables:
-        for shard in plan[table.name].shards:
-            for feature in table.feature_names:
-                for r, batch in enumerate(batches):
-                    samples = dict(zip(batch.keys(), batch.stride_per_key()))
-                    expected[shard.rank][r] += 4 * samples[feature] * shard.shard_sizes[1]
-                    padded += 4 * max(samples.values()) * shard.shard_sizes[1]
+        two_level = ShardingType(plan[table.name].sharding_type) in (ShardingType.TABLE_ROW_WISE,
+                                                                     ShardingType.GRID_SHARD)
+        column_blocks = {shard.columns: shard.rank // L for shard in plan[table.name].shards}
+        for feature in table.feature_names:
+            for r, batch in enumerate(batches):
+                samples = dict(zip(batch.keys(), batch.stride_per_key()))
+                for shard in plan[table.name].shards:
+                    cols = shard.shard_sizes[1]
+                    padded += 4 * max(samples.values()) * cols
+                    if two_level:
+                        expected["output_dist_intra"][shard.rank, (shard.rank // L) * L + r % L] += \
+                            4 * samples[feature] * cols
+                    else:
+                        expected["output_dist"][shard.rank, r] += 4 * samples[feature] * cols
+                for (c0, c1), host in column_blocks.items() if two_level else ():
+                    padded += 4 * max(samples.values()) * (c1 - c0)
+                    expected["output_dist_inter"][host * L + r % L, r] += 4 * samples[feature] * (c1 - c0)
     return expected, padded
 
 
@@ -93,12 +109,15 @@ def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: boo
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         grad_diff = max(grad_diff, _max_diff(weight.grad, reference.embedding_bags[table].weight.grad[r0:r1, c0:c1]))
     _bytes_match(env, plan, tables, W, L, batches, weighted, batch_sizes_of(batches))
-    one_level = {ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE}
-    if all(ShardingType(ps.sharding_type) in one_level for ps in plan.values()):
-        expected, padded = _pooled_bytes_by_hand(plan, tables, batches)
-        measured = env.gathered_bytes()["output_dist"]
-        assert (measured == expected).all(), f"rank {rank}, {case}: output_dist {measured.tolist()} != {expected}"
-        assert measured.sum() < padded, f"rank {rank}, {case}: VBE sent {measured.sum()} bytes, padded {padded}"
+    if all(ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL for ps in plan.values()):
+        expected, padded = _pooled_bytes_by_hand(plan, tables, batches, L)
+        measured = env.gathered_bytes()
+        sent = 0
+        for name, matrix in expected.items():
+            got = measured.get(name, np.zeros((W, W), dtype=np.int64))
+            assert (got == matrix).all(), f"rank {rank}, {case}: {name} {got.tolist()} != {matrix.tolist()}"
+            sent += int(got.sum())
+        assert sent < padded, f"rank {rank}, {case}: VBE sent {sent} output bytes, padded {padded}"
     where = f"rank {rank}, case {case}, weighted={weighted}"
     assert out_diff <= 1e-5, f"{where}: outputs differ by {out_diff}"
     assert grad_diff <= 1e-5, f"{where}: gradients differ by {grad_diff}"

@@ -1,7 +1,7 @@
 """A batch size per feature (VBE) through the sharded EmbeddingBagCollection on 2 gloo ranks, every sharding type:
 outputs (expanded with the inverse indices) and gradients equal the unsharded collection's, bytes equal
-traffic.py's (ids deduplicated; the one-level types send each feature's own bags and get its pooled rows back at its
-own batch size, checked by hand too; the two-level types pad every feature to the rank's largest)."""
+traffic.py's (ids deduplicated; every routed type sends each feature's own bags and gets its pooled rows back at its
+own batch size, through both output levels for the two-level types, checked by hand too)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import pytest
 from dist_harness import run_workers
 from dist_vbe_workers import vbe_worker
 
-# (plan, ranks per host): one host of 2 ranks, then 2 hosts of 1 rank for the two-level types
-CASES = [(kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_a"]] + \
+# (plan, ranks per host): one host of 2 ranks (the two-level types: partial sums of both ranks added by the
+# gateway), then 2 hosts of 1 rank for the two-level types (the reduced sums cross hosts)
+CASES = [(kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_a",
+                                "table_row_wise", "grid_shard"]] + \
     [("table_row_wise", 1), ("grid_shard", 1), ("mixed_b", 1)]
 
 
