@@ -13,10 +13,11 @@ The owner runs its kernel with one kernel "feature" per (source rank, feature sh
 so the received buffers are used as they arrive (no reordering). Ranks may bring different batch sizes:
 input_dist tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up
 to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
-A batch with a batch size per feature (VBE) goes further in the one-level types: each feature shard carries only
-its feature's own bags both ways (a "user" feature of 2 samples sends 2 lengths and gets 2 pooled rows back, in
-a batch of 512 candidates); the owner pads them like a smaller source, and the requesting rank expands the
-pooled rows with the inverse indices once, at the end (sharded_ebc.py).
+A batch with a batch size per feature (VBE) goes further in the pooled collection: each feature shard carries only
+its feature's own bags both ways, through both output levels for the two-level types (a "user" feature of 2
+samples sends 2 lengths and gets 2 pooled rows back, in a batch of 512 candidates); the owner pads them like a
+smaller source, and the requesting rank expands the pooled rows with the inverse indices once, at the end
+(sharded_ebc.py).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequ
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
 
-    `bags_per_feature` (the one-level pooled types): a batch with a batch size per feature (VBE) sends each
+    `bags_per_feature` (pooled outputs): a batch with a batch size per feature (VBE) sends each
     feature shard only its feature's own bags, after a header of one int32 count per feature shard; its
     metadata says so with a negative size, -(1 + lengths sent), so the message sizes stay known. Otherwise
     every feature shard gets the batch's B bags (shorter features padded with empty bags).

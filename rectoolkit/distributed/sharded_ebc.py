@@ -257,8 +257,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     """An EmbeddingBagCollection sharded by a plan: KJT (local batch) -> KeyedTensor [B, sum of dims].
 
     A KJT with a batch size per feature (VBE) travels with each feature's own bags: its ids, lengths and pooled
-    rows cross the all-to-alls at the feature's batch size (TABLE_WISE, COLUMN_WISE, ROW_WISE; the two-level
-    types pad every feature to the largest with empty bags, which carry no ids), and the pooled output is
+    rows cross the all-to-alls at the feature's batch size (every type; TABLE_ROW_WISE and GRID_SHARD at both
+    output levels), and the pooled output is
     expanded with the inverse indices once, at the end, on the rank that asked, as the unsharded collection
     does; its gradient flows back to the small batches only."""
 
