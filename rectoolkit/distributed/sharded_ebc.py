@@ -123,7 +123,7 @@ def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
 class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
-    takes_variable_batch = False  # a batch size per feature (VBE): only the pooled collection expands it
+    takes_variable_batch = False  # a batch size per feature (VBE): taken by the bag and sequence collections
 
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
