@@ -21,24 +21,27 @@ from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection, 
 from rectoolkit.plan.torchrec_interop import to_torchrec
 from rectoolkit.plan.traffic import batch_sizes_of
 from rectoolkit.plan.types import ShardingType
-from dist_harness import load_torchrec_shards
+from dist_harness import load_torchrec_shards, row_wise
 from dist_workers import _bytes_match, _max_diff, bag_tables, plan_for, seq_tables
 
 
-def vbe_batch(features: dict, rank: int, seed: int, weighted: bool) -> rtk.KeyedJaggedTensor:
+def vbe_batch(features: dict, rank: int, seed: int, weighted: bool, plain: bool = False) -> rtk.KeyedJaggedTensor:
     """Feature k has 1 + (k + rank) % 4 samples on this rank (f0 one "user", f2 several "items"); the full batch
-    has 5 + rank samples, each reading one sample of every feature through the inverse indices."""
+    has 5 + rank samples, each reading one sample of every feature through the inverse indices. `plain`: a plain
+    batch of 5 + rank samples of every feature instead."""
     g = torch.Generator().manual_seed(seed)
     keys = list(features)
-    strides = [1 + (k + rank) % 4 for k in range(len(keys))]
+    batch = 5 + rank
+    strides = [batch if plain else 1 + (k + rank) % 4 for k in range(len(keys))]
     lengths = torch.randint(0, 4, (sum(strides),), generator=g)
     per_key = lengths.split(strides)
     values = torch.cat([torch.randint(0, features[key], (int(per_key[k].sum()),), generator=g)
                         for k, key in enumerate(keys)])
-    batch = 5 + rank
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    if plain:
+        return rtk.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths, weights=weights)
     inverse = torch.stack([torch.randint(0, s, (batch,), generator=g) for s in strides])
-    return rtk.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths,
-                                 weights=torch.rand(values.numel(), generator=g) if weighted else None,
+    return rtk.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths, weights=weights,
                                  stride_per_key_per_rank=[[s] for s in strides], inverse_indices=(keys, inverse))
 
 
@@ -89,14 +92,26 @@ def vbe_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
                 f.write(json.dumps(row) + "\n")
 
 
+def _plan(case: str, tables, W: int, L: int) -> dict:
+    """dist_workers.plan_for's plans, and "table_row_wise_last": every table in one row block on the last rank, so
+    that the other ranks of its host are gateways that own nothing (they only add up and forward). A suffix
+    "+plain" (see _collections) leaves the plan as it is."""
+    case = case.removesuffix("+plain")
+    if case == "table_row_wise_last":
+        return {t.name: row_wise([W - 1], t.num_embeddings, t.embedding_dim, kind="table_row_wise") for t in tables}
+    return plan_for(case, tables, W, L)
+
+
 def _collections(W: int, L: int, env: ShardingEnv, case: str, tables, make, shard, seed: int, weighted: bool):
-    """Every rank's VBE batch, the unsharded reference `make()`, the same weights sharded by the case's plan."""
+    """Every rank's VBE batch (a case "<plan>+plain": the last rank's plain), the unsharded reference `make()`, the
+    same weights sharded by the case's plan."""
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}
-    batches = [vbe_batch(features, r, seed=100 * r + seed, weighted=weighted) for r in range(W)]
+    batches = [vbe_batch(features, r, seed=100 * r + seed, weighted=weighted,
+                         plain=case.endswith("+plain") and r == W - 1) for r in range(W)]
     torch.manual_seed(0)
     reference, local = make(), make()
     local.load_state_dict(reference.state_dict())
-    plan = plan_for(case, tables, W, L)
+    plan = _plan(case, tables, W, L)
     sharded = shard(local, plan, env)
     env.stats.reset()
     return batches, reference, plan, sharded

@@ -14,9 +14,11 @@ from dist_harness import run_workers
 from dist_vbe_workers import vbe_worker
 
 # (plan, ranks per host): one host of 2 ranks (the two-level types: partial sums of both ranks added by the
-# gateway), then 2 hosts of 1 rank for the two-level types (the reduced sums cross hosts)
+# gateway; "table_row_wise_last": rank 0 is a gateway that owns nothing, "+plain": rank 1's batch is a plain one
+# beside rank 0's VBE batch), then 2 hosts of 1 rank for the two-level types (the reduced sums cross hosts)
 CASES = [(kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_a",
-                                "table_row_wise", "grid_shard"]] + \
+                                "table_row_wise", "grid_shard", "table_row_wise_last",
+                                "table_row_wise_last+plain"]] + \
     [("table_row_wise", 1), ("grid_shard", 1), ("mixed_b", 1)]
 # the EmbeddingCollection: the one-level types (TABLE_WISE, ROW_WISE, COLUMN_WISE also compared with TorchRec's
 # sharded one), then the two-level ones
