@@ -13,10 +13,11 @@ The owner runs its kernel with one kernel "feature" per (source rank, feature sh
 so the received buffers are used as they arrive (no reordering). Ranks may bring different batch sizes:
 input_dist tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up
 to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
-A batch with a batch size per feature (VBE) goes further in the one-level types: each feature shard carries only
-its feature's own bags both ways (a "user" feature of 2 samples sends 2 lengths and gets 2 pooled rows back, in
-a batch of 512 candidates); the owner pads them like a smaller source, and the requesting rank expands the
-pooled rows with the inverse indices once, at the end (sharded_ebc.py).
+A batch with a batch size per feature (VBE) goes further in the pooled collection: each feature shard carries only
+its feature's own bags both ways, through both output levels for the two-level types (a "user" feature of 2
+samples sends 2 lengths and gets 2 pooled rows back, in a batch of 512 candidates); the owner pads them like a
+smaller source, and the requesting rank expands the pooled rows with the inverse indices once, at the end
+(sharded_ebc.py).
 """
 
 from __future__ import annotations
@@ -180,6 +181,10 @@ class ReceivedIds:
     bags: List[List[int]] = field(default_factory=list)
     bags_sent: List[List[int]] = field(default_factory=list)
     batch_size: int = 0  # this rank's own (padded) batch size: the columns of its output block
+    # two-level types (start_ids_to_owners' gateway_keys), VBE sources only: [source] {output key: bags} of the
+    # keys this rank reduces as the source's gateway, and {output key: bags} of every key this rank asked for
+    gateway_bags: List[Dict[str, int]] = field(default_factory=list)
+    gateway_bags_sent: Dict[str, int] = field(default_factory=dict)
 
     @property
     def padded_batch_size(self) -> int:
@@ -191,25 +196,31 @@ Route = Callable[[FeatureBatch, FeatureShard], RoutedIds]
 
 
 def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
-                  route: Route, weighted: bool, keep_positions: bool = False,
-                  bags_per_feature: bool = False) -> ReceivedIds:
+                  route: Route, weighted: bool, keep_positions: bool = False, bags_per_feature: bool = False,
+                  gateway_keys: Optional[Sequence[Sequence[Tuple[str, str]]]] = None) -> ReceivedIds:
     """input_dist: for every feature shard, send the lengths (int32) and ids (int64) [and weights] that `route`
     picks for it to its owner.
 
     Two collectives: a "metadata" all-to-all tells each owner every source's batch size and id count (the
     ranks' batch sizes may differ), then one all-to-all carries each owner's ids, lengths [and weights].
 
-    `bags_per_feature` (the one-level pooled types): a batch with a batch size per feature (VBE) sends each
+    `bags_per_feature` (pooled outputs): a batch with a batch size per feature (VBE) sends each
     feature shard only its feature's own bags, after a header of one int32 count per feature shard; its
     metadata says so with a negative size, -(1 + lengths sent), so the message sizes stay known. Otherwise
     every feature shard gets the batch's B bags (shorter features padded with empty bags).
+
+    `gateway_keys` (the two-level types, two_level.py), per host: the (output key, feature) pairs its gateways
+    reduce. With VBE the header to each of the source's gateways (the rank of its local index on every host)
+    then also holds one count per pair of the gateway's host, so that the gateway can add up and forward each
+    feature's partial sums at that feature's own batch size.
     """
-    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions, bags_per_feature).wait().wait()
+    return start_ids_to_owners(env, batch, by_owner, route, weighted, keep_positions, bags_per_feature,
+                               gateway_keys).wait().wait()
 
 
 def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
-                        route: Route, weighted: bool, keep_positions: bool = False,
-                        bags_per_feature: bool = False) -> PendingExchange:
+                        route: Route, weighted: bool, keep_positions: bool = False, bags_per_feature: bool = False,
+                        gateway_keys: Optional[Sequence[Sequence[Tuple[str, str]]]] = None) -> PendingExchange:
     """ids_to_owners in two stages, for the train pipeline: this starts the "metadata" all-to-all and returns;
     its `wait()` waits for the sizes and starts the ids' all-to-all, returning a PendingExchange whose `wait()`
     gives the ReceivedIds."""
@@ -224,7 +235,8 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
         bags = [batch.stride(shard.feature) if own_bags else B for shard in by_owner[owner]]
         lengths = [r.lengths[:n] for r, n in zip(routed, bags)] if own_bags else [r.lengths for r in routed]
         if own_bags:
-            lengths.insert(0, torch.tensor(bags, dtype=torch.int32, device=env.device))
+            heard = [batch.stride(feature) for _, feature in _gateway_keys(gateway_keys, env, env.rank, owner)]
+            lengths.insert(0, torch.tensor(bags + heard, dtype=torch.int32, device=env.device))
         message = [_cat([r.ids for r in routed], torch.int64, env.device), _cat(lengths, torch.int32, env.device)]
         if weighted:
             message.append(_cat([r.weights for r in routed], torch.float32, env.device))
@@ -236,33 +248,48 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
                                    batch.value_starts[shard.feature] + torch.arange(r.ids.numel(), device=r.ids.device)
                                    for shard, r in zip(by_owner[owner], routed)])
     mine = len(by_owner[env.rank])
+    gateway_bags_sent = {key: batch.stride(feature) for keys in (gateway_keys or []) for key, feature in keys} \
+        if own_bags else {}
 
     def send_ids(received_sizes: torch.Tensor) -> PendingExchange:
         sizes = received_sizes.view(W, 2).tolist()
         # a negative size: that source sends its bags per feature shard (VBE), header included
-        lengths_numel = [mine * b if b >= 0 else mine - b - 1 for b, _ in sizes]
+        keys_heard = [_gateway_keys(gateway_keys, env, source, env.rank) for source in range(W)]
+        lengths_numel = [mine * b if b >= 0 else mine + len(keys) - b - 1 for (b, _), keys in zip(sizes, keys_heard)]
         ids_received = [n for _, n in sizes]
         pending = start_all_to_all_messages(env, messages, [[n, count] + ([n] if weighted else [])
                                                             for (_, n), count in zip(sizes, lengths_numel)], "input_dist")
 
         def received(parts: List[torch.Tensor]) -> ReceivedIds:
             lengths, bags, batch_sizes = parts[1], [[b] * mine for b, _ in sizes], [b for b, _ in sizes]
+            gateway_bags: List[Dict[str, int]] = [{} for _ in range(W)]
             if any(b < 0 for b, _ in sizes):  # take the headers out
                 chunks = list(lengths.split(lengths_numel))
                 for source, (b, _) in enumerate(sizes):
                     if b < 0:
-                        bags[source] = chunks[source][:mine].tolist()
+                        header = chunks[source][:mine + len(keys_heard[source])].tolist()
+                        bags[source] = header[:mine]
+                        gateway_bags[source] = {key: n for (key, _), n in zip(keys_heard[source], header[mine:])}
                         batch_sizes[source] = max(bags[source], default=0)
-                        chunks[source] = chunks[source][mine:]
+                        chunks[source] = chunks[source][len(header):]
                 lengths = torch.cat(chunks)
             return ReceivedIds(lengths, parts[0], parts[2] if weighted else None, batch_sizes, ids_sent,
-                               positions_sent, ids_received, bags, bags_sent, B)
+                               positions_sent, ids_received, bags, bags_sent, B, gateway_bags, gateway_bags_sent)
 
         return pending.then(received)
 
     sizes_to_owners = torch.tensor([[-1 - sum(bags) if own_bags else B, sum(counts)]
                                     for bags, counts in zip(bags_sent, ids_sent)], dtype=torch.int64, device=env.device)
     return start_all_to_all(env, sizes_to_owners.view(-1), [2] * W, [2] * W, "metadata").then(send_ids)
+
+
+def _gateway_keys(gateway_keys: Optional[Sequence[Sequence[Tuple[str, str]]]], env: ShardingEnv, source: int,
+                  receiver: int) -> Sequence[Tuple[str, str]]:
+    """The (output key, feature) pairs whose counts `source`'s VBE header to `receiver` carries for the gateway."""
+    L = env.local_world_size
+    if gateway_keys is None or source % L != receiver % L:
+        return ()
+    return gateway_keys[receiver // L]
 
 
 def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

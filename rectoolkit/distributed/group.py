@@ -101,11 +101,11 @@ class ShardingGroup(nn.Module):
 class RoutedShardingGroup(ShardingGroup):
     """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).
 
-    A batch with a batch size per feature (VBE) sends each feature's own bags and gets each feature's pooled
-    rows back at that batch size (`bags_per_feature`), when the output goes back in one level; the two-level
-    types pad every feature to the batch's largest (their gateways add blocks of one batch size)."""
+    A batch with a batch size per feature (VBE) sends each feature shard only its feature's own bags and gets its
+    pooled rows back at that batch size (start_ids_to_owners' `bags_per_feature`); the two-level types also tell
+    their gateways each feature's batch size (`gateway_keys`, set by table_row_wise.py)."""
 
-    bags_per_feature = True
+    gateway_keys: Optional[List[List[Tuple[str, str]]]] = None  # per host: (output key, feature) its gateways reduce
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
@@ -133,7 +133,8 @@ class RoutedShardingGroup(ShardingGroup):
 
     def start_input_dist(self, batch: FeatureBatch, env: Optional[ShardingEnv] = None):
         return start_ids_to_owners(env or self.env, batch, self.by_owner, self.route, self.weighted,
-                                   keep_positions=not self.pooled, bags_per_feature=self.pooled and self.bags_per_feature)
+                                   keep_positions=not self.pooled, bags_per_feature=self.pooled,
+                                   gateway_keys=self.gateway_keys)
 
     def lookup(self, received: ReceivedIds) -> torch.Tensor:
         return self.local.lookup(received)

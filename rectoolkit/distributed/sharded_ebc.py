@@ -123,7 +123,7 @@ def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
 class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
-    takes_variable_batch = False  # a batch size per feature (VBE): only the pooled collection expands it
+    takes_variable_batch = False  # a batch size per feature (VBE): taken by the bag and sequence collections
 
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
@@ -257,8 +257,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     """An EmbeddingBagCollection sharded by a plan: KJT (local batch) -> KeyedTensor [B, sum of dims].
 
     A KJT with a batch size per feature (VBE) travels with each feature's own bags: its ids, lengths and pooled
-    rows cross the all-to-alls at the feature's batch size (TABLE_WISE, COLUMN_WISE, ROW_WISE; the two-level
-    types pad every feature to the largest with empty bags, which carry no ids), and the pooled output is
+    rows cross the all-to-alls at the feature's batch size (every type; TABLE_ROW_WISE and GRID_SHARD at both
+    output levels), and the pooled output is
     expanded with the inverse indices once, at the end, on the rank that asked, as the unsharded collection
     does; its gradient flows back to the small batches only."""
 

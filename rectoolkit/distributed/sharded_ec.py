@@ -11,6 +11,12 @@
 
 Every id's row slice goes back to the rank that sent the id (one level, for every sharding type); groups
 return flat blocks and their flat positions in the [ids, dim] output, added into one zero tensor.
+
+A KJT with a batch size per feature (VBE) is taken as TorchRec 1.8's sharded EmbeddingCollection takes it: every
+feature's lengths travel padded to the largest batch size (empty bags, no ids: `pad_vbe_kjt_lengths`), the rows
+come back per id, and each feature's output is then expanded to the full batch with the inverse indices: sample b
+of feature f gets the bag (lengths, rows, ids) of f's sample inverse[f, b] (`_compute_sequence_vbe_context`). The
+unsharded EmbeddingCollection, like TorchRec's, returns each feature at its own batch size instead.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 
 from rectoolkit.distributed.awaitable import EmbeddingCollectionAwaitable
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.feature_shards import FeatureBatch, permute_segments
 from rectoolkit.distributed.sharded_ebc import ShardedCollection, _initial_weights, _optimizers
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.embedding_modules import EmbeddingCollection
@@ -30,7 +37,10 @@ from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 
 class ShardedEmbeddingCollection(ShardedCollection):
-    """An EmbeddingCollection sharded by a plan: KJT (local batch) -> {feature: JaggedTensor [ids, dim]}."""
+    """An EmbeddingCollection sharded by a plan: KJT (local batch) -> {feature: JaggedTensor [ids, dim]}; a KJT
+    with a batch size per feature (and its inverse indices) gives every feature at the full batch, as TorchRec's."""
+
+    takes_variable_batch = True
 
     def __init__(self, tables, module_plan, env: ShardingEnv, optimizer: Optional[FusedOptimizerConfig] = None,
                  initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
@@ -57,10 +67,29 @@ class ShardedEmbeddingCollection(ShardedCollection):
             out = out.index_add(0, where, block)
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
             out = guard_gradient(out, type(self).__name__)
-        rows = out.view(-1, self._dim).split(counts)
+        rows = out.view(-1, self._dim)
+        inverse = self._layout.inverse_indices(features) if batch.strides is not None else None
+        if inverse is not None:
+            return self._expanded(rows, batch, inverse)
+        rows = rows.split(counts)
         return {name: JaggedTensor(values=r, lengths=batch.lengths[f],
                                    weights=batch.values[f] if self._need_indices else None)
                 for name, f, r in zip(self._embedding_names, self._features, rows)}
+
+    def _expanded(self, rows: torch.Tensor, batch: FeatureBatch, inverse: torch.Tensor) -> Dict[str, JaggedTensor]:
+        """Every feature at the full batch: sample b of feature k is the bag inverse[k, b] of the (padded) batch."""
+        F, B = len(self._features), batch.batch_size
+        lengths = torch.stack([batch.lengths[f] for f in self._features])  # [F, B] (empty bags past each stride)
+        inverse = inverse.to(lengths.device)
+        bags = (inverse + torch.arange(F, device=lengths.device).unsqueeze(1) * B).reshape(-1)
+        new_lengths, positions = permute_segments(lengths.reshape(-1, 1), bags)
+        new_lengths = new_lengths.view(F, -1)
+        counts = new_lengths.sum(1).tolist()
+        values = rows.index_select(0, positions.to(rows.device)).split(counts)
+        ids = torch.cat([batch.values[f] for f in self._features])[positions].split(counts) \
+            if self._need_indices else [None] * F
+        return {name: JaggedTensor(values=v, lengths=n, weights=i)
+                for name, v, n, i in zip(self._embedding_names, values, new_lengths, ids)}
 
     def embedding_dim(self) -> int:
         return self._dim

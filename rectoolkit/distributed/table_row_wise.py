@@ -8,8 +8,9 @@
 
 Routing is row-wise's (row_wise.bucket_by_rows); the output combination is two-level (two_level.py), so only
 reduced sums cross hosts. Bytes (rectoolkit.plan.traffic): intra 4 * B_i * dim per (row block, feature);
-inter 4 * B_i * dim per (column block, feature). Sequence outputs (EmbeddingCollection) go back in one level,
-as for ROW_WISE.
+inter 4 * B_i * dim per (column block, feature). With a batch size per feature (VBE), S_i(f) in place of B_i
+at both levels, plus a 4-byte count per feature shard to its owner and per (feature, host) to the source's
+gateway on that host. Sequence outputs (EmbeddingCollection) go back in one level, as for ROW_WISE.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ class TableRowWiseSharding(RowWiseSharding):
     """The TABLE_ROW_WISE tables of one sharded collection: row-wise routing, two-level output."""
 
     sharding_type = ShardingType.TABLE_ROW_WISE
-    bags_per_feature = False  # the gateways add up blocks of one batch size per source
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
         self.routes = TwoLevelRoutes(self.env, self.by_owner, spec.key_offsets)  # checks: one host per column block
+        self.gateway_keys = self.routes.gateway_keys
 
     def check_table_plan(self, table, ps) -> None:
         require(all(s.columns == (0, table.embedding_dim) for s in ps.shards), table, ps,
@@ -43,4 +44,4 @@ class TableRowWiseSharding(RowWiseSharding):
                 f"(local_world_size={self.env.local_world_size}); keep them on one host, or use ROW_WISE")
 
     def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.routes.to_requesters(pooled, received.batch_sizes), self.routes.final_columns
+        return self.routes.to_requesters(pooled, received), self.routes.final_columns

@@ -25,10 +25,13 @@ that table, and source rank i with a local batch of B_i samples (every rank know
 * sequence outputs (EmbeddingCollection, one row per id), every type but DATA_PARALLEL:
   ``output_dist``: rank(s) sends to i one float32 row slice per id of f in rows(s): 4 * n_ids * cols(s).
 * a batch size per feature (VBE: rank i's batch has S_i(f) samples of feature f, padded to B_i = the largest
-  with empty bags): TABLE_WISE / (TABLE_)COLUMN_WISE / ROW_WISE send f's own bags only, after a header of one int32
-  count per feature shard: ``input_dist`` carries 4 * (1 + S_i(f)) length bytes in place of 4 * B_i, and
-  ``output_dist`` 4 * S_i(f) * cols(s) in place of 4 * B_i * cols(s). TABLE_ROW_WISE / GRID_SHARD send every
-  feature B_i bags (their gateways add blocks of one batch size). `batch_id_counter` reads the S_i(f) off the
+  with empty bags): every type but DATA_PARALLEL sends f's own bags only, after a header of one int32 count per
+  feature shard: ``input_dist`` carries 4 * (1 + S_i(f)) length bytes in place of 4 * B_i, and the pooled outputs
+  S_i(f) in place of B_i: ``output_dist`` 4 * S_i(f) * cols(s); TABLE_ROW_WISE / GRID_SHARD
+  ``output_dist_intra`` 4 * S_i(f) * cols(s) and ``output_dist_inter`` 4 * S_i(f) * cols(c). So that a
+  two-level gateway can add up and forward each feature's blocks at their own size, rank i's header to each of
+  its gateways (g = h * L + local(i), one on every host h that holds a column block of f's table) also carries
+  one int32 count per (table, feature): 4 more ``input_dist`` bytes. `batch_id_counter` reads the S_i(f) off the
   batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i.
 * backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
   go back the same way). Input distribution has no backward (ids carry no gradient).
@@ -82,8 +85,6 @@ CONTROL_COLLECTIVES = ("metadata",)  # counted by the sharded modules, not price
 IdCounter = Callable[[int, str, int, int], float]
 
 TWO_LEVEL = (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
-BAGS_PER_FEATURE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
-                    ShardingType.ROW_WISE)  # VBE, see above
 
 
 def is_pooled(table: BaseEmbeddingConfig) -> bool:
@@ -122,28 +123,33 @@ def step_traffic(
             continue
         pooled = is_pooled(table)
         for feature in table.feature_names:
+            # the bags of `feature` rank i sends and gets back: its own (VBE) or B_i; and its count header
+            bags = [batch_sizes[i] if not pooled or own is None else own[feature]
+                    for i, own in enumerate(feature_batch_sizes)]
+            header = [0 if not pooled or own is None else 1 for own in feature_batch_sizes]
             for shard in ps.shards:
                 owner = shard.rank
                 row_start, row_end = shard.rows
                 cols = shard.shard_sizes[1]
                 for src in range(world_size):
                     n_ids = count_ids(src, feature, row_start, row_end)
-                    own_bags = feature_batch_sizes[src] if pooled and kind in BAGS_PER_FEATURE else None
-                    bags = batch_sizes[src] if own_bags is None else own_bags[feature]
-                    header = 0 if own_bags is None else 1
-                    out["input_dist"][src, owner] += LENGTH_BYTES * (header + bags) + id_bytes * n_ids
+                    out["input_dist"][src, owner] += LENGTH_BYTES * (header[src] + bags[src]) + id_bytes * n_ids
                     if not pooled:  # sequence rows go straight back to the rank that asked
                         out["output_dist"][owner, src] += VALUE_BYTES * cols * n_ids
                     elif kind in TWO_LEVEL:
                         gateway = (owner // L) * L + src % L
-                        out["output_dist_intra"][owner, gateway] += VALUE_BYTES * batch_sizes[src] * cols
+                        out["output_dist_intra"][owner, gateway] += VALUE_BYTES * bags[src] * cols
                     else:
-                        out["output_dist"][owner, src] += VALUE_BYTES * bags * cols
+                        out["output_dist"][owner, src] += VALUE_BYTES * bags[src] * cols
             if pooled and kind in TWO_LEVEL:
-                for (col_start, col_end), host in _column_blocks(ps, L).items():
+                blocks = _column_blocks(ps, L)
+                for host in set(blocks.values()):  # the count header to each gateway on the table's hosts
+                    for src in range(world_size):
+                        out["input_dist"][src, host * L + src % L] += LENGTH_BYTES * header[src]
+                for (col_start, col_end), host in blocks.items():
                     for dst in range(world_size):
                         gateway = host * L + dst % L
-                        out["output_dist_inter"][gateway, dst] += VALUE_BYTES * batch_sizes[dst] * (col_end - col_start)
+                        out["output_dist_inter"][gateway, dst] += VALUE_BYTES * bags[dst] * (col_end - col_start)
     for name in ("output_dist", "output_dist_intra", "output_dist_inter"):
         out[name + "_backward"] = out[name].T.copy()
     return out
@@ -217,7 +223,6 @@ def expected_id_counter(
 
 def batch_sizes_of(batches: Sequence[object]) -> list:
     """Local batch size of each rank's KJT, B_i: with a batch size per feature (VBE) the largest feature's (the
-    two-level types pad the others to it with empty bags; the one-level types send each feature's own, which
-    `batch_id_counter` reads off the batches)."""
+    sharded types send each feature's own bags, which `batch_id_counter` reads off the batches)."""
     return [int(max(kjt.stride_per_key(), default=0)) if kjt.variable_stride_per_key() else int(kjt.stride())
             for kjt in batches]

@@ -131,7 +131,10 @@ class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCol
 
 class ShardedQuantEmbeddingCollection(QuantizedShards, ShardedEmbeddingCollection):
     """A QuantEmbeddingCollection sharded for inference: forward gives {feature: JaggedTensor} itself (as
-    TorchRec's ShardedQuantEmbeddingCollection), in the quantized module's output dtype."""
+    TorchRec's ShardedQuantEmbeddingCollection), in the quantized module's output dtype. A batch size per feature
+    (VBE) is refused, as by the unsharded QuantEmbeddingCollection."""
+
+    takes_variable_batch = False
 
     def __init__(self, tables, module_plan, env: ShardingEnv, backend: str = "auto", ids_out_of_range: str = "error",
                  need_indices: bool = False, output_dtype: torch.dtype = torch.float32) -> None:

@@ -117,3 +117,18 @@ def global_batch(batches: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
                 weights.append(jt.weights())
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
                                                weights=torch.cat(weights) if weights else None)
+
+
+# ------------------------------------------------------------------------------------------------ TorchRec
+def load_torchrec_shards(dmp, weights: Dict[str, torch.Tensor]) -> None:
+    """Copy full tables into the local shards of TorchRec's DistributedModelParallel (sharded tables: each shard's
+    slice; replicated DATA_PARALLEL tables: the whole table), so TorchRec and rectoolkit start from the same weights."""
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            table = key.split(".")[-2]
+            if not hasattr(value, "local_shards"):
+                value.copy_(weights[table])
+                continue
+            for shard in value.local_shards():
+                (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                shard.tensor.copy_(weights[table][r0:r0 + nr, c0:c0 + nc])

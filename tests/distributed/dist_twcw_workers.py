@@ -11,7 +11,7 @@ import torch
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
 from rectoolkit.plan.torchrec_interop import to_torchrec
-from dist_harness import column_wise, make_batch
+from dist_harness import column_wise, load_torchrec_shards, make_batch
 
 TABLES = [("t", 20, 8, ["f", "f2"]), ("u", 12, 8, ["g"])]
 
@@ -36,12 +36,7 @@ def torchrec_and_ours_worker(rank: int, W: int, plans: List[dict], result_file: 
         dmp = DistributedModelParallel(theirs, env=TorchRecShardingEnv.from_process_group(torch.distributed.group.WORLD),
                                        device=torch.device("cpu"), plan=to_torchrec(rtk.ShardingPlan({"": plan})),
                                        sharders=[EmbeddingBagCollectionSharder()])
-        with torch.no_grad():  # TorchRec's shards start from their own init: give them the same weights
-            for key, value in dmp.state_dict().items():
-                table = key.split(".")[-2]
-                for shard in value.local_shards():
-                    (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                    shard.tensor.copy_(weights[table][r0:r0 + nr, c0:c0 + nc])
+        load_torchrec_shards(dmp, weights)  # TorchRec's shards start from their own init: give them the same weights
         ours_module = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d,
                                                                          feature_names=f) for n, r, d, f in TABLES])
         ours_module.load_state_dict({f"embedding_bags.{n}.weight": w for n, w in weights.items()})

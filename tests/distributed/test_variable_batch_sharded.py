@@ -1,7 +1,7 @@
 """A batch size per feature (VBE) through the sharded EmbeddingBagCollection on 2 gloo ranks, every sharding type:
 outputs (expanded with the inverse indices) and gradients equal the unsharded collection's, bytes equal
-traffic.py's (ids deduplicated; the one-level types send each feature's own bags and get its pooled rows back at its
-own batch size, checked by hand too; the two-level types pad every feature to the rank's largest)."""
+traffic.py's (ids deduplicated; every routed type sends each feature's own bags and gets its pooled rows back at its
+own batch size, through both output levels for the two-level types, checked by hand too)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,32 @@ import pytest
 from dist_harness import run_workers
 from dist_vbe_workers import vbe_worker
 
-# (plan, ranks per host): one host of 2 ranks, then 2 hosts of 1 rank for the two-level types
-CASES = [(kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_a"]] + \
+# (plan, ranks per host): one host of 2 ranks (the two-level types: partial sums of both ranks added by the
+# gateway; "table_row_wise_last": rank 0 is a gateway that owns nothing, "+plain": rank 1's batch is a plain one
+# beside rank 0's VBE batch), then 2 hosts of 1 rank for the two-level types (the reduced sums cross hosts)
+CASES = [(kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_a",
+                                "table_row_wise", "grid_shard", "table_row_wise_last",
+                                "table_row_wise_last+plain"]] + \
     [("table_row_wise", 1), ("grid_shard", 1), ("mixed_b", 1)]
+# the EmbeddingCollection: the one-level types (TABLE_WISE, ROW_WISE, COLUMN_WISE also compared with TorchRec's
+# sharded one), then the two-level ones
+EC_CASES = [("ec:" + kind, 2) for kind in ["table_wise", "row_wise", "column_wise", "mixed_a", "table_row_wise"]] + \
+    [("ec:grid_shard", 1)]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(150)
+@pytest.mark.torchrec
+@pytest.mark.timeout(240)
 def test_two_ranks_vbe_equals_unsharded(tmp_path):
+    pytest.importorskip("torchrec")
     result_file = os.path.join(tmp_path, "results.jsonl")
-    run_workers(vbe_worker, 2, CASES, result_file)
+    run_workers(vbe_worker, 2, CASES + EC_CASES, result_file)
     rows = [json.loads(line) for line in open(result_file)]
-    assert [(r["case"], r["weighted"]) for r in rows] == [(c, w) for c, _ in CASES for w in (False, True)]
+    assert [(r["case"], r["weighted"]) for r in rows] == \
+        [(c, w) for c, _ in CASES for w in (False, True)] + [(c, False) for c, _ in EC_CASES]
     assert all(r["output_rows"] == [5, 6] for r in rows)
+    compared = [r["case"] for r in rows if r.get("torchrec_diff") is not None]
+    assert compared == ["ec:table_wise", "ec:row_wise", "ec:column_wise"]
 
 
 @pytest.mark.timeout(60)
