@@ -16,15 +16,19 @@ a function `batch -> (loss, output)`); `progress()` runs zero_grad, forward, bac
 
 `TrainPipelineSparseDist` does the same work in this order (step i):
 
-    wait       the ids of batch i, sent during step i-1 (the time shows in CommStats.wait_s["input_dist"])
+    wait       the ids of batch i, sent at the start of step i-1 (the time shows in CommStats.wait_s["input_dist"])
+    send       input_dist of batch i+1, second stage: its sizes (sent during step i-1) are read, its ids'
+               all-to-all starts; it travels during the whole of step i
     load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
-    start      input_dist of batch i+1, first stage: the "metadata" all-to-all (sizes) is started
-    forward    of batch i (its sharded collections skip their input_dist)
-    send       input_dist of batch i+1, second stage: wait for the sizes, start the ids' all-to-all
-    backward   of batch i, then optimizer.step()
+    start      input_dist of batch i+2, first stage: its KJT is split and routed (bucketized for row-wise) and
+               the "metadata" all-to-all (sizes) is started
+    forward    of batch i (its sharded collections skip their input_dist), backward, optimizer.step()
 
-Both all-to-alls of batch i+1 are asynchronous, on a process group of the pipeline's own, as in TorchRec (its
-splits all-to-all before forward, its data all-to-all after): none of batch i's collectives waits behind them.
+Both all-to-alls run asynchronously, on a process group of the pipeline's own: none of batch i's collectives
+waits behind them, and nothing blocks between an all-to-all's start and its wait one step later (the sizes are
+read a step after they were sent). TorchRec sends the sizes of batch i+1 before forward i and its ids after
+forward i, so its ids travel during backward i only; here the sizes go one batch earlier, so the ids have a
+whole step.
 
 The ids of a batch do not depend on the weights, so sending them one step early changes no number: the weights
 after N steps are bit-identical to the plain loop's. Which KJT feeds which sharded collection is found on the
@@ -226,7 +230,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                               for path, field_path in sorted(self._input_paths.items())}
 
     def _send_ids_ahead(self) -> None:
-        """The sizes of batch i+1 have arrived (sent before forward i): start its ids (they travel during backward i)."""
+        """The sizes of batch i+1 have arrived (sent during step i-1): start its ids (they travel during step i)."""
         if len(self._ahead) > 1:
             for ahead in self._ahead[1].values():
                 ahead.send()
@@ -244,8 +248,8 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                 hook.remove()
             self._input_paths = {path: field_path for path, features in received.items()
                                  if (field_path := _path_to(batch, features)) is not None}
-            if len(self._batches) > 1:
-                self._start_input_dist(1)
+            for index in range(1, len(self._batches)):  # the sizes of batches 1 and 2, then the ids of batch 1
+                self._start_input_dist(index)
             self._send_ids_ahead()
 
         try:
@@ -271,6 +275,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._wait_for_batch(batch)
         for ahead in self._ahead[0].values():
             ahead.wait()
+        self._send_ids_ahead()
         if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
             self.finish()
             raise StopIteration
@@ -279,9 +284,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         if self._input_paths is None:
             output = self._find_input_paths(batch)
         else:
-            if len(self._batches) > 1:
-                self._start_input_dist(1)  # the sizes of batch i+1 travel during forward i
-            output = self._train_step(batch, self._send_ids_ahead)
+            if len(self._batches) > 2:
+                self._start_input_dist(2)  # the sizes of batch i+2 travel during step i
+            output = self._train_step(batch)
         self._batches.pop(0)
         self._ahead.pop(0)
         self._batch_count += 1

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from rectoolkit.plan.types import ShardingType
 from rectoolkit.distributed import TrainPipelineBase, TrainPipelineSparseDist
 from dist_harness import run_workers
 from dist_pipeline_workers import (
@@ -23,6 +24,7 @@ from dist_pipeline_workers import (
     check_pipelined,
     local_env,
     pipeline_worker,
+    PATH,
     pipelined,
     plain_loop,
     torchrec_steps_worker,
@@ -71,6 +73,26 @@ def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path
                                                  execute_all_batches=execute_all)[0])
             for execute_all, count in torchrec_steps}
     assert ours == torchrec_steps
+
+
+def test_the_ids_of_the_next_batch_travel_during_the_whole_step():
+    # at forward i the ids of batch i+1 are already sent and the sizes of batch i+2 too (TorchRec sends the ids
+    # of batch i+1 after forward i): counted as started exchanges, one per routed group and batch
+    dmp, optimizer = build("table_wise", 1, local_env())
+    routed = sum(g.sharding_type != ShardingType.DATA_PARALLEL for g in dmp.sharded_modules[PATH].groups.values())
+    started = []
+
+    def forward(batch):
+        calls = dmp.env.stats.calls
+        started.append((calls.get("metadata", 0) // routed, calls.get("input_dist", 0) // routed))
+        return dmp(batch)
+
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), custom_model_fwd=forward)
+    feed = iter(batches(0, 1, 6))
+    for _ in range(6):
+        pipeline.progress(feed)
+    # step 0 runs plain; at forward i >= 1: sizes of batches 0..i+2, ids of batches 0..i+1 (at most the 6 batches)
+    assert started == [(0, 0)] + [(min(i + 2, 5) + 1, min(i + 1, 5) + 1) for i in range(1, 6)]
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
