@@ -10,6 +10,8 @@ the errors.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -87,12 +89,33 @@ def test_the_ids_of_the_next_batch_travel_during_the_whole_step():
         started.append((calls.get("metadata", 0) // routed, calls.get("input_dist", 0) // routed))
         return dmp(batch)
 
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), custom_model_fwd=forward)
+    # on the calling thread, so that the counts at forward are exact (the default thread runs alongside forward)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), custom_model_fwd=forward,
+                                       background_input_dist=False)
     feed = iter(batches(0, 1, 6))
     for _ in range(6):
         pipeline.progress(feed)
     # step 0 runs plain; at forward i >= 1: sizes of batches 0..i+2, ids of batches 0..i+1 (at most the 6 batches)
     assert started == [(0, 0)] + [(min(i + 2, 5) + 1, min(i + 1, 5) + 1) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_the_work_ahead_runs_on_the_pipelines_thread_with_the_same_numbers(background):
+    data = batches(0, 1, STEPS, "mixed_a")
+    plain = plain_loop("mixed_a", data, 1, local_env())
+    dmp, optimizer = build("mixed_a", 1, local_env())
+    collection = dmp.sharded_modules[PATH]
+    threads = []
+    collection.start_input_dist = lambda features, env=None, original=collection.start_input_dist: (
+        threads.append(threading.current_thread().name) or original(features, env))
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), background_input_dist=background)
+    feed = iter(data)
+    losses = [pipeline.progress(feed) for _ in data]
+    # batches 1 and 2 start after the first forward, on the calling thread; batches 3, 4 during steps 1, 2
+    main = threading.current_thread().name
+    assert threads == [main, main] + ["rectoolkit-input-dist_0" if background else main] * (STEPS - 3)
+    assert all(torch.equal(a, b) for a, b in zip(losses, plain[0]))
+    assert all(torch.equal(v, dmp.state_dict()[k]) for k, v in plain[1].items())
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
