@@ -17,7 +17,8 @@ steps, ROUNDS rounds alternate the three (STEPS timed steps each, ranks aligned 
 counts). Printed per run: the median and range of steps/s, the median of the
 per-round ratios, the communication share (time the ranks spent blocked in the sharded modules' collectives, over
 their time: CommStats.wait_s; DDP's all-reduce not included) of each loop, split into the input_dist part (sizes +
-ids all-to-all: what the pipeline moves) and the rest (output_dist and its backward), the CPU the ranks used over
+ids all-to-all) and the rest (output_dist and its backward), the plain loop's input_dist share end to end (split,
+id check, routing and both exchanges: all the pipeline moves off the training thread), the CPU the ranks used over
 their time (main thread + gloo's threads: near the cores a rank can have means no room for overlap), the load
 average before / after, and whether the pipelined DMPs' weights are bit-identical to the plain loop's at the end.
 """
@@ -150,6 +151,23 @@ def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, 
         loss.backward()
         plain_opt.step()
 
+    # the plain loop's whole input_dist (split, id check, routing, both exchanges), timed where forward runs it
+    # (the split of the KJT, then each group's input_dist)
+    input_dist_s = [0.0]
+
+    def timed_call(run):
+        def timed_run(*args):
+            started = time.perf_counter()
+            out = run(*args)
+            input_dist_s[0] += time.perf_counter() - started
+            return out
+        return timed_run
+
+    for collection in plain_dmp.sharded_modules.values():
+        collection._batch_and_received = timed_call(collection._batch_and_received)
+        for group in collection.groups.values():
+            group.input_dist = timed_call(group.input_dist)
+
     contenders = {"plain": (plain_step, plain_dmp)}
     pipelines = []
     for name, background in (("pipelined", True), ("inline", False)):
@@ -160,13 +178,16 @@ def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, 
         pipelines.append((pipeline, feed, dmp))
 
     def counters(env) -> List[float]:
-        """wall, process CPU (all threads), blocked in input_dist, blocked in the other sharded collectives."""
+        """wall, process CPU (all threads), blocked in input_dist, blocked in the other sharded collectives, the
+        plain loop's input_dist end to end."""
         waits = env.stats.wait_s
         input_side = sum(waits.get(name, 0.0) for name in INPUT_SIDE)
-        return [time.perf_counter(), time.process_time(), input_side, env.stats.total_wait_s() - input_side]
+        return [time.perf_counter(), time.process_time(), input_side, env.stats.total_wait_s() - input_side,
+                input_dist_s[0]]
 
     def timed(step, count: int, env) -> tuple:
-        """(seconds of the slowest rank; the ranks' shares of their time in CPU, input_dist waits, other waits)."""
+        """(seconds of the slowest rank; the ranks' shares of their time in CPU, input_dist waits, other waits,
+        input_dist end to end)."""
         dist.barrier()
         before = counters(env)
         for _ in range(count):
@@ -175,15 +196,16 @@ def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, 
         slowest, summed = used.clone(), used.clone()
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         dist.all_reduce(summed)  # over ranks
-        return (float(slowest[0]), *(float(summed[k]) / float(summed[0]) for k in (1, 2, 3)))
+        return (float(slowest[0]), *(float(summed[k]) / float(summed[0]) for k in (1, 2, 3, 4)))
 
     for step, dmp in contenders.values():
         timed(step, WARMUP, dmp.env)
     results: Dict[str, list] = {f"{name}{part}": [] for name in contenders
-                                for part in ("", "_cpu", "_input_wait", "_other_wait")}
+                                for part in ("", "_cpu", "_input_wait", "_other_wait", "_input_dist")}
     for _ in range(rounds):
         for name, (step, dmp) in contenders.items():
-            seconds, cpu, input_wait, other_wait = timed(step, steps, dmp.env)
+            seconds, cpu, input_wait, other_wait, input_dist = timed(step, steps, dmp.env)
+            results[name + "_input_dist"].append(input_dist)
             results[name].append(steps / seconds)
             results[name + "_cpu"].append(cpu)
             results[name + "_input_wait"].append(input_wait)
@@ -240,30 +262,32 @@ def ratio(values: List[float]) -> str:
 def row(run: int, results: Dict) -> str:
     before, after = results["load"]
     return (f"| {run} | {summary(results['plain'])} | {summary(results['pipelined'])} | {ratio(results['ratios'])} | "
-            f"{ratio(results['inline_ratios'])} | {comm_share(results, 'plain')} | {comm_share(results, 'pipelined')} | "
+            f"{ratio(results['inline_ratios'])} | {comm_share(results, 'plain')} | "
+            f"{median(results['plain_input_dist']):.0%} | {comm_share(results, 'pipelined')} | "
             f"{median(results['plain_cpu']):.2f} / {median(results['pipelined_cpu']):.2f} | "
             f"{before[0]:.1f} / {after[0]:.1f} | {'yes' if results['identical'] else 'NO'} |")
 
 
-def workload_section(workload: Workload, results: List[Dict], rounds: int, steps: int, threads: int) -> List[str]:
+def workload_section(workload: Workload, results: List[Dict], rounds: int, steps: int) -> List[str]:
     all_ratios = [r for result in results for r in result["ratios"]]
     all_inline = [r for result in results for r in result["inline_ratios"]]
     plain_comm = median([median([i + o for i, o in zip(r["plain_input_wait"], r["plain_other_wait"])])
                          for r in results])
+    plain_input_dist = median([median(r["plain_input_dist"]) for r in results])
     return [
         f"## workload `{workload.name}`: {workload.describe()}",
         "",
         f"{len(results)} runs; each: {rounds} alternating rounds of {steps} steps after {WARMUP} warm-up steps.",
         "",
         "| run | plain steps/s | pipelined steps/s | ratio | ratio, inline | plain comm share (input_dist + rest) | "
-        "pipelined comm share | CPU per rank plain / pipelined | load | identical |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "plain input_dist share | pipelined comm share | CPU per rank plain / pipelined | load | identical |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         *[row(k + 1, result) for k, result in enumerate(results)],
         "",
         f"All rounds of all runs: median ratio {median(all_ratios):.2f}x, "
         f"{sum(r >= 1.2 for r in all_ratios)} of {len(all_ratios)} rounds at 1.2x or more (inline: "
-        f"{median(all_inline):.2f}x); the plain loop's "
-        f"communication share (median of the runs) {plain_comm:.0%}.",
+        f"{median(all_inline):.2f}x); the plain loop's communication share (median of the runs) {plain_comm:.0%}, "
+        f"its input_dist end to end {plain_input_dist:.0%}.",
         "",
     ]
 
@@ -296,17 +320,19 @@ def main() -> None:
         f"fbgemm {'off' if os.environ.get('RECTOOLKIT_DISABLE_FBGEMM') == '1' else 'when installed'}. "
         "steps/s of the slowest rank, median (range over the rounds); ratio = median (range) of the per-round ratios "
         "pipelined / plain; inline: the pipeline with background_input_dist=False (the next batches' input_dist "
-        "work on the training thread, not on the pipeline's own). Comm share = time the ranks spent blocked in the sharded modules' collectives / their "
-        "time (DDP's all-reduce not counted), median over the rounds: the input_dist part (sizes + ids: what the "
-        "pipeline sends ahead, the most it can hide) + the rest (output_dist and its backward). CPU per rank = "
-        "process CPU time (main thread and gloo's threads) / wall time. Load = 1-minute load average before / after "
-        "the run. Identical = the pipelined DMPs' weights equal the plain loop's bit for bit at the end of the run "
+        "work on the training thread, not on the pipeline's own). Comm share = time the ranks spent blocked in the "
+        "sharded modules' collectives / their time (DDP's all-reduce not counted), median over the rounds: the "
+        "input_dist part (sizes + ids all-to-all) + the rest (output_dist and its backward). Plain input_dist share = "
+        "the plain loop's whole input_dist (split, id check, routing, both exchanges; timed around it in forward) / "
+        "its time: all that the pipeline takes off the training thread. CPU per rank = process CPU time (main thread, "
+        "gloo's and the pipeline's threads) / wall time. Load = 1-minute load average before / after the run. "
+        "Identical = the pipelined DMPs' weights equal the plain loop's bit for bit at the end of the run "
         "(all trained on the same batches).",
         "",
     ]
     for workload in chosen:
         results = [run_once(workload, rounds, steps, args.threads) for _ in range(runs)]
-        lines += workload_section(workload, results, rounds, steps, args.threads)
+        lines += workload_section(workload, results, rounds, steps)
         print("\n".join(lines[-(len(results) + 9):]), file=sys.stderr, flush=True)  # progress while the rest runs
     text = "\n".join(lines).rstrip()
     print(text)
