@@ -17,15 +17,17 @@ a function `batch -> (loss, output)`); `progress()` runs zero_grad, forward, bac
 `TrainPipelineSparseDist` does the same work in this order (step i):
 
     wait       the ids of batch i, sent at the start of step i-1 (the time shows in CommStats.wait_s["input_dist"])
+    load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
     send       input_dist of batch i+1, second stage: its sizes (sent during step i-1) are read, its ids'
                all-to-all starts; it travels during the whole of step i
-    load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
     start      input_dist of batch i+2, first stage: its KJT is split and routed (bucketized for row-wise) and
                the "metadata" all-to-all (sizes) is started
     forward    of batch i (its sharded collections skip their input_dist), backward, optimizer.step()
 
-"send" and "start" run on a thread of the pipeline's own (`background_input_dist`, rectoolkit's), while forward i
-runs: on a machine with a core to spare, the preparation of the next batches' ids costs the step no time.
+"send" and "start" run on a thread of the pipeline's own (`background_input_dist`, rectoolkit's), alongside
+forward i: on a machine with a core to spare, preparing the next batches' ids (for row-wise tables, bucketing
+every id) costs the step no time. Step i+1 begins by waiting for that work (an error in it, e.g. an id out
+of range in batch i+2, is raised then).
 
 Both all-to-alls run asynchronously, on a process group of the pipeline's own: none of batch i's collectives
 waits behind them, and nothing blocks between an all-to-all's start and its wait one step later (the sizes are

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rectoolkit.plan.types import ShardingType
+from rectoolkit.sparse import KeyedJaggedTensor
 from rectoolkit.distributed import TrainPipelineBase, TrainPipelineSparseDist
 from dist_harness import run_workers
 from dist_pipeline_workers import (
@@ -116,6 +117,23 @@ def test_the_work_ahead_runs_on_the_pipelines_thread_with_the_same_numbers(backg
     assert threads == [main, main] + ["rectoolkit-input-dist_0" if background else main] * (STEPS - 3)
     assert all(torch.equal(a, b) for a, b in zip(losses, plain[0]))
     assert all(torch.equal(v, dmp.state_dict()[k]) for k, v in plain[1].items())
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_an_id_out_of_range_in_a_later_batch_is_raised_by_a_step(background):
+    dmp, optimizer = build("table_wise", 1, local_env())
+    data = batches(0, 1, 5)
+    kjt = data[3].sparse_features
+    data[3] = data[3]._replace(sparse_features=KeyedJaggedTensor.from_lengths_sync(
+        kjt.keys(), torch.full_like(kjt.values(), 10 ** 9), kjt.lengths()))
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), background_input_dist=background)
+    feed = iter(data)
+    # batch 3's input_dist starts during step 1: on the calling thread it raises there, on the pipeline's thread
+    # at the start of step 2
+    for _ in range(2 if background else 1):
+        pipeline.progress(feed)
+    with pytest.raises(ValueError, match="1000000000"):
+        pipeline.progress(feed)
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
