@@ -48,7 +48,10 @@ Every rank must call progress() equally often and give it the same number of bat
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+import weakref
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -224,7 +227,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
         # one worker: the ahead collectives are started in one order, the same on every rank
-        self._worker = ThreadPoolExecutor(1, "rectoolkit-input-dist") if background_input_dist else None
+        self._worker = _WorkerThread("rectoolkit-input-dist") if background_input_dist else None
         self._work_in_flight: Optional[Future] = None
 
     @property
@@ -331,6 +334,32 @@ class TrainPipelineSparseDist(TrainPipelineBase):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+class _WorkerThread:
+    """One thread that runs what is submitted, in order. A daemon: a rank whose training fails exits without
+    waiting for it, even while it waits on a collective its dead peers will never join; it ends when its owner
+    is garbage collected."""
+
+    def __init__(self, name: str) -> None:
+        self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(self._tasks,), name=name, daemon=True).start()
+        weakref.finalize(self, self._tasks.put, None)
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._tasks.put((future, function, args))
+        return future
+
+
+def _serve(tasks: "queue.SimpleQueue") -> None:
+    while (task := tasks.get()) is not None:
+        future, function, args = task
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:  # handed to the training thread, which raises it
+            future.set_exception(error)
+        del task, future, function, args  # hold nothing of the owner while waiting for the next task
+
+
 def _refuse(name: str, value: Any, default: Any, why: str) -> None:
     if value != default:
         raise NotImplementedError(f"train pipeline: {name}={value!r} is not supported ({why}); leave it at "

@@ -10,6 +10,7 @@ the errors.
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -114,7 +115,7 @@ def test_the_work_ahead_runs_on_the_pipelines_thread_with_the_same_numbers(backg
     losses = [pipeline.progress(feed) for _ in data]
     # batches 1 and 2 start after the first forward, on the calling thread; batches 3, 4 during steps 1, 2
     main = threading.current_thread().name
-    assert threads == [main, main] + ["rectoolkit-input-dist_0" if background else main] * (STEPS - 3)
+    assert threads == [main, main] + ["rectoolkit-input-dist" if background else main] * (STEPS - 3)
     assert all(torch.equal(a, b) for a, b in zip(losses, plain[0]))
     assert all(torch.equal(v, dmp.state_dict()[k]) for k, v in plain[1].items())
 
@@ -134,6 +135,21 @@ def test_an_id_out_of_range_in_a_later_batch_is_raised_by_a_step(background):
         pipeline.progress(feed)
     with pytest.raises(ValueError, match="1000000000"):
         pipeline.progress(feed)
+
+
+def test_the_pipelines_thread_ends_with_the_pipeline():
+    dmp, optimizer = build("table_wise", 1, local_env())
+    before = set(threading.enumerate())
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+    feed = iter(batches(0, 1, 4))
+    for _ in range(4):
+        pipeline.progress(feed)
+    (worker,) = [t for t in threading.enumerate() if t not in before]
+    assert worker.name == "rectoolkit-input-dist" and worker.daemon  # a failing rank does not wait for it
+    del pipeline, feed
+    gc.collect()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
