@@ -16,15 +16,24 @@ a function `batch -> (loss, output)`); `progress()` runs zero_grad, forward, bac
 
 `TrainPipelineSparseDist` does the same work in this order (step i):
 
-    wait       the ids of batch i, sent during step i-1 (the time shows in CommStats.wait_s["input_dist"])
+    wait       the ids of batch i, sent at the start of step i-1 (the time shows in CommStats.wait_s["input_dist"])
     load       batch i+2 from the dataloader; its copy to the device starts (a side stream on CUDA)
-    start      input_dist of batch i+1, first stage: the "metadata" all-to-all (sizes) is started
-    forward    of batch i (its sharded collections skip their input_dist)
-    send       input_dist of batch i+1, second stage: wait for the sizes, start the ids' all-to-all
-    backward   of batch i, then optimizer.step()
+    send       input_dist of batch i+1, second stage: its sizes (sent during step i-1) are read, its ids'
+               all-to-all starts; it travels during the whole of step i
+    start      input_dist of batch i+2, first stage: its KJT is split and routed (bucketized for row-wise) and
+               the "metadata" all-to-all (sizes) is started
+    forward    of batch i (its sharded collections skip their input_dist), backward, optimizer.step()
 
-Both all-to-alls of batch i+1 are asynchronous, on a process group of the pipeline's own, as in TorchRec (its
-splits all-to-all before forward, its data all-to-all after): none of batch i's collectives waits behind them.
+"send" and "start" run on a thread of the pipeline's own (`background_input_dist`, rectoolkit's), alongside
+forward i: on a machine with a core to spare, preparing the next batches' ids (for row-wise tables, bucketing
+every id) costs the step no time. Step i+1 begins by waiting for that work (an error in it, e.g. an id out
+of range in batch i+2, is raised then).
+
+Both all-to-alls run asynchronously, on a process group of the pipeline's own: none of batch i's collectives
+waits behind them, and nothing blocks between an all-to-all's start and its wait one step later (the sizes are
+read a step after they were sent). TorchRec sends the sizes of batch i+1 before forward i and its ids after
+forward i, so its ids travel during backward i only; here the sizes go one batch earlier, so the ids have a
+whole step.
 
 The ids of a batch do not depend on the weights, so sending them one step early changes no number: the weights
 after N steps are bit-identical to the plain loop's. Which KJT feeds which sharded collection is found on the
@@ -39,6 +48,10 @@ Every rank must call progress() equally often and give it the same number of bat
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
+import weakref
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -170,6 +183,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         custom_model_fwd: `batch -> (loss, output)`, called instead of model(batch).
         dmp_collection_sync_interval_batches: for TorchRec's 2D-parallel DMPCollection; rectoolkit has none, so
             only 1 (the default) and None (both: nothing to sync) are accepted.
+        background_input_dist (rectoolkit's): True (default): the next batches' input_dist work (split, route,
+            start the all-to-alls) runs on a thread of the pipeline's own while this batch trains; False: on the
+            calling thread, before this batch's forward. The numbers are the same either way.
     apply_jit, context_type, pipeline_postproc, enqueue_batch_after_forward, enable_inplace_copy_batch,
     free_features_storage_early and clear_data_dist_inputs are accepted at their defaults only (a
     NotImplementedError otherwise).
@@ -182,7 +198,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                  custom_model_fwd: Optional[ModelForward] = None,
                  dmp_collection_sync_interval_batches: Optional[int] = 1, enqueue_batch_after_forward: bool = False,
                  enable_inplace_copy_batch: bool = False, free_features_storage_early: bool = False,
-                 clear_data_dist_inputs: bool = False) -> None:
+                 clear_data_dist_inputs: bool = False, background_input_dist: bool = True) -> None:
         _refuse("apply_jit", apply_jit, False, "the model runs eagerly")
         _refuse("context_type", context_type, None, "rectoolkit's pipeline keeps no context objects")
         _refuse("pipeline_postproc", pipeline_postproc, False, "only sharded collections' input_dist is pipelined")
@@ -210,6 +226,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             self._ahead_env = env.with_group(dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg)))
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
+        # one worker: the ahead collectives are started in one order, the same on every rank
+        self._worker = _WorkerThread("rectoolkit-input-dist") if background_input_dist else None
+        self._work_in_flight: Optional[Future] = None
 
     @property
     def pipelined_modules(self) -> List[str]:
@@ -217,19 +236,35 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         return sorted(self._input_paths or {})
 
     # ------------------------------------------------------------------ input_dist ahead
-    def _start_input_dist(self, index: int) -> None:
-        """Start the input_dist of self._batches[index] (its first stage) for every pipelined collection, in one
-        fixed order."""
-        batch = self._batches[index]
+    def _start_input_dist(self, batch: Any, into: Dict[str, Any]) -> None:
+        """Start the input_dist of `batch` (its first stage) for every pipelined collection, in one fixed order,
+        noting each in `into` (the batch's entry of self._ahead)."""
         self._wait_for_batch(batch)  # its ids must be on the device before they are sent
-        self._ahead[index] = {path: self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
-                              for path, field_path in sorted(self._input_paths.items())}
+        for path, field_path in sorted(self._input_paths.items()):
+            into[path] = self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
 
-    def _send_ids_ahead(self) -> None:
-        """The sizes of batch i+1 have arrived (sent before forward i): start its ids (they travel during backward i)."""
-        if len(self._ahead) > 1:
-            for ahead in self._ahead[1].values():
-                ahead.send()
+    def _work_ahead(self, sizes_arrived: Dict[str, Any], later: Optional[Tuple[Any, Dict[str, Any]]]) -> None:
+        """Start the ids of the batch whose sizes have arrived (batch i+1: sent during step i-1), then the first
+        stage of the input_dist of `later` (batch i+2, with its self._ahead entry), if any."""
+        for ahead in sizes_arrived.values():
+            ahead.send()
+        if later is not None:
+            self._start_input_dist(*later)
+
+    def _start_work_ahead(self) -> None:
+        """_work_ahead for this step, on the pipeline's thread (or here); joined at the start of the next step."""
+        work = (self._ahead[1] if len(self._batches) > 1 else {},
+                (self._batches[2], self._ahead[2]) if len(self._batches) > 2 else None)
+        if self._worker is None:
+            self._work_ahead(*work)
+        else:
+            self._work_in_flight = self._worker.submit(self._work_ahead, *work)
+
+    def _join_work_ahead(self) -> None:
+        """Wait for the work ahead started last step (raising its error, e.g. an id out of range in a later batch)."""
+        work, self._work_in_flight = self._work_in_flight, None
+        if work is not None:
+            work.result()
 
     def _find_input_paths(self, batch: Any) -> Any:
         """Run the first step plain, noting which field of the batch each sharded collection receives; the input_dist
@@ -244,9 +279,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                 hook.remove()
             self._input_paths = {path: field_path for path, features in received.items()
                                  if (field_path := _path_to(batch, features)) is not None}
-            if len(self._batches) > 1:
-                self._start_input_dist(1)
-            self._send_ids_ahead()
+            for later, into in zip(self._batches[1:], self._ahead[1:]):  # the sizes of batches 1 and 2
+                self._start_input_dist(later, into)
+            self._work_ahead(self._ahead[1] if len(self._ahead) > 1 else {}, None)  # the ids of batch 1
 
         try:
             return self._train_step(batch, after_forward)
@@ -269,6 +304,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             raise StopIteration
         batch = self._batches[0]
         self._wait_for_batch(batch)
+        self._join_work_ahead()
         for ahead in self._ahead[0].values():
             ahead.wait()
         if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
@@ -279,9 +315,8 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         if self._input_paths is None:
             output = self._find_input_paths(batch)
         else:
-            if len(self._batches) > 1:
-                self._start_input_dist(1)  # the sizes of batch i+1 travel during forward i
-            output = self._train_step(batch, self._send_ids_ahead)
+            self._start_work_ahead()  # the ids of batch i+1 and the sizes of batch i+2 travel during step i
+            output = self._train_step(batch)
         self._batches.pop(0)
         self._ahead.pop(0)
         self._batch_count += 1
@@ -290,6 +325,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
     def finish(self) -> None:
         """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that
         stops before the dataloader runs out (every rank at the same step: the peers have the same in flight)."""
+        self._join_work_ahead()
         for started in self._ahead:
             for ahead in started.values():
                 ahead.wait()
@@ -298,6 +334,32 @@ class TrainPipelineSparseDist(TrainPipelineBase):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+class _WorkerThread:
+    """One thread that runs what is submitted, in order. A daemon: a rank whose training fails exits without
+    waiting for it, even while it waits on a collective its dead peers will never join; it ends when its owner
+    is garbage collected."""
+
+    def __init__(self, name: str) -> None:
+        self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(self._tasks,), name=name, daemon=True).start()
+        weakref.finalize(self, self._tasks.put, None)
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._tasks.put((future, function, args))
+        return future
+
+
+def _serve(tasks: "queue.SimpleQueue") -> None:
+    while (task := tasks.get()) is not None:
+        future, function, args = task
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:  # handed to the training thread, which raises it
+            future.set_exception(error)
+        del task, future, function, args  # hold nothing of the owner while waiting for the next task
+
+
 def _refuse(name: str, value: Any, default: Any, why: str) -> None:
     if value != default:
         raise NotImplementedError(f"train pipeline: {name}={value!r} is not supported ({why}); leave it at "

@@ -10,10 +10,15 @@ the errors.
 
 from __future__ import annotations
 
+import gc
+import threading
+
 import pytest
 import torch
 from torch import nn
 
+from rectoolkit.plan.types import ShardingType
+from rectoolkit.sparse import KeyedJaggedTensor
 from rectoolkit.distributed import TrainPipelineBase, TrainPipelineSparseDist
 from dist_harness import run_workers
 from dist_pipeline_workers import (
@@ -23,6 +28,7 @@ from dist_pipeline_workers import (
     check_pipelined,
     local_env,
     pipeline_worker,
+    PATH,
     pipelined,
     plain_loop,
     torchrec_steps_worker,
@@ -71,6 +77,79 @@ def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path
                                                  execute_all_batches=execute_all)[0])
             for execute_all, count in torchrec_steps}
     assert ours == torchrec_steps
+
+
+def test_the_ids_of_the_next_batch_travel_during_the_whole_step():
+    # at forward i the ids of batch i+1 are already sent and the sizes of batch i+2 too (TorchRec sends the ids
+    # of batch i+1 after forward i): counted as started exchanges, one per routed group and batch
+    dmp, optimizer = build("table_wise", 1, local_env())
+    routed = sum(g.sharding_type != ShardingType.DATA_PARALLEL for g in dmp.sharded_modules[PATH].groups.values())
+    started = []
+
+    def forward(batch):
+        calls = dmp.env.stats.calls
+        started.append((calls.get("metadata", 0) // routed, calls.get("input_dist", 0) // routed))
+        return dmp(batch)
+
+    # on the calling thread, so that the counts at forward are exact (the default thread runs alongside forward)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), custom_model_fwd=forward,
+                                       background_input_dist=False)
+    feed = iter(batches(0, 1, 6))
+    for _ in range(6):
+        pipeline.progress(feed)
+    # step 0 runs plain; at forward i >= 1: sizes of batches 0..i+2, ids of batches 0..i+1 (at most the 6 batches)
+    assert started == [(0, 0)] + [(min(i + 2, 5) + 1, min(i + 1, 5) + 1) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_the_work_ahead_runs_on_the_pipelines_thread_with_the_same_numbers(background):
+    data = batches(0, 1, STEPS, "mixed_a")
+    plain = plain_loop("mixed_a", data, 1, local_env())
+    dmp, optimizer = build("mixed_a", 1, local_env())
+    collection = dmp.sharded_modules[PATH]
+    threads = []
+    collection.start_input_dist = lambda features, env=None, original=collection.start_input_dist: (
+        threads.append(threading.current_thread().name) or original(features, env))
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), background_input_dist=background)
+    feed = iter(data)
+    losses = [pipeline.progress(feed) for _ in data]
+    # batches 1 and 2 start after the first forward, on the calling thread; batches 3, 4 during steps 1, 2
+    main = threading.current_thread().name
+    assert threads == [main, main] + ["rectoolkit-input-dist" if background else main] * (STEPS - 3)
+    assert all(torch.equal(a, b) for a, b in zip(losses, plain[0]))
+    assert all(torch.equal(v, dmp.state_dict()[k]) for k, v in plain[1].items())
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_an_id_out_of_range_in_a_later_batch_is_raised_by_a_step(background):
+    dmp, optimizer = build("table_wise", 1, local_env())
+    data = batches(0, 1, 5)
+    kjt = data[3].sparse_features
+    data[3] = data[3]._replace(sparse_features=KeyedJaggedTensor.from_lengths_sync(
+        kjt.keys(), torch.full_like(kjt.values(), 10 ** 9), kjt.lengths()))
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), background_input_dist=background)
+    feed = iter(data)
+    # batch 3's input_dist starts during step 1: on the calling thread it raises there, on the pipeline's thread
+    # at the start of step 2
+    for _ in range(2 if background else 1):
+        pipeline.progress(feed)
+    with pytest.raises(ValueError, match="1000000000"):
+        pipeline.progress(feed)
+
+
+def test_the_pipelines_thread_ends_with_the_pipeline():
+    dmp, optimizer = build("table_wise", 1, local_env())
+    before = set(threading.enumerate())
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+    feed = iter(batches(0, 1, 4))
+    for _ in range(4):
+        pipeline.progress(feed)
+    (worker,) = [t for t in threading.enumerate() if t not in before]
+    assert worker.name == "rectoolkit-input-dist" and worker.daemon  # a failing rank does not wait for it
+    del pipeline, feed
+    gc.collect()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
 
 
 def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
