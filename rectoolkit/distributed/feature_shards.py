@@ -37,7 +37,13 @@ from rectoolkit.distributed.comm import (
     to_ragged,
 )
 from rectoolkit.kernels.backend import fbgemm_available
-from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
+from rectoolkit.kernels.batched_embedding import (
+    BatchedEmbeddingKernel,
+    TableSpec,
+    make_batched_embedding,
+    pad_bags,
+    segment_positions,
+)
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
 from rectoolkit.modules.layout import FeatureLayout
@@ -395,31 +401,9 @@ class LocalShards(nn.Module):
         return {"weights": weights, "optimizer": state}
 
 
-def pad_bags(lengths: torch.Tensor, bags: Sequence[int], B: int) -> torch.Tensor:
-    """[len(bags), B] lengths: row k holds the next bags[k] lengths, then zeros (empty bags).
-
-    >>> pad_bags(torch.tensor([3, 1, 2]), [1, 2], 3).tolist()
-    [[3, 0, 0], [1, 2, 0]]
-    """
-    if all(n == B for n in bags):
-        return lengths.view(len(bags), B)
-    counts = torch.tensor(list(bags), device=lengths.device)
-    filled = torch.arange(B, device=lengths.device) < counts.unsqueeze(1)
-    return lengths.new_zeros(len(bags), B).masked_scatter(filled, lengths)
-
-
 def permute_segments(lengths: torch.Tensor, order: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reorder the rows of a [features, B] lengths table: (new flat lengths, positions of the values to take)."""
-    value_starts = torch.zeros(lengths.numel(), dtype=torch.int64, device=lengths.device)
-    flat = lengths.reshape(-1).to(torch.int64)
-    torch.cumsum(flat[:-1], 0, out=value_starts[1:])
-    new_lengths = lengths[order].reshape(-1).to(torch.int64)
-    new_starts = value_starts.view(lengths.shape)[order].reshape(-1)
-    total = int(new_lengths.sum())
-    segment_start = torch.zeros_like(new_lengths)
-    torch.cumsum(new_lengths[:-1], 0, out=segment_start[1:])
-    within = torch.arange(total, device=lengths.device) - segment_start.repeat_interleave(new_lengths, output_size=total)
-    return new_lengths, new_starts.repeat_interleave(new_lengths, output_size=total) + within
+    return lengths[order].reshape(-1).to(torch.int64), segment_positions(lengths.sum(1), order)
 
 
 # ------------------------------------------------------------------------------------------------ output_dist

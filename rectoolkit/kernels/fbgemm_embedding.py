@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec  # noqa: F401 (doctest)
+from rectoolkit.kernels.batched_embedding import pad_bags, segment_positions
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, optimizer_state_names  # noqa: F401
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 
@@ -67,6 +68,7 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         kernel_starts = [sum(kernel_dims[:k]) for k in range(self.num_features)]
         position = {f: k for k, f in enumerate(self.kernel_order)}
         self._kernel_order_int = torch.tensor(self.kernel_order, dtype=torch.int32, device=self.device)
+        self._caller_order = torch.tensor([position[f] for f in range(self.num_features)], device=self.device)
         self._output_columns = torch.cat([  # the caller's column c reads TBE output column _output_columns[c]
             torch.arange(kernel_starts[position[f]], kernel_starts[position[f]] + self.feature_dims[f])
             for f in range(self.num_features)]).to(self.device)
@@ -114,14 +116,17 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
     def num_updates(self, value: int) -> None:
         pass  # the TBE counts its own steps (self.tbe.iter)
 
-    def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
-        ids, offsets, batch_size, _ = self.prepare_ids(indices, offsets)
+    def forward(self, indices, offsets, per_sample_weights=None, batch_size_per_feature=None) -> torch.Tensor:
+        ids, offsets, batch_size, ids_per_feature = self.prepare_ids(indices, offsets, batch_size_per_feature)
         if self.optimizer.lr != self._tbe_lr:  # someone changed optimizer.lr directly
             self.set_learning_rate(self.optimizer.lr)
         if per_sample_weights is not None:
             if not self.pooled:
                 raise ValueError("per_sample_weights need pooling 'sum' (weighted bags)")
             per_sample_weights = per_sample_weights.to(device=self.device, dtype=torch.float32)
+        if batch_size_per_feature is not None:
+            return self._variable_batch_forward(ids, offsets, per_sample_weights, ids_per_feature,
+                                                [int(b) for b in batch_size_per_feature])
         kernel_ids, kernel_offsets, kernel_weights, positions = ids, offsets, per_sample_weights, None
         if self.permuted:
             kernel_ids, kernel_offsets, kernel_weights, positions = self._to_kernel_order(ids, offsets, per_sample_weights, batch_size)
@@ -152,3 +157,33 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
                 self._kernel_order_int, lengths, ids, per_sample_weights, num_ids)
         kernel_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(kernel_lengths.reshape(-1))
         return kernel_ids, kernel_offsets, kernel_weights, positions
+
+    def _variable_batch_forward(self, ids: torch.Tensor, offsets: torch.Tensor, per_sample_weights,
+                                ids_per_feature: torch.Tensor, bags: List[int]) -> torch.Tensor:
+        """VBE: fbgemm's variable-batch TBE (one rank, `batch_size_per_feature_per_rank`); the features are
+        taken in the TBE's order (whole segments of bags and ids) and the flat output's blocks put back.
+        fbgemm's VBE has SGD, row-wise Adagrad and Adam only: other optimizers (Adagrad) pad every feature to
+        the largest batch size with empty bags, run the plain TBE, and keep each feature's own rows."""
+        if self.optimizer.optimizer not in (EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM):
+            B = max(bags, default=0)
+            lengths = pad_bags(offsets.diff(), bags, B).reshape(-1)
+            padded_offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(lengths, 0, out=padded_offsets[1:])
+            out = self.forward(ids, padded_offsets, per_sample_weights)
+            column_starts = [sum(self.feature_dims[:f]) for f in range(self.num_features + 1)]
+            return torch.cat([out.new_zeros(0)] + [out[:n, column_starts[f]:column_starts[f + 1]].reshape(-1)
+                                                   for f, n in enumerate(bags)])
+        if not self.permuted:
+            return self.tbe(ids, offsets, per_sample_weights=per_sample_weights,
+                            batch_size_per_feature_per_rank=[[b] for b in bags])
+        order = self.kernel_order
+        bag_positions = segment_positions(torch.tensor(bags, device=self.device), self._kernel_order_int.long())
+        id_positions = segment_positions(ids_per_feature, self._kernel_order_int.long())
+        lengths = offsets.diff().index_select(0, bag_positions)
+        kernel_offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(lengths, 0, out=kernel_offsets[1:])
+        kernel_weights = per_sample_weights.index_select(0, id_positions) if per_sample_weights is not None else None
+        out = self.tbe(ids.index_select(0, id_positions), kernel_offsets, per_sample_weights=kernel_weights,
+                       batch_size_per_feature_per_rank=[[bags[f]] for f in order])
+        block_sizes = torch.tensor([bags[f] * self.feature_dims[f] for f in order], device=self.device)
+        return out.index_select(0, segment_positions(block_sizes, self._caller_order))
