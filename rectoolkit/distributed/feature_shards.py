@@ -186,6 +186,9 @@ class ReceivedIds:
     bags: List[List[int]] = field(default_factory=list)
     bags_sent: List[List[int]] = field(default_factory=list)
     batch_size: int = 0  # this rank's own (padded) batch size: the columns of its output block
+    # some source sent its bags per feature shard (VBE): then every owner runs its kernel at each feature
+    # shard's own bags and the pooled rows travel flat (pooled_blocks_to_requesters); every rank knows it
+    variable_batch: bool = False
 
     @property
     def padded_batch_size(self) -> int:
@@ -262,7 +265,7 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
                         chunks[source] = chunks[source][mine:]
                 lengths = torch.cat(chunks)
             return ReceivedIds(lengths, parts[0], parts[2] if weighted else None, batch_sizes, ids_sent,
-                               positions_sent, ids_received, bags, bags_sent, B)
+                               positions_sent, ids_received, bags, bags_sent, B, any(b < 0 for b, _ in sizes))
 
         return pending.then(received)
 
@@ -332,10 +335,13 @@ class LocalShards(nn.Module):
         self.permuted = kernel_order != list(range(len(arrival)))
         self.kernel_order = torch.tensor(kernel_order, dtype=torch.int64, device=env.device)
         kernel_cols = [self.piece_cols[arrival[a][1]] for a in kernel_order]
+        self.kernel_cols, self.arrival_bags_order = kernel_cols, kernel_order
         starts = [0]
         for c in kernel_cols:
             starts.append(starts[-1] + c)
         position = {a: k for k, a in enumerate(kernel_order)}
+        self.arrival_position = torch.tensor([position[a] for a in range(len(arrival))], dtype=torch.int64,
+                                             device=env.device)
         back = [torch.arange(starts[position[a]], starts[position[a]] + kernel_cols[position[a]]) for a in range(len(arrival))]
         self.back_columns = torch.cat(back).to(env.device)
         self.kernel = make_batched_embedding(
@@ -363,8 +369,10 @@ class LocalShards(nn.Module):
         Sequence: [ids received, cols] in arrival order."""
         B = received.padded_batch_size
         if self.kernel is None:
-            shape = (0, B) if self.pooled else (0, 0)
+            shape = (0,) if received.variable_batch and self.pooled else (0, B) if self.pooled else (0, 0)
             return torch.zeros(shape, device=self.env.device, requires_grad=torch.is_grad_enabled())
+        if received.variable_batch and self.pooled:
+            return self.variable_batch_lookup(received)
         lengths, ids, weights = received.lengths, received.ids, received.weights
         # bags of fewer samples (smaller sources, VBE features) get empty bags at the end: no ids move
         lengths = pad_bags(lengths, [n for bags in received.bags for n in bags], B).reshape(-1)
@@ -389,6 +397,32 @@ class LocalShards(nn.Module):
         inverse = torch.empty_like(id_order)
         inverse[id_order] = torch.arange(id_order.numel(), device=id_order.device)
         return result.index_select(0, inverse)
+
+    def variable_batch_lookup(self, received: ReceivedIds) -> torch.Tensor:
+        """Pooled, VBE: every (source rank, feature shard) at its own bags, nothing padded: FLAT, in (source rank,
+        feature shard) order, each block [its bags, cols] row-major, so each source's blocks are contiguous and
+        go back as they are (pooled_blocks_to_requesters). The kernel's variable-batch mode does the lookup."""
+        bags = [n for per_source in received.bags for n in per_source]  # arrival order
+        lengths, ids, weights = received.lengths.to(torch.int64), received.ids, received.weights
+        kernel_bags = bags
+        if self.permuted:  # whole segments (a feature shard's bags and ids) into the kernel's order
+            bag_counts = torch.tensor(bags, dtype=torch.int64, device=lengths.device)
+            value_ends = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+            torch.cumsum(lengths, 0, out=value_ends[1:])
+            bag_ends = bag_counts.cumsum(0)
+            ids_per_piece = value_ends[bag_ends] - value_ends[bag_ends - bag_counts]
+            id_positions = segment_positions(ids_per_piece, self.kernel_order)
+            lengths = lengths.index_select(0, segment_positions(bag_counts, self.kernel_order))
+            ids = ids.index_select(0, id_positions)
+            weights = weights.index_select(0, id_positions) if weights is not None else None
+            kernel_bags = [bags[a] for a in self.arrival_bags_order]
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        flat = self.kernel(ids, offsets, weights, batch_size_per_feature=kernel_bags)
+        if not self.permuted:
+            return flat
+        block_numels = torch.tensor([n * c for n, c in zip(kernel_bags, self.kernel_cols)], device=flat.device)
+        return flat.index_select(0, segment_positions(block_numels, self.arrival_position))
 
     def shard_memory_bytes(self) -> Dict[str, int]:
         """Bytes of this rank's shard weights and fused optimizer state."""
@@ -425,6 +459,33 @@ def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, received: Recei
     block = all_to_all_with_grad(env, send, send_numels, receive_numels, name)
     return from_ragged(block, [c for cols in cols_by_owner for c in cols],
                        [n for bags in received.bags_sent for n in bags], received.batch_size)
+
+
+@dataclass(frozen=True)
+class PooledBlocks:
+    """Where the flat pooled rows of a VBE output_dist go: block k of the flat buffer is [bags[k], cols[k]]
+    row-major, columns col_starts[k] .. + cols[k] of output key keys[k] (the collection expands it with the
+    inverse indices of that key's feature: rectoolkit.modules.layout.expand_blocks)."""
+
+    keys: List[str]
+    col_starts: List[int]
+    cols: List[int]
+    bags: List[int]
+
+
+def pooled_blocks_to_requesters(env: ShardingEnv, flat: torch.Tensor, received: ReceivedIds,
+                                by_owner: Sequence[Sequence[FeatureShard]],
+                                name: str = "output_dist") -> Tuple[torch.Tensor, PooledBlocks]:
+    """output_dist of a VBE lookup (LocalShards.variable_batch_lookup): each source's blocks go back as they lie
+    in `flat` (no copy, no padding): the same bytes as pooled_to_requesters, in rows instead of columns.
+    Returns the received flat buffer, in (owner, feature shard) order, and where its blocks go."""
+    mine = [p.cols for p in by_owner[env.rank]]
+    send_numels = [sum(c * n for c, n in zip(mine, bags)) for bags in received.bags]
+    receive_numels = [sum(p.cols * n for p, n in zip(pieces, bags)) for pieces, bags in zip(by_owner, received.bags_sent)]
+    block = all_to_all_with_grad(env, flat, send_numels, receive_numels, name)
+    pieces = [p for owned in by_owner for p in owned]
+    return block, PooledBlocks([p.output_key for p in pieces], [p.col_start for p in pieces],
+                               [p.cols for p in pieces], [n for bags in received.bags_sent for n in bags])
 
 
 def output_columns(by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int]) -> torch.Tensor:

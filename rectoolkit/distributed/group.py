@@ -39,6 +39,7 @@ from rectoolkit.distributed.feature_shards import (
     ShardingGroupSpec,
     make_feature_shards,
     output_columns,
+    pooled_blocks_to_requesters,
     pooled_to_requesters,
     start_ids_to_owners,
 )
@@ -146,7 +147,9 @@ class RoutedShardingGroup(ShardingGroup):
     def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
         """One level: each owner sends every rank its [B_i, cols] block (VBE: each feature's own bags); the blocks
         land at their output columns (column blocks side by side; row blocks on the same columns, so the
-        collection sums the partial sums)."""
+        collection sums the partial sums). VBE: each feature's own pooled rows, flat, and where they go."""
+        if received.variable_batch:
+            return pooled_blocks_to_requesters(self.env, pooled, received, self.by_owner)
         return pooled_to_requesters(self.env, pooled, received, self.piece_cols_by_owner), self.out_columns
 
     def sequence_output_dist(self, rows: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
