@@ -315,13 +315,22 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
     backend = "torch"
 
     def __init__(self, tables, feature_table_map=None, pooling="sum", optimizer=None, device=None,
-                 dtype=torch.float32, ids_out_of_range="error", feature_names=None) -> None:
+                 dtype=torch.float32, ids_out_of_range="error", feature_names=None,
+                 storage: Optional[torch.Tensor] = None, state_storage: Optional[Dict[str, torch.Tensor]] = None) -> None:
+        """`storage` / `state_storage` (flat tensors, the tables back to back ordered by dim, stable): look up and
+        update these instead of fresh zeros (the fbgemm kernel shares its own storage this way)."""
         super().__init__(tables, feature_table_map, pooling, optimizer, device, dtype, ids_out_of_range, feature_names)
         dims = sorted({t.embedding_dim for t in self.tables})
         order = [t for d in dims for t in range(len(self.tables)) if self.tables[t].embedding_dim == d]
         sizes = [self.tables[t].num_embeddings * self.tables[t].embedding_dim for t in range(len(self.tables))]
-        self.storage = torch.zeros(sum(sizes), dtype=dtype, device=self.device) if self.device.type != "meta" \
-            else torch.empty(sum(sizes), dtype=dtype, device="meta")
+        if storage is not None:
+            if storage.numel() != sum(sizes):
+                raise ValueError(f"storage has {storage.numel()} elements, the tables need {sum(sizes)}")
+            self.storage = storage.view(-1)
+        elif self.device.type != "meta":
+            self.storage = torch.zeros(sum(sizes), dtype=dtype, device=self.device)
+        else:
+            self.storage = torch.empty(sum(sizes), dtype=dtype, device="meta")
         self._element_offsets = [0] * len(self.tables)
         cursor = 0
         for t in order:
@@ -330,6 +339,7 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         self.groups: List[_DimGroup] = []
         self._table_group = [0] * len(self.tables)
         self._table_row_offset = [0] * len(self.tables)
+        rows_before = 0
         for g, dim in enumerate(dims):
             ids = [t for t in order if self.tables[t].embedding_dim == dim]
             start = self._element_offsets[ids[0]]
@@ -341,6 +351,10 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
                 self._table_group[t], self._table_row_offset[t] = g, r
                 r += self.tables[t].num_embeddings
             state = init_optimizer_state(optimizer, rows, dim, self.device) if optimizer is not None else {}
+            if state_storage is not None:  # the same shapes, read from the shared flat state
+                state = {name: state_storage[name].view(-1)[start if s.dim() == 2 else rows_before:][:s.numel()]
+                         .view(s.shape) for name, s in state.items()}  # per element, or per row (row-wise)
+            rows_before += rows
             self.groups.append(_DimGroup(dim, ids, row_offsets, block, state))
         self._feature_group = [self._table_group[t] for t in self.feature_table_map]
         self._feature_row_shift = torch.tensor(

@@ -164,11 +164,15 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         taken in the TBE's order (whole segments of bags and ids) and the flat output's blocks put back.
         fbgemm's VBE has SGD, row-wise Adagrad and Adam only, and on CPU its per-call metadata
         (fbgemm::generate_vbe_metadata) costs far more than the lookup (measured: 140 ms for 26 features of
-        2 to 512 bags, against 2 ms for the padded lookup). So on CPU, and for other optimizers (Adagrad), every
-        feature is padded to the largest batch size with empty bags (no ids: the lookup and update do the same
-        work), the plain TBE runs, and each feature's own rows are kept."""
+        2 to 512 bags, against 2 ms for the padded lookup). So on CPU the pure-torch kernel's VBE mode runs on
+        this TBE's own weights and optimizer state (the same update rules); where it cannot share them (tables
+        not stored in dim order) and for other optimizers on CUDA (Adagrad), every feature is padded to the largest
+        batch size with empty bags (no ids), the plain TBE runs, and each feature's own rows are kept."""
         native = self.device.type == "cuda" and self.optimizer.optimizer in (
             EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM)
+        sharing = None if native else self._torch_kernel_on_my_storage()
+        if sharing is not None:
+            return sharing(ids, offsets, per_sample_weights, batch_size_per_feature=bags)
         if not native:
             B = max(bags, default=0)
             lengths = pad_bags(offsets.diff(), bags, B).reshape(-1)
@@ -196,3 +200,24 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
                        batch_size_per_feature_per_rank=[[bags[f]] for f in order])
         block_sizes = torch.tensor([bags[f] * self.feature_dims[f] for f in order], device=self.device)
         return out.index_select(0, segment_positions(block_sizes, self._caller_order))
+
+    def _torch_kernel_on_my_storage(self):
+        """A TorchBatchedEmbedding that looks up and updates this TBE's CPU weights and state in place (built once),
+        or None when the layouts differ."""
+        if self.device.type != "cpu":
+            return None
+        if not hasattr(self, "_sharing"):
+            from rectoolkit.kernels.batched_embedding import TorchBatchedEmbedding
+            from rectoolkit.kernels.fused_optimizers import optimizer_state_names
+
+            names = optimizer_state_names(self.optimizer.optimizer)
+            kernel = TorchBatchedEmbedding(
+                self.tables, self.feature_table_map, "sum", self.optimizer, self.device, self.dtype, "unchecked",
+                self.feature_names, storage=self.tbe.weights_host,
+                state_storage={name: getattr(self.tbe, f"{name}_host") for name in names})
+            same = [a.data_ptr() == b.data_ptr() for a, b in zip(kernel.split_embedding_weights(), self.split_embedding_weights())]
+            for mine, theirs in zip(kernel.split_optimizer_states(), self.split_optimizer_states()):
+                same += [mine[name].data_ptr() == theirs[name].data_ptr() and mine[name].numel() == theirs[name].numel()
+                         for name in names]
+            self._sharing = kernel if all(same) else None
+        return self._sharing
