@@ -64,12 +64,18 @@ def test_vbe_lookup_and_fused_update_match_a_loop(backend, optimizer, case):
         for w in kernel.table_weights:
             w.copy_(torch.rand(w.shape, generator=generator))
     ref_opt = ReferenceOptimizer(optimizer, [w.detach() for w in kernel.table_weights], lr=0.1)
-    for step in range(2):
-        indices, offsets, psw = vbe_batch([r for r, _ in shapes], feature_table_map, bags, generator, weighted=step == 1)
-        out = kernel(indices, offsets, psw, batch_size_per_feature=bags)
+    for step in range(3):  # two VBE steps, then a plain one: it continues from the state the VBE steps left
+        step_bags = bags if step < 2 else [3] * len(bags)
+        indices, offsets, psw = vbe_batch([r for r, _ in shapes], feature_table_map, step_bags, generator,
+                                          weighted=step == 1)
+        if step < 2:
+            out = kernel(indices, offsets, psw, batch_size_per_feature=bags)
+        else:  # [B, dims] -> the flat per-feature layout of the reference
+            columns = kernel(indices, offsets, psw).split([shapes[t][1] for t in feature_table_map], dim=1)
+            out = torch.cat([c.reshape(-1) for c in columns])
         grad = torch.randn(out.shape, generator=generator)
-        expected, row_grads, _ = reference(ref_opt.weights, feature_table_map, bags, indices, offsets, psw, grad)
-        assert out.shape == (sum(b * shapes[t][1] for b, t in zip(bags, feature_table_map)),)
+        expected, row_grads, _ = reference(ref_opt.weights, feature_table_map, step_bags, indices, offsets, psw, grad)
+        assert out.shape == (sum(b * shapes[t][1] for b, t in zip(step_bags, feature_table_map)),)
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
         out.backward(grad)
         ref_opt.apply(row_grads)
