@@ -15,8 +15,10 @@ input_dist tells every owner each source's B_i, the owner pads the lengths of sm
 to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
 A batch with a batch size per feature (VBE) goes further in the one-level types: each feature shard carries only
 its feature's own bags both ways (a "user" feature of 2 samples sends 2 lengths and gets 2 pooled rows back, in
-a batch of 512 candidates); the owner pads them like a smaller source, and the requesting rank expands the
-pooled rows with the inverse indices once, at the end (sharded_ebc.py).
+a batch of 512 candidates). Nothing is padded then: the owner runs its kernel in variable-batch mode (each
+(source rank, feature shard) at its own bags, LocalShards.variable_batch_lookup), the pooled rows go back flat,
+[bags, cols] per feature shard (pooled_blocks_to_requesters), and the requesting rank expands them with the
+inverse indices straight into the output, once (sharded_ebc.py, modules.layout.expand_blocks).
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ class RoutedShardingGroup(ShardingGroup):
     """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).
 
     A batch with a batch size per feature (VBE) sends each feature's own bags and gets each feature's pooled
-    rows back at that batch size (`bags_per_feature`), when the output goes back in one level; the two-level
-    types pad every feature to the batch's largest (their gateways add blocks of one batch size)."""
+    rows back at that batch size (`bags_per_feature`), when the output goes back in one level: the owner's kernel
+    runs every feature shard at its own bags and the rows travel flat, with a PooledBlocks saying where they go;
+    the two-level types pad every feature to the batch's largest (their gateways add blocks of one batch size)."""
 
     bags_per_feature = True
 

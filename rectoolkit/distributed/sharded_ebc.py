@@ -258,9 +258,10 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
     A KJT with a batch size per feature (VBE) travels with each feature's own bags: its ids, lengths and pooled
     rows cross the all-to-alls at the feature's batch size (TABLE_WISE, COLUMN_WISE, ROW_WISE; the two-level
-    types pad every feature to the largest with empty bags, which carry no ids), and the pooled output is
-    expanded with the inverse indices once, at the end, on the rank that asked, as the unsharded collection
-    does; its gradient flows back to the small batches only."""
+    types pad every feature to the largest with empty bags, which carry no ids); the one-level types' owners
+    look each feature up at its own batch size and send its pooled rows back as they are, and the rank that
+    asked expands them with the inverse indices straight into the output, once (the padded groups' output is
+    expanded as the unsharded collection does); the gradient flows back to the small batches only."""
 
     takes_variable_batch = True
 
