@@ -45,6 +45,9 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
     """fbgemm TBE kernel (CPU or CUDA) with a fused SGD / Adagrad / row-wise Adagrad / Adam (CUDA only)."""
 
     backend = "fbgemm"
+    # How a variable-batch (VBE) call runs on CPU: "torch" (the pure-torch VBE lookup on this TBE's weights and
+    # state; the default, see _variable_batch_forward), "fbgemm" (fbgemm's VBE TBE: slow metadata on CPU) or "pad"
+    cpu_variable_batch = "torch"
 
     def __init__(self, tables, feature_table_map=None, pooling="sum", optimizer=None, device=None,
                  dtype=torch.float32, ids_out_of_range="error", feature_names=None) -> None:
@@ -164,13 +167,17 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         taken in the TBE's order (whole segments of bags and ids) and the flat output's blocks put back.
         fbgemm's VBE has SGD, row-wise Adagrad and Adam only, and on CPU its per-call metadata
         (fbgemm::generate_vbe_metadata) costs far more than the lookup (measured: 140 ms for 26 features of
-        2 to 512 bags, against 2 ms for the padded lookup). So on CPU the pure-torch kernel's VBE mode runs on
-        this TBE's own weights and optimizer state (the same update rules); where it cannot share them (tables
-        not stored in dim order) and for other optimizers on CUDA (Adagrad), every feature is padded to the largest
-        batch size with empty bags (no ids), the plain TBE runs, and each feature's own rows are kept."""
-        native = self.device.type == "cuda" and self.optimizer.optimizer in (
-            EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM)
-        sharing = None if native else self._torch_kernel_on_my_storage()
+        2 to 512 bags, against 2 ms for the padded lookup). So on CPU (`cpu_variable_batch` "torch", the default)
+        the pure-torch kernel's VBE mode runs on this TBE's own weights and optimizer state (the same update rules);
+        where it cannot share them (tables not stored in dim order), with "pad", and for the optimizers fbgemm's
+        VBE lacks (Adagrad), every feature is padded to the largest batch size with empty bags (no ids), the plain
+        TBE runs, and each feature's own rows are kept."""
+        if self.cpu_variable_batch not in ("torch", "fbgemm", "pad"):
+            raise ValueError(f"cpu_variable_batch must be 'torch', 'fbgemm' or 'pad', got {self.cpu_variable_batch!r}")
+        on_cpu = self.device.type == "cpu"
+        native = self.optimizer.optimizer in (EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM) \
+            and (not on_cpu or self.cpu_variable_batch == "fbgemm")
+        sharing = self._torch_kernel_on_my_storage() if on_cpu and self.cpu_variable_batch == "torch" else None
         if sharing is not None:
             return sharing(ids, offsets, per_sample_weights, batch_size_per_feature=bags)
         if not native:

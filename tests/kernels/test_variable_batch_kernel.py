@@ -51,14 +51,20 @@ CASES = [  # (tables as (rows, dim), feature_table_map, bags per feature)
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# the fbgemm kernel's three ways on CPU: the torch VBE lookup on its storage (default), fbgemm's VBE TBE, padding
+FBGEMM_WAYS = [pytest.param(("fbgemm", way), marks=BACKENDS[1].marks, id=f"fbgemm-{way}") for way in ("torch", "fbgemm", "pad")]
+
+
+@pytest.mark.parametrize("backend", [pytest.param(("torch", None), id="torch")] + FBGEMM_WAYS)
 @pytest.mark.parametrize("optimizer", ["sgd", "row_wise_adagrad", "adagrad"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_vbe_lookup_and_fused_update_match_a_loop(backend, optimizer, case):
     shapes, feature_table_map, bags = CASES[case]
     tables = [TableSpec(rows, dim) for rows, dim in shapes]
     kernel = make_batched_embedding(tables, feature_table_map, optimizer=FusedOptimizerConfig(optimizer, lr=0.1),
-                                    backend=backend)
+                                    backend=backend[0])
+    if backend[1] is not None:
+        kernel.cpu_variable_batch = backend[1]
     generator = torch.Generator().manual_seed(case)
     with torch.no_grad():
         for w in kernel.table_weights:
