@@ -7,8 +7,10 @@ Ranking-style batch on each of 2 local CPU ranks (gloo, 1 torch thread each): 2 
 (B = 2 C samples). 13 user features (pooling factors 1..13) carry one sample per user; 13 item features (pooling
 factor 1) one per candidate. 26 tables of 20k rows x 64 (fused SGD), row-wise or table-wise. "expanded" sends
 every user feature once per candidate (a plain KJT of B samples per feature); "VBE" sends it once per user with
-inverse indices; its ids, lengths and pooled rows cross the all-to-alls at each feature's own batch size, and the
-collection expands the pooled rows at the end. Both outputs are checked equal before timing.
+inverse indices; its ids, lengths and pooled rows cross the all-to-alls at each feature's own batch size, the
+owner's kernel runs each feature at its own batch size (the kernels' variable-batch mode; fbgemm on CPU pads, see
+rectoolkit/kernels/fbgemm_embedding.py), and the collection expands the small pooled blocks straight into the
+output. RECTOOLKIT_DISABLE_FBGEMM=1 runs the pure-torch kernels. Both outputs are checked equal before timing.
 Input bytes = ids + lengths (+ the per-rank batch-size message) of input_dist, summed over ranks, per step; output
 bytes = pooled rows forward + their gradients backward. Step = forward + backward (fused update) on the slower
 rank: median of 10 steps after 3 warm-up steps, in 3 rounds that alternate expanded and VBE; the table gives
@@ -31,6 +33,7 @@ import torch.multiprocessing as mp
 
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
+from rectoolkit.kernels import fbgemm_available
 
 HERE = Path(__file__).resolve().parent
 USERS, ROWS, DIM, FEATURES = 2, 20_000, 64, 13
@@ -142,7 +145,7 @@ def main() -> None:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = ["# bench_vbe", "", __doc__.split("\n\n", 2)[2].strip().replace("\n", " "), "",
              f"2 ranks, 1 torch thread each, load average at the end {load} (a machine shared with other jobs), "
-             f"torch {torch.__version__}.", "",
+             f"torch {torch.__version__}, kernel backend {'fbgemm' if fbgemm_available() else 'torch'}.", "",
              "| plan | candidates per user | batch | input bytes expanded | input bytes VBE | input ratio | "
              "output bytes expanded | output bytes VBE | output ratio | step ms expanded | step ms VBE | speed-up |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

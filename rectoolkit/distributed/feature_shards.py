@@ -14,10 +14,13 @@ so the received buffers are used as they arrive (no reordering). Ranks may bring
 input_dist tells every owner each source's B_i, the owner pads the lengths of smaller batches with empty bags up
 to the largest B, and output_dist sends each source only its B_i columns (the bytes are the protocol's, per B_i).
 A batch with a batch size per feature (VBE) goes further in the pooled collection: each feature shard carries only
-its feature's own bags both ways, through both output levels for the two-level types (a "user" feature of 2
-samples sends 2 lengths and gets 2 pooled rows back, in a batch of 512 candidates); the owner pads them like a
-smaller source, and the requesting rank expands the pooled rows with the inverse indices once, at the end
-(sharded_ebc.py).
+its feature's own bags both ways (a "user" feature of 2 samples sends 2 lengths and gets 2 pooled rows back, in a
+batch of 512 candidates). In the one-level types nothing is padded: the owner runs its kernel in variable-batch
+mode (each (source rank, feature shard) at its own bags, LocalShards.variable_batch_lookup), the pooled rows go
+back flat, [bags, cols] per feature shard (pooled_blocks_to_requesters), and the requesting rank expands them with
+the inverse indices straight into the output, once (sharded_ebc.py, modules.layout.expand_blocks). The two-level
+types carry each feature at its own batch size through both output levels too; their owners pad the bags like a
+smaller source's, and the requesting rank expands the pooled rows once, at the end.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ from rectoolkit.distributed.comm import (
     to_ragged,
 )
 from rectoolkit.kernels.backend import fbgemm_available
-from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
+from rectoolkit.kernels.batched_embedding import (
+    BatchedEmbeddingKernel,
+    TableSpec,
+    make_batched_embedding,
+    pad_bags,
+    segment_positions,
+)
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
 from rectoolkit.modules.layout import FeatureLayout
@@ -185,6 +194,9 @@ class ReceivedIds:
     # keys this rank reduces as the source's gateway, and {output key: bags} of every key this rank asked for
     gateway_bags: List[Dict[str, int]] = field(default_factory=list)
     gateway_bags_sent: Dict[str, int] = field(default_factory=dict)
+    # some source sent its bags per feature shard (VBE): then every owner runs its kernel at each feature
+    # shard's own bags and the pooled rows travel flat (pooled_blocks_to_requesters); every rank knows it
+    variable_batch: bool = False
 
     @property
     def padded_batch_size(self) -> int:
@@ -274,7 +286,8 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
                         chunks[source] = chunks[source][len(header):]
                 lengths = torch.cat(chunks)
             return ReceivedIds(lengths, parts[0], parts[2] if weighted else None, batch_sizes, ids_sent,
-                               positions_sent, ids_received, bags, bags_sent, B, gateway_bags, gateway_bags_sent)
+                               positions_sent, ids_received, bags, bags_sent, B, gateway_bags, gateway_bags_sent,
+                               any(b < 0 for b, _ in sizes) and gateway_keys is None)
 
         return pending.then(received)
 
@@ -353,10 +366,13 @@ class LocalShards(nn.Module):
         self.permuted = kernel_order != list(range(len(arrival)))
         self.kernel_order = torch.tensor(kernel_order, dtype=torch.int64, device=env.device)
         kernel_cols = [self.piece_cols[arrival[a][1]] for a in kernel_order]
+        self.kernel_cols, self.arrival_bags_order = kernel_cols, kernel_order
         starts = [0]
         for c in kernel_cols:
             starts.append(starts[-1] + c)
         position = {a: k for k, a in enumerate(kernel_order)}
+        self.arrival_position = torch.tensor([position[a] for a in range(len(arrival))], dtype=torch.int64,
+                                             device=env.device)
         back = [torch.arange(starts[position[a]], starts[position[a]] + kernel_cols[position[a]]) for a in range(len(arrival))]
         self.back_columns = torch.cat(back).to(env.device)
         self.kernel = make_batched_embedding(
@@ -384,8 +400,10 @@ class LocalShards(nn.Module):
         Sequence: [ids received, cols] in arrival order."""
         B = received.padded_batch_size
         if self.kernel is None:
-            shape = (0, B) if self.pooled else (0, 0)
+            shape = (0,) if received.variable_batch and self.pooled else (0, B) if self.pooled else (0, 0)
             return torch.zeros(shape, device=self.env.device, requires_grad=torch.is_grad_enabled())
+        if received.variable_batch and self.pooled:
+            return self.variable_batch_lookup(received)
         lengths, ids, weights = received.lengths, received.ids, received.weights
         # bags of fewer samples (smaller sources, VBE features) get empty bags at the end: no ids move
         lengths = pad_bags(lengths, [n for bags in received.bags for n in bags], B).reshape(-1)
@@ -411,6 +429,32 @@ class LocalShards(nn.Module):
         inverse[id_order] = torch.arange(id_order.numel(), device=id_order.device)
         return result.index_select(0, inverse)
 
+    def variable_batch_lookup(self, received: ReceivedIds) -> torch.Tensor:
+        """Pooled, VBE: every (source rank, feature shard) at its own bags, nothing padded: FLAT, in (source rank,
+        feature shard) order, each block [its bags, cols] row-major, so each source's blocks are contiguous and
+        go back as they are (pooled_blocks_to_requesters). The kernel's variable-batch mode does the lookup."""
+        bags = [n for per_source in received.bags for n in per_source]  # arrival order
+        lengths, ids, weights = received.lengths.to(torch.int64), received.ids, received.weights
+        kernel_bags = bags
+        if self.permuted:  # whole segments (a feature shard's bags and ids) into the kernel's order
+            bag_counts = torch.tensor(bags, dtype=torch.int64, device=lengths.device)
+            value_ends = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+            torch.cumsum(lengths, 0, out=value_ends[1:])
+            bag_ends = bag_counts.cumsum(0)
+            ids_per_piece = value_ends[bag_ends] - value_ends[bag_ends - bag_counts]
+            id_positions = segment_positions(ids_per_piece, self.kernel_order)
+            lengths = lengths.index_select(0, segment_positions(bag_counts, self.kernel_order))
+            ids = ids.index_select(0, id_positions)
+            weights = weights.index_select(0, id_positions) if weights is not None else None
+            kernel_bags = [bags[a] for a in self.arrival_bags_order]
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        flat = self.kernel(ids, offsets, weights, batch_size_per_feature=kernel_bags)
+        if not self.permuted:
+            return flat
+        block_numels = torch.tensor([n * c for n, c in zip(kernel_bags, self.kernel_cols)], device=flat.device)
+        return flat.index_select(0, segment_positions(block_numels, self.arrival_position))
+
     def shard_memory_bytes(self) -> Dict[str, int]:
         """Bytes of this rank's shard weights and fused optimizer state."""
         if self.kernel is None:
@@ -422,31 +466,9 @@ class LocalShards(nn.Module):
         return {"weights": weights, "optimizer": state}
 
 
-def pad_bags(lengths: torch.Tensor, bags: Sequence[int], B: int) -> torch.Tensor:
-    """[len(bags), B] lengths: row k holds the next bags[k] lengths, then zeros (empty bags).
-
-    >>> pad_bags(torch.tensor([3, 1, 2]), [1, 2], 3).tolist()
-    [[3, 0, 0], [1, 2, 0]]
-    """
-    if all(n == B for n in bags):
-        return lengths.view(len(bags), B)
-    counts = torch.tensor(list(bags), device=lengths.device)
-    filled = torch.arange(B, device=lengths.device) < counts.unsqueeze(1)
-    return lengths.new_zeros(len(bags), B).masked_scatter(filled, lengths)
-
-
 def permute_segments(lengths: torch.Tensor, order: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reorder the rows of a [features, B] lengths table: (new flat lengths, positions of the values to take)."""
-    value_starts = torch.zeros(lengths.numel(), dtype=torch.int64, device=lengths.device)
-    flat = lengths.reshape(-1).to(torch.int64)
-    torch.cumsum(flat[:-1], 0, out=value_starts[1:])
-    new_lengths = lengths[order].reshape(-1).to(torch.int64)
-    new_starts = value_starts.view(lengths.shape)[order].reshape(-1)
-    total = int(new_lengths.sum())
-    segment_start = torch.zeros_like(new_lengths)
-    torch.cumsum(new_lengths[:-1], 0, out=segment_start[1:])
-    within = torch.arange(total, device=lengths.device) - segment_start.repeat_interleave(new_lengths, output_size=total)
-    return new_lengths, new_starts.repeat_interleave(new_lengths, output_size=total) + within
+    return lengths[order].reshape(-1).to(torch.int64), segment_positions(lengths.sum(1), order)
 
 
 # ------------------------------------------------------------------------------------------------ output_dist
@@ -468,6 +490,33 @@ def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, received: Recei
     block = all_to_all_with_grad(env, send, send_numels, receive_numels, name)
     return from_ragged(block, [c for cols in cols_by_owner for c in cols],
                        [n for bags in received.bags_sent for n in bags], received.batch_size)
+
+
+@dataclass(frozen=True)
+class PooledBlocks:
+    """Where the flat pooled rows of a VBE output_dist go: block k of the flat buffer is [bags[k], cols[k]]
+    row-major, columns col_starts[k] .. + cols[k] of output key keys[k] (the collection expands it with the
+    inverse indices of that key's feature: rectoolkit.modules.layout.expand_blocks)."""
+
+    keys: List[str]
+    col_starts: List[int]
+    cols: List[int]
+    bags: List[int]
+
+
+def pooled_blocks_to_requesters(env: ShardingEnv, flat: torch.Tensor, received: ReceivedIds,
+                                by_owner: Sequence[Sequence[FeatureShard]],
+                                name: str = "output_dist") -> Tuple[torch.Tensor, PooledBlocks]:
+    """output_dist of a VBE lookup (LocalShards.variable_batch_lookup): each source's blocks go back as they lie
+    in `flat` (no copy, no padding): the same bytes as pooled_to_requesters, in rows instead of columns.
+    Returns the received flat buffer, in (owner, feature shard) order, and where its blocks go."""
+    mine = [p.cols for p in by_owner[env.rank]]
+    send_numels = [sum(c * n for c, n in zip(mine, bags)) for bags in received.bags]
+    receive_numels = [sum(p.cols * n for p, n in zip(pieces, bags)) for pieces, bags in zip(by_owner, received.bags_sent)]
+    block = all_to_all_with_grad(env, flat, send_numels, receive_numels, name)
+    pieces = [p for owned in by_owner for p in owned]
+    return block, PooledBlocks([p.output_key for p in pieces], [p.col_start for p in pieces],
+                               [p.cols for p in pieces], [n for bags in received.bags_sent for n in bags])
 
 
 def output_columns(by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int]) -> torch.Tensor:

@@ -39,6 +39,7 @@ from rectoolkit.distributed.feature_shards import (
     ShardingGroupSpec,
     make_feature_shards,
     output_columns,
+    pooled_blocks_to_requesters,
     pooled_to_requesters,
     start_ids_to_owners,
 )
@@ -102,8 +103,10 @@ class RoutedShardingGroup(ShardingGroup):
     """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).
 
     A batch with a batch size per feature (VBE) sends each feature shard only its feature's own bags and gets its
-    pooled rows back at that batch size (start_ids_to_owners' `bags_per_feature`); the two-level types also tell
-    their gateways each feature's batch size (`gateway_keys`, set by table_row_wise.py)."""
+    pooled rows back at that batch size (start_ids_to_owners' `bags_per_feature`). One level: the owner's kernel
+    runs every feature shard at its own bags and the rows travel flat, with a PooledBlocks saying where they go;
+    the two-level types also tell their gateways each feature's batch size (`gateway_keys`, set by
+    table_row_wise.py) and pad at the owner."""
 
     gateway_keys: Optional[List[List[Tuple[str, str]]]] = None  # per host: (output key, feature) its gateways reduce
 
@@ -147,7 +150,9 @@ class RoutedShardingGroup(ShardingGroup):
     def pooled_output_dist(self, pooled: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
         """One level: each owner sends every rank its [B_i, cols] block (VBE: each feature's own bags); the blocks
         land at their output columns (column blocks side by side; row blocks on the same columns, so the
-        collection sums the partial sums)."""
+        collection sums the partial sums). VBE: each feature's own pooled rows, flat, and where they go."""
+        if received.variable_batch:
+            return pooled_blocks_to_requesters(self.env, pooled, received, self.by_owner)
         return pooled_to_requesters(self.env, pooled, received, self.piece_cols_by_owner), self.out_columns
 
     def sequence_output_dist(self, rows: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:

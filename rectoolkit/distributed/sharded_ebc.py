@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rectoolkit.distributed.awaitable import EmbeddingBagCollectionAwaitable
-from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
+from rectoolkit.distributed.feature_shards import FeatureBatch, PooledBlocks, ShardingGroupSpec
 from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
@@ -41,7 +41,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
-from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient
+from rectoolkit.modules.layout import FeatureLayout, expand_blocks, expand_pooled, guard_gradient
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -258,9 +258,10 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
     A KJT with a batch size per feature (VBE) travels with each feature's own bags: its ids, lengths and pooled
     rows cross the all-to-alls at the feature's batch size (every type; TABLE_ROW_WISE and GRID_SHARD at both
-    output levels), and the pooled output is
-    expanded with the inverse indices once, at the end, on the rank that asked, as the unsharded collection
-    does; its gradient flows back to the small batches only."""
+    output levels); the one-level types' owners look each feature up at its own batch size and send its pooled
+    rows back as they are, and the rank that asked expands them with the inverse indices straight into the
+    output, once (the two-level groups' output is expanded as the unsharded collection does); the gradient flows
+    back to the small batches only."""
 
     takes_variable_batch = True
 
@@ -290,21 +291,48 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         batch, received = self._batch_and_received(features)
         inverse_indices = self._layout.inverse_indices(features)
         B = batch.batch_size
-        # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient
-        out_t = torch.zeros(self._output_width, B, device=self.env.device)
-        for group, group_received in zip(self.groups.values(), received):
-            block_t, columns = group(batch, group_received)
-            out_t = out_t.index_add(0, columns, block_t)
-        out = out_t.t().contiguous()
-        if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
-            out = guard_gradient(out, type(self).__name__)
-        if self._mean_features is not None:
-            scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
-                     for f, mean in zip(self._features, self._mean_features)]
-            out = out * torch.stack(scale, 1).repeat_interleave(torch.tensor(self._dims, device=out.device), dim=1)
-        if inverse_indices is not None:
-            out = expand_pooled(out, inverse_indices, self._dims)
+        # groups return transposed blocks [columns, B]: placing whole rows is cheap, and so is its gradient; a VBE
+        # output_dist returns each feature's own pooled rows, flat, and where they go (PooledBlocks)
+        placed = [group(batch, group_received) for group, group_received in zip(self.groups.values(), received)]
+        flat_blocks = [(flat, where) for flat, where in placed if isinstance(where, PooledBlocks)]
+        out = None
+        if len(flat_blocks) < len(placed):
+            out_t = torch.zeros(self._output_width, B, device=self.env.device)
+            for block_t, columns in placed:
+                if not isinstance(columns, PooledBlocks):
+                    out_t = out_t.index_add(0, columns, block_t)
+            out = self._guard(out_t.t().contiguous())
+            if self._mean_features is not None:
+                scale = [(1.0 / batch.lengths[f].clamp(min=1).to(out.dtype)) if mean else torch.ones(B, device=out.device)
+                         for f, mean in zip(self._features, self._mean_features)]
+                out = out * torch.stack(scale, 1).repeat_interleave(torch.tensor(self._dims, device=out.device), dim=1)
+            if inverse_indices is not None:
+                out = expand_pooled(out, inverse_indices, self._dims)
+        if flat_blocks:
+            out = self._expand_flat_blocks(out, flat_blocks, batch, inverse_indices)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=out, key_dim=1)
+
+    def _guard(self, pooled: torch.Tensor) -> torch.Tensor:
+        if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
+            pooled = guard_gradient(pooled, type(self).__name__)
+        return pooled
+
+    def _expand_flat_blocks(self, out: Optional[torch.Tensor], flat_blocks, batch: FeatureBatch,
+                            inverse_indices: Optional[torch.Tensor]) -> torch.Tensor:
+        """Each feature's own pooled rows (VBE output_dists), expanded with the inverse indices straight into
+        the output's columns, once (added to `out`, the padded groups' output, if any)."""
+        flats = [flat for flat, _ in flat_blocks]
+        flat = torch.cat(flats) if len(flats) > 1 else flats[0]
+        row_of = {key: k for k, key in enumerate(self._embedding_names)}
+        spans = [(self._key_offsets[key] + col_start, cols, bags, row_of[key]) for _, where in flat_blocks
+                 for key, col_start, cols, bags in zip(where.keys, where.col_starts, where.cols, where.bags)]
+        flat = self._guard(flat)
+        if self._mean_features is not None:
+            scale = [(1.0 / batch.lengths[self._features[f]][:bags].clamp(min=1).to(flat.dtype)).repeat_interleave(cols)
+                     if self._mean_features[f] else torch.ones(bags * cols, device=flat.device)
+                     for _, cols, bags, f in spans]
+            flat = flat * torch.cat(scale)
+        return expand_blocks(flat, spans, inverse_indices, self._output_width, out)
 
     def embedding_bag_configs(self):
         return self._tables

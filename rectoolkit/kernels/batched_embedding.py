@@ -23,6 +23,16 @@ so on (a KeyedJaggedTensor's values in key order); `offsets` has F * B + 1 entri
 per-bag scaling the caller applies); with pooling "none" it is [len(indices), dim] (one row per id, all
 tables of one dim).
 
+Variable batch (VBE, as fbgemm's `batch_size_per_feature_per_rank` with one rank): pass
+`batch_size_per_feature=[B_0, B_1, ...]` and feature f has B_f bags of its own (`offsets` has sum(B_f) + 1
+entries, feature after feature); the output is then one flat buffer, feature after feature, each feature's
+block [B_f, dim(f)] row-major, and its gradient comes back the same way (the fused update included):
+
+    >>> vbe = make_batched_embedding(tables, feature_table_map=[0, 1, 1], optimizer=FusedOptimizerConfig("sgd", lr=0.1))
+    >>> flat = vbe(torch.tensor([1, 2, 3, 5]), torch.tensor([0, 2, 3, 4, 4]), batch_size_per_feature=[1, 2, 1])
+    >>> flat.shape  # 1 x 4 + 2 x 4 + 1 x 4
+    torch.Size([16])
+
 Ids are checked against each table's range before any kernel runs (`ids_out_of_range="error"`), or mapped
 into range with a modulo (`"hash"`), or passed unchecked (`"unchecked"`, fastest; out-of-range ids are then
 undefined behaviour in fbgemm).
@@ -147,8 +157,11 @@ class BatchedEmbeddingKernel:
         self.num_updates = 0  # backward passes that updated weights (Adam's step count)
 
     # ---------------------------------------------------------------- inputs
-    def prepare_ids(self, indices: torch.Tensor, offsets: torch.Tensor) -> tuple:
-        """Validate the layout, check or hash ids; return (int64 ids, int64 offsets, batch size, ids per feature)."""
+    def prepare_ids(self, indices: torch.Tensor, offsets: torch.Tensor,
+                    batch_size_per_feature: Optional[Sequence[int]] = None) -> tuple:
+        """Validate the layout, check or hash ids; return (int64 ids, int64 offsets, batch size, ids per feature).
+
+        With `batch_size_per_feature` (VBE) the batch size returned is None."""
         if indices.dim() != 1 or offsets.dim() != 1:
             raise ValueError(f"indices and offsets must be 1-D, got shapes {tuple(indices.shape)} and {tuple(offsets.shape)}")
         if indices.is_floating_point():
@@ -156,17 +169,23 @@ class BatchedEmbeddingKernel:
         ids = indices.to(device=self.device, dtype=torch.int64)
         offsets = offsets.to(device=self.device, dtype=torch.int64)
         num_bags = offsets.numel() - 1
-        if num_bags < 0 or num_bags % self.num_features:
+        if batch_size_per_feature is not None:
+            bag_starts = self._vbe_bag_starts(batch_size_per_feature, num_bags)
+            batch_size = None
+        elif num_bags < 0 or num_bags % self.num_features:
             raise ValueError(
                 f"offsets has {offsets.numel()} entries; expected num_features * batch_size + 1 "
                 f"with num_features={self.num_features} ({self.feature_names})"
             )
-        batch_size = num_bags // self.num_features
+        else:
+            batch_size = num_bags // self.num_features
         if self.device.type == "cpu" and not is_tracing() and int(offsets[-1]) != ids.numel():
             raise ValueError(f"offsets end at {int(offsets[-1])} but there are {ids.numel()} ids: a padded batch "
                              "(values longer than its lengths count) cannot be looked up (TorchRec's collections fail "
                              f"on it too); drop the padding, values[:{int(offsets[-1])}], before the lookup")
-        if is_tracing():  # no branch on the (symbolic) batch size; a batch of 1 or 0 is like any other
+        if batch_size is None:
+            ids_per_feature = offsets[torch.tensor(bag_starts, device=self.device)].diff()
+        elif is_tracing():  # no branch on the (symbolic) batch size; a batch of 1 or 0 is like any other
             ids_per_feature = offsets.diff().view(self.num_features, batch_size).sum(1)
         elif batch_size:
             ids_per_feature = offsets[::batch_size].diff()
@@ -174,6 +193,25 @@ class BatchedEmbeddingKernel:
             ids_per_feature = torch.zeros(self.num_features, dtype=torch.int64, device=self.device)
         ids = self.id_ranges.check(ids, ids_per_feature, self.ids_out_of_range, bag_lengths=offsets.diff)
         return ids, offsets, batch_size, ids_per_feature
+
+    def _vbe_bag_starts(self, batch_size_per_feature: Sequence[int], num_bags: int) -> List[int]:
+        """The first bag of every feature (and the end), checking a VBE call's batch sizes against `offsets`."""
+        sizes = [int(b) for b in batch_size_per_feature]
+        if not self.pooled:
+            raise ValueError("batch_size_per_feature needs pooling 'sum': a sequence lookup has no bags")
+        if is_tracing():
+            raise NotImplementedError("batch_size_per_feature (VBE) cannot be traced (torch.export / compile); "
+                                      "expand the batch to one batch size first")
+        if len(sizes) != self.num_features or any(b < 0 for b in sizes):
+            raise ValueError(f"batch_size_per_feature={sizes} must give {self.num_features} batch sizes >= 0, one per "
+                             f"feature ({self.feature_names})")
+        if sum(sizes) != num_bags:
+            raise ValueError(f"offsets has {num_bags + 1} entries but batch_size_per_feature={sizes} has {sum(sizes)} "
+                             f"bags; offsets needs sum(batch_size_per_feature) + 1 entries")
+        starts = [0]
+        for b in sizes:
+            starts.append(starts[-1] + b)
+        return starts
 
     per_id = staticmethod(per_id)
 
@@ -238,7 +276,11 @@ class BatchedEmbeddingKernel:
                     if name in theirs:
                         tensor.copy_(theirs[name].reshape(tensor.shape))
 
-    def __call__(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
+    def __call__(self, indices, offsets, per_sample_weights=None, batch_size_per_feature=None) -> torch.Tensor:
+        """The lookup; `batch_size_per_feature` (VBE): a batch size per feature, flat output (module docstring)."""
+        if batch_size_per_feature is not None:
+            self._vbe_bag_starts(batch_size_per_feature, offsets.numel() - 1)  # refuses tracing, checks sizes
+            return self.forward(indices, offsets, per_sample_weights, batch_size_per_feature)
         if is_tracing():
             if self.optimizer is None or torch.compiler.is_exporting():  # export traces forward only: no update
                 return traced_lookup(self, indices, offsets, per_sample_weights)
@@ -251,7 +293,7 @@ class BatchedEmbeddingKernel:
         self.sync_parameters()
         return self.forward(indices, offsets, per_sample_weights)
 
-    def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
+    def forward(self, indices, offsets, per_sample_weights=None, batch_size_per_feature=None) -> torch.Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -273,13 +315,22 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
     backend = "torch"
 
     def __init__(self, tables, feature_table_map=None, pooling="sum", optimizer=None, device=None,
-                 dtype=torch.float32, ids_out_of_range="error", feature_names=None) -> None:
+                 dtype=torch.float32, ids_out_of_range="error", feature_names=None,
+                 storage: Optional[torch.Tensor] = None, state_storage: Optional[Dict[str, torch.Tensor]] = None) -> None:
+        """`storage` / `state_storage` (flat tensors, the tables back to back ordered by dim, stable): look up and
+        update these instead of fresh zeros (the fbgemm kernel shares its own storage this way)."""
         super().__init__(tables, feature_table_map, pooling, optimizer, device, dtype, ids_out_of_range, feature_names)
         dims = sorted({t.embedding_dim for t in self.tables})
         order = [t for d in dims for t in range(len(self.tables)) if self.tables[t].embedding_dim == d]
         sizes = [self.tables[t].num_embeddings * self.tables[t].embedding_dim for t in range(len(self.tables))]
-        self.storage = torch.zeros(sum(sizes), dtype=dtype, device=self.device) if self.device.type != "meta" \
-            else torch.empty(sum(sizes), dtype=dtype, device="meta")
+        if storage is not None:
+            if storage.numel() != sum(sizes):
+                raise ValueError(f"storage has {storage.numel()} elements, the tables need {sum(sizes)}")
+            self.storage = storage.view(-1)
+        elif self.device.type != "meta":
+            self.storage = torch.zeros(sum(sizes), dtype=dtype, device=self.device)
+        else:
+            self.storage = torch.empty(sum(sizes), dtype=dtype, device="meta")
         self._element_offsets = [0] * len(self.tables)
         cursor = 0
         for t in order:
@@ -288,6 +339,7 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         self.groups: List[_DimGroup] = []
         self._table_group = [0] * len(self.tables)
         self._table_row_offset = [0] * len(self.tables)
+        rows_before = 0
         for g, dim in enumerate(dims):
             ids = [t for t in order if self.tables[t].embedding_dim == dim]
             start = self._element_offsets[ids[0]]
@@ -299,6 +351,10 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
                 self._table_group[t], self._table_row_offset[t] = g, r
                 r += self.tables[t].num_embeddings
             state = init_optimizer_state(optimizer, rows, dim, self.device) if optimizer is not None else {}
+            if state_storage is not None:  # the same shapes, read from the shared flat state
+                state = {name: state_storage[name].view(-1)[start if s.dim() == 2 else rows_before:][:s.numel()]
+                         .view(s.shape) for name, s in state.items()}  # per element, or per row (row-wise)
+            rows_before += rows
             self.groups.append(_DimGroup(dim, ids, row_offsets, block, state))
         self._feature_group = [self._table_group[t] for t in self.feature_table_map]
         self._feature_row_shift = torch.tensor(
@@ -318,14 +374,15 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
             out.append({name: s[r:r + spec.num_embeddings] for name, s in group.state.items()})
         return out
 
-    def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
-        ids, offsets, batch_size, ids_per_feature = self.prepare_ids(indices, offsets)
+    def forward(self, indices, offsets, per_sample_weights=None, batch_size_per_feature=None) -> torch.Tensor:
+        ids, offsets, batch_size, ids_per_feature = self.prepare_ids(indices, offsets, batch_size_per_feature)
         if per_sample_weights is not None:
             if not self.pooled:
                 raise ValueError("per_sample_weights need pooling 'sum' (weighted bags)")
             per_sample_weights = per_sample_weights.to(device=self.device, dtype=torch.float32)
         rows = ids + self.per_id(self._feature_row_shift, ids_per_feature, ids.numel()) if len(self.tables) > 1 else ids
-        batch = _Batch(rows, offsets, batch_size, ids_per_feature)
+        bags = [batch_size] * self.num_features if batch_size_per_feature is None else [int(b) for b in batch_size_per_feature]
+        batch = _Batch(rows, offsets, batch_size, ids_per_feature, bags)
         anchors = [self._fused_anchor] if self.optimizer is not None else self.table_weights
         return _TorchLookup.apply(self, batch, per_sample_weights, *anchors)
 
@@ -335,11 +392,12 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         if len(self.groups) == 1:
             return batch.rows, batch.offsets, psw, list(range(self.num_features)), None
         features = [f for f in range(self.num_features) if self._feature_group[f] == g]
-        B = batch.batch_size
-        starts = batch.offsets[::B] if B else batch.offsets.new_zeros(self.num_features + 1)  # B = 0: no ids
-        pieces = [torch.arange(int(starts[f]), int(starts[f + 1]), device=self.device) for f in features]
+        bag_starts = batch.bag_starts
+        starts = batch.offsets[bag_starts].tolist()
+        pieces = [torch.arange(starts[f], starts[f + 1], device=self.device) for f in features]
         take = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64, device=self.device)
-        lengths = batch.offsets.diff().view(self.num_features, B)[features].reshape(-1)
+        all_lengths = batch.offsets.diff()
+        lengths = torch.cat([all_lengths.new_zeros(0)] + [all_lengths[bag_starts[f]:bag_starts[f + 1]] for f in features])
         offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         return batch.rows[take], offsets, (psw[take] if psw is not None else None), features, take
 
@@ -352,26 +410,35 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
             rows, offsets, group_psw, features, _ = self._group_inputs(batch, g, psw)
             pooled = F.embedding_bag(rows, group.weight, offsets, mode="sum", per_sample_weights=group_psw,
                                      include_last_offset=True).float()
+            if B is None:  # VBE: the flat output, feature after feature, each [B_f, dim] row-major
+                if len(self.groups) == 1:
+                    return pooled.reshape(-1)
+                per_feature.update(zip(features, pooled.reshape(-1).split([batch.bags[f] * group.dim for f in features])))
+                continue
             pooled = pooled.view(len(features), B, group.dim).transpose(0, 1)  # [B, F_g, dim]
             if len(self.groups) == 1:
                 return pooled.reshape(B, len(features) * group.dim)  # (not -1: B may be 0)
             for local, f in enumerate(features):
                 per_feature[f] = pooled[:, local]
-        return torch.cat([per_feature[f] for f in range(self.num_features)], dim=1)
+        return torch.cat([per_feature[f] for f in range(self.num_features)], dim=0 if B is None else 1)
 
     def _backward_compute(self, batch: "_Batch", psw: Optional[torch.Tensor], grad_out: torch.Tensor, need_psw_grad: bool):
         B = batch.batch_size
         table_grads: List[Optional[torch.Tensor]] = [None] * len(self.tables)
         psw_grad = torch.zeros_like(psw) if (need_psw_grad and psw is not None) else None
-        column_starts = [0]
-        for d in self.feature_dims:
+        column_starts, flat_starts = [0], [0]
+        for d, bags in zip(self.feature_dims, batch.bags):
             column_starts.append(column_starts[-1] + d)
+            flat_starts.append(flat_starts[-1] + bags * d)
         if self.optimizer is not None:
             self.num_updates += 1
         for g, group in enumerate(self.groups):
             rows, offsets, group_psw, features, take = self._group_inputs(batch, g, psw)
             if self.pooled:
-                if len(self.groups) == 1:
+                if B is None:  # VBE: grad_out is flat, feature after feature, [B_f, dim] each
+                    grad_bags = grad_out.view(-1, group.dim) if len(self.groups) == 1 else torch.cat(
+                        [grad_out[flat_starts[f]:flat_starts[f + 1]] for f in features]).view(-1, group.dim)
+                elif len(self.groups) == 1:
                     grad_bags = grad_out.reshape(B, len(features), group.dim).transpose(0, 1).reshape(-1, group.dim)
                 else:
                     grad_bags = torch.cat([grad_out[:, column_starts[f]:column_starts[f + 1]].t() for f in features], 0) \
@@ -405,6 +472,36 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         return psw_grad, table_grads
 
 
+def pad_bags(lengths: torch.Tensor, bags: Sequence[int], B: int) -> torch.Tensor:
+    """[len(bags), B] lengths: row k holds the next bags[k] lengths, then zeros (empty bags).
+
+    >>> pad_bags(torch.tensor([3, 1, 2]), [1, 2], 3).tolist()
+    [[3, 0, 0], [1, 2, 0]]
+    """
+    if all(n == B for n in bags):
+        return lengths.view(len(bags), B)
+    counts = torch.tensor(list(bags), device=lengths.device)
+    filled = torch.arange(B, device=lengths.device) < counts.unsqueeze(1)
+    return lengths.new_zeros(len(bags), B).masked_scatter(filled, lengths)
+
+
+def segment_positions(sizes: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Positions that take the segments of a flat buffer (segment k: sizes[k] entries) in `order`.
+
+    >>> segment_positions(torch.tensor([2, 1, 3]), torch.tensor([2, 0, 1])).tolist()
+    [3, 4, 5, 0, 1, 2]
+    """
+    sizes = sizes.to(torch.int64)
+    starts = torch.zeros_like(sizes)
+    torch.cumsum(sizes[:-1], 0, out=starts[1:])
+    picked = sizes[order]
+    total = int(picked.sum())
+    new_starts = torch.zeros_like(picked)
+    torch.cumsum(picked[:-1], 0, out=new_starts[1:])
+    shift = (starts[order] - new_starts).repeat_interleave(picked, output_size=total)
+    return torch.arange(total, device=sizes.device) + shift
+
+
 def _bag_of_id(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
     """The bag index of every id, from offsets (a cumulative count of bag starts; faster than repeat_interleave)."""
     marker = torch.zeros(num_ids + 1, dtype=torch.int64, device=offsets.device)
@@ -416,8 +513,17 @@ def _bag_of_id(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
 class _Batch:
     rows: torch.Tensor  # ids shifted into their dim group's block
     offsets: torch.Tensor
-    batch_size: int
+    batch_size: Optional[int]  # None: a batch size per feature (VBE)
     ids_per_feature: torch.Tensor
+    bags: List[int]  # per feature
+
+    @property
+    def bag_starts(self) -> List[int]:
+        """The first bag of every feature, and the end."""
+        starts = [0]
+        for n in self.bags:
+            starts.append(starts[-1] + n)
+        return starts
 
 
 class _TorchLookup(torch.autograd.Function):

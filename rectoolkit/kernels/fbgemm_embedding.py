@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec  # noqa: F401 (doctest)
+from rectoolkit.kernels.batched_embedding import pad_bags, segment_positions
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, optimizer_state_names  # noqa: F401
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 
@@ -44,6 +45,9 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
     """fbgemm TBE kernel (CPU or CUDA) with a fused SGD / Adagrad / row-wise Adagrad / Adam (CUDA only)."""
 
     backend = "fbgemm"
+    # How a variable-batch (VBE) call runs on CPU: "torch" (the pure-torch VBE lookup on this TBE's weights and
+    # state; the default, see _variable_batch_forward), "fbgemm" (fbgemm's VBE TBE: slow metadata on CPU) or "pad"
+    cpu_variable_batch = "torch"
 
     def __init__(self, tables, feature_table_map=None, pooling="sum", optimizer=None, device=None,
                  dtype=torch.float32, ids_out_of_range="error", feature_names=None) -> None:
@@ -67,6 +71,7 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         kernel_starts = [sum(kernel_dims[:k]) for k in range(self.num_features)]
         position = {f: k for k, f in enumerate(self.kernel_order)}
         self._kernel_order_int = torch.tensor(self.kernel_order, dtype=torch.int32, device=self.device)
+        self._caller_order = torch.tensor([position[f] for f in range(self.num_features)], device=self.device)
         self._output_columns = torch.cat([  # the caller's column c reads TBE output column _output_columns[c]
             torch.arange(kernel_starts[position[f]], kernel_starts[position[f]] + self.feature_dims[f])
             for f in range(self.num_features)]).to(self.device)
@@ -114,14 +119,17 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
     def num_updates(self, value: int) -> None:
         pass  # the TBE counts its own steps (self.tbe.iter)
 
-    def forward(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
-        ids, offsets, batch_size, _ = self.prepare_ids(indices, offsets)
+    def forward(self, indices, offsets, per_sample_weights=None, batch_size_per_feature=None) -> torch.Tensor:
+        ids, offsets, batch_size, ids_per_feature = self.prepare_ids(indices, offsets, batch_size_per_feature)
         if self.optimizer.lr != self._tbe_lr:  # someone changed optimizer.lr directly
             self.set_learning_rate(self.optimizer.lr)
         if per_sample_weights is not None:
             if not self.pooled:
                 raise ValueError("per_sample_weights need pooling 'sum' (weighted bags)")
             per_sample_weights = per_sample_weights.to(device=self.device, dtype=torch.float32)
+        if batch_size_per_feature is not None:
+            return self._variable_batch_forward(ids, offsets, per_sample_weights, ids_per_feature,
+                                                [int(b) for b in batch_size_per_feature])
         kernel_ids, kernel_offsets, kernel_weights, positions = ids, offsets, per_sample_weights, None
         if self.permuted:
             kernel_ids, kernel_offsets, kernel_weights, positions = self._to_kernel_order(ids, offsets, per_sample_weights, batch_size)
@@ -152,3 +160,71 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
                 self._kernel_order_int, lengths, ids, per_sample_weights, num_ids)
         kernel_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(kernel_lengths.reshape(-1))
         return kernel_ids, kernel_offsets, kernel_weights, positions
+
+    def _variable_batch_forward(self, ids: torch.Tensor, offsets: torch.Tensor, per_sample_weights,
+                                ids_per_feature: torch.Tensor, bags: List[int]) -> torch.Tensor:
+        """VBE: fbgemm's variable-batch TBE (one rank, `batch_size_per_feature_per_rank`); the features are
+        taken in the TBE's order (whole segments of bags and ids) and the flat output's blocks put back.
+        fbgemm's VBE has SGD, row-wise Adagrad and Adam only, and on CPU its per-call metadata
+        (fbgemm::generate_vbe_metadata) costs far more than the lookup (measured: 140 ms for 26 features of
+        2 to 512 bags, against 2 ms for the padded lookup). So on CPU (`cpu_variable_batch` "torch", the default)
+        the pure-torch kernel's VBE mode runs on this TBE's own weights and optimizer state (the same update rules);
+        where it cannot share them (tables not stored in dim order), with "pad", and for the optimizers fbgemm's
+        VBE lacks (Adagrad), every feature is padded to the largest batch size with empty bags (no ids), the plain
+        TBE runs, and each feature's own rows are kept."""
+        if self.cpu_variable_batch not in ("torch", "fbgemm", "pad"):
+            raise ValueError(f"cpu_variable_batch must be 'torch', 'fbgemm' or 'pad', got {self.cpu_variable_batch!r}")
+        on_cpu = self.device.type == "cpu"
+        native = self.optimizer.optimizer in (EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM) \
+            and (not on_cpu or self.cpu_variable_batch == "fbgemm")
+        sharing = self._torch_kernel_on_my_storage() if on_cpu and self.cpu_variable_batch == "torch" else None
+        if sharing is not None:
+            return sharing(ids, offsets, per_sample_weights, batch_size_per_feature=bags)
+        if not native:
+            B = max(bags, default=0)
+            lengths = pad_bags(offsets.diff(), bags, B).reshape(-1)
+            padded_offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(lengths, 0, out=padded_offsets[1:])
+            out = self.forward(ids, padded_offsets, per_sample_weights)
+            width, column = out.shape[1], 0
+            kept = [torch.zeros(0, dtype=torch.int64, device=self.device)]  # positions in out of each feature's rows
+            for n, dim in zip(bags, self.feature_dims):
+                rows = torch.arange(n, device=self.device).unsqueeze(1) * width
+                kept.append((rows + torch.arange(column, column + dim, device=self.device)).reshape(-1))
+                column += dim
+            return out.reshape(-1).index_select(0, torch.cat(kept))
+        if not self.permuted:
+            return self.tbe(ids, offsets, per_sample_weights=per_sample_weights,
+                            batch_size_per_feature_per_rank=[[b] for b in bags])
+        order = self.kernel_order
+        bag_positions = segment_positions(torch.tensor(bags, device=self.device), self._kernel_order_int.long())
+        id_positions = segment_positions(ids_per_feature, self._kernel_order_int.long())
+        lengths = offsets.diff().index_select(0, bag_positions)
+        kernel_offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(lengths, 0, out=kernel_offsets[1:])
+        kernel_weights = per_sample_weights.index_select(0, id_positions) if per_sample_weights is not None else None
+        out = self.tbe(ids.index_select(0, id_positions), kernel_offsets, per_sample_weights=kernel_weights,
+                       batch_size_per_feature_per_rank=[[bags[f]] for f in order])
+        block_sizes = torch.tensor([bags[f] * self.feature_dims[f] for f in order], device=self.device)
+        return out.index_select(0, segment_positions(block_sizes, self._caller_order))
+
+    def _torch_kernel_on_my_storage(self):
+        """A TorchBatchedEmbedding that looks up and updates this TBE's CPU weights and state in place (built once),
+        or None when the layouts differ."""
+        if self.device.type != "cpu":
+            return None
+        if not hasattr(self, "_sharing"):
+            from rectoolkit.kernels.batched_embedding import TorchBatchedEmbedding
+            from rectoolkit.kernels.fused_optimizers import optimizer_state_names
+
+            names = optimizer_state_names(self.optimizer.optimizer)
+            kernel = TorchBatchedEmbedding(
+                self.tables, self.feature_table_map, "sum", self.optimizer, self.device, self.dtype, "unchecked",
+                self.feature_names, storage=self.tbe.weights_host,
+                state_storage={name: getattr(self.tbe, f"{name}_host") for name in names})
+            same = [a.data_ptr() == b.data_ptr() for a, b in zip(kernel.split_embedding_weights(), self.split_embedding_weights())]
+            for mine, theirs in zip(kernel.split_optimizer_states(), self.split_optimizer_states()):
+                same += [mine[name].data_ptr() == theirs[name].data_ptr() and mine[name].numel() == theirs[name].numel()
+                         for name in names]
+            self._sharing = kernel if all(same) else None
+        return self._sharing

@@ -39,7 +39,7 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
 from __future__ import annotations
 
 import os
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -232,18 +232,101 @@ def _column_runs(pooled: torch.Tensor, inverse_indices: torch.Tensor, dims: Sequ
     """(first column, end column, rows to read or None for "as they are") of each run of neighbouring features
     that read their pooled rows alike."""
     full_batch = inverse_indices.shape[1]
-    rows, kind = torch.unique(inverse_indices, dim=0, return_inverse=True)
-    as_is = [full_batch <= pooled.shape[0] and bool(torch.equal(row, torch.arange(full_batch, device=row.device)))
-             for row in rows]
+    rows, kind, as_is = _distinct_reads(inverse_indices)
+    as_is = [full_batch <= pooled.shape[0] and same for same in as_is]
     runs: list = []
     column = 0
-    for k, dim in zip(kind.tolist(), dims):
+    for k, dim in zip(kind, dims):
         if runs and runs[-1][2] == k:
             runs[-1][1] += dim
         else:
             runs.append([column, column + dim, k])
         column += dim
     return [(c0, c1, None if as_is[k] else rows[k]) for c0, c1, k in runs]
+
+
+def _distinct_reads(inverse_indices: torch.Tensor) -> tuple:
+    """(distinct rows of the inverse indices, which one each feature reads, whether each reads 0, 1, 2, ...)."""
+    rows, kind = torch.unique(inverse_indices, dim=0, return_inverse=True)
+    full_batch = inverse_indices.shape[1]
+    as_is = [bool(torch.equal(row, torch.arange(full_batch, device=row.device))) for row in rows]
+    return rows, kind.tolist(), as_is
+
+
+def expand_blocks(flat: torch.Tensor, spans: Sequence[Tuple[int, int, int, int]],
+                  inverse_indices: Optional[torch.Tensor], width: int,
+                  base: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[full batch, width]: `base` (or zeros) plus flat blocks of pooled rows, each expanded with the inverse
+    indices straight into its columns (a VBE output_dist's result: no padded intermediate).
+
+    Block k of `flat` is [rows, cols] row-major (the blocks back to back), `spans[k]` = (first output column,
+    cols, rows, feature): the pooled rows of `feature` at its own batch size; sample b reads row
+    ``inverse_indices[feature, b]`` (None: every block is already at the full batch). Blocks on the same
+    columns are summed first (row-wise partial sums), then expanded once; the gradient goes back the same way.
+
+    >>> flat = torch.tensor([1., 2., 10., 20., 30., 40.])  # user: 2 rows x 1 column, item: 2 rows x 2 columns
+    >>> expand_blocks(flat, [(0, 1, 2, 0), (1, 2, 2, 1)], torch.tensor([[0, 0, 1], [1, 0, 1]]), 3).tolist()
+    [[1.0, 30.0, 40.0], [1.0, 10.0, 20.0], [2.0, 30.0, 40.0]]
+    """
+    starts_of: dict = {}  # (column, cols, rows, feature) -> starts of its blocks in flat
+    start = 0
+    for span in spans:
+        starts_of.setdefault(tuple(span), []).append(start)
+        start += span[1] * span[2]
+    if start != flat.numel():
+        raise ValueError(f"expand_blocks: the spans cover {start} values but flat has {flat.numel()}")
+    if inverse_indices is None:
+        full_batch = max((rows for _, _, rows, _ in spans), default=0)
+        reads = [None] * len(starts_of)
+    else:
+        inverse_indices = inverse_indices.to(device=flat.device, dtype=torch.int64)
+        full_batch = inverse_indices.shape[1]
+        distinct, kind, as_is = _distinct_reads(inverse_indices)
+        reads = [None if as_is[kind[feature]] and rows >= full_batch else distinct[kind[feature]]
+                 for _, _, rows, feature in starts_of]
+    targets = [(column, cols, rows, starts, read) for (column, cols, rows, _), starts, read
+               in zip(starts_of, starts_of.values(), reads)]
+    covered = sorted((column, column + cols) for column, cols, _, _, _ in targets)
+    disjoint = all(a[1] <= b[0] for a, b in zip(covered, covered[1:]))
+    fills = disjoint and sum(end - column for column, end in covered) == width
+    return _ExpandBlocks.apply(flat, base, targets, full_batch, width, fills)
+
+
+class _ExpandBlocks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat, base, targets, full_batch, width, fills):
+        ctx.targets, ctx.numel, ctx.has_base = targets, flat.numel(), base is not None
+        if base is not None:
+            out = base.clone()
+        else:
+            out = flat.new_empty(full_batch, width) if fills else flat.new_zeros(full_batch, width)
+        for column, cols, rows, starts, read in targets:
+            piece = flat[starts[0]:starts[0] + rows * cols].view(rows, cols)
+            for start in starts[1:]:
+                piece = piece + flat[start:start + rows * cols].view(rows, cols)
+            value = piece[:full_batch] if read is None else piece.index_select(0, read)
+            if base is None and fills:
+                out[:, column:column + cols] = value
+            else:
+                out[:, column:column + cols] += value
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_flat = grad.new_empty(ctx.numel)
+        for column, cols, rows, starts, read in ctx.targets:
+            columns = grad[:, column:column + cols]
+            if read is None and rows == grad.shape[0]:
+                piece_grad = columns
+            else:
+                piece_grad = grad.new_zeros(rows, cols)
+                if read is None:
+                    piece_grad[:grad.shape[0]] = columns
+                else:
+                    piece_grad.index_add_(0, read, columns)
+            for start in starts:
+                grad_flat[start:start + rows * cols].view(rows, cols).copy_(piece_grad)
+        return grad_flat, (grad if ctx.has_base else None), None, None, None, None
 
 
 class _ExpandColumnRuns(torch.autograd.Function):
