@@ -18,7 +18,7 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    and per row-routed shard; a 16 MiB
    table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
    prices, row-block routing per id, and how well local ranks run at once;
-4. on gloo, rectoolkit.planner.load's synthetic step -> its quiet time (`machine["load_probe"]`), which later load
+4. on gloo, rectoolkit.planner.load's synthetic step -> its median time (`machine["load_probe"]`), which later load
    probes divide by so that their factor is relative to the machine as this profile saw it.
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).

@@ -7,17 +7,17 @@ the machine, not on the plan. This module measures that factor before any plan r
 has the shape of a sharded step (memory-bound gathers between small collectives, every rank waiting for the
 slowest at each one):
 
-    factor = median over steps of the slowest rank's wall time / the quiet step's CPU time
+    factor = median over steps of the slowest rank's wall time now / the same median when the profile was measured
 
-where the quiet step is the one the calibration measured (the profile's `machine["load_probe"]`), else the
-quietest of the probe's own. On a quiet machine it is about 1. `CostModel` multiplies its step estimate by `Topology.load_factor`
+(the calibration runs the probe too: the profile's `machine["load_probe"]`). On a machine as quiet as it was then,
+the factor is about 1; without a profile, the probe's own quietest step's CPU time is the reference. `CostModel` multiplies its step estimate by `Topology.load_factor`
 (`StepTime.load_ms` is the part load adds), `measure_plans` probes at the start of its run and reports the
 estimate at that load beside the quiet one, and `probe_load(world_size)` measures it on its own:
 
-    >>> probe = LoadProbe(factor=1.3, quiet_ms=8.0, median_ms=10.4, steps=40, world_size=2,
+    >>> probe = LoadProbe(factor=1.3, quiet_ms=8.0, median_ms=13.0, reference_ms=10.0, steps=40, world_size=2,
     ...                   load_average=(2.5, 2.0, 1.5), cores=2)
     >>> probe.factor, str(probe)
-    (1.3, 'load factor 1.30 (synthetic step 10.4 ms vs 8.0 ms quiet; 2 ranks, 40 steps, load average 2.5, 2 cores)')
+    (1.3, 'load factor 1.30 (synthetic step 13.0 ms now vs 10.0 ms calibrated; 2 ranks, 40 steps, load average 2.5, 2 cores)')
 """
 
 from __future__ import annotations
@@ -42,17 +42,18 @@ PROBE_BAGS = 4096  # pooled into this many bags (a small output: no large alloca
 class LoadProbe:
     """One measurement of the machine's load factor (see the module docstring)."""
 
-    factor: float  # median slowest-rank wall time of a synthetic step / the quiet one's CPU time
+    factor: float  # median slowest-rank wall time of a synthetic step / the reference (see measure_load)
     quiet_ms: float  # the synthetic step's CPU time on its quietest step (the slowest rank's)
     median_ms: float  # its median wall time (the slowest rank's)
+    reference_ms: float  # what the median is divided by: the calibration's median, else quiet_ms
     steps: int
     world_size: int
     load_average: Tuple[float, float, float]  # os.getloadavg() when the probe ended
     cores: Optional[int]
 
     def __str__(self) -> str:
-        return (f"load factor {self.factor:.2f} (synthetic step {self.median_ms:.1f} ms vs {self.quiet_ms:.1f} ms "
-                f"quiet; {self.world_size} ranks, {self.steps} steps, load average {self.load_average[0]:.1f}, "
+        return (f"load factor {self.factor:.2f} (synthetic step {self.median_ms:.1f} ms now vs {self.reference_ms:.1f} "
+                f"ms calibrated; {self.world_size} ranks, {self.steps} steps, load average {self.load_average[0]:.1f}, "
                 f"{self.cores} cores)")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -112,8 +113,8 @@ class SyntheticStep:
         quiet = float(times[:, 1].min())
         median = float(times[:, 0].median())
         reference = quiet if reference_ms is None else float(reference_ms)
-        return LoadProbe(factor=round(median / reference, 3), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
-                         steps=len(self.rows), world_size=dist.get_world_size(self.group),
+        return LoadProbe(factor=round(median / reference, 4), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
+                         reference_ms=round(reference, 3), steps=len(self.rows), world_size=dist.get_world_size(self.group),
                          load_average=_load_average(), cores=os.cpu_count())
 
 
@@ -123,10 +124,10 @@ def measure_load(steps: int = PROBE_STEPS, group: Any = None, reference_ms: Opti
     it; all get the same LoadProbe). Runs the synthetic step at least `steps` times and for at least
     `min_seconds` (a burst of load then moves the median less), about 13 ms a step on a quiet core.
 
-    `reference_ms`: the quiet synthetic step to divide by, from the calibration the estimates come from
-    (`CalibrationProfile.machine["load_probe"]["quiet_ms"]`): a profile measured while the machine was busier
-    than now prices everything a little high, and the factor then comes out below 1 by as much. Without it,
-    this probe's own quietest step."""
+    `reference_ms`: the synthetic step's median when the estimates' profile was measured
+    (`CalibrationProfile.machine["load_probe"]["median_ms"]`; `reference_ms(profile)`): the factor says how much
+    slower steps run now than then (below 1 if the machine was busier then). Without it, this probe's own
+    quietest step's CPU time (a factor somewhat above 1 on a quiet machine: the median's jitter and the waits)."""
     if not isinstance(steps, int) or steps < 3:
         raise ValueError(f"measure_load: steps must be an int >= 3, got {steps!r}")
     synthetic = SyntheticStep(group)
@@ -142,9 +143,10 @@ def _load_average() -> Tuple[float, float, float]:
 
 
 def reference_ms(profile: Any) -> Optional[float]:
-    """The quiet synthetic step a CalibrationProfile recorded (None: no profile, or one without a probe)."""
+    """The synthetic step's median a CalibrationProfile recorded when it was measured (None: no profile, or one
+    without a probe): what later probes divide by."""
     probe = getattr(profile, "machine", {}).get("load_probe") if profile is not None else None
-    return float(probe["quiet_ms"]) if probe else None
+    return float(probe["median_ms"]) if probe else None
 
 
 def _probe_worker(ctx: Any, steps: int, reference: Optional[float], min_seconds: float) -> Dict[str, Any]:
@@ -154,7 +156,7 @@ def _probe_worker(ctx: Any, steps: int, reference: Optional[float], min_seconds:
 def probe_load(world_size: int = 2, profile: Any = None, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS,
                num_threads: int = 1, timeout_s: Optional[float] = 120.0) -> LoadProbe:
     """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up),
-    against `profile`'s quiet synthetic step when it has one (a CalibrationProfile, or a Topology's). From a
+    against `profile`'s synthetic step when it has one (a CalibrationProfile, or a Topology's). From a
     script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
 
         probe = probe_load(2, topology.profile)                           # doctest: +SKIP

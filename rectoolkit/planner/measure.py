@@ -304,7 +304,7 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
         for step in range(spec.warmup - 1):
             runner.backward(runner.forward(batches[(step + 1) % len(batches)]))
     ctx.report(stage="warm", plans=len(runners))
-    # before any timed step: the machine's slowdown the estimates are scaled by, against the profile's quiet step
+    # before any timed step: the machine's slowdown the estimates are scaled by, against the profile's probe
     load_before = measure_load(reference_ms=spec.load_reference_ms)
     during = SyntheticStep()  # a few synthetic steps after every plan's block: the load while the plans ran
     step_index = 0

@@ -55,8 +55,8 @@ class Topology:
             this many local ranks compute at once); None: every rank has its own.
         load_factor: how much longer steps take now than on the quiet machine the profile describes, because of
             other work on the same cores (rectoolkit.planner.load: `probe_load(world_size, profile).factor`); the
-            step estimate is multiplied by it (1.0: as quiet as when the profile was measured; below 1 when that
-            was busier than now). It moves every plan alike, so it never changes which plan is fastest, only the
+            step estimate is multiplied by it (1.0: as quiet as when the profile was measured; below 1 when the
+            machine was busier then). It moves every plan alike, so it never changes which plan is fastest, only the
             times shown.
     """
 
