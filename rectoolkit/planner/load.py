@@ -9,8 +9,9 @@ slowest at each one):
 
     factor = median over steps of the slowest rank's wall time now / the same median when the profile was measured
 
-(the calibration runs the probe too: the profile's `machine["load_probe"]`). On a machine as quiet as it was then,
-the factor is about 1; without a profile, the probe's own quietest step's CPU time is the reference. `CostModel` multiplies its step estimate by `Topology.load_factor`
+(the calibration runs the probe too: the profile's `machine["load_probe"]`), and never below 1. On a machine as
+quiet as it was then, the factor is 1; without a profile, the probe's own quietest step's CPU time is the
+reference. `CostModel` multiplies its step estimate by `Topology.load_factor`
 (`StepTime.load_ms` is the part load adds), `measure_plans` probes at the start of its run and reports the
 estimate at that load beside the quiet one, and `probe_load(world_size)` measures it on its own:
 
@@ -113,7 +114,10 @@ class SyntheticStep:
         quiet = float(times[:, 1].min())
         median = float(times[:, 0].median())
         reference = quiet if reference_ms is None else float(reference_ms)
-        return LoadProbe(factor=round(median / reference, 4), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
+        # never below 1: a profile's time terms are the fastest of its repeats, which a busier calibration moves
+        # little, while its probe's median it moves fully: a median below the calibration's says that, not that
+        # the estimates are too high
+        return LoadProbe(factor=round(max(median / reference, 1.0), 4), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
                          reference_ms=round(reference, 3), steps=len(self.rows), world_size=dist.get_world_size(self.group),
                          load_average=_load_average(), cores=os.cpu_count())
 
@@ -126,7 +130,8 @@ def measure_load(steps: int = PROBE_STEPS, group: Any = None, reference_ms: Opti
 
     `reference_ms`: the synthetic step's median when the estimates' profile was measured
     (`CalibrationProfile.machine["load_probe"]["median_ms"]`; `reference_ms(profile)`): the factor says how much
-    slower steps run now than then (below 1 if the machine was busier then). Without it, this probe's own
+    slower steps run now than then (1 if not slower: the profile's terms are its fastest repeats, so a busier
+    calibration does not make the estimates high). Without it, this probe's own
     quietest step's CPU time (a factor somewhat above 1 on a quiet machine: the median's jitter and the waits)."""
     if not isinstance(steps, int) or steps < 3:
         raise ValueError(f"measure_load: steps must be an int >= 3, got {steps!r}")

@@ -107,4 +107,8 @@ def test_probe_load_runs_its_own_workers_against_the_profiles_median():
                                   machine={"load_probe": {"quiet_ms": 1.0, "median_ms": 1000.0}})
     probe = probe_load(2, profile, steps=5, min_seconds=0.0, timeout_s=240)
     assert probe.steps == 5 and probe.world_size == 2 and probe.median_ms > 0
-    assert probe.factor == pytest.approx(probe.median_ms / 1000.0, rel=1e-2, abs=1e-4)  # the profile's, not its own
+    assert probe.reference_ms == 1000.0 and probe.median_ms < 1000.0  # the profile's median, not its own step
+    assert probe.factor == 1.0  # never below 1: a busier calibration does not make estimates high
+    fast = dataclasses.replace(profile, machine={"load_probe": {"quiet_ms": 1.0, "median_ms": 0.5}})
+    probe = probe_load(2, fast, steps=5, min_seconds=0.0, timeout_s=240)
+    assert probe.factor == pytest.approx(probe.median_ms / 0.5, rel=1e-2)
