@@ -18,8 +18,8 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    and per row-routed shard; a 16 MiB
    table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
    prices, row-block routing per id, and how well local ranks run at once;
-4. on gloo, rectoolkit.planner.load's synthetic step -> its median time (`machine["load_probe"]`), which later load
-   probes divide by so that their factor is relative to the machine as this profile saw it.
+4. on gloo, rectoolkit.planner.load's synthetic step -> the machine's load factor while it calibrated
+   (`machine["load_probe"]`, a record: the terms above are fastest repeats and CPU times, which load moves little).
 
 From a script, call it under `if __name__ == "__main__":` (the workers are spawned and re-import the script).
 
@@ -404,7 +404,7 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_de
         collectives = measure_collectives(world_size, repeats)
         reads = measure_lookups(rank, world_size, repeats)
         fixed = measure_fixed_costs(rank, world_size, repeats)
-        # the quiet synthetic step that later load probes divide by (rectoolkit.planner.load; CPU tensors: gloo)
+        # the load factor while calibrating, for the record (rectoolkit.planner.load; CPU tensors: gloo)
         probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
             results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, load_probe=probe)))

@@ -7,18 +7,20 @@ the machine, not on the plan. This module measures that factor before any plan r
 has the shape of a sharded step (memory-bound gathers between small collectives, every rank waiting for the
 slowest at each one):
 
-    factor = median over steps of the slowest rank's wall time now / the same median when the profile was measured
+    factor = median over steps of the slowest rank's wall time / median over steps of its CPU time
 
-(the calibration runs the probe too: the profile's `machine["load_probe"]`), and never below 1. On a machine as
-quiet as it was then, the factor is 1; without a profile, the probe's own quietest step's CPU time is the
-reference. `CostModel` multiplies its step estimate by `Topology.load_factor`
-(`StepTime.load_ms` is the part load adds), `measure_plans` probes at the start of its run and reports the
-estimate at that load beside the quiet one, and `probe_load(world_size)` measures it on its own:
+how much longer the ranks take than they work: on a machine of their own they wait only at the collectives (a
+factor a little above 1); when other work shares the cores, they also wait to be scheduled, at every step and at
+every collective. The profile's terms are CPU times of the fastest repeats, which such waiting does not stretch, so
+the estimate times the factor is the wall time to expect now. `CostModel` multiplies its step estimate by
+`Topology.load_factor` (`StepTime.load_ms` is the part load adds), `measure_plans` probes before its first timed
+step and between the plans' blocks and reports the estimate at those loads beside the quiet one, and
+`probe_load(world_size)` measures it on its own:
 
     >>> probe = LoadProbe(factor=1.3, quiet_ms=8.0, median_ms=13.0, reference_ms=10.0, steps=40, world_size=2,
     ...                   load_average=(2.5, 2.0, 1.5), cores=2)
     >>> probe.factor, str(probe)
-    (1.3, 'load factor 1.30 (synthetic step 13.0 ms now vs 10.0 ms calibrated; 2 ranks, 40 steps, load average 2.5, 2 cores)')
+    (1.3, 'load factor 1.30 (synthetic step 13.0 ms wall for 10.0 ms of work; 2 ranks, 40 steps, load average 2.5, 2 cores)')
 """
 
 from __future__ import annotations
@@ -43,18 +45,18 @@ PROBE_BAGS = 4096  # pooled into this many bags (a small output: no large alloca
 class LoadProbe:
     """One measurement of the machine's load factor (see the module docstring)."""
 
-    factor: float  # median slowest-rank wall time of a synthetic step / the reference (see measure_load)
+    factor: float  # median slowest-rank wall time of a synthetic step / reference_ms (its median CPU time)
     quiet_ms: float  # the synthetic step's CPU time on its quietest step (the slowest rank's)
     median_ms: float  # its median wall time (the slowest rank's)
-    reference_ms: float  # what the median is divided by: the calibration's median, else quiet_ms
+    reference_ms: float  # what the median is divided by: the median CPU time (the work), unless given
     steps: int
     world_size: int
     load_average: Tuple[float, float, float]  # os.getloadavg() when the probe ended
     cores: Optional[int]
 
     def __str__(self) -> str:
-        return (f"load factor {self.factor:.2f} (synthetic step {self.median_ms:.1f} ms now vs {self.reference_ms:.1f} "
-                f"ms calibrated; {self.world_size} ranks, {self.steps} steps, load average {self.load_average[0]:.1f}, "
+        return (f"load factor {self.factor:.2f} (synthetic step {self.median_ms:.1f} ms wall for {self.reference_ms:.1f} "
+                f"ms of work; {self.world_size} ranks, {self.steps} steps, load average {self.load_average[0]:.1f}, "
                 f"{self.cores} cores)")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -113,11 +115,8 @@ class SyntheticStep:
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group)  # the slowest rank of each step
         quiet = float(times[:, 1].min())
         median = float(times[:, 0].median())
-        reference = quiet if reference_ms is None else float(reference_ms)
-        # never below 1: a profile's time terms are the fastest of its repeats, which a busier calibration moves
-        # little, while its probe's median it moves fully: a median below the calibration's says that, not that
-        # the estimates are too high
-        return LoadProbe(factor=round(max(median / reference, 1.0), 4), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
+        reference = float(times[:, 1].median()) if reference_ms is None else float(reference_ms)
+        return LoadProbe(factor=round(median / reference, 4), quiet_ms=round(quiet, 3), median_ms=round(median, 3),
                          reference_ms=round(reference, 3), steps=len(self.rows), world_size=dist.get_world_size(self.group),
                          load_average=_load_average(), cores=os.cpu_count())
 
@@ -128,11 +127,7 @@ def measure_load(steps: int = PROBE_STEPS, group: Any = None, reference_ms: Opti
     it; all get the same LoadProbe). Runs the synthetic step at least `steps` times and for at least
     `min_seconds` (a burst of load then moves the median less), about 13 ms a step on a quiet core.
 
-    `reference_ms`: the synthetic step's median when the estimates' profile was measured
-    (`CalibrationProfile.machine["load_probe"]["median_ms"]`; `reference_ms(profile)`): the factor says how much
-    slower steps run now than then (1 if not slower: the profile's terms are its fastest repeats, so a busier
-    calibration does not make the estimates high). Without it, this probe's own
-    quietest step's CPU time (a factor somewhat above 1 on a quiet machine: the median's jitter and the waits)."""
+    `reference_ms`: what to divide the median wall time by instead of the median CPU time."""
     if not isinstance(steps, int) or steps < 3:
         raise ValueError(f"measure_load: steps must be an int >= 3, got {steps!r}")
     synthetic = SyntheticStep(group)
@@ -147,32 +142,24 @@ def _load_average() -> Tuple[float, float, float]:
         return (float("nan"),) * 3  # type: ignore[return-value]
 
 
-def reference_ms(profile: Any) -> Optional[float]:
-    """The synthetic step's median a CalibrationProfile recorded when it was measured (None: no profile, or one
-    without a probe): what later probes divide by."""
-    probe = getattr(profile, "machine", {}).get("load_probe") if profile is not None else None
-    return float(probe["median_ms"]) if probe else None
+def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
+    return measure_load(steps, min_seconds=min_seconds).to_dict()
 
 
-def _probe_worker(ctx: Any, steps: int, reference: Optional[float], min_seconds: float) -> Dict[str, Any]:
-    return measure_load(steps, reference_ms=reference, min_seconds=min_seconds).to_dict()
+def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS, num_threads: int = 1,
+               timeout_s: Optional[float] = 120.0) -> LoadProbe:
+    """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up). From
+    a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
 
-
-def probe_load(world_size: int = 2, profile: Any = None, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS,
-               num_threads: int = 1, timeout_s: Optional[float] = 120.0) -> LoadProbe:
-    """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up),
-    against `profile`'s synthetic step when it has one (a CalibrationProfile, or a Topology's). From a
-    script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
-
-        probe = probe_load(2, topology.profile)                           # doctest: +SKIP
+        probe = probe_load(2)                                             # doctest: +SKIP
         topology = dataclasses.replace(topology, load_factor=probe.factor)  # doctest: +SKIP
     """
     from rectoolkit.launch import launch
 
     if not isinstance(world_size, int) or world_size <= 0:
         raise ValueError(f"probe_load: world_size must be a positive int, got {world_size!r}")
-    results = launch(_probe_worker, world_size, steps, reference_ms(profile), float(min_seconds),
-                     num_threads=num_threads, backend="gloo", timeout_s=timeout_s, echo_output=False)
+    results = launch(_probe_worker, world_size, steps, float(min_seconds), num_threads=num_threads, backend="gloo",
+                     timeout_s=timeout_s, echo_output=False)
     fields = results[0]
     fields["load_average"] = tuple(fields["load_average"])
     return LoadProbe(**fields)

@@ -59,7 +59,6 @@ from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.load import SyntheticStep, measure_load
-from rectoolkit.planner.load import reference_ms as load_reference_ms
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
@@ -166,7 +165,6 @@ class _RunSpec:
     warmup: int
     rounds: int
     phase_steps: int
-    load_reference_ms: Optional[float]
 
 
 def _make_batches(spec: _RunSpec, rank: int, world_size: int) -> list:
@@ -304,8 +302,7 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
         for step in range(spec.warmup - 1):
             runner.backward(runner.forward(batches[(step + 1) % len(batches)]))
     ctx.report(stage="warm", plans=len(runners))
-    # before any timed step: the machine's slowdown the estimates are scaled by, against the profile's probe
-    load_before = measure_load(reference_ms=spec.load_reference_ms)
+    load_before = measure_load()  # before any timed step: the machine's slowdown the estimates are scaled by
     during = SyntheticStep()  # a few synthetic steps after every plan's block: the load while the plans ran
     step_index = 0
     for round_index in range(spec.rounds):
@@ -324,7 +321,7 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
         ctx.report(stage="round", round=round_index)
     return {"plans": {runner.name: {"steps": runner.steps, "phases": runner.phases, **counted[runner.name]}
                       for runner in runners},
-            "load": {"before": load_before.to_dict(), "during": during.probe(spec.load_reference_ms).to_dict()}}
+            "load": {"before": load_before.to_dict(), "during": during.probe().to_dict()}}
 
 
 # ------------------------------------------------------------------------------------------ the caller side
@@ -382,8 +379,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
         except ValueError as error:
             raise ValueError(f"measure_plans: plan {name!r}: {error}") from error
     spec = _RunSpec(named, list(tables), factors, batch_size, num_batches, float(zipf_alpha), seed, str(optimizer),
-                    float(lr), topology.local_world_size, steps, warmup, rounds, phase_steps,
-                    load_reference_ms(topology.profile))
+                    float(lr), topology.local_world_size, steps, warmup, rounds, phase_steps)
     from rectoolkit.launch import launch
 
     load_before = os.getloadavg()

@@ -42,5 +42,5 @@ def test_measure_runs_current_and_pinned_plans(tmp_path):
     assert len(measured.y) == 4 and list(measured.y) == list(result.ranks["step_ms"])
     assert "current" in explorer.measure_note.value and "pinned" in explorer.measure_note.value
     factor = result.info["load_probe_before"]["factor"]
-    assert f"{factor:.2f}x slower than when calibrated" in explorer.measure_note.value
+    assert f"load factor {factor:.2f}: a synthetic step" in explorer.measure_note.value
     assert "est_now_ms" in explorer.measure_note.value
