@@ -2,7 +2,8 @@
 
 from rectoolkit.planner.constraints import CacheParams, ParameterConstraints
 from rectoolkit.planner.cost import CostModel, PlanCost
-from rectoolkit.planner.measure import PlanMeasurements, estimate_plan, measure_plans, pick_measured_fastest
+from rectoolkit.planner.measure import (PlanMeasurements, estimate_plan, measure_plans, pick_measured_fastest,
+                                       probe_load)
 from rectoolkit.planner.planner import EmbeddingShardingPlanner, PlannerError
 from rectoolkit.planner.report import PlanReport
 from rectoolkit.planner.stats import WorkloadStats, measure_pooling_factors

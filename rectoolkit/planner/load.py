@@ -15,7 +15,8 @@ every collective. The profile's terms are CPU times of the fastest repeats, whic
 the estimate times the factor is the wall time to expect now. `CostModel` multiplies its step estimate by
 `Topology.load_factor` (`StepTime.load_ms` is the part load adds), `measure_plans` probes before its first timed
 step and between the plans' blocks and reports the estimate at those loads beside the quiet one, and
-`probe_load(world_size)` measures it on its own:
+`rectoolkit.planner.measure.probe_load(world_size)` measures it on its own workers (this module
+needs an initialized process group, which the measure layer's launcher provides):
 
     >>> probe = LoadProbe(factor=1.3, quiet_ms=8.0, median_ms=13.0, reference_ms=10.0, steps=40, world_size=2,
     ...                   load_average=(2.5, 2.0, 1.5), cores=2)
@@ -140,26 +141,3 @@ def _load_average() -> Tuple[float, float, float]:
         return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
     except OSError:  # not on every platform
         return (float("nan"),) * 3  # type: ignore[return-value]
-
-
-def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
-    return measure_load(steps, min_seconds=min_seconds).to_dict()
-
-
-def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS, num_threads: int = 1,
-               timeout_s: Optional[float] = 120.0) -> LoadProbe:
-    """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up). From
-    a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
-
-        probe = probe_load(2)                                             # doctest: +SKIP
-        topology = dataclasses.replace(topology, load_factor=probe.factor)  # doctest: +SKIP
-    """
-    from rectoolkit.launch import launch
-
-    if not isinstance(world_size, int) or world_size <= 0:
-        raise ValueError(f"probe_load: world_size must be a positive int, got {world_size!r}")
-    results = launch(_probe_worker, world_size, steps, float(min_seconds), num_threads=num_threads, backend="gloo",
-                     timeout_s=timeout_s, echo_output=False)
-    fields = results[0]
-    fields["load_average"] = tuple(fields["load_average"])
-    return LoadProbe(**fields)

@@ -58,7 +58,7 @@ from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel
-from rectoolkit.planner.load import SyntheticStep, measure_load
+from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, measure_load
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
@@ -398,6 +398,29 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
     exact = {name: _exact_traffic(cost_model, plan, planner_tables, spec, world_size) for name, plan in named.items()}
     expected = {name: cost_model.traffic(plan, planner_tables) for name, plan in named.items()}
     return _frames(named, [result["plans"] for result in per_rank], estimates, exact, expected, info)
+
+
+def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
+    return measure_load(steps, min_seconds=min_seconds).to_dict()
+
+
+def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS,
+               num_threads: int = 1, timeout_s: Optional[float] = 120.0) -> LoadProbe:
+    """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up). From
+    a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
+
+        probe = probe_load(2)                                             # doctest: +SKIP
+        topology = dataclasses.replace(topology, load_factor=probe.factor)  # doctest: +SKIP
+    """
+    from rectoolkit.launch import launch
+
+    if not isinstance(world_size, int) or world_size <= 0:
+        raise ValueError(f"probe_load: world_size must be a positive int, got {world_size!r}")
+    results = launch(_probe_worker, world_size, steps, float(min_seconds), num_threads=num_threads, backend="gloo",
+                     timeout_s=timeout_s, echo_output=False)
+    fields = results[0]
+    fields["load_average"] = tuple(fields["load_average"])
+    return LoadProbe(**fields)
 
 
 def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]],

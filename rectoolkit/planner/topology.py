@@ -54,7 +54,7 @@ class Topology:
         cores_per_host: CPU cores of a host, when ranks are processes sharing them (the cost model lets at most
             this many local ranks compute at once); None: every rank has its own.
         load_factor: how much longer steps take now than the ranks' work, because other work shares the cores
-            (rectoolkit.planner.load: `probe_load(world_size).factor`); the step estimate is multiplied by it
+            (rectoolkit.planner.load; `rectoolkit.planner.probe_load(world_size).factor`); the step estimate is multiplied by it
             (1.0: the estimate as calibrated). It moves every plan alike, so it never changes which plan is
             fastest, only the times shown.
     """
@@ -106,7 +106,7 @@ class Topology:
         if isinstance(self.load_factor, bool) or not isinstance(self.load_factor, (int, float)) \
                 or not 0.0 < self.load_factor < float("inf"):
             raise ValueError(f"Topology: load_factor must be a positive number (1.0: the estimate as calibrated; "
-                             f"rectoolkit.planner.load.probe_load measures it), got {self.load_factor!r}")
+                             f"rectoolkit.planner.probe_load measures it), got {self.load_factor!r}")
         self.load_factor = float(self.load_factor)
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")

@@ -10,7 +10,8 @@ import pytest
 import rectoolkit as rtk
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology
 from rectoolkit.planner.cost import CostModel
-from rectoolkit.planner.load import LoadProbe, SyntheticStep, probe_load
+from rectoolkit.planner import probe_load
+from rectoolkit.planner.load import LoadProbe, SyntheticStep
 from rectoolkit.planner.tables import collect_tables
 
 TABLES = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=16 * (i + 1),
