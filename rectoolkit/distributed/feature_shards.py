@@ -47,6 +47,7 @@ from rectoolkit.kernels.batched_embedding import (
     make_batched_embedding,
     pad_bags,
     segment_positions,
+    take_segments,
 )
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig
@@ -371,8 +372,7 @@ class LocalShards(nn.Module):
         for c in kernel_cols:
             starts.append(starts[-1] + c)
         position = {a: k for k, a in enumerate(kernel_order)}
-        self.arrival_position = torch.tensor([position[a] for a in range(len(arrival))], dtype=torch.int64,
-                                             device=env.device)
+        self.arrival_position = [position[a] for a in range(len(arrival))]
         back = [torch.arange(starts[position[a]], starts[position[a]] + kernel_cols[position[a]]) for a in range(len(arrival))]
         self.back_columns = torch.cat(back).to(env.device)
         self.kernel = make_batched_embedding(
@@ -452,8 +452,7 @@ class LocalShards(nn.Module):
         flat = self.kernel(ids, offsets, weights, batch_size_per_feature=kernel_bags)
         if not self.permuted:
             return flat
-        block_numels = torch.tensor([n * c for n, c in zip(kernel_bags, self.kernel_cols)], device=flat.device)
-        return flat.index_select(0, segment_positions(block_numels, self.arrival_position))
+        return take_segments(flat, [n * c for n, c in zip(kernel_bags, self.kernel_cols)], self.arrival_position)
 
     def shard_memory_bytes(self) -> Dict[str, int]:
         """Bytes of this rank's shard weights and fused optimizer state."""

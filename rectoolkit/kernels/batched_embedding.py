@@ -502,6 +502,42 @@ def segment_positions(sizes: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, device=sizes.device) + shift
 
 
+def take_segments(flat: torch.Tensor, sizes: Sequence[int], order: Sequence[int]) -> torch.Tensor:
+    """The segments of a flat buffer (segment k: the sizes[k] entries after segment k - 1) in `order`, a
+    permutation: the same as flat.index_select(0, segment_positions(sizes, order)), as block copies with no index
+    per entry, forward and backward (the gradient's segments go back in the inverse order).
+
+    >>> take_segments(torch.tensor([10, 11, 20, 30, 31, 32]), [2, 1, 3], [2, 0, 1]).tolist()
+    [30, 31, 32, 10, 11, 20]
+    """
+    sizes, order = [int(n) for n in sizes], [int(k) for k in order]
+    if sorted(order) != list(range(len(sizes))) or sum(sizes) != flat.shape[0]:
+        raise ValueError(f"take_segments: order {order} must be a permutation of the {len(sizes)} segments, and "
+                         f"their sizes (sum {sum(sizes)}) must cover the buffer's {flat.shape[0]} entries")
+    return _TakeSegments.apply(flat, sizes, order)
+
+
+def _cat_segments(flat: torch.Tensor, sizes: List[int], order: List[int]) -> torch.Tensor:
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    return torch.cat([flat[starts[k]:starts[k + 1]] for k in order]) if order else flat[:0].clone()
+
+
+class _TakeSegments(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat, sizes, order):
+        ctx.sizes, ctx.order = sizes, order
+        return _cat_segments(flat, sizes, order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inverse = [0] * len(ctx.order)
+        for j, k in enumerate(ctx.order):
+            inverse[k] = j
+        return _cat_segments(grad.contiguous(), [ctx.sizes[k] for k in ctx.order], inverse), None, None
+
+
 def _bag_of_id(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
     """The bag index of every id, from offsets (a cumulative count of bag starts; faster than repeat_interleave)."""
     marker = torch.zeros(num_ids + 1, dtype=torch.int64, device=offsets.device)

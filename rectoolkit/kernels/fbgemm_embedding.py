@@ -25,7 +25,7 @@ from typing import Dict, List
 import torch
 
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec  # noqa: F401 (doctest)
-from rectoolkit.kernels.batched_embedding import pad_bags, segment_positions
+from rectoolkit.kernels.batched_embedding import pad_bags, segment_positions, take_segments
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, optimizer_state_names  # noqa: F401
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 
@@ -71,7 +71,7 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         kernel_starts = [sum(kernel_dims[:k]) for k in range(self.num_features)]
         position = {f: k for k, f in enumerate(self.kernel_order)}
         self._kernel_order_int = torch.tensor(self.kernel_order, dtype=torch.int32, device=self.device)
-        self._caller_order = torch.tensor([position[f] for f in range(self.num_features)], device=self.device)
+        self._caller_order = [position[f] for f in range(self.num_features)]
         self._output_columns = torch.cat([  # the caller's column c reads TBE output column _output_columns[c]
             torch.arange(kernel_starts[position[f]], kernel_starts[position[f]] + self.feature_dims[f])
             for f in range(self.num_features)]).to(self.device)
@@ -205,8 +205,7 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
         kernel_weights = per_sample_weights.index_select(0, id_positions) if per_sample_weights is not None else None
         out = self.tbe(ids.index_select(0, id_positions), kernel_offsets, per_sample_weights=kernel_weights,
                        batch_size_per_feature_per_rank=[[bags[f]] for f in order])
-        block_sizes = torch.tensor([bags[f] * self.feature_dims[f] for f in order], device=self.device)
-        return out.index_select(0, segment_positions(block_sizes, self._caller_order))
+        return take_segments(out, [bags[f] * self.feature_dims[f] for f in order], self._caller_order)
 
     def _torch_kernel_on_my_storage(self):
         """A TorchBatchedEmbedding that looks up and updates this TBE's CPU weights and state in place (built once),

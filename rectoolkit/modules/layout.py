@@ -67,6 +67,19 @@ def finite_checks_enabled() -> bool:
     return os.environ.get(FINITE_CHECKS_ENV, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """True when no entry is NaN or inf. One sum first (a NaN or inf entry makes it NaN or inf; about 20x faster
+    than isfinite(...).all() on CPU); only a sum that is not finite, which finite entries give when it overflows,
+    is checked entry by entry.
+
+    >>> all_finite(torch.tensor([3e38, 3e38])), all_finite(torch.tensor([1.0, float("nan")]))
+    (True, False)
+    """
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
+        return True
+    return bool(torch.isfinite(tensor).all())
+
+
 class GatheredFeatures(NamedTuple):
     """A collection's features out of a KJT: values and lengths feature after feature in the collection's order."""
 
@@ -181,7 +194,7 @@ class FeatureLayout:
         return self.id_ranges.check(ids, ids_per_feature, mode, subject, bag_lengths=lambda: gathered.lengths)
 
     def _check_finite_weights(self, weights: torch.Tensor, lengths: torch.Tensor, stride: int) -> None:
-        if not weights.is_floating_point() or bool(torch.isfinite(weights).all()):
+        if all_finite(weights):
             return
         position = int((~torch.isfinite(weights)).nonzero()[0, 0])
         ends = lengths.view(len(self.feature_names), stride).sum(1).cumsum(0).tolist() if stride else []
@@ -323,7 +336,7 @@ class _ExpandBlocks(torch.autograd.Function):
                 if read is None:
                     piece_grad[:grad.shape[0]] = columns
                 else:
-                    piece_grad.index_add_(0, read, columns)
+                    piece_grad.index_add_(0, read, columns.contiguous())  # (3x faster than from strided columns)
             for start in starts:
                 grad_flat[start:start + rows * cols].view(rows, cols).copy_(piece_grad)
         return grad_flat, (grad if ctx.has_base else None), None, None, None, None
@@ -345,7 +358,7 @@ class _ExpandColumnRuns(torch.autograd.Function):
             if rows is None:
                 grad_pooled[:grad.shape[0], c0:c1] = grad[:, c0:c1]
             else:
-                grad_pooled[:, c0:c1].index_add_(0, rows, grad[:, c0:c1])
+                grad_pooled[:, c0:c1].index_add_(0, rows, grad[:, c0:c1].contiguous())
         return grad_pooled, None, None
 
 
@@ -355,7 +368,7 @@ def guard_gradient(output: torch.Tensor, owner: str) -> torch.Tensor:
     Returns `output` (a hook is attached when it requires grad and the finiteness checks are on)."""
     if output.requires_grad and finite_checks_enabled():
         def check(grad: torch.Tensor) -> torch.Tensor:
-            if not bool(torch.isfinite(grad).all()):
+            if not all_finite(grad):
                 bad = int((~torch.isfinite(grad)).sum())
                 raise ValueError(f"{owner}: the gradient reaching the embeddings has {bad} NaN/inf values; the fused "
                                  "optimizer would write them into the tables, so backward stops here (the tables are "

@@ -173,3 +173,19 @@ def test_out_of_range_ids_get_one_error_everywhere(pick):
     with pytest.raises(ValueError, match=r"id 6 of feature 'f1' \(sample 1\) is out of range for table 't1' with "
                                          r"num_embeddings=6 \(valid ids are 0..5; 1 bad ids in this batch\)"):
         collection(_kjt(torch.tensor([1, 2, 6]), [1, 0, 1, 1]))
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([1.0, -2.0, 3.0], True),
+    ([3e38, 3e38, 3e38], True),  # finite entries whose sum overflows: the entry-wise check decides
+    ([-3e38, -3e38], True),
+    ([1.0, float("nan")], False),
+    ([float("inf"), 1.0], False),
+    ([float("inf"), float("-inf")], False),  # the sum is NaN
+    ([], True),
+])
+def test_all_finite_is_exact(values, expected):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        tensor = torch.tensor(values, dtype=torch.float32).to(dtype)
+        assert layout.all_finite(tensor) is expected == bool(torch.isfinite(tensor).all()), dtype
+    assert layout.all_finite(torch.tensor([1, 2, 3])) is True  # integers are always finite
