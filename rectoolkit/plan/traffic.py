@@ -32,7 +32,11 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   two-level gateway can add up and forward each feature's blocks at their own size, rank i's header to each of
   its gateways (g = h * L + local(i), one on every host h that holds a column block of f's table) also carries
   one int32 count per (table, feature): 4 more ``input_dist`` bytes. `batch_id_counter` reads the S_i(f) off the
-  batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i.
+  batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i. The
+  planner's estimate (`expected_id_counter`'s ``feature_batch_sizes``) prices the batch a collection gets when
+  its features' ParameterConstraints.batch_sizes differ in just this way (B_i = the largest, S_i(f) = f's), so it
+  equals this over a real VBE batch with those sizes; a collection whose features share one batch size is a plain
+  batch. The sequence EmbeddingCollection sends no count and pads its lengths to B_i (4 * B_i, as without VBE).
 * backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
   go back the same way). Input distribution has no backward (ids carry no gradient).
 * ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
