@@ -32,7 +32,11 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   two-level gateway can add up and forward each feature's blocks at their own size, rank i's header to each of
   its gateways (g = h * L + local(i), one on every host h that holds a column block of f's table) also carries
   one int32 count per (table, feature): 4 more ``input_dist`` bytes. `batch_id_counter` reads the S_i(f) off the
-  batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i.
+  batches (its counter's ``feature_batch_sizes``); a counter without them means every feature has B_i. The
+  planner's estimate (`expected_id_counter`'s ``feature_batch_sizes``) prices the batch a collection gets when
+  its features' ParameterConstraints.batch_sizes differ in just this way (B_i = the largest, S_i(f) = f's), so it
+  equals this over a real VBE batch with those sizes; a collection whose features share one batch size is a plain
+  batch. The sequence EmbeddingCollection sends no count and pads its lengths to B_i (4 * B_i, as without VBE).
 * backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
   go back the same way). Input distribution has no backward (ids carry no gradient).
 * ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
@@ -62,7 +66,7 @@ crosses no link, and the time model ignores it).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -206,18 +210,34 @@ def batch_id_counter(batches: Sequence[object]) -> IdCounter:
 
 
 def expected_id_counter(
-    batch_sizes: Sequence[int], pooling_factors: Mapping[str, float], num_rows: Mapping[str, int]
+    batch_sizes: Sequence[int], pooling_factors: Mapping[str, float], num_rows: Mapping[str, int],
+    feature_batch_sizes: Optional[Sequence[Optional[Mapping[str, int]]]] = None,
 ) -> IdCounter:
     """An IdCounter for estimates: B * pooling_factor ids per feature, spread uniformly over the rows.
 
-    num_rows maps each feature to its table's row count.
+    num_rows maps each feature to its table's row count. `feature_batch_sizes` (one mapping per rank, feature ->
+    samples; what `batch_id_counter` carries for a VBE batch) prices a batch with a batch size per feature: feature
+    f brings S_i(f) * pooling_factor ids, and step_traffic sends its own bags after the VBE count headers.
+
+        >>> count = expected_id_counter([4, 4], {"user": 2.0, "item": 1.0}, {"user": 10, "item": 10},
+        ...                             feature_batch_sizes=[{"user": 1, "item": 4}] * 2)
+        >>> count(0, "user", 0, 5), count(0, "item", 0, 10), count.feature_batch_sizes[1]["user"]
+        (1.0, 4.0, 1)
     """
+    sizes_by_rank = list(feature_batch_sizes) if feature_batch_sizes is not None else [None] * len(batch_sizes)
+    if len(sizes_by_rank) != len(batch_sizes):
+        raise ValueError(f"expected_id_counter: feature_batch_sizes has {len(sizes_by_rank)} entries for "
+                         f"{len(batch_sizes)} ranks; give one mapping (feature -> samples) per rank")
 
     def count_ids(rank: int, feature: str, row_start: int, row_end: int) -> float:
-        rows = num_rows[feature]
-        return batch_sizes[rank] * pooling_factors.get(feature, 1.0) * (row_end - row_start) / rows
+        own = sizes_by_rank[rank]
+        samples = batch_sizes[rank] if own is None else own[feature]
+        return samples * pooling_factors.get(feature, 1.0) * (row_end - row_start) / num_rows[feature]
 
     count_ids.fractional = True  # type: ignore[attr-defined]
+    if feature_batch_sizes is not None:
+        count_ids.feature_batch_sizes = [None if own is None else dict(own)  # type: ignore[attr-defined]
+                                         for own in sizes_by_rank]
     return count_ids
 
 

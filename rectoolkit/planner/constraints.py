@@ -29,7 +29,9 @@ class ParameterConstraints:
         pooling_factors: mean ids per sample, one per feature of the table.
         num_poolings: poolings per sample, one per feature: only 1.0 (rectoolkit's collections pool each feature
             once per sample); other values are refused.
-        batch_sizes: samples per rank, one per feature (default: the topology's batch_size).
+        batch_sizes: samples per rank, one per feature (default: the topology's batch_size). When the features of
+            one collection get different sizes, the planner prices the batch a collection then takes, one batch size
+            per feature (VBE, rectoolkit.plan.traffic), padded to the largest.
         is_weighted: per-id weights travel with the ids (4 more bytes each).
         cache_params / cache_load_factor: fraction of rows cached in HBM for fused_uvm_caching; cache_params
             (rectoolkit.plan.types.CacheParams or TorchRec's) is carried whole into the plan's ParameterSharding.

@@ -200,11 +200,13 @@ class CostModel:
         element_bytes = column([t.element_bytes for t in tables])
         ids = senders * column([t.ids_per_rank for t in tables]) * rows / table_rows
         samples = senders * column([t.samples_per_rank for t in tables])
+        # lengths received: a data-parallel replica its own samples, a shard VBE's when its collection sends them
+        lengths = np.where(senders == 1, samples, senders * column([t.lengths_per_rank for t in tables]))
         state_floats = column([self._state_floats(int(c)) for c in cols.reshape(len(tables), -1)[:, 0]])
         weights = rows * cols * element_bytes
         optimizer = 4.0 * rows * state_floats
         gradients = np.where(dense, rows * cols * VALUE_BYTES, 0.0)
-        input_buffer = LENGTH_BYTES * samples + column([t.id_bytes for t in tables]) * ids
+        input_buffer = LENGTH_BYTES * lengths + column([t.id_bytes for t in tables]) * ids
         output_buffer = VALUE_BYTES * cols * np.where(column([t.pooled for t in tables], bool), samples, ids)
         stored, buffers = weights + optimizer + gradients, input_buffer + output_buffer
         if topo.uses_hbm:
@@ -267,7 +269,7 @@ class CostModel:
         table_rows = col([t.rows for _, t in pairs], np.int64)
         dims = col([t.dim for _, t in pairs], np.int64)
         block = col([o.block_columns for o in opts])
-        lengths_bytes = LENGTH_BYTES * samples
+        lengths_bytes = LENGTH_BYTES * col([t.lengths_per_rank for _, t in pairs])
         id_bytes_full = id_bytes * ids
         if kind == "rank":
             rows = table_rows.astype(float)
@@ -303,12 +305,19 @@ class CostModel:
             inside = intra * intra_ms + inter * inter_ms + lookup
             outside_ms = outside[:, 0] * inter_ms
             totals = 0.5 * ((intra + inter).sum(axis=1) + (W - L) * outside[:, 0])
+            # VBE count header to the gateways of a host: from each rank of another host to its host-mate there
+            count_bytes = col([t.gateway_count_bytes for _, t in pairs])[:, 0]
+            count_inside_ms, count_outside_ms = (H - 1) * count_bytes * inter_ms, count_bytes * inter_ms
             for i, option in enumerate(opts):
                 option.time_ms = HostTime(inside[i], float(outside_ms[i]))
                 option.hbm_bytes, option.ddr_bytes = hbm[i], ddr[i]
                 option.peak_bytes = float(hbm[i].max() + ddr[i].max())
                 option.bytes_per_group = float(totals[i])
-                option.total_time_ms = option.num_groups * (float(inside[i].sum()) + (W - L) * float(outside_ms[i]))
+                option.host_count_ms = (float(count_inside_ms[i]), float(count_outside_ms[i]))
+                option.host_count_bytes = float((W - L) * count_bytes[i])
+                # the counts of one host at least (a lower bound: the search prunes with it)
+                option.total_time_ms = option.num_groups * (float(inside[i].sum()) + (W - L) * float(outside_ms[i])) \
+                    + L * float(count_inside_ms[i]) + (W - L) * float(count_outside_ms[i])
                 option.least_time_ms = option.num_groups * min(float(inside[i].min()),
                                                                float(outside_ms[i]) if H > 1 else np.inf)
             return
@@ -462,25 +471,34 @@ class CostModel:
                 sizes = list(batch_sizes) if batch_sizes is not None else [topo.batch_size] * W
                 _add(total, step_traffic(module_plan, configs, W, L, sizes, count_ids, weighted))
                 continue
-            # expected ids: group features by (batch size, weighted) so each call has one batch per rank
-            groups: Dict[Tuple[int, bool], list] = {}
-            factors, rows_of = {}, {}
+            # expected ids: one step_traffic call per (collection, batch size, weighted), each with one batch per
+            # rank; a collection with a batch size per feature (VBE) in one call, priced as the engine sends its
+            # batch: B_i = the largest, each feature its own samples (`feature_batch_sizes`)
+            groups: Dict[Tuple[bool, Optional[int], bool], list] = {}
+            factors, rows_of, own_batches = {}, {}, {}
             for t in module_tables:
                 if t.name not in module_plan:
                     continue
                 for feature, batch, factor in zip(t.config.feature_names, t.batch_sizes, t.pooling_factors):
-                    groups.setdefault((batch, t.is_weighted), []).append((t, feature))
+                    key = (t.pooled, batch if t.collection_batch_size is None else None, t.is_weighted)
+                    groups.setdefault(key, []).append((t, feature))
                     factors[feature], rows_of[feature] = factor, t.rows
+                    if t.collection_batch_size is not None:
+                        own_batches.setdefault(t.pooled, {})[feature] = batch
             replicated_done = set()  # a data-parallel table's all-reduce counts once, not once per feature group
-            for (batch, weighted), members in groups.items():
+            for (pooled, batch, weighted), members in groups.items():
                 members = [(t, f) for t, f in members if t.name not in replicated_done]
                 replicated_done |= {t.name for t, _ in members
                                     if module_plan[t.name].sharding_type == ShardingType.DATA_PARALLEL.value}
                 if not members:
                     continue
                 configs = _sub_configs(members)
-                sizes = [batch] * W
-                counter = expected_id_counter(sizes, factors, rows_of)
+                if batch is None:
+                    sizes = [members[0][0].collection_batch_size] * W
+                    counter = expected_id_counter(sizes, factors, rows_of, [own_batches[pooled]] * W)
+                else:
+                    sizes = [batch] * W
+                    counter = expected_id_counter(sizes, factors, rows_of)
                 _add(total, step_traffic(module_plan, configs, W, L, sizes, counter, weighted))
         return total
 

@@ -97,6 +97,10 @@ class ShardingOption:
     total_time_ms: float = 0.0  # sum over ranks of the option's time, placement independent
     least_time_ms: float = 0.0  # the least time it adds to every rank, wherever it is placed
     peak_bytes: float = 0.0  # the most HBM plus the most DDR it puts on one rank
+    # host kind, VBE pooled tables: the count header every rank sends the gateway of its local index on each host
+    # that holds a group (once per host, however many groups it holds): ms on each rank inside, outside; bytes
+    host_count_ms: Tuple[float, float] = (0.0, 0.0)
+    host_count_bytes: float = 0.0
     fixed_vectors: object = None  # fixed kind: [3, W] time, HBM, DDR stacked (rectoolkit.planner.state.fixed_vectors)
 
     def __post_init__(self) -> None:

@@ -24,8 +24,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rectoolkit.planner.enumerate import ShardingOption
-from rectoolkit.planner.state import (DDR, HBM, REL_TOL, TIME, Assignment, SearchState, TableLoads, fixed_vectors,
-                                      host_candidates, less, max_other_hosts, measure, rank_candidates)
+from rectoolkit.planner.state import (DDR, HBM, REL_TOL, TIME, Assignment, SearchState, TableLoads, assignment_bytes,
+                                      fixed_vectors, host_candidates, less, max_other_hosts, measure,
+                                      rank_candidates)
 from rectoolkit.planner.topology import Topology
 
 OBJECTIVES = ("time", "memory", "bytes")
@@ -153,7 +154,9 @@ class Searcher:
                 trial = state.copy()
             trial.add(trial.vectors(option, location))
             locations.append(location)
-        trial.total_bytes += option.total_bytes
+        if option.host_count_bytes:
+            trial.add(trial.count_vectors(option, locations))
+        trial.total_bytes += assignment_bytes(option, locations)
         return tuple(locations), trial
 
     def score(self, state: SearchState, remaining_time: float = 0.0) -> Tuple[float, ...]:

@@ -125,13 +125,25 @@ class SearchState:
             total = np.zeros((3, self.W))
             for location in assignment.locations:
                 total += self.vectors(option, location)
+            if option.host_count_bytes:
+                total += self.count_vectors(option, assignment.locations)
         if cache:
             assignment.vectors = total
         return total
 
+    def count_vectors(self, option: ShardingOption, hosts: Sequence[int]) -> np.ndarray:
+        """[3, W]: the time of a host option's VBE count headers (ShardingOption.host_count_ms), once per host in
+        `hosts`; they take no memory."""
+        inside, outside = option.host_count_ms
+        out = np.zeros((3, self.W))
+        for host in set(hosts):
+            out[TIME] += outside
+            out[TIME, host * self.L:(host + 1) * self.L] += inside - outside
+        return out
+
     def apply(self, assignment: Assignment, sign: float = 1.0) -> None:
         self.add(self.assignment_vectors(assignment), sign)
-        self.total_bytes += sign * assignment.option.total_bytes
+        self.total_bytes += sign * assignment_bytes(assignment.option, assignment.locations)
 
     def primary_memory(self) -> Tuple[np.ndarray, np.ndarray]:
         """(bytes used, capacity) of the memory shards live in: HBM on cuda, DDR on cpu."""
@@ -173,6 +185,13 @@ class TableLoads:
             tables = tables[values >= np.partition(values, len(values) - limit)[len(values) - limit]]
         order = np.lexsort((tables, -load[tables]))
         return tables[order][:limit].tolist()
+
+
+def assignment_bytes(option: ShardingOption, locations: Sequence[int]) -> float:
+    """Off-diagonal bytes an option moves per step at these locations: its groups', plus a host option's VBE count
+    headers once per host."""
+    return option.total_bytes + len(set(locations)) * option.host_count_bytes if option.kind == "host" \
+        else option.total_bytes
 
 
 def fixed_vectors(option: ShardingOption) -> np.ndarray:

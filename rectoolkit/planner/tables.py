@@ -23,7 +23,7 @@ from rectoolkit.modules.configs import (
 )
 from rectoolkit.modules.table_sources import find_table_configs as _find_configs
 from rectoolkit.modules.table_sources import read_table_frame  # noqa: F401  (rectoolkit.widgets.inputs reads it here)
-from rectoolkit.plan.traffic import ID_BYTES, WEIGHT_BYTES
+from rectoolkit.plan.traffic import ID_BYTES, LENGTH_BYTES, WEIGHT_BYTES
 from rectoolkit.plan.types import QUANT_KERNELS, ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints, check_per_feature
 from rectoolkit.planner.stats import WorkloadStats
@@ -40,6 +40,9 @@ class PlannerTable:
     is_weighted: bool
     constraints: Optional[ParameterConstraints] = None
     quantized: bool = False  # of a quantized (inference) collection: kernel "quant", as TorchRec's planner plans it
+    # VBE: the features of this table's collection have different batch sizes, so the collection takes a batch with
+    # a batch size per feature, padded to this one (the largest); None when they all have one batch size
+    collection_batch_size: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -59,6 +62,8 @@ class PlannerTable:
     pooled: bool = field(init=False)
     samples_per_rank: float = field(init=False)  # sum over features of the batch size
     ids_per_rank: float = field(init=False)  # sum over features of batch size x pooling factor
+    lengths_per_rank: float = field(init=False)  # int32 lengths a rank sends each shard (rectoolkit.plan.traffic)
+    gateway_count_bytes: float = field(init=False)  # VBE two-level: the counts a rank sends each gateway host
     id_bytes: int = field(init=False)  # bytes per id on the wire (id, and its weight if weighted)
 
     @property
@@ -71,6 +76,14 @@ class PlannerTable:
         self.samples_per_rank = float(sum(self.batch_sizes))
         self.ids_per_rank = float(sum(b * p for b, p in zip(self.batch_sizes, self.pooling_factors)))
         self.id_bytes = ID_BYTES + (WEIGHT_BYTES if self.is_weighted else 0)
+        # VBE (rectoolkit.plan.traffic): a pooled feature sends its own bags after a count, a sequence feature its
+        # lengths padded to the collection's batch size; a gateway hears one count per feature
+        num_features = len(self.batch_sizes)
+        vbe_pooled = self.collection_batch_size is not None and self.pooled
+        self.lengths_per_rank = self.samples_per_rank + num_features if vbe_pooled else \
+            float(num_features * self.collection_batch_size) if self.collection_batch_size is not None \
+            else self.samples_per_rank
+        self.gateway_count_bytes = float(LENGTH_BYTES * num_features) if vbe_pooled else 0.0
 
     @property
     def weight_bytes(self) -> float:
@@ -121,12 +134,23 @@ def collect_tables(
         batches = list(c.batch_sizes) if c is not None and c.batch_sizes else [int(batch_size)] * num_features
         is_weighted = bool(weighted or (c is not None and c.is_weighted) or (stats is not None and stats.is_weighted))
         tables.append(PlannerTable(module_path, config, factors, batches, is_weighted, c, module_path in quantized))
+    tables = _with_collection_batch_sizes(tables)
     if not tables:
         raise ValueError("planner input has no embedding tables: pass configs, a DataFrame or a module with collections")
     unknown = set(constraints) - {t.name for t in tables} - {f"{t.module_path}.{t.name}" for t in tables}
     if unknown:
         raise ValueError(f"constraints name tables that are not in the input: {sorted(unknown)}")
     return tables
+
+
+def _with_collection_batch_sizes(tables: List[PlannerTable]) -> List[PlannerTable]:
+    """Mark the tables of collections whose features have different batch sizes (VBE) with the largest. A
+    collection: the bag (or the sequence) tables of one module path."""
+    batches: Dict[Tuple[str, bool], set] = {}
+    for t in tables:
+        batches.setdefault((t.module_path, t.pooled), set()).update(t.batch_sizes)
+    return [dataclasses.replace(t, collection_batch_size=max(batches[t.module_path, t.pooled]))
+            if len(batches[t.module_path, t.pooled]) > 1 else t for t in tables]
 
 
 def tables_by_module(tables: Sequence[PlannerTable]) -> Dict[str, List[PlannerTable]]:

@@ -95,6 +95,21 @@ def vbe_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
                 f.write(json.dumps(row) + "\n")
 
 
+def vbe_fused_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
+    """(case, local_world_size) pairs, every one-level or two-level plan: the EmbeddingBagCollection unweighted and
+    weighted (outputs, gradients, bytes), then one fused-SGD step (every shard equals the unsharded update); rank 0
+    writes a row per check, the fused ones with their largest difference."""
+    results = []
+    for case, L in cases:
+        env = ShardingEnv.from_process_group(local_world_size=L)
+        results += [_check(rank, W, L, env, case, weighted) for weighted in (False, True)]
+        results.append({"case": case, "fused_sgd_diff": _check_fused_update(rank, W, L, env, case)})
+    if rank == 0:
+        with open(result_file, "a") as f:
+            for row in results:
+                f.write(json.dumps(row) + "\n")
+
+
 def _plan(case: str, tables, W: int, L: int) -> dict:
     """dist_workers.plan_for's plans, and "table_row_wise_last": every table in one row block on the last rank, so
     that the other ranks of its host are gateways that own nothing (they only add up and forward). A suffix
@@ -127,9 +142,9 @@ def _shard_grad_diff(sharded, reference_tables) -> float:
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         diff = max(diff, _max_diff(weight.grad, reference_tables[table].weight.grad[r0:r1, c0:c1]))
     return diff
-def _check_fused_update(rank: int, W: int, L: int, env: ShardingEnv, case: str, lr: float = 0.5) -> None:
+def _check_fused_update(rank: int, W: int, L: int, env: ShardingEnv, case: str, lr: float = 0.5) -> float:
     """The fused kernels (fbgemm's where installed) in VBE mode: after one step every shard equals the unsharded
-    weights minus lr times the unsharded gradient over all ranks' batches (SGD)."""
+    weights minus lr times the unsharded gradient over all ranks' batches (SGD). Returns the largest difference."""
     tables = bag_tables()
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}
     batches = [vbe_batch(features, r, seed=100 * r + 17, weighted=False) for r in range(W)]
@@ -144,12 +159,15 @@ def _check_fused_update(rank: int, W: int, L: int, env: ShardingEnv, case: str, 
     sharded = shard_embedding_bag_collection(local, plan_for(case, tables, W, L), env)
     out = sharded(batches[rank]).values()
     (out * grads_out[rank]).sum().backward()
+    largest = 0.0
     for table, shard_md, weight, _ in sharded.local_shards():
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         ref = reference.embedding_bags[table].weight
         expected = (ref - lr * ref.grad)[r0:r1, c0:c1]
         diff = _max_diff(weight, expected)
         assert diff <= 1e-5, f"rank {rank}, {case}, fused SGD: table {table} rows {r0}:{r1} differ by {diff}"
+        largest = max(largest, diff)
+    return largest
 
 
 def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: bool) -> dict:

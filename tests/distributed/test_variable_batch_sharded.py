@@ -11,7 +11,7 @@ import os
 import pytest
 
 from dist_harness import run_workers
-from dist_vbe_workers import vbe_worker
+from dist_vbe_workers import vbe_fused_worker, vbe_worker
 
 # (plan, ranks per host): one host of 2 ranks (the two-level types: partial sums of both ranks added by the
 # gateway; "table_row_wise_last": rank 0 is a gateway that owns nothing, "+plain": rank 1's batch is a plain one
@@ -39,6 +39,26 @@ def test_two_ranks_vbe_equals_unsharded(tmp_path):
     assert all(r["output_rows"] == [5, 6] for r in rows)
     compared = [r["case"] for r in rows if r.get("torchrec_diff") is not None]
     assert compared == ["ec:table_wise", "ec:row_wise", "ec:column_wise"]
+
+
+# 4 ranks on 2 hosts of 2: the two-level types (partial sums added inside a host, reduced sums across; grid_shard puts
+# two column blocks of t2 on host 0, whose gateways hear its counts once) and a one-level type across both hosts
+FOUR_RANK_CASES = [("table_row_wise", 2), ("grid_shard", 2), ("row_wise", 2)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_four_ranks_two_hosts_vbe_equals_unsharded(tmp_path):
+    """Every rank's VBE batch has its own per-feature batch sizes; outputs, gradients and the fused-SGD update equal
+    the unsharded collection's on all ranks' batches, and every collective's bytes equal step_traffic's (the
+    workers assert all of it and rank 0 reports each check)."""
+    result_file = os.path.join(tmp_path, "results.jsonl")
+    run_workers(vbe_fused_worker, 4, FOUR_RANK_CASES, result_file)
+    rows = [json.loads(line) for line in open(result_file)]
+    assert [(r["case"], r.get("weighted")) for r in rows] == \
+        [(c, w) for c, _ in FOUR_RANK_CASES for w in (False, True, None)]
+    assert all(r["output_rows"] == [5, 6, 7, 8] for r in rows if "output_rows" in r)
+    assert all(r["fused_sgd_diff"] <= 1e-5 for r in rows if "fused_sgd_diff" in r)
 
 
 @pytest.mark.timeout(60)
