@@ -6,7 +6,12 @@ Short micro-benchmarks of rectoolkit's own kernels and collectives run on `world
 on CPU, NCCL on CUDA), one torch thread per rank, and each term is fitted from the fastest of several repeats (a
 busy machine slows some repeats, rarely all, so the minimum moves little with load):
 
-1. collectives: all_to_all_single and all_reduce at five message sizes -> alpha (ms per call) and bytes/ms;
+1. collectives: all_to_all_single, all_reduce, reduce_scatter and all_gather (list forms, which gloo runs) at five
+   message sizes each, every call timed interleaved with the others on the wall clock (the slowest rank's, fastest
+   of twice the repeats) -> one alpha-beta pair per collective, fitted alike (`fit_alpha_beta`): alpha = the
+   smallest message's time (ms per call), bytes/ms = the least-squares slope above it, bytes being what one rank
+   sends plus receives (a reduce-scatter or an all-gather of a B-byte buffer: 2 (W-1)/W x B, an all-reduce twice
+   that). Which pair prices which of the engine's collectives: rectoolkit.planner.cost.FITTED_COLLECTIVE;
 2. lookups: one table's pooled lookup (uniform ids) at four table sizes, from 256 KiB (in cache) to 128 MiB (in
    memory), each at two row widths and two batch sizes -> the read speed curve (ms per row byte), the cost per id
    and per output byte, every one a slope, so the call's fixed part is left out; the same timings of the backward
@@ -50,11 +55,11 @@ import torch.distributed as dist
 
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.planner.load import measure_load
-from rectoolkit.planner.profile import (SHARDING_TYPES, CalibrationProfile, LookupTerms, default_profile_path,
-                                        fit_alpha_beta)
+from rectoolkit.planner.profile import (COLLECTIVE_KINDS, SHARDING_TYPES, AlphaBeta, CalibrationProfile, LookupTerms,
+                                        default_profile_path, fit_alpha_beta)
 
 A2A_PEER_BYTES = (64, 4 << 10, 64 << 10, 512 << 10, 2 << 20)  # bytes to each peer
-ALLREDUCE_BYTES = (256, 16 << 10, 256 << 10, 2 << 20, 8 << 20)
+BUFFER_BYTES = (256, 16 << 10, 256 << 10, 2 << 20, 8 << 20)  # the whole buffer of all_reduce, reduce_scatter, all_gather
 READ_TABLE_BYTES = (256 << 10, 2 << 20, 16 << 20, 128 << 20)
 READ_DIM = 64
 READ_BATCH, READ_POOLING = 512, 20  # the engine's full batch: bags per rank, ids per bag
@@ -131,25 +136,44 @@ def _device() -> torch.device:
 
 # ------------------------------------------------------------------------------------------------ the parts
 def measure_collectives(world_size: int, repeats: int) -> Dict[str, List[Tuple[float, float]]]:
-    """(bytes one rank sends + receives, fastest ms) per collective kind and message size: wall clock (a
-    collective's time is waiting too), all sizes interleaved, twice the repeats (the smallest message's fastest
-    repeat is the latency, which a loaded machine's scheduling delays hide in most repeats)."""
-    device = _device()
+    """(bytes one rank sends + receives, fastest ms) per collective kind (COLLECTIVE_KINDS) and message size: wall
+    clock (a collective's time is waiting too), all sizes and kinds interleaved, twice the repeats (the smallest
+    message's fastest repeat is the latency, which a loaded machine's scheduling delays hide in most repeats)."""
     calls, sizes = {}, {}
     for peer_bytes in A2A_PEER_BYTES:
-        send = torch.ones(world_size * peer_bytes // 4, device=device)
-        recv = torch.empty_like(send)
-        calls[("all_to_all", peer_bytes)] = functools.partial(dist.all_to_all_single, recv, send)
+        send = torch.ones(world_size * peer_bytes // 4, device=_device())
+        calls[("all_to_all", peer_bytes)] = functools.partial(dist.all_to_all_single, torch.empty_like(send), send)
         sizes[("all_to_all", peer_bytes)] = 2.0 * (world_size - 1) * peer_bytes
-    for total in ALLREDUCE_BYTES:
-        calls[("all_reduce", total)] = functools.partial(dist.all_reduce, torch.ones(total // 4, device=device))
-        # a ring all-reduce: each rank sends and receives 2 (W-1)/W of the buffer
-        sizes[("all_reduce", total)] = 2.0 * 2.0 * (world_size - 1) / world_size * total
+    for total in BUFFER_BYTES:
+        for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            calls[(kind, total)], sizes[(kind, total)] = _buffer_collective(kind, total, world_size)
     best = fastest_each(calls, 2 * repeats, clock=time.perf_counter, synced=True)
-    samples: Dict[str, List[Tuple[float, float]]] = {"all_to_all": [], "all_reduce": []}
+    samples: Dict[str, List[Tuple[float, float]]] = {kind: [] for kind in COLLECTIVE_KINDS}
     for key, ms in best.items():
         samples[key[0]].append((sizes[key], ms))
     return samples
+
+
+def _buffer_collective(kind: str, total_bytes: int, world_size: int) -> Tuple[Callable[[], object], float]:
+    """(the call, bytes one rank sends + receives in it) of one collective over a float32 buffer of about
+    `total_bytes` (world_size equal chunks). Counted as a ring moves them: a reduce-scatter and an all-gather each
+    send and receive (W - 1) / W of the buffer, an all-reduce (one of each) twice that.
+
+    >>> _buffer_collective("reduce_scatter", 1024, 2)[1]
+    1024.0
+    """
+    chunk = max(total_bytes // (4 * world_size), 1)  # values per rank
+    buffer_bytes = 4.0 * chunk * world_size
+    ring_bytes = 2.0 * (world_size - 1) / world_size * buffer_bytes
+    if kind == "all_reduce":
+        return functools.partial(dist.all_reduce, torch.ones(chunk * world_size, device=_device())), 2.0 * ring_bytes
+    parts = [torch.ones(chunk, device=_device()) for _ in range(world_size)]
+    mine = torch.empty(chunk, device=_device())
+    if kind == "reduce_scatter":
+        return functools.partial(dist.reduce_scatter, mine, parts), ring_bytes
+    if kind == "all_gather":
+        return functools.partial(dist.all_gather, parts, mine.fill_(1.0)), ring_bytes
+    raise ValueError(f"_buffer_collective: kind must be all_reduce, reduce_scatter or all_gather, got {kind!r}")
 
 
 def _lookup_module(rows: int, dim: int, optimizer: Optional[str]):
@@ -559,10 +583,22 @@ def parallelism_term(step_ms: Dict[str, float], world_size: int) -> float:
     return min(float(world_size), max(1.0, world_size * work / (work + extra)))
 
 
+def fit_collectives(samples: Mapping[str, Sequence[Tuple[float, float]]]) -> Dict[str, AlphaBeta]:
+    """One alpha-beta pair per collective kind, each fitted alike from its own (bytes, ms) samples (fit_alpha_beta).
+
+    >>> fit_collectives({kind: [(0, 0.5), (1000, 1.5), (2000, 2.5)] for kind in COLLECTIVE_KINDS})["all_gather"]
+    AlphaBeta(alpha_ms=0.5, bytes_per_ms=1000.0)
+    """
+    missing = [kind for kind in COLLECTIVE_KINDS if not samples.get(kind)]
+    if missing:
+        raise CalibrationError(f"calibration: no timings of {missing}; every kind of {COLLECTIVE_KINDS} is measured")
+    return {kind: fit_alpha_beta(samples[kind]) for kind in COLLECTIVE_KINDS}
+
+
 def _fit(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
          seconds: float) -> CalibrationProfile:
     reads = payload["reads"]
-    collectives = {kind: fit_alpha_beta(samples) for kind, samples in payload["collectives"].items()}
+    collectives = fit_collectives(payload["collectives"])
     step, shard, group = fixed_terms(payload["fixed"], world_size)
     curve = tuple((size, round(bw, 1)) for size, bw in reads["read_curve"])
     machine = dict(host=platform.node(), processor=platform.processor() or platform.machine(), cores=os.cpu_count(),

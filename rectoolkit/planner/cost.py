@@ -10,10 +10,12 @@ Time comes from the topology's calibration profile (rectoolkit.planner.profile; 
 bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
 (per shard: a fixed cost + the engine's work per id + the profile's LookupTerms: per id, per row byte at the read
 speed of a shard that size, per output byte; the backward + fused update has its own LookupTerms per optimizer;
-UVM reads at hbm_to_ddr_mem_bw, cached ones at a cache_load_factor mix) + its communication. Communication is priced from rectoolkit.plan.traffic's matrices: for
-every collective M, rank r spends sum over j != r of (M[r, j] + M[j, r]) / bandwidth(r, j), the all-to-all speed
-within a host (the inter-host one across), the all-reduce speed for data-parallel gradients. The search uses closed
-forms of the same sums (`fill_many`, batched over options), tested equal to pricing step_traffic's matrices.
+UVM reads at hbm_to_ddr_mem_bw, cached ones at a cache_load_factor mix) + its communication. Communication is priced
+from rectoolkit.plan.traffic's matrices: for every collective M the engine issues, rank r spends sum over j != r of
+(M[r, j] + M[j, r]) / bandwidth(r, j), at the speed of the profile's fitted pair that FITTED_COLLECTIVE names for M
+(all-to-all for the input and output distributions, all-reduce for data-parallel gradients), within a host (across
+hosts the topology's inter-host speed, scaled alike). The search uses closed forms of the same sums (`fill_many`,
+batched over options), tested equal to pricing step_traffic's matrices.
 
 The step estimate (`PlanCost.step`, `step_time_ms`; docs/cost_model.md) adds what per-rank sums cannot hold:
 a fixed cost per step, and per sharding-type group a fixed cost and its collective calls' latency, with the
@@ -48,10 +50,28 @@ from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BY
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, HostTime, RankTime, ShardingOption
+from rectoolkit.planner.profile import COLLECTIVE_KINDS
 from rectoolkit.planner.tables import PlannerTable, tables_by_module
 from rectoolkit.planner.topology import Topology
 
 MEMORY_PARTS = ("weights", "optimizer", "gradients", "input_buffer", "output_buffer", "dense")
+
+# Which fitted alpha-beta pair of the calibration profile (rectoolkit.planner.profile) prices each collective the
+# engine issues (rectoolkit.plan.traffic.COLLECTIVES): the distributions are all-to-alls (row-wise's reduce-scatter of
+# partial sums too: it runs as an all-to-all), the data-parallel gradients one all-reduce. dp_allreduce's bytes are
+# those of a reduce-scatter then an all-gather (traffic.py), which is what a ring all-reduce moves; on more than 2
+# ranks the engine sends them with all-to-alls (rectoolkit.distributed.replicas), whose calls collective_calls counts
+# as such. No collective of the engine is priced with the reduce_scatter or all_gather pair today.
+FITTED_COLLECTIVE = {
+    "input_dist": "all_to_all",
+    "output_dist": "all_to_all",
+    "output_dist_intra": "all_to_all",
+    "output_dist_inter": "all_to_all",
+    "output_dist_backward": "all_to_all",
+    "output_dist_intra_backward": "all_to_all",
+    "output_dist_inter_backward": "all_to_all",
+    "dp_allreduce": "all_reduce",
+}
 
 
 @dataclass
@@ -168,11 +188,12 @@ class CostModel:
         measured = topology.profile is not None
         # link speeds: a profile's all-to-all speed inside a host (it was measured there); across hosts the
         # topology's, never faster than inside
-        all_to_all, all_reduce = self.profile.collective("all_to_all"), self.profile.collective("all_reduce")
+        all_to_all = self.profile.collective("all_to_all")
         self.intra_bw = all_to_all.bytes_per_ms if measured else topology.intra_host_bw
         self.inter_bw = min(topology.inter_host_bw, self.intra_bw) if measured else topology.inter_host_bw
-        scale = all_reduce.bytes_per_ms / all_to_all.bytes_per_ms  # all-reduce vs all-to-all speed, on any link
-        self.allreduce_intra_bw, self.allreduce_inter_bw = self.intra_bw * scale, self.inter_bw * scale
+        # every fitted collective's (intra, inter) bytes per ms: its speed relative to all-to-all's, on either link
+        self.link_bw = {kind: (self.intra_bw * scale, self.inter_bw * scale) for kind, scale in (
+            (kind, self.profile.collective(kind).bytes_per_ms / all_to_all.bytes_per_ms) for kind in COLLECTIVE_KINDS)}
         self.forward_terms = self.profile.forward
         self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
         self._state_floats_by_cols: Dict[int, int] = {}
@@ -259,7 +280,8 @@ class CostModel:
     def _fill_batch(self, kind: str, pairs) -> None:
         topo = self.topology
         W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
-        intra_ms, inter_ms = 1.0 / self.intra_bw, 1.0 / self.inter_bw  # ms per byte on a link
+        # ms per byte on a link: every collective below but dp_allreduce is an all-to-all (FITTED_COLLECTIVE)
+        intra_ms, inter_ms = 1.0 / self.intra_bw, 1.0 / self.inter_bw
         opts = [o for o, _ in pairs]
         col = lambda values, dtype=float: np.array(values, dtype=dtype)[:, None]  # noqa: E731
         samples = col([t.samples_per_rank for _, t in pairs])
@@ -332,12 +354,13 @@ class CostModel:
         values = table_rows * dims
         chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
         dp_intra, dp_inter = xy_link_bytes(chunks, chunks, L)
+        dp_intra_bw, dp_inter_bw = self.link_bw[FITTED_COLLECTIVE["dp_allreduce"]]
         intra = np.where(row_wise, in_intra + 2 * out_intra, dp_intra)
         inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
         sizes = np.where(row_wise, sizes_rw, table_rows.astype(float))
         lookup, hbm, ddr = self._shard_costs(pairs, sizes, dims.astype(float))
         comm_ms = np.where(row_wise, in_intra * intra_ms + in_inter * inter_ms + 2 * (out_intra * intra_ms + out_inter * inter_ms),
-                           dp_intra / self.allreduce_intra_bw + dp_inter / self.allreduce_inter_bw)
+                           dp_intra / dp_intra_bw + dp_inter / dp_inter_bw)
         time = comm_ms + lookup
         totals = 0.5 * (intra + inter).sum(axis=1)
         for i, option in enumerate(opts):
@@ -411,10 +434,11 @@ class CostModel:
         return np.array(ranks, dtype=int), flat
 
     def comm_ms(self, traffic: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """collective -> ms per rank: every byte a rank sends or receives over a link, at that link's speed."""
+        """collective -> ms per rank: every byte a rank sends or receives over a link, at that link's speed for the
+        fitted collective that prices it (FITTED_COLLECTIVE)."""
         comm = {}
         for name, matrix in traffic.items():
-            bandwidth = self.allreduce_bandwidth_matrix() if name == "dp_allreduce" else self.bandwidth_matrix()
+            bandwidth = self.bandwidth_matrix(FITTED_COLLECTIVE[name])
             per_link = (matrix + matrix.T) / bandwidth
             np.fill_diagonal(per_link, 0.0)
             comm[name] = per_link.sum(axis=1)
@@ -432,9 +456,8 @@ class CostModel:
         comm = self.comm_ms(self.traffic(ShardingPlan({path: module_plan}), tables, batch_sizes, count_ids))
         comm_fwd = sum(comm[name] for name in FORWARD_COLLECTIVES)
         comm_bwd = sum(comm[name] for name in comm if name not in FORWARD_COLLECTIVES)
-        all_to_all_calls, all_reduce_calls = collective_calls(ShardingType(sharding_type), len(module_plan), W)
-        latency = (all_to_all_calls * self.profile.collective("all_to_all").alpha_ms
-                   + all_reduce_calls * self.profile.collective("all_reduce").alpha_ms)
+        calls = collective_calls(ShardingType(sharding_type), len(module_plan), W)
+        latency = sum(count * self.profile.collective(kind).alpha_ms for kind, count in calls.items())
         return GroupTime(path, sharding_type, self.profile.group_fixed_ms(sharding_type), latency,
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
 
@@ -502,26 +525,37 @@ class CostModel:
                 _add(total, step_traffic(module_plan, configs, W, L, sizes, counter, weighted))
         return total
 
-    def bandwidth_matrix(self) -> np.ndarray:
+    def bandwidth_matrix(self, kind: str = "all_to_all") -> np.ndarray:
+        """[W, W] bytes per ms between ranks for one fitted collective kind (COLLECTIVE_KINDS): its intra-host speed
+        between ranks of a host, its inter-host one across."""
         topo = self.topology
         hosts = np.arange(topo.world_size) // topo.local_world_size
         same = hosts[:, None] == hosts[None, :]
-        return np.where(same, self.intra_bw, self.inter_bw).astype(float)
-
-    def allreduce_bandwidth_matrix(self) -> np.ndarray:
-        return self.bandwidth_matrix() * (self.allreduce_intra_bw / self.intra_bw)
+        intra, inter = self.link_bw[kind]
+        return np.where(same, intra, inter).astype(float)
 
 
-def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: int) -> Tuple[int, int]:
-    """(all-to-all calls, all-reduce calls) one group makes per training step (rectoolkit.distributed):
-    input_dist is a metadata and a data all-to-all, output_dist one all-to-all forward and one backward (two each
-    for the two-level table-row-wise and grid outputs); data-parallel all-reduces its gradients once on 2 ranks,
-    else reduce-scatters and all-gathers each table with two all-to-alls."""
+def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: int) -> Dict[str, int]:
+    """Calls one group makes per training step (rectoolkit.distributed), by the fitted collective kind whose alpha
+    prices each call: input_dist is a metadata and a data all-to-all, output_dist one all-to-all forward and one
+    backward (two each for the two-level table-row-wise and grid outputs); data-parallel all-reduces its gradients
+    once on 2 ranks, else reduce-scatters and all-gathers each table with two all-to-alls. The engine calls no
+    backend reduce-scatter or all-gather, so those kinds count 0.
+
+    >>> collective_calls(ShardingType.TABLE_WISE, 3, 2)
+    {'all_to_all': 4, 'all_reduce': 0, 'reduce_scatter': 0, 'all_gather': 0}
+    """
+    calls = dict.fromkeys(COLLECTIVE_KINDS, 0)
     if sharding_type == ShardingType.DATA_PARALLEL:
-        return (0, 1) if world_size <= 2 else (2 * num_tables, 0)
-    if sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
-        return 6, 0
-    return 4, 0
+        if world_size <= 2:
+            calls["all_reduce"] = 1
+        else:
+            calls["all_to_all"] = 2 * num_tables
+    elif sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
+        calls["all_to_all"] = 6
+    else:
+        calls["all_to_all"] = 4
+    return calls
 
 
 def _groups(plan: ShardingPlan) -> List[Tuple[str, str]]:

@@ -6,8 +6,12 @@ one the planner uses `CalibrationProfile.from_topology`, TorchRec's bandwidth-on
 
 The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 
-- collectives: an alpha-beta pair per collective kind ("all_to_all", "all_reduce"): a call costs
-  `alpha_ms + bytes / bytes_per_ms`, bytes being what one rank sends plus receives over the call.
+- collectives: an alpha-beta pair per collective kind ("all_to_all", "all_reduce", "reduce_scatter",
+  "all_gather"), each fitted from its own timings: a call costs `alpha_ms + bytes / bytes_per_ms`, bytes being what
+  one rank sends plus receives over the call. Which pair prices which of the engine's collectives is one table,
+  rectoolkit.planner.cost.FITTED_COLLECTIVE. A profile calibrated before reduce-scatter and all-gather were fitted
+  holds only the first two; it still loads, and all_reduce's pair stands in for the missing ones (a ring all-reduce
+  is a reduce-scatter then an all-gather over the same links; `missing_collectives` and `describe()` say so).
 - lookups: one pass over a shard's ids costs `ids x (id_ms + row bytes x read_factor x read ms per byte) + output
   bytes x output_ms_per_byte` (`LookupTerms`): `forward` for the lookup, `backward[optimizer]` for the backward and
   the fused optimizer update. The read speed depends on the shard's size (its working set): `read_curve` is a list
@@ -36,6 +40,7 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,7 +50,9 @@ import numpy as np
 
 
 PROFILE_VERSION = 2  # 2: per-id / per-byte / per-output lookup terms (LookupTerms) for forward and backward
-COLLECTIVE_KINDS = ("all_to_all", "all_reduce")
+COLLECTIVE_KINDS = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
+REQUIRED_COLLECTIVES = ("all_to_all", "all_reduce")  # a profile calibrated before the other two were fitted has these
+STAND_IN = {"reduce_scatter": "all_reduce", "all_gather": "all_reduce"}  # prices a pair such a profile lacks
 BWD_COMPUTE_MULTIPLIER = 2.0  # TorchRec's backward / forward ratio, used where nothing was measured
 OPTIMIZERS = ("sgd", "adagrad", "row_wise_adagrad", "adam")  # EmbOptimType values
 ROW_ROUTED = ("row_wise", "table_row_wise", "grid_shard")  # groups that bucket ids by row block
@@ -62,6 +69,18 @@ class AlphaBeta:
 
     def cost_ms(self, num_bytes: float) -> float:
         return self.alpha_ms + num_bytes / self.bytes_per_ms if num_bytes or self.alpha_ms else 0.0
+
+    def problem(self) -> Optional[str]:
+        """What makes this pair unusable (None: nothing).
+
+        >>> AlphaBeta(0.1, 0.0).problem()
+        'bytes_per_ms must be a finite number > 0, got 0.0'
+        """
+        for name, value, low in (("alpha_ms", self.alpha_ms, ">= 0"), ("bytes_per_ms", self.bytes_per_ms, "> 0")):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or value < 0 or (low == "> 0" and value == 0):
+                return f"{name} must be a finite number {low}, got {value!r}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -105,13 +124,18 @@ class CalibrationProfile:
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
 
     def __post_init__(self) -> None:
-        for kind in COLLECTIVE_KINDS:
+        for kind in REQUIRED_COLLECTIVES:
             if kind not in self.collectives:
-                raise ValueError(f"CalibrationProfile: collectives lacks {kind!r}; it needs {COLLECTIVE_KINDS}")
+                raise ValueError(f"CalibrationProfile: collectives lacks {kind!r}; it needs {REQUIRED_COLLECTIVES} "
+                                 f"(and fits {COLLECTIVE_KINDS})")
+        unknown = sorted(set(self.collectives) - set(COLLECTIVE_KINDS))
+        if unknown:
+            raise ValueError(f"CalibrationProfile: collectives has unknown kinds {unknown}; the kinds are "
+                             f"{COLLECTIVE_KINDS}")
         for kind, pair in self.collectives.items():
-            if not pair.bytes_per_ms > 0 or pair.alpha_ms < 0:
-                raise ValueError(f"CalibrationProfile: collective {kind!r} needs alpha_ms >= 0 and bytes_per_ms > 0, "
-                                 f"got {pair}")
+            problem = pair.problem() if isinstance(pair, AlphaBeta) else f"not an AlphaBeta: {pair!r}"
+            if problem:
+                raise ValueError(f"CalibrationProfile: collective {kind!r}: {problem}")
         if not self.read_curve or any(bw <= 0 or size <= 0 for size, bw in self.read_curve):
             raise ValueError(f"CalibrationProfile: read_curve needs positive (working set, bytes/ms) points, "
                              f"got {self.read_curve!r}")
@@ -131,9 +155,17 @@ class CalibrationProfile:
 
     # ---- the terms ----------------------------------------------------------------------------------------------
     def collective(self, kind: str) -> AlphaBeta:
-        if kind not in self.collectives:
-            raise KeyError(f"no collective {kind!r} in the profile; it has {sorted(self.collectives)}")
-        return self.collectives[kind]
+        """The fitted pair of this collective kind; where the profile lacks it, its stand-in's (STAND_IN)."""
+        if kind in self.collectives:
+            return self.collectives[kind]
+        if kind in STAND_IN:
+            return self.collectives[STAND_IN[kind]]
+        raise KeyError(f"no collective {kind!r} in the profile; the kinds are {COLLECTIVE_KINDS}")
+
+    @property
+    def missing_collectives(self) -> Tuple[str, ...]:
+        """The collective kinds this profile has no fitted pair for (priced with their STAND_IN's)."""
+        return tuple(kind for kind in COLLECTIVE_KINDS if kind not in self.collectives)
 
     def read_ms_per_byte(self, working_set_bytes):
         """ms per byte read from shards of these sizes (a number or an array): ms/byte is linear in log(size)
@@ -171,7 +203,7 @@ class CalibrationProfile:
         """The bandwidth-only model TorchRec uses: no fixed costs, no cache effect, collectives at the link bandwidth."""
         local = topology.hbm_mem_bw if topology.uses_hbm else topology.ddr_mem_bw
         link = AlphaBeta(0.0, float(topology.intra_host_bw))
-        return cls(collectives={"all_to_all": link, "all_reduce": link}, read_curve=((1.0, float(local)),),
+        return cls(collectives={kind: link for kind in COLLECTIVE_KINDS}, read_curve=((1.0, float(local)),),
                    write_bytes_per_ms=float(local), forward=LookupTerms(0.0, 1.0, 1.0 / float(local)),
                    backward_terms={name: LookupTerms(0.0, 1.0, 1.0 / float(local)).scaled(
                        float(topology.bwd_compute_multiplier)) for name in OPTIMIZERS},
@@ -195,7 +227,7 @@ class CalibrationProfile:
             raise ValueError(f"{source}: calibration profile version {version!r}, this rectoolkit reads version "
                              f"{PROFILE_VERSION}; re-run `python -m rectoolkit.planner.calibrate`")
         try:
-            data["collectives"] = {k: AlphaBeta(**v) for k, v in data["collectives"].items()}
+            data["collectives"] = _collectives_from_json(data["collectives"], source)
             data["read_curve"] = tuple((float(s), float(b)) for s, b in data["read_curve"])
             data["forward"] = LookupTerms(**data["forward"])
             data["backward_terms"] = {k: LookupTerms(**v) for k, v in data["backward_terms"].items()}
@@ -227,9 +259,9 @@ class CalibrationProfile:
         return cls.from_json(path.read_text(), str(path))
 
     def summary_rows(self) -> List[Tuple[str, str]]:
-        """(term, value) rows for explain() and the widgets."""
-        rows = [(f"{kind}: latency, bandwidth", f"{ab.alpha_ms:.3f} ms + bytes / {ab.bytes_per_ms / 1e6:.2f} GB/s")
-                for kind, ab in sorted(self.collectives.items())]
+        """(term, value) rows for explain(), describe() and the widgets: every fitted collective pair with the
+        engine's collectives it prices (or the stand-in a profile without it uses), then the other terms."""
+        rows = [(f"{kind}: latency, bandwidth", self._collective_text(kind)) for kind in COLLECTIVE_KINDS]
         rows += [("read speed by shard size", ", ".join(f"{_size(s)}: {bw / 1e6:.2f} GB/s" for s, bw in self.read_curve)),
                  ("forward per id, per output byte", _terms_text(self.forward)),
                  ("large copy (write) speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
@@ -244,6 +276,61 @@ class CalibrationProfile:
                   or f"{BWD_COMPUTE_MULTIPLIER:.1f}x the forward (TorchRec's default)"),
                  ("local ranks reading at once", f"{self.memory_parallelism:.2f}x one rank's speed")]
         return rows
+
+    def describe(self) -> str:
+        """The profile's terms, one per line (summary_rows), under where it was measured.
+
+        >>> old = CalibrationProfile({"all_to_all": AlphaBeta(0.1, 1e6), "all_reduce": AlphaBeta(0.2, 2e6)},
+        ...                          ((1.0, 1e7),), 1e7, machine={"host": "laptop"})
+        >>> old.missing_collectives
+        ('reduce_scatter', 'all_gather')
+        >>> print(old.describe())  # doctest: +ELLIPSIS
+        Calibration profile measured on laptop:
+          all_to_all: latency, bandwidth: 0.100 ms + bytes / 1.00 GB/s; prices input_dist, output_dist, ...
+          all_reduce: latency, bandwidth: 0.200 ms + bytes / 2.00 GB/s; prices dp_allreduce
+          reduce_scatter: latency, bandwidth: not fitted (this profile predates it): all_reduce's pair stands in, ...
+          all_gather: latency, bandwidth: not fitted ...
+          read speed by shard size: 1 B: 10.00 GB/s
+        ...
+        """
+        where = self.machine.get("source") or f"measured on {self.machine.get('host', 'an unnamed machine')}"
+        return "\n".join([f"Calibration profile {where}:"] + [f"  {term}: {value}" for term, value in self.summary_rows()])
+
+    def _collective_text(self, kind: str) -> str:
+        # the table of which pair prices which engine collective is the cost model's (cost.py imports this module)
+        from rectoolkit.planner.cost import FITTED_COLLECTIVE
+
+        pair = self.collective(kind)
+        speed = f"{pair.alpha_ms:.3f} ms + bytes / {pair.bytes_per_ms / 1e6:.2f} GB/s"
+        users = [name for name, fitted in FITTED_COLLECTIVE.items() if fitted == kind]
+        prices = f"prices {', '.join(users)}" if users else "prices no collective the engine issues"
+        if kind in self.collectives:
+            return f"{speed}; {prices}"
+        return (f"not fitted (this profile predates it): {STAND_IN[kind]}'s pair stands in, {speed}; {prices}; "
+                "re-run `python -m rectoolkit.planner.calibrate` to fit it")
+
+
+def _collectives_from_json(collectives: object, source: str) -> Dict[str, AlphaBeta]:
+    """The profile's "collectives" object as AlphaBeta pairs; a malformed one is refused naming its key and file."""
+    fix = "re-run `python -m rectoolkit.planner.calibrate`"
+    if not isinstance(collectives, dict):
+        raise ValueError(f"{source}: \"collectives\" must be an object of alpha-beta pairs, got {collectives!r}; {fix}")
+    pairs = {}
+    for kind, value in collectives.items():
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"{source}: collectives[{kind!r}] is not a collective kind ({COLLECTIVE_KINDS}); {fix}")
+        if not isinstance(value, dict) or set(value) != {"alpha_ms", "bytes_per_ms"}:
+            raise ValueError(f"{source}: collectives[{kind!r}] must be {{\"alpha_ms\": ..., \"bytes_per_ms\": ...}}, "
+                             f"got {value!r}; {fix}")
+        pair = AlphaBeta(**value)
+        problem = pair.problem()
+        if problem:
+            raise ValueError(f"{source}: collectives[{kind!r}]: {problem}; {fix}")
+        pairs[kind] = pair
+    lacking = [kind for kind in REQUIRED_COLLECTIVES if kind not in pairs]
+    if lacking:
+        raise ValueError(f"{source}: collectives lacks {lacking}; every profile has {REQUIRED_COLLECTIVES}; {fix}")
+    return pairs
 
 
 def _terms_text(terms: LookupTerms) -> str:

@@ -22,7 +22,8 @@ from rectoolkit.planner.topology import Topology
 from rectoolkit.plan.types import ShardingType
 
 PROFILE = CalibrationProfile(
-    collectives={"all_to_all": AlphaBeta(0.5, 1000.0), "all_reduce": AlphaBeta(1.0, 2000.0)},
+    collectives={"all_to_all": AlphaBeta(0.5, 1000.0), "all_reduce": AlphaBeta(1.0, 2000.0),
+                 "reduce_scatter": AlphaBeta(0.7, 3000.0), "all_gather": AlphaBeta(0.3, 4000.0)},
     read_curve=((1e3, 100.0), (1e6, 10.0)), write_bytes_per_ms=1000.0, step_ms=2.0,
     forward=LookupTerms(0.0, 1.0, 1 / 1000.0), backward_terms={"sgd": LookupTerms(0.0, 1.5, 1.5 / 1000.0)},
     group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, id_ms=0.01, memory_parallelism=2.0)
@@ -84,10 +85,13 @@ def test_groups_add_fixed_costs_and_latency():
 
 
 def test_collective_calls_per_group():
-    assert collective_calls(ShardingType.TABLE_WISE, 3, 2) == (4, 0)
-    assert collective_calls(ShardingType.TABLE_ROW_WISE, 1, 4) == (6, 0)
-    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 2) == (0, 1)
-    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == (6, 0)
+    def calls(all_to_all, all_reduce):  # the engine calls no backend reduce-scatter or all-gather
+        return {"all_to_all": all_to_all, "all_reduce": all_reduce, "reduce_scatter": 0, "all_gather": 0}
+
+    assert collective_calls(ShardingType.TABLE_WISE, 3, 2) == calls(4, 0)
+    assert collective_calls(ShardingType.TABLE_ROW_WISE, 1, 4) == calls(6, 0)
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 2) == calls(0, 1)
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == calls(6, 0)
 
 
 def test_without_a_profile_times_are_torchrec_bytes_over_bandwidth():
@@ -176,8 +180,16 @@ def test_calibration_measures_every_term(tmp_path):
     topo = Topology.calibrate(world_size=2, quick=True, out=out)
     profile = topo.profile
     assert CalibrationProfile.load(out) == profile
-    for kind in ("all_to_all", "all_reduce"):
+    assert profile.missing_collectives == ()
+    for kind in ("all_to_all", "all_reduce", "reduce_scatter", "all_gather"):
         assert profile.collective(kind).bytes_per_ms > 0 and profile.collective(kind).alpha_ms >= 0
+        # five message sizes each, the same buffer sizes for all-reduce, reduce-scatter and all-gather
+        assert len(profile.machine["collective_samples"][kind]) == 5
+    buffers = {kind: sorted(b for b, _ in profile.machine["collective_samples"][kind])
+               for kind in ("all_reduce", "reduce_scatter", "all_gather")}
+    # on 2 ranks a ring reduce-scatter or all-gather of B bytes sends and receives B, an all-reduce 2 B
+    assert buffers["reduce_scatter"] == buffers["all_gather"] == [256, 16 << 10, 256 << 10, 2 << 20, 8 << 20]
+    assert buffers["all_reduce"] == [2 * b for b in buffers["reduce_scatter"]]
     assert len(profile.read_curve) == 4 and all(bw > 0 for _, bw in profile.read_curve)
     assert set(profile.backward_terms) == {"sgd", "adagrad", "row_wise_adagrad", "adam"}
     speeds = [bw for _, bw in profile.read_curve]

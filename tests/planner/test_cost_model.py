@@ -11,6 +11,7 @@ from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import enumerate_options, to_parameter_sharding
+from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile
 from rectoolkit.planner.state import Assignment, SearchState
 from rectoolkit.planner.tables import collect_tables
 from rectoolkit.planner.topology import Topology
@@ -139,13 +140,20 @@ def _tables():
     return [bag, half, seq], constraints
 
 
+# every collective kind at its own speed, so a byte priced with the wrong pair shows
+DISTINCT_PAIRS = CalibrationProfile(
+    collectives={"all_to_all": AlphaBeta(0.1, 700.0), "all_reduce": AlphaBeta(0.2, 1400.0),
+                 "reduce_scatter": AlphaBeta(0.3, 333.0), "all_gather": AlphaBeta(0.4, 5000.0)},
+    read_curve=((1e3, 900.0), (1e6, 300.0)), write_bytes_per_ms=2000.0)
+
+
 @pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES)
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
-def test_search_closed_forms_equal_priced_traffic(world_size, local_world_size, device):
+@pytest.mark.parametrize("device,profile", [("cuda", None), ("cpu", None), ("cpu", DISTINCT_PAIRS)])
+def test_search_closed_forms_equal_priced_traffic(world_size, local_world_size, device, profile):
     """For every option at several placements, the search's per-rank vectors equal evaluate() of the plan."""
     topo = Topology(world_size=world_size, local_world_size=local_world_size, compute_device=device, batch_size=4,
                     intra_host_bw=700.0, inter_host_bw=90.0, hbm_mem_bw=5000.0, ddr_mem_bw=3000.0,
-                    hbm_to_ddr_mem_bw=800.0)
+                    hbm_to_ddr_mem_bw=800.0, profile=profile)
     configs, constraints = _tables()
     tables = collect_tables(configs, 4, constraints)
     model = CostModel(topo, optimizer="row_wise_adagrad", dense_bytes_per_rank=0)
