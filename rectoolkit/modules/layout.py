@@ -290,55 +290,96 @@ def expand_blocks(flat: torch.Tensor, spans: Sequence[Tuple[int, int, int, int]]
         raise ValueError(f"expand_blocks: the spans cover {start} values but flat has {flat.numel()}")
     if inverse_indices is None:
         full_batch = max((rows for _, _, rows, _ in spans), default=0)
-        reads = [None] * len(starts_of)
+        distinct, read_kind = None, [None] * len(starts_of)
     else:
         inverse_indices = inverse_indices.to(device=flat.device, dtype=torch.int64)
         full_batch = inverse_indices.shape[1]
         distinct, kind, as_is = _distinct_reads(inverse_indices)
-        reads = [None if as_is[kind[feature]] and rows >= full_batch else distinct[kind[feature]]
-                 for _, _, rows, feature in starts_of]
+        read_kind = [None if as_is[kind[feature]] and rows >= full_batch else kind[feature]
+                     for _, _, rows, feature in starts_of]
     targets = [(column, cols, rows, starts, read) for (column, cols, rows, _), starts, read
-               in zip(starts_of, starts_of.values(), reads)]
+               in zip(starts_of, starts_of.values(), read_kind)]
     covered = sorted((column, column + cols) for column, cols, _, _, _ in targets)
     disjoint = all(a[1] <= b[0] for a, b in zip(covered, covered[1:]))
     fills = disjoint and sum(end - column for column, end in covered) == width
-    return _ExpandBlocks.apply(flat, base, targets, full_batch, width, fills)
+    runs = [(column, cols, rows, m, step, starts, None if read is None else distinct[read])
+            for column, cols, rows, m, step, starts, read in _block_runs(sorted(targets, key=lambda t: t[3]))]
+    return _ExpandBlocks.apply(flat, base, runs, full_batch, width, fills)
+
+
+def _block_runs(targets: list) -> list:
+    """Targets (column, cols, rows, starts, read), in flat order, merged into runs (column, cols, rows, m, step,
+    starts, read) of m blocks that move as one [m, rows, cols] block: the same cols, rows, read and number of
+    source blocks, each source's blocks back to back in flat, and output columns column + j * step (step >= cols:
+    a source's features may alternate with another's in the output).
+
+    >>> _block_runs([(0, 2, 3, [0], None), (4, 2, 3, [6], None), (8, 2, 3, [12], None), (2, 2, 1, [18], 0)])
+    [(0, 2, 3, 3, 4, [0], None), (2, 2, 1, 1, 2, [18], 0)]
+    """
+    runs: list = []
+    for column, cols, rows, starts, read in targets:
+        if runs:
+            c0, c, r, m, step, first, k = runs[-1]
+            if m == 1:
+                step = column - c0
+            if (c, r, k, len(first)) == (cols, rows, read, len(starts)) and step >= cols and \
+                    column == c0 + m * step and all(start == f + m * rows * cols for start, f in zip(starts, first)):
+                runs[-1] = (c0, c, r, m + 1, step, first, k)
+                continue
+        runs.append((column, cols, rows, 1, cols, list(starts), read))
+    return runs
+
+
+def _run_columns(matrix: torch.Tensor, column: int, cols: int, m: int, step: int) -> torch.Tensor:
+    """[rows, m, cols] view of a contiguous matrix's columns column + j * step + [0, cols), j < m."""
+    return matrix.as_strided((matrix.shape[0], m, cols), (matrix.shape[1], step, 1), matrix.storage_offset() + column)
 
 
 class _ExpandBlocks(torch.autograd.Function):
+    """Each run of m blocks: summed over its sources, [m, rows, cols] -> the output's [full batch, m x cols]
+    columns (rows selected with the inverse indices, or as they are); backward the same way back."""
+
     @staticmethod
-    def forward(ctx, flat, base, targets, full_batch, width, fills):
-        ctx.targets, ctx.numel, ctx.has_base = targets, flat.numel(), base is not None
+    def forward(ctx, flat, base, runs, full_batch, width, fills):
+        ctx.runs, ctx.numel, ctx.has_base = runs, flat.numel(), base is not None
         if base is not None:
-            out = base.clone()
+            out = base.clone(memory_format=torch.contiguous_format)
         else:
             out = flat.new_empty(full_batch, width) if fills else flat.new_zeros(full_batch, width)
-        for column, cols, rows, starts, read in targets:
-            piece = flat[starts[0]:starts[0] + rows * cols].view(rows, cols)
+        for column, cols, rows, m, step, starts, read in runs:
+            size = m * rows * cols
+            piece = flat[starts[0]:starts[0] + size].view(m, rows, cols)
             for start in starts[1:]:
-                piece = piece + flat[start:start + rows * cols].view(rows, cols)
-            value = piece[:full_batch] if read is None else piece.index_select(0, read)
-            if base is None and fills:
-                out[:, column:column + cols] = value
+                piece = piece + flat[start:start + size].view(m, rows, cols)
+            target = _run_columns(out, column, cols, m, step)
+            value = piece.transpose(0, 1)  # [rows, m, cols]
+            if read is not None:
+                value = value.reshape(rows, m * cols).index_select(0, read).view(full_batch, m, cols)
             else:
-                out[:, column:column + cols] += value
+                value = value[:full_batch]
+            if base is None and fills:
+                target.copy_(value)
+            else:
+                target += value
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        grad = grad.contiguous()
         grad_flat = grad.new_empty(ctx.numel)
-        for column, cols, rows, starts, read in ctx.targets:
-            columns = grad[:, column:column + cols]
-            if read is None and rows == grad.shape[0]:
+        B = grad.shape[0]
+        for column, cols, rows, m, step, starts, read in ctx.runs:
+            columns = _run_columns(grad, column, cols, m, step)  # [B, m, cols]
+            if read is None and rows == B:
                 piece_grad = columns
             else:
-                piece_grad = grad.new_zeros(rows, cols)
+                piece_grad = grad.new_zeros(rows, m, cols)
                 if read is None:
-                    piece_grad[:grad.shape[0]] = columns
+                    piece_grad[:B] = columns
                 else:
-                    piece_grad.index_add_(0, read, columns.contiguous())  # (3x faster than from strided columns)
+                    piece_grad.view(rows, m * cols).index_add_(0, read, columns.reshape(B, m * cols))
             for start in starts:
-                grad_flat[start:start + rows * cols].view(rows, cols).copy_(piece_grad)
+                grad_flat[start:start + m * rows * cols].view(m, rows, cols).copy_(piece_grad.transpose(0, 1))
         return grad_flat, (grad if ctx.has_base else None), None, None, None, None
 
 
