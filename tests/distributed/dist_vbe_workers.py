@@ -142,32 +142,45 @@ def _shard_grad_diff(sharded, reference_tables) -> float:
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         diff = max(diff, _max_diff(weight.grad, reference_tables[table].weight.grad[r0:r1, c0:c1]))
     return diff
-def _check_fused_update(rank: int, W: int, L: int, env: ShardingEnv, case: str, lr: float = 0.5) -> float:
-    """The fused kernels (fbgemm's where installed) in VBE mode: after one step every shard equals the unsharded
-    weights minus lr times the unsharded gradient over all ranks' batches (SGD). Returns the largest difference."""
-    tables = bag_tables()
+def vbe_reference_step(tables, W: int, seed: int, grad_seed: int, lr: float):
+    """Every rank's VBE batch, the unsharded collection after backward of sum over ranks of out_r * G_r (dense
+    gradients), its outputs and the G_r, and a fused-SGD (lr) copy of its weights to shard."""
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}
-    batches = [vbe_batch(features, r, seed=100 * r + 17, weighted=False) for r in range(W)]
+    batches = [vbe_batch(features, r, seed=100 * r + seed, weighted=False) for r in range(W)]
     torch.manual_seed(0)
     reference = rtk.EmbeddingBagCollection(tables)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(grad_seed)
     ref_outs = [reference(batch).values() for batch in batches]
     grads_out = [torch.randn(out.shape, generator=g) for out in ref_outs]
     sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)).backward()
     local = rtk.EmbeddingBagCollection(tables, optimizer="sgd", lr=lr)
     local.load_state_dict(reference.state_dict())
-    sharded = shard_embedding_bag_collection(local, plan_for(case, tables, W, L), env)
-    out = sharded(batches[rank]).values()
-    (out * grads_out[rank]).sum().backward()
-    largest = 0.0
+    return batches, reference, ref_outs, grads_out, local
+
+
+def fused_update_diffs(sharded, reference, lr: float) -> dict:
+    """{(table, rows, columns): largest difference between the local shard (on any device) and the unsharded weights
+    minus lr times their gradient}."""
+    diffs = {}
     for table, shard_md, weight, _ in sharded.local_shards():
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         ref = reference.embedding_bags[table].weight
-        expected = (ref - lr * ref.grad)[r0:r1, c0:c1]
-        diff = _max_diff(weight, expected)
-        assert diff <= 1e-5, f"rank {rank}, {case}, fused SGD: table {table} rows {r0}:{r1} differ by {diff}"
-        largest = max(largest, diff)
-    return largest
+        diffs[(table, shard_md.rows, shard_md.columns)] = _max_diff(weight.cpu(), (ref - lr * ref.grad)[r0:r1, c0:c1])
+    return diffs
+
+
+def _check_fused_update(rank: int, W: int, L: int, env: ShardingEnv, case: str, lr: float = 0.5) -> float:
+    """The fused kernels (fbgemm's where installed) in VBE mode: after one step every shard equals the unsharded
+    weights minus lr times the unsharded gradient over all ranks' batches (SGD). Returns the largest difference."""
+    tables = bag_tables()
+    batches, reference, _, grads_out, local = vbe_reference_step(tables, W, seed=17, grad_seed=5, lr=lr)
+    sharded = shard_embedding_bag_collection(local, plan_for(case, tables, W, L), env)
+    out = sharded(batches[rank]).values()
+    (out * grads_out[rank]).sum().backward()
+    diffs = fused_update_diffs(sharded, reference, lr)
+    for (table, rows, _), diff in diffs.items():
+        assert diff <= 1e-5, f"rank {rank}, {case}, fused SGD: table {table} rows {rows[0]}:{rows[1]} differ by {diff}"
+    return max(diffs.values(), default=0.0)
 
 
 def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: bool) -> dict:

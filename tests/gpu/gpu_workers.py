@@ -125,3 +125,31 @@ def pipeline_device_worker(rank: int, W: int, device_template: str, cases: list,
         assert all(loss.device == device for loss in losses), f"rank {rank} {case}: losses on {losses[0].device}"
         assert all(t.device == device for t in state.values()), f"rank {rank} {case}: state not all on {device}"
         assert_identical(rank, case, plain, (losses, state), steps)
+
+
+def vbe_device_worker(rank: int, W: int, device_template: str, cases: list, result_file: str) -> None:
+    """VBE batches (a batch size per feature, inverse indices) through the sharded EmbeddingBagCollection with its
+    shards on `device`, (case, local_world_size) pairs: the output, and every shard after one fused-SGD step, equal
+    the unsharded collection on the CPU over every rank's batch."""
+    from dist_vbe_workers import fused_update_diffs, vbe_reference_step
+    from rectoolkit.distributed import shard_embedding_bag_collection
+
+    device, lr = torch.device(device_template.format(rank=rank)), 0.5
+    tables = bag_tables()
+    results = []
+    for case, L in cases:
+        env = ShardingEnv.from_process_group(local_world_size=L, device=device)
+        batches, reference, ref_outs, grads_out, local = vbe_reference_step(tables, W, seed=29, grad_seed=6, lr=lr)
+        sharded = shard_embedding_bag_collection(local, plan_for(case, tables, W, L), env)
+        out = sharded(batches[rank].to(device)).values()
+        assert out.device == device, f"rank {rank}, {case}: output on {out.device}"
+        out_diff = float((out.detach().cpu() - ref_outs[rank].detach()).abs().max())
+        assert out_diff <= 1e-5, f"rank {rank}, {case}: VBE outputs on {device} differ by {out_diff}"
+        (out * grads_out[rank].to(device)).sum().backward()
+        assert all(weight.device == device for _, _, weight, _ in sharded.local_shards()), f"rank {rank}, {case}"
+        update_diff = max(fused_update_diffs(sharded, reference, lr).values(), default=0.0)
+        assert update_diff <= 1e-5, f"rank {rank}, {case}: fused SGD after a VBE step differs by {update_diff}"
+        results.append({"rank": rank, "case": case, "max_output_diff": out_diff, "max_update_diff": update_diff})
+    if rank == 0:
+        with open(result_file, "w") as handle:
+            json.dump(results, handle)

@@ -12,7 +12,7 @@ import pytest
 from gpu_helpers import dry_run, needs_cuda_itself, needs_gpus
 from dist_harness import run_workers
 from dist_workers import equivalence_worker
-from gpu_workers import dmp_device_worker, quant_sharded_worker
+from gpu_workers import dmp_device_worker, quant_sharded_worker, vbe_device_worker
 
 pytestmark = pytest.mark.gpu
 
@@ -87,3 +87,15 @@ def test_uvm_kernels_are_refused_for_gpu_shards(kernel):
     plan["t"] = rtk.ParameterSharding("table_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 10, 4)])
     sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local("cuda:0"))
     assert sharded.memory_bytes()["device"] == 10 * 4 * 4 and sharded.memory_bytes()["host"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_variable_batch_sharded_on_the_gpu_two_ranks_over_gloo(tmp_path):
+    """Issue 16's VBE path with the shards on the GPU: each feature at its own batch size through every sharding
+    type but data-parallel (one and two hosts), outputs and the fused update equal the CPU collection's."""
+    cases = [(kind, 2) for kind in ALL_TYPES if kind != "data_parallel"] + [("table_row_wise", 1), ("grid_shard", 1)]
+    result_file = tmp_path / "vbe.json"
+    run_workers(vbe_device_worker, 2, ONE_GPU, cases, str(result_file), backend="gloo")
+    rows = json.loads(result_file.read_text())
+    assert [r["case"] for r in rows] == [case for case, _ in cases]
+    assert all(r["max_output_diff"] <= 1e-5 and r["max_update_diff"] <= 1e-5 for r in rows), rows

@@ -102,3 +102,34 @@ def test_out_of_range_id_on_cuda_names_feature_and_table_and_hash_mode_matches_c
     cpu, gpu = _pair(TABLES, FEATURE_TABLE_MAP, "sum", None, device)
     cpu.ids_out_of_range = gpu.ids_out_of_range = "hash"
     _close(gpu(ids, offsets), cpu(ids.cpu(), offsets.cpu()), "hashed ids")
+
+
+@pytest.mark.parametrize("optimizer", [None, "sgd", "adagrad", "row_wise_adagrad"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_variable_batch_lookup_and_fused_update_on_cuda_equal_cpu(optimizer, weighted, device):
+    """The kernels' VBE mode (`batch_size_per_feature`: each feature at its own bags, a flat output)."""
+    cpu, gpu = _pair(TABLES, FEATURE_TABLE_MAP, "sum", optimizer, device)
+    bags = [1, 5, 3, 2]
+    for step in range(3):
+        g = torch.Generator().manual_seed(20 + step)
+        lengths = torch.randint(0, 4, (sum(bags),), generator=g)
+        feature_of_bag = torch.repeat_interleave(torch.arange(len(bags)), torch.tensor(bags))
+        ids = torch.cat([torch.randint(0, TABLES[FEATURE_TABLE_MAP[int(f)]].num_embeddings, (int(n),), generator=g)
+                         for f, n in zip(feature_of_bag, lengths)])
+        ids[: ids.numel() // 3] = ids[0] % 20  # duplicates: summed before one update
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        weights = torch.rand(ids.numel(), generator=g) if weighted else None
+        cpu_weights = weights.clone().requires_grad_() if weighted else None
+        gpu_weights = weights.to(device, copy=True).requires_grad_() if weighted else None
+        out_cpu = cpu(ids, offsets, cpu_weights, batch_size_per_feature=bags)
+        out_gpu = gpu(ids.to(device), offsets.to(device), gpu_weights, batch_size_per_feature=bags)
+        assert out_gpu.device == device and out_gpu.shape == out_cpu.shape == (1 * 8 + 5 * 8 + 3 * 8 + 2 * 4,)
+        _close(out_gpu, out_cpu, f"step {step}: flat VBE outputs")
+        grad = torch.randn(out_cpu.shape, generator=g)
+        (out_cpu * grad).sum().backward()
+        (out_gpu * grad.to(device)).sum().backward()
+        if weighted:
+            _close(gpu_weights.grad, cpu_weights.grad, f"step {step}: per-sample-weight gradients")
+    for t, (w_cpu, w_gpu) in enumerate(zip(cpu.table_weights, gpu.table_weights)):
+        _close(w_gpu.grad if optimizer is None else w_gpu, w_cpu.grad if optimizer is None else w_cpu,
+               f"table {t}: after 3 VBE steps ({optimizer})")
