@@ -125,6 +125,7 @@ class FeatureBatch:
     # bags); None for a plain batch, where every feature has batch_size samples
     strides: Optional[Dict[str, int]] = None
     _cache: Dict[tuple, "RoutedIds"] = field(default_factory=dict)
+    _offsets: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     def stride(self, feature: str) -> int:
         """The samples of `feature` (before padding)."""
@@ -155,6 +156,16 @@ class FeatureBatch:
         return cls(stride, dict(zip(names, ids.split(counts))), dict(zip(names, per_feature)),
                    dict(zip(names, weights.split(counts) if weights is not None else [None] * len(names))),
                    dict(zip(names, starts)), strides)
+
+    def offsets(self, feature: str) -> torch.Tensor:
+        """[batch_size + 1] int64: where each sample's ids of `feature` start in its values, and the end (once per
+        batch)."""
+        hit = self._offsets.get(feature)
+        if hit is None:
+            lengths = self.lengths[feature]
+            hit = self._offsets[feature] = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+            torch.cumsum(lengths, 0, out=hit[1:])
+        return hit
 
     def cached(self, key: tuple, compute: Callable[[], "RoutedIds"]) -> "RoutedIds":
         """compute(), once per batch and key (several groups and column blocks route the same row range)."""

@@ -29,12 +29,17 @@ def bucket_by_rows(batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
         return every_id(batch, shard)
 
     def bucket() -> RoutedIds:
-        ids, lengths, weights = batch.values[shard.feature], batch.lengths[shard.feature], batch.weights[shard.feature]
-        keep = (ids >= shard.row_start) & (ids < shard.row_end)
-        kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
-        ends = lengths.cumsum(0)
-        positions = keep.nonzero().squeeze(1)
-        return RoutedIds(kept_before[ends] - kept_before[ends - lengths], ids[positions] - shard.row_start,
+        ids, weights = batch.values[shard.feature], batch.weights[shard.feature]
+        if shard.row_start == 0:  # (the first and last blocks need one comparison)
+            keep = ids < shard.row_end
+        elif shard.row_end >= shard.table_rows:
+            keep = ids >= shard.row_start
+        else:
+            keep = (ids >= shard.row_start) & (ids < shard.row_end)
+        kept_before = torch.zeros(ids.numel() + 1, dtype=torch.int64, device=ids.device)
+        torch.cumsum(keep, 0, out=kept_before[1:])
+        positions = keep.nonzero().view(-1)
+        return RoutedIds(kept_before.index_select(0, batch.offsets(shard.feature)).diff(), ids[positions] - shard.row_start,
                          weights[positions] if weights is not None else None,
                          positions + batch.value_starts[shard.feature])
 
