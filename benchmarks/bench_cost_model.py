@@ -19,7 +19,8 @@ measured against the measured-fastest plan and against TorchRec's plan, and the 
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
 the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
 per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms;
-`--reestimate` prices those measured plans again with the cost model as it is now, without running anything.
+`--reestimate` prices those measured plans again with the cost model as it is now, without running anything (with
+the calibration each run measured with; `--recalibrate`: a fresh one).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import row_blocks
 from rectoolkit.planner.measure import estimate_plan
+from rectoolkit.planner.profile import CalibrationProfile
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import collect_tables
 from rectoolkit.workloads import load_workload
@@ -391,16 +393,27 @@ def parts_table(runs: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
-def reestimate(path: Path) -> List[Dict[str, Any]]:
-    """The runs stored in a raw file, with every plan's estimate recomputed by the cost model as it is now
-    (Topology from make_topology): check a new model against measurements already taken, without running."""
+def stored_topology(fields: Dict[str, Any]) -> Topology:
+    """The Topology a run measured with, from its info["topology"] (plain fields and the profile's dict)."""
+    fields = dict(fields)
+    profile = fields.pop("profile", None)
+    return Topology(profile=CalibrationProfile.from_dict(profile) if profile is not None else None, **fields)
+
+
+def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
+    """The runs stored in a raw file, with every plan's estimate recomputed by the cost model as it is now: check a
+    new model against measurements already taken, without running. Each run is priced with the calibration it ran
+    with (its stored profile), so the comparison shows the model's change alone; `recalibrate`: with one fresh
+    calibration of this machine instead (make_topology). est_now_ms / est_during_ms are the new estimate at the
+    load factors the run probed."""
     runs = json.loads(Path(path).read_text())["runs"]
-    topology = make_topology(WORLD_SIZE)
+    fresh = make_topology(WORLD_SIZE) if recalibrate else None
     for run_ in runs:
         tables = [rtk.EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"],
                                          embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
                                          pooling=PoolingType(t["pooling"])) for t in run_["tables"]]
         info = run_["measurements"]["info"]
+        topology = fresh if fresh is not None else stored_topology(info["topology"])
         planner_tables = collect_tables(tables, info["batch_size"],
                                         stats=WorkloadStats(dict(run_["pooling_factors"]), info["batch_size"]))
         cost_model = CostModel(topology, info["optimizer"], tables=planner_tables)
@@ -408,6 +421,10 @@ def reestimate(path: Path) -> List[Dict[str, Any]]:
             estimate = estimate_plan(cost_model, plan_from_dict(run_["plans"][row["plan"]]), planner_tables)
             # the step estimate where the cost model has one, else the slowest rank's sum
             row["est_step_ms"] = float(np.max(estimate.get("est_step_ms", estimate["est_time_ms"])))
+            quiet = row["est_step_ms"] / topology.load_factor
+            for when, column in (("before", "est_now_ms"), ("during", "est_during_ms")):
+                if f"load_probe_{when}" in info and column in row:
+                    row[column] = quiet * info[f"load_probe_{when}"]["factor"]
         summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
         run_["summary"] = {**run_["summary"], **summary}
     return runs
@@ -427,11 +444,13 @@ def main() -> None:
     parser.add_argument("--reestimate", type=Path, metavar="RAW_JSON",
                         help="run nothing: recompute the estimates of a raw file's plans with the current cost model "
                              "and print the comparison against its measurements (the planner's plan stays the "
-                             "one that was measured)")
+                             "one that was measured), with the calibration each run measured with")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="with --reestimate: price with a fresh calibration of this machine instead")
     args = parser.parse_args()
     if args.reestimate is not None:
         print(f"Estimates recomputed now on the measurements of {args.reestimate}:\n")
-        print(report(reestimate(args.reestimate)))
+        print(report(reestimate(args.reestimate, recalibrate=args.recalibrate)))
         return
     if args.quick:
         args.repeats, args.rounds, args.steps = 1, 2, 4

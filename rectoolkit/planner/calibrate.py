@@ -105,10 +105,16 @@ def fastest_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
     of load on the machine then slows one round of every call rather than every repeat of a few, which would move
     the terms fitted from their differences. One untimed call of each first. `synced`: every rank makes the calls
     together and each time is the slowest rank's (barrier before, all-reduce of the max after)."""
+    return {key: min(times) for key, times in timed_each(calls, repeats, clock, synced).items()}
+
+
+def timed_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
+               clock: Optional[Callable[[], float]] = None, synced: bool = False) -> Dict[Hashable, List[float]]:
+    """Every timed call of fastest_each, in ms: key -> one time per round."""
     clock = clock or _clock()
     for fn in calls.values():
         fn()
-    best = {key: float("inf") for key in calls}
+    best: Dict[Hashable, List[float]] = {key: [] for key in calls}
     slowest = torch.zeros(1, dtype=torch.float64, device=_device()) if synced else None
     for _ in range(repeats):
         for key, fn in calls.items():
@@ -123,7 +129,7 @@ def fastest_each(calls: Mapping[Hashable, Callable[[], object]], repeats: int,
                 slowest[0] = elapsed
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 elapsed = float(slowest[0])
-            best[key] = min(best[key], elapsed)
+            best[key].append(elapsed)
     return best
 
 
@@ -390,7 +396,8 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
                 continue
             batch = _lookup_batch(rows, seed=rank, pooling=pooling)
             calls[f"{name}_{label}"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
-    return fastest_each(calls, repeats, synced=True)
+    times = timed_each(calls, repeats, synced=True)
+    return {key: min(t) for key, t in times.items()}, {key: float(np.median(t)) for key, t in times.items()}
 
 
 def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, float, Dict[str, float]]:
@@ -427,11 +434,12 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_de
                                 timeout=datetime.timedelta(seconds=120))
         collectives = measure_collectives(world_size, repeats)
         reads = measure_lookups(rank, world_size, repeats)
-        fixed = measure_fixed_costs(rank, world_size, repeats)
+        fixed, fixed_median = measure_fixed_costs(rank, world_size, repeats)
         # the load factor while calibrating, for the record (rectoolkit.planner.load; CPU tensors: gloo)
         probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
-            results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, load_probe=probe)))
+            results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, fixed_median=fixed_median,
+                                    load_probe=probe)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -608,6 +616,7 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    load_probe=payload.get("load_probe"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
+                   fixed_plan_step_ms_median={k: round(v, 4) for k, v in payload["fixed_median"].items()},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731
     profile = CalibrationProfile(

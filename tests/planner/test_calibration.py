@@ -13,8 +13,8 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import (fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term,
-                                         shard_terms)
+from rectoolkit.planner.calibrate import (fastest_each, fixed_terms, id_term, monotone_curve, parallelism_term,
+                                         routing_id_term, shard_terms, timed_each)
 from rectoolkit.planner.cost import CostModel, collective_calls
 from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.tables import collect_tables
@@ -28,6 +28,28 @@ PROFILE = CalibrationProfile(
     forward=LookupTerms(0.0, 1.0, 1 / 1000.0), backward_terms={"sgd": LookupTerms(0.0, 1.5, 1.5 / 1000.0)},
     group_ms={"table_wise": 3.0, "row_wise": 4.0}, shard_ms=0.25, id_ms=0.01, memory_parallelism=2.0)
 TABLE = EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])
+
+
+def test_timed_each_interleaves_the_calls_round_by_round_and_fastest_each_keeps_each_ones_minimum():
+    order = []
+    durations = {"a": iter([0.0, 5.0, 3.0, 4.0]), "b": iter([0.0, 2.0, 7.0, 1.0])}  # the first call is untimed
+    now = [0.0]
+
+    def call(key):
+        def fn():
+            order.append(key)
+            now[0] += next(durations[key]) / 1000.0  # the fake clock advances by the call's duration (s)
+        return fn
+
+    clock = lambda: now[0]  # noqa: E731
+    times = timed_each({"a": call("a"), "b": call("b")}, 3, clock=clock)
+    assert times.keys() == {"a", "b"}
+    np.testing.assert_allclose(times["a"], [5.0, 3.0, 4.0])
+    np.testing.assert_allclose(times["b"], [2.0, 7.0, 1.0])
+    assert order == ["a", "b"] * 4  # one untimed call of each, then the rounds alternate
+    durations = {"a": iter([0.0, 5.0, 3.0, 4.0]), "b": iter([0.0, 2.0, 7.0, 1.0])}
+    best = fastest_each({"a": call("a"), "b": call("b")}, 3, clock=clock)
+    assert best == pytest.approx({"a": 3.0, "b": 1.0})
 
 
 def test_read_curve_is_log_linear_between_points_and_flat_outside():
@@ -198,6 +220,9 @@ def test_calibration_measures_every_term(tmp_path):
     assert 1.0 <= profile.memory_parallelism <= 2.0
     assert profile.shard_ms >= 0 and profile.replica_ms >= 0 and profile.id_ms >= 0 and profile.routing_id_ms >= 0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
+    fastest, median = profile.machine["fixed_plan_step_ms"], profile.machine["fixed_plan_step_ms_median"]
+    assert fastest.keys() == median.keys() and {"tw_full", "tw_light", "tw_heavy", "rw_full"} <= set(fastest)
+    assert all(0 < fastest[plan] <= median[plan] for plan in fastest)  # of the same rounds: the fastest <= the median
     assert topo.cores_per_host == os.cpu_count()
 
 
