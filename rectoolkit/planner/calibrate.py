@@ -525,7 +525,8 @@ def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float) 
 def id_term(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> float:
     """ms per id a shard receives (forward + backward) that the lookup terms leave out: the table-wise 16 MiB
     table's step at two pooling factors, whose difference less what the lookup terms price for the extra ids is the
-    engine's own work per id (routing, checks, offsets, gradient rows).
+    engine's own work per id (routing, checks, offsets, gradient rows), for rows READ_DIM floats wide: the cost model
+    prices it in proportion to a shard's row bytes (CalibrationProfile.id_cost_ms).
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6,
@@ -624,7 +625,8 @@ def _fit(payload: dict, world_size: int, backend: str, compute_device: str, thre
         forward=terms(reads["forward"]), backward_terms={k: terms(v) for k, v in reads["backward"].items()},
         step_ms=step, group_ms=group, shard_ms=shard,
         memory_parallelism=round(parallelism_term(payload["fixed"], world_size), 3), machine=machine)
-    profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8))
+    profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8),
+                                  id_row_bytes=float(READ_DIM * 4))
     profile = dataclasses.replace(profile,
                                   routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8))
     shard_ms, replica_ms, routed_shard_ms = shard_terms(payload["fixed"], world_size, profile)

@@ -50,7 +50,7 @@ from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BY
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, HostTime, RankTime, ShardingOption
-from rectoolkit.planner.profile import COLLECTIVE_KINDS
+from rectoolkit.planner.profile import COLLECTIVE_KINDS, ROW_ROUTED
 from rectoolkit.planner.tables import PlannerTable, tables_by_module
 from rectoolkit.planner.topology import Topology
 
@@ -245,7 +245,10 @@ class CostModel:
         backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
         # a dense gradient: zeroed, accumulated and applied over the whole shard
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
-        engine_id_ms = column([self.profile.id_cost_ms(t.value) for t in sharding_types])
+        # the engine's work per id (in proportion to the row bytes), plus row-block routing in the routed groups
+        routed = column([t.value in ROW_ROUTED for t in sharding_types], bool)
+        engine_id_ms = np.where(routed, self.profile.id_cost_ms("row_wise", row_bytes),
+                                self.profile.id_cost_ms("table_wise", row_bytes))
         shard_ms = column([self.profile.shard_fixed_ms(t.value) for t in sharding_types])
         forward = forward + np.where(rows > 0, shard_ms + ids * engine_id_ms, 0.0)
         return ShardCosts(weights, optimizer, gradients, input_buffer, output_buffer, hbm, ddr, forward, backward)

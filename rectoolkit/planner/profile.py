@@ -118,8 +118,9 @@ class CalibrationProfile:
     shard_ms: float = 0.0
     replica_ms: float = 0.0  # per data-parallel replica, in place of shard_ms
     routed_shard_ms: float = 0.0  # per shard of a row-routed group (row_wise, table_row_wise, grid_shard), in its place
-    id_ms: float = 0.0
+    id_ms: float = 0.0  # the engine's work per id received, for rows id_row_bytes wide (it grows with the width)
     routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
+    id_row_bytes: float = 256.0  # the row width id_ms was measured at (the calibration's 64 float32 columns)
     memory_parallelism: float = 1.0
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
 
@@ -150,6 +151,8 @@ class CalibrationProfile:
                                                           for k, v in self.backward_terms.items()]:
             if min(terms.id_ms, terms.read_factor, terms.output_ms_per_byte) < 0:
                 raise ValueError(f"CalibrationProfile: {name} terms must be >= 0, got {terms}")
+        if not self.id_row_bytes > 0:
+            raise ValueError(f"CalibrationProfile: id_row_bytes must be positive, got {self.id_row_bytes}")
         if self.memory_parallelism < 1.0:
             raise ValueError(f"CalibrationProfile: memory_parallelism must be >= 1, got {self.memory_parallelism}")
 
@@ -176,10 +179,20 @@ class CalibrationProfile:
         result = np.interp(x, sizes, per_byte)
         return float(result) if np.ndim(result) == 0 else result
 
-    def id_cost_ms(self, sharding_type: str) -> float:
-        """ms per id a shard of this sharding type receives, beyond its reads and writes (fwd + bwd)."""
+    def id_cost_ms(self, sharding_type: str, row_bytes=None):
+        """ms per id a shard of this sharding type receives, beyond what its lookup terms price (fwd + bwd): the
+        engine's work per id, in proportion to the shard's row bytes (a number or an array; default the width it was
+        measured at: a column-wise shard of half the width measures about half of it), plus row-block routing, which
+        handles ids only.
+
+        >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1.0),), 1.0,
+        ...                        id_ms=0.002, routing_id_ms=0.001)
+        >>> p.id_cost_ms("table_wise"), p.id_cost_ms("column_wise", 128), p.id_cost_ms("row_wise", 128)
+        (0.002, 0.001, 0.002)
+        """
+        width = self.id_row_bytes if row_bytes is None else row_bytes
         routed = sharding_type in ROW_ROUTED
-        return self.id_ms + (self.routing_id_ms if routed else 0.0)
+        return self.id_ms * width / self.id_row_bytes + (self.routing_id_ms if routed else 0.0)
 
     def shard_fixed_ms(self, sharding_type: str) -> float:
         """ms per shard of this sharding type a rank holds."""
@@ -268,7 +281,8 @@ class CalibrationProfile:
                  ("fixed per step", f"{self.step_ms:.3f} ms"),
                  ("fixed per shard, per data-parallel replica, per row-routed shard",
                   f"{self.shard_ms:.3f} ms, {self.replica_ms:.3f} ms, {self.routed_shard_ms:.3f} ms"),
-                 ("engine work per id received (fwd + bwd)", f"{self.id_ms * 1e3:.3f} us"),
+                 ("engine work per id received (fwd + bwd)",
+                  f"{self.id_ms * 1e3:.3f} us for {self.id_row_bytes:.0f}-byte rows, in proportion to the row bytes"),
                  ("row-block routing per id", f"{self.routing_id_ms * 1e3:.3f} us"),
                  ("fixed per sharding-type group", ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(self.group_ms.items()))
                   or "0 ms"),

@@ -72,13 +72,43 @@ def test_table_wise_step_time_by_hand():
     backward = 1.5 * forward
     # bytes: 4 lengths x 4 B + 4 ids x 8 B = 48 B in, [4, 8] fp32 = 128 B out, 128 B of gradients back
     comm_forward, comm_backward = (48 + 128) / 1000, 128 / 1000
-    engine = 0.25 + 8 * 0.01  # fixed per shard, and per id received (8 ids)
+    # fixed per shard, and per id received (8 ids): the engine's 0.01 ms per id of a 256-byte row, for 32-byte rows
+    engine = 0.25 + 8 * 0.01 * 32 / 256
     expected = 2.0 + 3.0 + 4 * 0.5 + (forward + engine) + comm_forward + backward + comm_backward
     assert cost.step_time_ms == pytest.approx(expected, rel=1e-9)
     (group,) = cost.step.groups
     assert group.latency_ms == pytest.approx(2.0) and group.fixed_ms == 3.0
     # the search's per-rank sums hold the same lookups and bytes, without the per-step and per-group terms
     assert cost.time_ms[1] == pytest.approx(forward + engine + backward + comm_forward + comm_backward, rel=1e-9)
+
+
+def test_the_engine_cost_per_id_follows_the_row_bytes_and_routing_does_not():
+    import dataclasses
+
+    wide = EmbeddingBagConfig(name="w", num_embeddings=100, embedding_dim=64, feature_names=["f"])
+    (table,) = collect_tables([wide], batch_size=4)  # 8 ids received per shard on 2 ranks
+    profile = dataclasses.replace(PROFILE, routing_id_ms=0.02)
+    model = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=profile), "sgd")
+    no_engine = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4,
+                                   profile=dataclasses.replace(profile, id_ms=0.0, routing_id_ms=0.0)), "sgd")
+
+    def engine(rows, cols, kind):
+        return (model.shard_lookup_ms(table, rows, cols, kind, "fused", None)[0]
+                - no_engine.shard_lookup_ms(table, rows, cols, kind, "fused", None)[0])
+
+    # 64 float32 columns = 256 bytes, the width id_ms was measured at: 8 ids x 0.01 ms
+    assert engine(100, 64, "table_wise") == pytest.approx(8 * 0.01)
+    # a column-wise shard half as wide receives the same 8 ids and pays half per id
+    assert engine(100, 32, "column_wise") == pytest.approx(8 * 0.01 / 2)
+    # a row-wise shard of half the rows gets 4 ids, the engine's share at full width and routing, which is per id only
+    assert engine(50, 64, "row_wise") == pytest.approx(4 * (0.01 + 0.02))
+    assert engine(50, 32, "row_wise") == pytest.approx(4 * (0.01 / 2 + 0.02))
+    # a profile measured at another width scales from that width
+    model = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4,
+                               profile=dataclasses.replace(profile, id_row_bytes=128.0)), "sgd")
+    assert engine(100, 64, "table_wise") == pytest.approx(8 * 0.01 * 2)
+    with pytest.raises(ValueError, match="id_row_bytes must be positive"):
+        dataclasses.replace(PROFILE, id_row_bytes=0.0)
 
 
 def test_local_ranks_sharing_cores_add_up_their_work():
