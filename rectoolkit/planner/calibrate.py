@@ -20,9 +20,10 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
    each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
    tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
-   and per row-routed shard; a 16 MiB
-   table at two batch sizes, table-wise, row-wise and one per rank -> the engine's work per id beyond what 2.
-   prices, row-block routing per id, and how well local ranks run at once;
+   and per row-routed shard; a 16 MiB table of 64-wide rows, table-wise and row-wise, at 2, 5, 10 and 20 ids
+   per bag on two collections built apart -> the engine's work per id beyond what 2. prices (the least-squares
+   slope through all eight steps: one built collection can sit 10-20% off another), row-block routing per id;
+   the same table under a heavy batch, on rank 0 and one per rank -> how well local ranks run at once;
 4. on gloo, rectoolkit.planner.load's synthetic step -> the machine's load factor while it calibrated
    (`machine["load_probe"]`, a record: the terms above are fastest repeats and CPU times, which load moves little).
 
@@ -65,6 +66,10 @@ READ_DIM = 64
 READ_BATCH, READ_POOLING = 512, 20  # the engine's full batch: bags per rank, ids per bag
 LIGHT_POOLING = 2  # the engine's light batch: the full one less this is the per-id slope
 HEAVY_POOLING = 100  # the engine's heavy batch: enough work that local ranks' sharing stands out of the noise
+# the engine's slope per id: a line through its step at these ids per bag, on collections built apart (one built
+# collection's step can sit 10-20% off another's, more than the slope's whole rise over two points)
+ENGINE_POOLINGS = (LIGHT_POOLING, 5, 10, READ_POOLING)
+ENGINE_INSTANCES = 2
 LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
 LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
 MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
@@ -348,15 +353,25 @@ def _tiny_parameter_sharding(kind: str, rows: int, dim: int, world_size: int):
 def _sharded_step(env, plan: Dict[str, object], rows: int, dim: int, ids: torch.Tensor, lengths: torch.Tensor):
     """One training step (forward + backward + fused SGD) of a sharded collection of `plan`'s tables (`rows` x
     `dim` each), every table's feature given the same ids and lengths."""
+    return _step_call(_sharded_collection(env, plan, rows, dim), plan, ids, lengths)
+
+
+def _sharded_collection(env, plan: Dict[str, object], rows: int, dim: int):
+    """A sharded collection of `plan`'s tables (`rows` x `dim` each, fused SGD)."""
     from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
     from rectoolkit.modules.configs import EmbeddingBagConfig
     from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
-    from rectoolkit.sparse import KeyedJaggedTensor
 
     ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=rows, embedding_dim=dim,
                                                      feature_names=[f"f_{t}"]) for t in plan],
                                  device=_device(), optimizer="sgd", lr=1e-6)
-    sharded = shard_embedding_bag_collection(ebc, plan, env)
+    return shard_embedding_bag_collection(ebc, plan, env)
+
+
+def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: torch.Tensor):
+    """A training step of `sharded` on these ids and lengths for every table's feature."""
+    from rectoolkit.sparse import KeyedJaggedTensor
+
     kjt = KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in plan], ids.repeat(len(plan)).to(_device()),
                                               lengths.repeat(len(plan)).to(_device()))
     return lambda: sharded(kjt).values().sum().backward()
@@ -382,20 +397,24 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
             plan = {f"s{i}": _tiny_parameter_sharding(kind, rows, READ_DIM, world_size) for i in range(count)}
             calls[f"{label}{count}_batch"] = _sharded_step(env, plan, rows, READ_DIM, torch.arange(READ_BATCH) % rows,
                                                            torch.ones(READ_BATCH, dtype=torch.int32))
-    # the engine under real batches: a 16 MiB table at two pooling factors (their difference is per id), table-wise
-    # on rank 0, then row-wise (row-block routing), then one such table on each rank (local ranks sharing a host)
+    # the engine under real batches: a 16 MiB table table-wise on rank 0 ("tw"), then row-wise ("rw": row-block
+    # routing), at ENGINE_POOLINGS ids per bag on ENGINE_INSTANCES collections built apart, each with its own ids
+    # ("tw_p20_1": 20 ids per bag, the second collection); the rise per id is the engine's slope (engine_slope)
     rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    plans = {"tw": {"t0": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)},
+             "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)}}
+    for name, plan in plans.items():
+        for instance in range(ENGINE_INSTANCES):
+            sharded = _sharded_collection(env, plan, rows, READ_DIM)
+            for pooling in ENGINE_POOLINGS:
+                batch = _lookup_batch(rows, seed=rank + 1000 * instance, pooling=pooling)
+                calls[f"{name}_p{pooling}_{instance}"] = _step_call(sharded, plan, batch.values(), batch.lengths())
+    # a heavy batch on rank 0's table, then on one such table on each rank (local ranks sharing a host)
     each = {f"t{r}": ParameterSharding("table_wise", ranks=[r], shards=[ShardMetadata.on_rank(r, 0, 0, rows, READ_DIM)])
             for r in range(env.world_size)}
-    plans = {"tw": {"t0": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)},
-             "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)},
-             "tw_each": each}
-    for name, plan in plans.items():
-        for label, pooling in (("full", READ_POOLING), ("light", LIGHT_POOLING), ("heavy", HEAVY_POOLING)):
-            if (name == "tw_each" and label == "light") or (name == "rw" and label == "heavy"):
-                continue
-            batch = _lookup_batch(rows, seed=rank, pooling=pooling)
-            calls[f"{name}_{label}"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
+    for name, plan in (("tw", plans["tw"]), ("tw_each", each)):
+        batch = _lookup_batch(rows, seed=rank, pooling=HEAVY_POOLING)
+        calls[f"{name}_heavy"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
     times = timed_each(calls, repeats, synced=True)
     return {key: min(t) for key, t in times.items()}, {key: float(np.median(t)) for key, t in times.items()}
 
@@ -522,36 +541,55 @@ def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float) 
                for terms in (profile.forward, profile.backward("sgd")))
 
 
-def id_term(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> float:
-    """ms per id a shard receives (forward + backward) that the lookup terms leave out: the table-wise 16 MiB
-    table's step at two pooling factors, whose difference less what the lookup terms price for the extra ids is the
-    engine's own work per id (routing, checks, offsets, gradient rows), for rows READ_DIM floats wide: the cost model
-    prices it in proportion to a shard's row bytes (CalibrationProfile.id_cost_ms).
+def engine_slope(step_ms: Mapping[str, float], name: str, ids_per_bag: Callable[[int], float],
+                 profile: CalibrationProfile) -> float:
+    """ms per id of the engine's `name` steps ("tw" or "rw") beyond what the profile's lookup terms price: the
+    least-squares slope of (step - lookups) over the ids a rank looks up, through every ENGINE_POOLINGS x
+    ENGINE_INSTANCES step measured (keys "<name>_p<ids per bag>_<instance>"). `ids_per_bag(p)`: the ids the
+    slowest rank looks up at p ids per bag.
+
+    >>> from rectoolkit.planner.profile import AlphaBeta
+    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6)
+    >>> steps = {"tw_p2_0": 3.0, "tw_p20_0": 5.1, "tw_p2_1": 3.2, "tw_p20_1": 4.9}  # 1.9 ms more for 1800 more ids
+    >>> round(engine_slope(steps, "tw", lambda pooling: 100.0 * pooling, p), 7)  # less the lookups' 7.7e-7 per id
+    0.0010548
+    """
+    points = [(ids_per_bag(int(key.split("_p")[1].split("_")[0])), ms) for key, ms in step_ms.items()
+              if key.startswith(f"{name}_p")]
+    if len({ids for ids, _ in points}) < 2:
+        raise ValueError(f"calibration: the engine's {name!r} steps need two batch sizes at least, got "
+                         f"{sorted(k for k in step_ms if k.startswith(name + '_p'))}")
+    ids = np.array([i for i, _ in points])
+    rest = np.array([ms - _engine_lookups_ms(profile, i, 0.0) for i, ms in points])
+    return float(np.polyfit(ids, rest, 1)[0])
+
+
+def id_term(step_ms: Mapping[str, float], world_size: int, profile: CalibrationProfile) -> float:
+    """ms per id a shard receives (forward + backward) that the lookup terms leave out: the slope of the table-wise
+    16 MiB table's step over its ids per bag (engine_slope; rank 0 receives every rank's bags) is the engine's own
+    work per id (checks, offsets, gradient rows), for rows READ_DIM floats wide: the cost model prices it in
+    proportion to a shard's row bytes (CalibrationProfile.id_cost_ms).
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6,
     ...                        forward=LookupTerms(0.0, 1.0, 0.0), backward_terms={"sgd": LookupTerms(0.0, 1.0, 0.0)})
-    >>> round(id_term({"tw_full": 20.0, "tw_light": 2.0}, 2, p), 7)
+    >>> round(id_term({"tw_p20_0": 20.0, "tw_p2_0": 2.0}, 2, p), 7)
     0.0009761
     """
-    extra_ids = world_size * READ_BATCH * (READ_POOLING - LIGHT_POOLING)
-    lookups = _engine_lookups_ms(profile, extra_ids, 0.0)
-    return max(step_ms["tw_full"] - step_ms["tw_light"] - lookups, 0.0) / extra_ids
+    return max(engine_slope(step_ms, "tw", lambda pooling: world_size * READ_BATCH * pooling, profile), 0.0)
 
 
-def routing_id_term(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> float:
+def routing_id_term(step_ms: Mapping[str, float], world_size: int, profile: CalibrationProfile) -> float:
     """ms per id that row-block routing (row-wise, table-row-wise, grid) adds per id a shard receives: the same
-    difference row-wise, where each of the ranks receives 1/world_size of the extra ids and looks them up, less
-    that rank's lookups and the engine's per-id work.
+    slope row-wise, where each rank receives 1/world_size of the ids and looks them up, less the engine's per-id
+    work.
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6)
-    >>> round(routing_id_term({"rw_full": 12.0, "rw_light": 2.0}, 2, p), 8)
+    >>> round(routing_id_term({"rw_p20_0": 12.0, "rw_p2_0": 2.0}, 2, p), 8)
     0.0010843
     """
-    extra_ids = world_size * READ_BATCH * (READ_POOLING - LIGHT_POOLING) / world_size  # per rank
-    lookups = _engine_lookups_ms(profile, extra_ids, 0.0)
-    return max((step_ms["rw_full"] - step_ms["rw_light"] - lookups) / extra_ids - profile.id_ms, 0.0)
+    return max(engine_slope(step_ms, "rw", lambda pooling: READ_BATCH * pooling, profile) - profile.id_ms, 0.0)
 
 
 def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:

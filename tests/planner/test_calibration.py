@@ -171,11 +171,22 @@ def test_fits_by_hand():
     # the full batch (pooling 20) less the light one (pooling 2): 2 ranks x 512 bags x 18 = 18432 more ids into
     # the table-wise table, each 256 B read at 1e-6 ms/B: forward 1e-5 + 256e-6, backward 2e-5 + 3 x 256e-6 ms per id
     per_id = 1e-5 + 256e-6 + 2e-5 + 3 * 256e-6
-    assert id_term({"tw_full": 30.0, "tw_light": 5.0}, 2, flat) == pytest.approx((25.0 - 18432 * per_id) / 18432)
+    assert id_term({"tw_p20_0": 30.0, "tw_p2_0": 5.0}, 2, flat) == pytest.approx((25.0 - 18432 * per_id) / 18432)
     # row-wise: each rank receives half of them (9216) and looks them up; routing is what is left less id_ms
-    assert routing_id_term({"rw_full": 30.0, "rw_light": 5.0}, 2, flat) == pytest.approx(
+    assert routing_id_term({"rw_p20_0": 30.0, "rw_p2_0": 5.0}, 2, flat) == pytest.approx(
         (25.0 - 9216 * per_id) / 9216 - 1e-4)
-    assert routing_id_term({"rw_full": 5.0, "rw_light": 5.0}, 2, flat) == 0.0  # never below zero
+    assert routing_id_term({"rw_p20_0": 5.0, "rw_p2_0": 5.0}, 2, flat) == 0.0  # never below zero
+    # a line through every batch size and built collection: one collection 2 ms slow at 20 ids per bag, another
+    # 2 ms fast at 2, and the points at 5 and 10 on the line of the others (1 ms per 1024 ids beyond the lookups)
+    line = {p: 5.0 + (p - 2) * (1.0 + 1024 * per_id) for p in (2, 5, 10, 20)}
+    steps = {f"tw_p{p}_{i}": line[p] for p in line for i in (0, 1)}
+    steps["tw_p20_0"] += 2.0
+    steps["tw_p2_1"] -= 2.0
+    two_points = id_term({"tw_p20_0": steps["tw_p20_0"], "tw_p2_0": steps["tw_p2_0"]}, 2, flat)
+    assert id_term(steps, 2, flat) == pytest.approx(1 / 1024, rel=0.25)  # the outliers move it less than a quarter
+    assert two_points > 1.1 / 1024  # where the two-point difference takes the whole 2 ms
+    with pytest.raises(ValueError, match="two batch sizes"):
+        id_term({"tw_p20_0": 30.0, "tw_p20_1": 31.0}, 2, flat)
     # one table's work is 10 ms; one table on each rank adds 5 ms: 2 x 10 / 15 ranks' worth run at once
     assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 17.0}, 2) == pytest.approx(20 / 15)
     assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 40.0}, 2) == 1.0
@@ -251,7 +262,8 @@ def test_calibration_measures_every_term(tmp_path):
     assert profile.shard_ms >= 0 and profile.replica_ms >= 0 and profile.id_ms >= 0 and profile.routing_id_ms >= 0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
     fastest, median = profile.machine["fixed_plan_step_ms"], profile.machine["fixed_plan_step_ms_median"]
-    assert fastest.keys() == median.keys() and {"tw_full", "tw_light", "tw_heavy", "rw_full"} <= set(fastest)
+    engine = {f"{name}_p{pooling}_{instance}" for name in ("tw", "rw") for pooling in (2, 5, 10, 20) for instance in (0, 1)}
+    assert fastest.keys() == median.keys() and engine | {"tw_heavy", "tw_each_heavy"} <= set(fastest)
     assert all(0 < fastest[plan] <= median[plan] for plan in fastest)  # of the same rounds: the fastest <= the median
     assert topo.cores_per_host == os.cpu_count()
 
