@@ -247,8 +247,7 @@ class CostModel:
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         # the engine's work per id (in proportion to the row bytes), plus row-block routing in the routed groups
         routed = column([t.value in ROW_ROUTED for t in sharding_types], bool)
-        engine_id_ms = np.where(routed, self.profile.id_cost_ms("row_wise", row_bytes),
-                                self.profile.id_cost_ms("table_wise", row_bytes))
+        engine_id_ms = self.profile.id_cost_ms(routed, row_bytes)
         shard_ms = column([self.profile.shard_fixed_ms(t.value) for t in sharding_types])
         forward = forward + np.where(rows > 0, shard_ms + ids * engine_id_ms, 0.0)
         return ShardCosts(weights, optimizer, gradients, input_buffer, output_buffer, hbm, ddr, forward, backward)

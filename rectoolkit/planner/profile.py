@@ -179,20 +179,21 @@ class CalibrationProfile:
         result = np.interp(x, sizes, per_byte)
         return float(result) if np.ndim(result) == 0 else result
 
-    def id_cost_ms(self, sharding_type: str, row_bytes=None):
-        """ms per id a shard of this sharding type receives, beyond what its lookup terms price (fwd + bwd): the
-        engine's work per id, in proportion to the shard's row bytes (a number or an array; default the width it was
-        measured at: a column-wise shard of half the width measures about half of it), plus row-block routing, which
-        handles ids only.
+    def id_cost_ms(self, routed, row_bytes=None):
+        """ms per id a shard receives, beyond what its lookup terms price (fwd + bwd): the engine's work per id, in
+        proportion to the shard's row bytes (a number or an array; default the width it was measured at: a
+        column-wise shard of half the width measures about half of it), plus row-block routing, which handles ids
+        only, where `routed` (a bool or a bool array: the shard's group buckets ids by row block, ROW_ROUTED).
 
         >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1.0),), 1.0,
         ...                        id_ms=0.002, routing_id_ms=0.001)
-        >>> p.id_cost_ms("table_wise"), p.id_cost_ms("column_wise", 128), p.id_cost_ms("row_wise", 128)
+        >>> p.id_cost_ms(False), p.id_cost_ms(False, 128), p.id_cost_ms(True, 128)  # table-, column-, row-wise
         (0.002, 0.001, 0.002)
+        >>> p.id_cost_ms(np.array([False, True]), 128).tolist()
+        [0.001, 0.002]
         """
         width = self.id_row_bytes if row_bytes is None else row_bytes
-        routed = sharding_type in ROW_ROUTED
-        return self.id_ms * width / self.id_row_bytes + (self.routing_id_ms if routed else 0.0)
+        return self.id_ms * width / self.id_row_bytes + self.routing_id_ms * routed
 
     def shard_fixed_ms(self, sharding_type: str) -> float:
         """ms per shard of this sharding type a rank holds."""

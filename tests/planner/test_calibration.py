@@ -13,10 +13,11 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import (fastest_each, fixed_terms, id_term, monotone_curve, parallelism_term,
-                                         routing_id_term, shard_terms, timed_each)
+from rectoolkit.planner.calibrate import fastest_each, timed_each
+from rectoolkit.planner.calibration_fit import (fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term,
+                                                shard_terms)
 from rectoolkit.planner.cost import CostModel, collective_calls
-from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
+from rectoolkit.planner.profile import ROW_ROUTED, AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.tables import collect_tables
 from rectoolkit.planner.topology import Topology
 from rectoolkit.plan.types import ShardingType
@@ -325,9 +326,13 @@ def test_row_routed_groups_pay_the_routing_cost_per_id():
     import dataclasses
 
     profile = dataclasses.replace(PROFILE, routing_id_ms=0.02)
-    assert profile.id_cost_ms("table_wise") == 0.01 and profile.id_cost_ms("column_wise") == 0.01
-    for kind in ("row_wise", "table_row_wise", "grid_shard"):
-        assert profile.id_cost_ms(kind) == pytest.approx(0.03)
+    # the cost model passes routed = the shard's group is in ROW_ROUTED: table-wise and column-wise are not
+    assert "table_wise" not in ROW_ROUTED and "column_wise" not in ROW_ROUTED
+    assert profile.id_cost_ms(False) == 0.01
+    assert {"row_wise", "table_row_wise", "grid_shard"} <= set(ROW_ROUTED)
+    assert profile.id_cost_ms(True) == pytest.approx(0.03)
+    both = profile.id_cost_ms(np.array([False, True]), np.array([128.0, 256.0]))  # arrays, as the cost model passes
+    assert both.tolist() == pytest.approx([0.005, 0.03])
     tables = collect_tables([TABLE], batch_size=4)
     plain = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE), "sgd")
     routed = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4, profile=profile), "sgd")

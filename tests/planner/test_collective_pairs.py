@@ -10,8 +10,8 @@ import pytest
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.traffic import COLLECTIVES
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import (A2A_PEER_BYTES, BUFFER_BYTES, CalibrationError, _buffer_collective,
-                                         fit_collectives)
+from rectoolkit.planner.calibrate import CalibrationError, _buffer_collective
+from rectoolkit.planner.calibration_fit import A2A_PEER_BYTES, BUFFER_BYTES, fit_collectives
 from rectoolkit.planner.cost import FITTED_COLLECTIVE, CostModel
 from rectoolkit.planner.planner import EmbeddingShardingPlanner
 from rectoolkit.planner.profile import COLLECTIVE_KINDS, AlphaBeta, CalibrationProfile
