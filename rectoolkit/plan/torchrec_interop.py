@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional
 
+from rectoolkit.plan.constructors import placement
 from rectoolkit.plan.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_plan
 
@@ -76,7 +77,7 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
                 rows, cols = shapes[(path, name)]
                 ranks = list(tr.ranks or [])
                 local = local_world_size or (max(ranks) + 1 if ranks else 1)
-                shards = [ShardMetadata([0, 0], [rows, cols], _placement(compute_device, r, local)) for r in ranks]
+                shards = [ShardMetadata([0, 0], [rows, cols], placement(compute_device, r, local)) for r in ranks]
             cache = getattr(tr, "cache_params", None)
             load_factor = getattr(cache, "load_factor", None) if cache is not None else None
             module[name] = ParameterSharding(
@@ -130,7 +131,3 @@ def _device_type_of(torchrec_plan: Any) -> str:
     return "cpu"
 
 
-def _placement(device: str, rank: int, local_world_size: int) -> str:
-    if device in ("cuda", "mtia"):
-        return f"rank:{rank}/{device}:{rank % local_world_size}"
-    return f"rank:{rank}/{device}"

@@ -19,12 +19,14 @@ Row blocks follow TorchRec: ceil(rows / n) rows each, the last one shorter, any 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from rectoolkit.plan.constructors import placement
 from rectoolkit.plan.types import (
     CPU_KERNELS,
     CUDA_KERNELS,
@@ -210,42 +212,52 @@ def _column_splits(sharding_type: ShardingType, dim: int, min_partition: int, to
 def option_shards(option: ShardingOption, table: PlannerTable, locations: Sequence[int],
                   topology: Topology) -> List[ShardMetadata]:
     """The exact shards of an option placed at `locations` (a rank or host per group; none for fixed)."""
+    return [_shard(*block, placements(topology)) for block in _option_blocks(option, table, locations, topology)]
+
+
+def _option_blocks(option: ShardingOption, table: PlannerTable, locations: Sequence[int],
+                   topology: Topology) -> List[Tuple[int, int, int, int, int]]:
+    """(rank, row offset, column offset, rows, columns) of each of the option's shards, in the plan's order."""
     W, L = topology.world_size, topology.local_world_size
     rows, dim, b = table.rows, table.dim, option.block_columns
     kind = option.sharding_type
-
-    def shard(rank: int, row_offset: int, col_offset: int, num_rows: int, num_cols: int) -> ShardMetadata:
-        # values are valid by construction: skip ShardMetadata's checks (plans can hold ~10^6 shards)
-        made = object.__new__(ShardMetadata)
-        object.__setattr__(made, "shard_offsets", [int(row_offset), int(col_offset)])
-        object.__setattr__(made, "shard_sizes", [int(num_rows), int(num_cols)])
-        object.__setattr__(made, "placement", placement(topology, rank))
-        return made
-
     if kind == ShardingType.DATA_PARALLEL:
-        return [shard(r, 0, 0, rows, dim) for r in range(W)]
+        return [(r, 0, 0, rows, dim) for r in range(W)]
     if kind == ShardingType.ROW_WISE:
-        return [shard(r, off, 0, size, dim) for r, (off, size) in enumerate(row_blocks(rows, W))]
+        return [(r, off, 0, size, dim) for r, (off, size) in enumerate(row_blocks(rows, W))]
     if option.kind == "rank":
-        return [shard(rank, 0, g * b, rows, b) for g, rank in enumerate(locations)]
-    shards = []
-    for g, host in enumerate(locations):
-        for local, (off, size) in enumerate(row_blocks(rows, L)):
-            shards.append(shard(host * L + local, off, g * b, size, b))
-    return shards
+        return [(int(rank), 0, g * b, rows, b) for g, rank in enumerate(locations)]
+    host_blocks = row_blocks(rows, L)
+    return [(int(host) * L + local, off, g * b, size, b)
+            for g, host in enumerate(locations) for local, (off, size) in enumerate(host_blocks)]
 
 
-def placement(topology: Topology, rank: int) -> str:
-    """TorchRec's placement string: "rank:3/cuda:1" (the local device index) or "rank:3/cpu"."""
-    if topology.compute_device in ("cuda", "mtia"):
-        return f"rank:{rank}/{topology.compute_device}:{rank % topology.local_world_size}"
-    return f"rank:{rank}/{topology.compute_device}"
+def _shard(rank: int, row_offset: int, col_offset: int, num_rows: int, num_cols: int,
+           rank_placements: Sequence[str]) -> ShardMetadata:
+    # values are valid by construction: skip ShardMetadata's checks (plans can hold ~10^6 shards)
+    made = object.__new__(ShardMetadata)
+    object.__setattr__(made, "shard_offsets", [int(row_offset), int(col_offset)])
+    object.__setattr__(made, "shard_sizes", [int(num_rows), int(num_cols)])
+    object.__setattr__(made, "placement", rank_placements[rank])
+    return made
+
+
+def placements(topology: Topology) -> Tuple[str, ...]:
+    """Every rank's placement string (rectoolkit.plan.constructors.placement), made once per topology shape."""
+    return _placements(topology.compute_device, topology.world_size, topology.local_world_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _placements(compute_device: str, world_size: int, local_world_size: int) -> Tuple[str, ...]:
+    return tuple(placement(compute_device, rank, local_world_size) for rank in range(world_size))
 
 
 def to_parameter_sharding(option: ShardingOption, table: PlannerTable, locations: Sequence[int],
                           topology: Topology) -> ParameterSharding:
-    shards = option_shards(option, table, locations, topology)
-    ranks = [s.rank for s in shards]
+    blocks = _option_blocks(option, table, locations, topology)
+    rank_placements = placements(topology)
+    shards = [_shard(*block, rank_placements) for block in blocks]
+    ranks = [block[0] for block in blocks]
     if option.sharding_type in (ShardingType.TABLE_ROW_WISE,):
         ranks = sorted(set(ranks))
     c = table.constraints  # TorchRec's per-table options ride along in the plan, as its planner puts them

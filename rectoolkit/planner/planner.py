@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -73,6 +75,20 @@ class PlanningResult:
     candidates: List[CandidatePlan] = field(default_factory=list)  # cheapest estimate first; the chosen is marked
     chosen: str = "search"  # the label of the candidate returned
     measurements: Any = None  # measure_top_k's DataFrame (rectoolkit.planner.measure), when it ran
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off while planning (back as it was after): a plan allocates 10^5-10^6
+    small objects that form no cycles (options, shards, lists), and the collector's passes over them took about half
+    of the planning time at 1000 tables x 512 ranks (benchmarks/RESULTS.md, "Planning time")."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class EmbeddingShardingPlanner:
@@ -148,6 +164,10 @@ class EmbeddingShardingPlanner:
         `sharders` (TorchRec's or rectoolkit.distributed.sharders'), when given, limit each table to the sharding
         types its collection's sharder supports on the topology's device; None allows every type.
         """
+        with _gc_paused():
+            return self._plan(module, sharders)
+
+    def _plan(self, module: Any, sharders: Optional[Sequence[Any]]) -> ShardingPlan:
         tables = collect_tables(module, self.batch_size, self.constraints, self.stats)
         if sharders is not None:
             tables = apply_sharders(tables, sharders, self.topology.compute_device)

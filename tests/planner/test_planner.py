@@ -283,3 +283,32 @@ def test_the_planner_plans_for_one_batch_size():
         EmbeddingShardingPlanner(topo, batch_size=64, stats=WorkloadStats({}, batch_size=256))
     with pytest.raises(ValueError, match="positive int"):
         EmbeddingShardingPlanner(topo, batch_size=0)
+
+
+def test_planning_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    import gc
+
+    import rectoolkit.planner.planner as planner_module
+
+    seen = []
+    collect = planner_module.collect_tables
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return collect(*args, **kwargs)
+
+    monkeypatch.setattr(planner_module, "collect_tables", spy)
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=8)
+    assert gc.isenabled()
+    EmbeddingShardingPlanner(topo).plan([bag("a", 100, 8)])
+    assert seen == [False] and gc.isenabled()
+    too_big = Topology(world_size=2, compute_device="cuda", hbm_cap=1024**2, ddr_cap=1024**2, batch_size=8)
+    with pytest.raises(PlannerError):  # back on after an error too
+        EmbeddingShardingPlanner(too_big).plan([bag("huge", 1_000_000, 64)])
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller that turned it off keeps it off
+        EmbeddingShardingPlanner(topo).plan([bag("a", 100, 8)])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
