@@ -167,12 +167,13 @@ class FeatureBatch:
             torch.cumsum(lengths, 0, out=hit[1:])
         return hit
 
-    def cached(self, key: tuple, compute: Callable[[], "RoutedIds"]) -> "RoutedIds":
-        """compute(), once per batch and key (several groups and column blocks route the same row range)."""
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = compute()
-        return hit
+    def cached(self, keys: Sequence[tuple], compute: Callable[[List[tuple]], List["RoutedIds"]]) -> List["RoutedIds"]:
+        """The RoutedIds of every key; compute(the keys not routed yet for this batch, each once) in one call
+        (several groups and column blocks route the same row range)."""
+        missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
+        if missing:
+            self._cache.update(zip(missing, compute(missing)))
+        return [self._cache[key] for key in keys]
 
 
 class RoutedIds(NamedTuple):
@@ -181,7 +182,8 @@ class RoutedIds(NamedTuple):
     lengths: torch.Tensor  # [B] ids per sample
     ids: torch.Tensor  # int64, relative to the shard's first row
     weights: Optional[torch.Tensor]
-    positions: Optional[torch.Tensor]  # where the ids sit in the collection's values; None: all of the feature's
+    # where the ids sit in the collection's values (sequence outputs); None: all of the feature's, or not asked for
+    positions: Optional[torch.Tensor]
 
 
 # ------------------------------------------------------------------------------------------------ input_dist
@@ -216,7 +218,8 @@ class ReceivedIds:
         return max(self.batch_sizes) if self.batch_sizes else 0
 
 
-Route = Callable[[FeatureBatch, FeatureShard], RoutedIds]
+# a sharding type's routing: the RoutedIds of every owner's feature shards (by_owner), [owner][feature shard]
+Route = Callable[[FeatureBatch, Sequence[Sequence[FeatureShard]]], List[List[RoutedIds]]]
 
 
 def ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
@@ -254,8 +257,9 @@ def start_ids_to_owners(env: ShardingEnv, batch: FeatureBatch, by_owner: Sequenc
     ids_sent: List[List[int]] = []
     positions_sent: List[List[torch.Tensor]] = []
     bags_sent: List[List[int]] = []
+    routed_by_owner = route(batch, by_owner)
     for owner in range(W):
-        routed = [route(batch, shard) for shard in by_owner[owner]]
+        routed = routed_by_owner[owner]
         bags = [batch.stride(shard.feature) if own_bags else B for shard in by_owner[owner]]
         lengths = [r.lengths[:n] for r, n in zip(routed, bags)] if own_bags else [r.lengths for r in routed]
         if own_bags:

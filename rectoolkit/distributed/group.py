@@ -23,7 +23,7 @@ A sharding type module (table_wise.py, row_wise.py, ...) says only what differs:
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -126,8 +126,8 @@ class RoutedShardingGroup(ShardingGroup):
         self.register_buffer("out_columns", output_columns(self.by_owner, spec.key_offsets).to(self.env.device),
                              persistent=False)
 
-    def route(self, batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
-        """The ids of `shard.feature` that go to `shard` (written by each type)."""
+    def route(self, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]]) -> List[List[RoutedIds]]:
+        """For every owner's feature shards, the ids of the shard's feature that go to it (written by each type)."""
         raise NotImplementedError
 
     # -------------------------------------------------------------- the three steps

@@ -14,6 +14,8 @@ feature shard.
 
 from __future__ import annotations
 
+from typing import List, Optional, Sequence, Tuple
+
 import torch
 
 from rectoolkit.distributed.feature_shards import FeatureBatch, FeatureShard, RoutedIds
@@ -22,28 +24,52 @@ from rectoolkit.distributed.table_wise import every_id
 from rectoolkit.plan.types import ShardingType
 
 
-def bucket_by_rows(batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
-    """Routing of a row block: the ids of the feature in [row_start, row_end), shifted to the block's rows,
-    with each sample's count of them (its lengths) and where they sit (for sequence outputs)."""
-    if shard.full_rows:
-        return every_id(batch, shard)
+def bucket_by_rows(batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]],
+                   positions: bool = True) -> List[List[RoutedIds]]:
+    """Routing of row blocks: for each feature shard, the ids of its feature in [row_start, row_end), shifted to
+    the block's rows, with each sample's count of them (its lengths) [and where they sit in the collection's
+    values: `positions`, for sequence outputs]. A shard of all rows gets every id; the other blocks are routed all
+    at once (block_ids), each once per batch."""
+    blocks = [[(s.feature, s.row_start, s.row_end, positions) for s in shards if not s.full_rows] for shards in by_owner]
+    routed = iter(batch.cached([block for owner in blocks for block in owner], lambda todo: block_ids(batch, todo)))
+    return [[every_id(batch, s) if s.full_rows else next(routed) for s in shards] for shards in by_owner]
 
-    def bucket() -> RoutedIds:
-        ids, weights = batch.values[shard.feature], batch.weights[shard.feature]
-        if shard.row_start == 0:  # (the first and last blocks need one comparison)
-            keep = ids < shard.row_end
-        elif shard.row_end >= shard.table_rows:
-            keep = ids >= shard.row_start
-        else:
-            keep = (ids >= shard.row_start) & (ids < shard.row_end)
-        kept_before = torch.zeros(ids.numel() + 1, dtype=torch.int64, device=ids.device)
-        torch.cumsum(keep, 0, out=kept_before[1:])
-        positions = keep.nonzero().view(-1)
-        return RoutedIds(kept_before.index_select(0, batch.offsets(shard.feature)).diff(), ids[positions] - shard.row_start,
-                         weights[positions] if weights is not None else None,
-                         positions + batch.value_starts[shard.feature])
 
-    return batch.cached((shard.feature, shard.row_start, shard.row_end), bucket)
+def block_ids(batch: FeatureBatch, blocks: Sequence[Tuple[str, int, int, bool]]) -> List[RoutedIds]:
+    """The RoutedIds of each (feature, row_start, row_end, with positions) block, in one pass over the blocks'
+    features' ids laid back to back (a few tensor ops for all blocks: one block at a time took about 50 us of op overhead each, 2.7 ms
+    per step for 26 row-wise tables on 2 ranks)."""
+    if not blocks:
+        return []
+    features = [block[0] for block in blocks]
+    values = [batch.values[f] for f in features]
+    device = values[0].device
+    counts = [v.numel() for v in values]
+    total = sum(counts)
+    per_id = torch.tensor(counts, device=device)
+    lo = torch.tensor([block[1] for block in blocks], device=device).repeat_interleave(per_id, output_size=total)
+    hi = torch.tensor([block[2] for block in blocks], device=device).repeat_interleave(per_id, output_size=total)
+    ids = torch.cat(values)
+    keep = (ids >= lo) & (ids < hi)
+    kept_before = torch.zeros(total + 1, dtype=torch.int64, device=device)
+    torch.cumsum(keep, 0, out=kept_before[1:])
+    lengths = torch.stack([batch.lengths[f] for f in features])  # [blocks, B]: every feature has B bags (VBE: padded)
+    bag_ends = torch.cumsum(lengths.view(-1), 0)  # the features' ids are back to back, each its B bags' worth
+    kept = kept_before.index_select(0, bag_ends).diff(prepend=kept_before[:1]).view(lengths.shape)
+    kept_per_block = kept.sum(1).tolist()
+    routed_ids = (ids - lo).masked_select(keep).split(kept_per_block)
+    where: Sequence[Optional[torch.Tensor]] = [None] * len(blocks)
+    if any(block[3] for block in blocks):  # where each kept id sits in the collection's values: its place among
+        block_starts = [0]  # the blocks' ids, moved to its feature's
+        for count in counts[:-1]:
+            block_starts.append(block_starts[-1] + count)
+        shift = torch.tensor([batch.value_starts[f] - start for f, start in zip(features, block_starts)], device=device)
+        place = torch.arange(total, device=device) + shift.repeat_interleave(per_id, output_size=total)
+        where = place.masked_select(keep).split(kept_per_block)
+    weights = [batch.weights[f] for f in features]
+    kept_weights = torch.cat(weights).masked_select(keep).split(kept_per_block) if weights[0] is not None \
+        else [None] * len(blocks)
+    return [RoutedIds(*parts) for parts in zip(kept.unbind(0), routed_ids, kept_weights, where)]
 
 
 class RowWiseSharding(RoutedShardingGroup):
@@ -55,5 +81,5 @@ class RowWiseSharding(RoutedShardingGroup):
         require(all(s.columns == (0, table.embedding_dim) for s in ps.shards), table, ps,
                 "a row block does not hold all columns (use GRID_SHARD to cut columns too)")
 
-    def route(self, batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
-        return bucket_by_rows(batch, shard)
+    def route(self, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]]) -> List[List[RoutedIds]]:
+        return bucket_by_rows(batch, by_owner, positions=not self.pooled)  # (sequence outputs place each id)

@@ -10,6 +10,8 @@ With a batch size per feature (VBE), S_i(f) in place of B_i, plus a 4-byte count
 
 from __future__ import annotations
 
+from typing import List, Sequence
+
 from rectoolkit.distributed.feature_shards import FeatureBatch, FeatureShard, RoutedIds
 from rectoolkit.distributed.group import RoutedShardingGroup, require
 from rectoolkit.plan.types import ShardingType
@@ -29,5 +31,5 @@ class TableWiseSharding(RoutedShardingGroup):
     def check_table_plan(self, table, ps) -> None:
         require(len(ps.shards) == 1, table, ps, "it has more than one shard (use COLUMN_WISE or ROW_WISE)")
 
-    def route(self, batch: FeatureBatch, shard: FeatureShard) -> RoutedIds:
-        return every_id(batch, shard)  # the table's one shard gets the whole feature
+    def route(self, batch: FeatureBatch, by_owner: Sequence[Sequence[FeatureShard]]) -> List[List[RoutedIds]]:
+        return [[every_id(batch, shard) for shard in shards] for shards in by_owner]  # a shard gets the whole feature
