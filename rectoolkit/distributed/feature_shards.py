@@ -324,7 +324,7 @@ def _gateway_keys(gateway_keys: Optional[Sequence[Sequence[Tuple[str, str]]]], e
 def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if not parts:
         return torch.empty(0, dtype=dtype, device=device)
-    return torch.cat([p.to(dtype) for p in parts]) if len(parts) > 1 else parts[0].to(dtype)
+    return (torch.cat(parts) if len(parts) > 1 else parts[0]).to(dtype)  # (cat promotes mixed dtypes; one cast)
 
 
 # ------------------------------------------------------------------------------------------------ a group's inputs
