@@ -21,9 +21,10 @@ call_function node, see rectoolkit.modules.fx_call), as it does on TorchRec's; s
     >>> torch.equal(traced(kjt), model(kjt))
     True
 
-`torch.jit.script` of such a graph compiles, with each kept module as a call back into Python: it runs only
-from Python and does not save for C++ (TorchRec's TorchScript export is not offered; rectoolkit.quant.export
-writes the quantized tables for serving instead).
+`torch.jit.script` of a graph whose kept modules are sharded collections compiles, with each of them as a call back
+into Python: it runs only from Python and does not save for C++. A graph keeping an unsharded collection does not
+script (its kernels are not TorchScript). TorchRec's TorchScript export is not offered: torch.export
+(rectoolkit.quant.export) writes the collections, sharded or not, for serving instead.
 """
 
 from __future__ import annotations

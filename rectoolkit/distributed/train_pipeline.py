@@ -60,7 +60,7 @@ from torch import nn
 
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
 
-__all__ = ["TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
+__all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
 
 ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
 FieldPath = Tuple[Any, ...]  # attribute names (str) / keys / indices from the batch to a collection's input
@@ -331,6 +331,34 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                 ahead.wait()
         self._batches.clear()
         self._ahead.clear()
+
+
+class EvalPipelineSparseDist(TrainPipelineSparseDist):
+    """TorchRec's EvalPipelineSparseDist: the same pipeline for evaluation. Each `progress()` runs the forward of
+    batch i (the model returns `(loss, output)`; `output` is returned) while the input_dist of the next batches
+    runs ahead; no backward, no optimizer step, every batch evaluated (execute_all_batches), StopIteration at the
+    end. Put the model in eval mode for layers that differ there (dropout, batch norm); the weights are not changed
+    either way.
+
+    Args (TorchRec's): model, optimizer (kept, not stepped), device; apply_jit, pipeline_postproc,
+    enable_inplace_copy_batch, free_features_storage_early and clear_data_dist_inputs at their defaults only, as
+    in TrainPipelineSparseDist.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Any, device: torch.device, apply_jit: bool = False,
+                 pipeline_postproc: bool = False, enable_inplace_copy_batch: bool = False,
+                 free_features_storage_early: bool = False, clear_data_dist_inputs: bool = False) -> None:
+        super().__init__(model, optimizer, device, execute_all_batches=True, apply_jit=apply_jit,
+                         pipeline_postproc=pipeline_postproc, enable_inplace_copy_batch=enable_inplace_copy_batch,
+                         free_features_storage_early=free_features_storage_early,
+                         clear_data_dist_inputs=clear_data_dist_inputs)
+
+    def _train_step(self, batch: Any, after_forward: Callable[[], None] = lambda: None) -> Any:
+        """Forward only (no gradients are kept: nothing steps)."""
+        with torch.no_grad():
+            _, output = self._model_fwd(batch)
+        after_forward()
+        return output
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -32,20 +32,19 @@ import torch.nn.functional as F
 
 
 class TracedPlan(NamedTuple):
-    """Static layout of a kernel's features by table (built once per kernel, no tensor data read)."""
+    """Static layout of a kernel's features by table (no tensor data read)."""
 
     features_of_table: List[List[int]]
-    reads_table: List[torch.Tensor]  # per table, [F] bool: does feature f read it
+    reads_table: List[List[bool]]  # per table, [F]: does feature f read it
 
 
 def _plan(kernel) -> TracedPlan:
-    plan = getattr(kernel, "_traced_plan", None)
-    if plan is None:
-        tables = range(len(kernel.tables))
-        plan = kernel._traced_plan = TracedPlan(
-            [[f for f, t in enumerate(kernel.feature_table_map) if t == table] for table in tables],
-            [torch.tensor([t == table for t in kernel.feature_table_map], device=kernel.device) for table in tables])
-    return plan
+    """Built at each traced call (a few Python lists, only while tracing), not kept on the kernel: an attribute set
+    while tracing made torch.compile recompile on the second call (a guard on its absence), and a tensor kept from
+    a torch.export trace is a fake one that failed the module's next export."""
+    tables = range(len(kernel.tables))
+    return TracedPlan([[f for f, t in enumerate(kernel.feature_table_map) if t == table] for table in tables],
+                      [[t == table for t in kernel.feature_table_map] for table in tables])
 
 
 def traced_lookup(kernel, indices: torch.Tensor, offsets: torch.Tensor,
@@ -65,7 +64,7 @@ def traced_lookup(kernel, indices: torch.Tensor, offsets: torch.Tensor,
     per_feature: Dict[int, torch.Tensor] = {}
     rows_out = None
     for weight, features, reads in zip(table_weights, plan.features_of_table, plan.reads_table):
-        mine = reads.to(ids.device).repeat_interleave(ids_per_feature, output_size=ids.numel())
+        mine = torch.tensor(reads, device=ids.device).repeat_interleave(ids_per_feature, output_size=ids.numel())
         rows = torch.where(mine, ids, torch.zeros_like(ids))  # row 0 exists; its weight below is 0
         if not kernel.pooled:
             looked_up = torch.where(mine[:, None], F.embedding(rows, weight).float(), 0.0)
@@ -74,9 +73,9 @@ def traced_lookup(kernel, indices: torch.Tensor, offsets: torch.Tensor,
         scale = mine.to(torch.float32 if per_sample_weights is not None else weight.dtype)
         pooled = F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True,
                                  per_sample_weights=scale * per_sample_weights if per_sample_weights is not None
-                                 else scale).float().view(kernel.num_features, batch_size, weight.shape[1])
-        for f in features:
-            per_feature[f] = pooled[f]
+                                 else scale).float()
+        for f in features:  # rows f * B ... of [F * B, dim]; narrowed, not viewed [F, B, dim]: a view guards B != 1
+            per_feature[f] = pooled.narrow(0, f * batch_size, batch_size)
     if not kernel.pooled:
         return rows_out
     return torch.cat([per_feature[f] for f in range(kernel.num_features)], dim=1)

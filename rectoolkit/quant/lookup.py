@@ -192,7 +192,9 @@ class QuantBatchedLookup(nn.Module):
         """Pooled: [B, total dim] (features in order); unpooled: [len(indices), dim]."""
         if per_sample_weights is not None and not self.pooled:
             raise ValueError("per_sample_weights only apply to pooled lookups (they weight each id of a bag)")
-        if self.backend == "fbgemm":
+        # an exported program holds the aten lookup: fbgemm's op would make loading it need fbgemm_gpu imported
+        # first (a process that imports only rectoolkit and torch failed to resolve the op)
+        if self.backend == "fbgemm" and not torch.compiler.is_exporting():
             return self._forward_fbgemm(indices, offsets, per_sample_weights)
         return self._forward_torch(indices, offsets, per_sample_weights)
 

@@ -87,6 +87,7 @@ class RankShards(nn.Module):
         if not pooled and len({p.cols for p in self.pieces}) > 1:
             raise ValueError(f"rank {rank} holds column shards of widths {sorted({p.cols for p in self.pieces})} of "
                              "an EmbeddingCollection; give the column shards one width (or place them on other ranks)")
+        self._columns = self.pieces[0].cols if self.pieces else 0  # sequences: one width per rank (checked above)
         configs = {t.name: t for t in (quantized.embedding_bag_configs() if pooled else quantized.embedding_configs())}
         shard_keys = list(dict.fromkeys((p.table, p.shard_index) for p in self.pieces))
         shards = [module_plan[table].shards[k] for table, k in shard_keys]
@@ -123,7 +124,7 @@ class RankShards(nn.Module):
         piece_starts = torch.arange(pieces, device=ids.device)[:, None] * num_ids
         offsets = torch.cat([lengths.new_zeros(1), (bag_ends[None, :] + piece_starts).reshape(-1)])
         if not self.pooled:
-            rows = self.lookup(local_ids, offsets).view(pieces, num_ids, -1)
+            rows = self.lookup(local_ids, offsets).view(pieces, num_ids, self._columns)  # not -1: no ids
             return torch.where(mask[:, :, None], rows, torch.zeros_like(rows))
         per_id = mask.to(torch.float32)
         if weights is not None:  # where, not a product: a weight of another piece (even inf or NaN) weighs 0 here

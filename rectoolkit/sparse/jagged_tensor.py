@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from rectoolkit.sparse import pytree_nodes, validation
+from rectoolkit.sparse.fx_construct import traced_construction
 from rectoolkit.sparse.jagged_ops import (
     jagged_to_padded_dense,
     jagged_values_string,
@@ -25,6 +26,7 @@ from rectoolkit.sparse.jagged_ops import (
 _OWNER = "JaggedTensor"
 
 
+@traced_construction
 class JaggedTensor:
     """An optionally weighted jagged tensor: ``values`` split into samples by ``lengths`` or ``offsets``.
 

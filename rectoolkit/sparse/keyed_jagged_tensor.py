@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from rectoolkit.sparse import pytree_nodes, validation, variable_batch
+from rectoolkit.sparse.fx_construct import traced_call, traced_construction
 from rectoolkit.sparse.jagged_ops import (
     batched_lengths_to_offsets,
     cat_or_empty,
@@ -31,6 +32,7 @@ from rectoolkit.sparse.jagged_tensor import JaggedTensor
 _OWNER = "KeyedJaggedTensor"
 
 
+@traced_construction
 class KeyedJaggedTensor:
     """Sparse features keyed by name: ``lengths`` is key-major, ``len(keys) * stride`` entries.
 
@@ -223,6 +225,7 @@ class KeyedJaggedTensor:
         ).sync()
 
     @staticmethod
+    @traced_call
     def concat(kjt_list: List["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         """Keys of all KJTs side by side; they must share the batch size and all (or none) be weighted."""
         if len(kjt_list) == 0:

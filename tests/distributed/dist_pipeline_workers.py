@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.distributed import DistributedModelParallel, EvalPipelineSparseDist, ShardingEnv, TrainPipelineSparseDist
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.train.data import Batch
@@ -162,6 +162,34 @@ def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
     losses, state, _ = pipelined(cases[0], data, W, execute_all_batches=False)
     assert len(losses) == steps - 2, f"rank {rank}: execute_all_batches=False trained {len(losses)} batches"
     assert all(torch.equal(state[k], v) for k, v in plain_state.items()), f"rank {rank}: weights differ"
+
+
+def check_eval_pipeline(rank: int, W: int, case: str, steps: int, env=None) -> None:
+    """EvalPipelineSparseDist: each batch's output equals the plain forward's, the weights are untouched,
+    StopIteration after the last batch, the collection pipelined."""
+    data = batches(rank, W, steps, case)
+    dmp, _ = build(case, W, env)
+    with torch.no_grad():
+        expected = [dmp(batch)[1] for batch in data]
+    dmp, optimizer = build(case, W, env)
+    before = {k: v.clone() for k, v in dmp.state_dict().items()}
+    pipeline = EvalPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+    feed = iter(data)
+    outputs = [pipeline.progress(feed) for _ in data]
+    try:
+        pipeline.progress(feed)
+        raise AssertionError(f"rank {rank} {case}: no StopIteration after the last batch")
+    except StopIteration:
+        pass
+    assert pipeline.pipelined_modules == [path_of(case)], f"rank {rank} {case}: {pipeline.pipelined_modules}"
+    for step, (a, b) in enumerate(zip(outputs, expected)):
+        assert torch.equal(a, b) and not a.requires_grad, f"rank {rank} {case} step {step}: {a} (pipeline) != {b}"
+    assert all(torch.equal(v, before[k]) for k, v in dmp.state_dict().items()), f"rank {rank} {case}: weights moved"
+
+
+def eval_pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
+    for case in cases:
+        check_eval_pipeline(rank, W, case, steps)
 
 
 def local_env() -> ShardingEnv:

@@ -26,6 +26,8 @@ from dist_pipeline_workers import (
     batches,
     build,
     check_pipelined,
+    check_eval_pipeline,
+    eval_pipeline_worker,
     local_env,
     pipeline_worker,
     PATH,
@@ -166,6 +168,46 @@ def test_a_collection_fed_a_computed_kjt_keeps_its_input_dist_in_forward():
     assert pipeline.pipelined_modules == []
     plain, _ = plain_loop("table_wise", data, 1, local_env())
     assert all(torch.equal(a, b) for a, b in zip(losses, plain))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_eval_pipeline_gives_the_plain_forwards_on_two_ranks():
+    run_workers(eval_pipeline_worker, 2, ["row_wise", "sequence_row_wise"], STEPS)
+
+
+@pytest.mark.parametrize("case", ["mixed_a", "sequence_table_wise"])
+def test_eval_pipeline_gives_the_plain_forwards_and_changes_no_weight(case):
+    """TorchRec's EvalPipelineSparseDist: each progress() returns the model's output for the next batch, with the
+    input_dist of the batches after it run ahead; no backward, no step; StopIteration after the last batch."""
+    check_eval_pipeline(0, 1, case, STEPS, local_env())
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_dataloader_that_raises_mid_way_raises_from_progress_and_the_batches_before_it_train(background):
+    """The loader's error comes out of the progress() that loads; progress() goes on with the batches already
+    loaded, so the weights equal the plain loop's over the batches the loader gave."""
+    data = batches(0, 1, STEPS, "row_wise")
+
+    def loader():
+        yield from data[:3]
+        raise RuntimeError("the loader broke after 3 batches")
+
+    dmp, optimizer = build("row_wise", 1, local_env())
+    pipeline, feed = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), background_input_dist=background), loader()
+    trained, raised = 0, 0
+    while True:
+        try:
+            pipeline.progress(feed)
+            trained += 1
+        except StopIteration:
+            break
+        except RuntimeError as error:
+            assert "loader broke" in str(error)
+            raised += 1
+    _, plain_state = plain_loop("row_wise", data[:3], 1, local_env())
+    assert (trained, raised) == (3, 1)
+    assert all(torch.equal(v, dmp.state_dict()[k]) for k, v in plain_state.items())
 
 
 def test_train_pipeline_base_equals_the_plain_loop():

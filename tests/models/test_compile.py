@@ -242,3 +242,17 @@ def test_a_model_over_an_embedding_collection_compiles_fullgraph_with_equal_grad
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         _assert_same_steps(compiled, model, reference,
                            [_batch(b, seed, keys=SEQUENCE_KEYS)[1:] for b, seed in [(4, 1), (6, 2), (1, 3)]])
+
+
+@pytest.mark.timeout(240)
+def test_dynamic_compile_makes_one_graph_for_batches_of_several_sizes():
+    """dynamic=True: one graph serves every batch size above 1 and every id count (no recompile on the second call:
+    the traced lookup keeps nothing on the collection while tracing, which dynamo would guard on)."""
+    from torch._dynamo.utils import counters
+
+    model = _dlrm()  # two tables: the lookup's masked pass per table
+    reference = copy.deepcopy(model)
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    _assert_same_steps(compiled, model, reference, [_batch(b, seed) for b, seed in [(4, 1), (6, 2), (9, 3), (2, 4)]])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -115,3 +115,66 @@ def test_traced_model_with_kjt_code_gives_torchrecs_output():
         assert torch.equal(a, c)
     (loss := traced_ours(kjt(rtk))[0].sum()).backward()  # the traced graph trains the tables like the model
     assert ours.embedding_bags["t1"].weight.grad is not None and loss.requires_grad
+
+
+class Regrouper(torch.nn.Module):
+    """KeyedTensor.regroup / regroup_as_dict on a collection's output, as TorchRec models do (its regroup is one
+    wrapped call in the graph)."""
+
+    def __init__(self, ebc, lib) -> None:
+        super().__init__()
+        self.ebc = ebc
+        self.keyed_tensor = lib.KeyedTensor
+
+    def forward(self, features):
+        pooled = self.ebc(features)
+        first, second = self.keyed_tensor.regroup([pooled], [["f3", "f1"], ["f2"]])
+        by_name = self.keyed_tensor.regroup_as_dict([pooled], [["f2", "f3"]], ["tail"])
+        return first, second, by_name["tail"]
+
+
+@pytest.mark.parametrize("trace", ["torch.fx", "rectoolkit.fx"])
+def test_traced_regroup_of_a_collections_output_gives_torchrecs_output(trace):
+    from rectoolkit.fx import symbolic_trace
+
+    ours, theirs = pairs("ebc")
+    traced_ours = (torch.fx.symbolic_trace if trace == "torch.fx" else symbolic_trace)(Regrouper(ours, rtk))
+    traced_theirs = torch.fx.symbolic_trace(Regrouper(theirs, torchrec))
+    for a, b, c in zip(traced_ours(kjt(rtk)), traced_theirs(kjt(torchrec)), Regrouper(ours, rtk)(kjt(rtk))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert torch.equal(a, c)
+
+
+class Builder(torch.nn.Module):
+    """A forward that builds its jagged inputs from tensors (constructor, from_lengths_sync, concat, JaggedTensor,
+    KeyedTensor.from_tensor_list) before the lookup."""
+
+    def __init__(self, ebc, lib) -> None:
+        super().__init__()
+        self.ebc = ebc
+        self.lib = lib
+
+    def forward(self, values, lengths):
+        lib = self.lib
+        first = lib.KeyedJaggedTensor(keys=["f1", "f2"], values=values[:6], lengths=lengths[:6])
+        second = lib.KeyedJaggedTensor.from_lengths_sync(["f3"], values[6:], lengths[6:])
+        pooled = self.ebc(lib.KeyedJaggedTensor.concat([first, second]))
+        rows = lib.JaggedTensor(values=values[:3].float(), lengths=lengths[:3]).to_padded_dense(desired_length=2)
+        kt = lib.KeyedTensor.from_tensor_list(["p", "q"], [pooled.values(), rows])
+        return kt.values(), kt["q"]
+
+
+@pytest.mark.parametrize("trace", ["torch.fx", "rectoolkit.fx"])
+def test_traced_forward_building_kjts_from_tensors_gives_torchrecs_output(trace):
+    from rectoolkit.fx import symbolic_trace
+
+    ours, theirs = pairs("ebc")
+    traced_ours = (torch.fx.symbolic_trace if trace == "torch.fx" else symbolic_trace)(Builder(ours, rtk))
+    traced_theirs = torch.fx.symbolic_trace(Builder(theirs, torchrec))
+    inputs = kjt(rtk)
+    values, lengths = inputs.values(), inputs.lengths()  # 6 ids in f1, f2; 3 in f3
+    for a, b, c in zip(traced_ours(values, lengths), traced_theirs(values, lengths), Builder(ours, rtk)(values, lengths)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert torch.equal(a, c)
+    with pytest.raises(ValueError, match="lengths"):  # the graph builds the KJT when it runs: its checks run too
+        traced_ours(values[:5], lengths)

@@ -105,3 +105,50 @@ def test_a_variable_batch_kjt_is_refused_with_the_argument_named():
                                 stride_per_key_per_rank=[[1], [2], [1]])
     with pytest.raises(NotImplementedError, match="argument 0: a KeyedJaggedTensor with a batch size per feature"):
         export_with_jagged_inputs(ebc, (kjt,))
+
+
+def test_a_collection_exports_again_and_compiles_after_an_export():
+    """Nothing the trace makes stays on the module: a second torch.export (static shapes too, as TorchRec code
+    writes it) and a torch.compile of the same collection work and equal eager."""
+    torch.manual_seed(0)
+    ebc = rtk.EmbeddingBagCollection(_tables())  # two tables: the traced lookup's masked pass per table
+    kjt = _args(_flat_batch(3, 0, weighted=False), with_dense=False)[0]
+    programs = [export_with_jagged_inputs(ebc, (kjt,)), torch.export.export(ebc, (kjt,), strict=False),
+                export_with_jagged_inputs(ebc, (kjt,))]
+    for program in programs:
+        torch.testing.assert_close(program.module()(kjt).values(), ebc(kjt).values(), rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+    compiled = torch.compile(ebc, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(kjt).values(), ebc(kjt).values(), rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.mark.timeout(300)
+def test_a_quantized_program_loads_where_only_torch_and_rectoolkit_are_imported(tmp_path):
+    """A quantized collection on fbgemm's lookup (the default where fbgemm_gpu loads) exports the aten lookup: the
+    program loads in a process that never imports fbgemm_gpu, with eager's numbers."""
+    from rectoolkit.kernels.backend import fbgemm_available
+
+    torch.manual_seed(0)
+    qebc = QuantEmbeddingBagCollection.from_float(rtk.EmbeddingBagCollection(_tables()), dtype=torch.int8)
+    if not fbgemm_available():
+        pytest.skip("fbgemm_gpu is not available: the quantized lookup is the aten one anyway")
+    assert qebc._lookup.backend == "fbgemm"
+    program = export_with_jagged_inputs(qebc, _args(_flat_batch(3, 0, weighted=False), with_dense=False))
+    assert not [n.target for n in program.graph.nodes if "fbgemm" in str(n.target)]
+    torch.export.save(program, tmp_path / "qebc.pt2")
+    flat = _flat_batch(6, 1, weighted=False)
+    torch.save(flat, tmp_path / "in.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch, rectoolkit as rtk
+        served = torch.export.load({str(tmp_path / "qebc.pt2")!r}).module()
+        dense, values, lengths, weights = torch.load({str(tmp_path / "in.pt")!r})
+        out = served(rtk.KeyedJaggedTensor.from_lengths_sync({KEYS!r}, values, lengths)).values()
+        torch.save(out, {str(tmp_path / "out.pt")!r})
+        assert "fbgemm_gpu" not in sys.modules, "the check needs a process without fbgemm_gpu"
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                            cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = qebc(_args(flat, with_dense=False)[0]).values()
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-6, atol=1e-6)

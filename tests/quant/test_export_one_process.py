@@ -91,6 +91,18 @@ def test_sequences_equal_the_unsharded_module():
         assert torch.equal(out[key].lengths(), jt.lengths()) and torch.equal(out[key].weights(), jt.weights()), key
 
 
+def test_sequences_of_a_batch_without_ids_equal_the_unsharded_module():
+    qec, sharded = _sequences()
+    no_ids = _kjt((torch.zeros(0, dtype=torch.int64), torch.zeros(2 * len(KEYS), dtype=torch.int64), None))
+    program = export_with_jagged_inputs(sharded, (_kjt(_flat_batch(4, 0, weighted=False)),))
+    expected = qec(no_ids)
+    for out in (sharded(no_ids), program.module()(no_ids)):
+        assert list(out) == list(expected)
+        for key, jt in expected.items():
+            assert out[key].values().shape == jt.values().shape == (0, DIM), key
+            assert torch.equal(out[key].lengths(), jt.lengths()) and torch.equal(out[key].weights(), jt.weights())
+
+
 @pytest.mark.timeout(300)
 def test_programs_reload_in_a_fresh_process_and_equal_eager(tmp_path):
     """The whole sharded model (bags, sequences), rank 1's program of the bags, the unsharded quantized and float

@@ -10,6 +10,7 @@ MODULES = [
     "rectoolkit.sparse.jagged_tensor",
     "rectoolkit.sparse.keyed_jagged_tensor",
     "rectoolkit.sparse.keyed_tensor",
+    "rectoolkit.sparse.fx_construct",
     "rectoolkit.sparse.validation",
 ]
 
