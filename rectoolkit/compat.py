@@ -55,6 +55,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",
     "rectoolkit.metrics.metrics_config": "torchrec.metrics.metrics_config",
+    "rectoolkit.metrics.metrics_namespace": "torchrec.metrics.metrics_namespace",
     "rectoolkit.metrics.rec_metric": "torchrec.metrics.rec_metric",
     "rectoolkit.metrics.auc": "torchrec.metrics.auc",
     "rectoolkit.metrics.ne": "torchrec.metrics.ne",

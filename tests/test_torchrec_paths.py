@@ -28,7 +28,8 @@ PATHS = {
     "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "distributed.model_parallel": ["DistributedModelParallel"],
-    "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline"],
+    "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
+                                   "EvalPipelineSparseDist"],
     "distributed.sharding_plan": ["construct_module_sharding_plan", "table_wise", "row_wise", "column_wise",
                                   "table_row_wise", "grid_shard", "data_parallel", "apply_to_all",
                                   "get_module_to_default_sharders", "get_default_sharders"],
@@ -46,6 +47,9 @@ PATHS = {
     "optim.clipping": ["GradientClippingOptimizer", "GradientClipping"],
     "optim": ["WarmupOptimizer", "GradientClippingOptimizer", "OptimizerWrapper", "CombinedOptimizer"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
+    "metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key",
+                                  "compose_metric_namespace", "compose_customized_metric_key",
+                                  "task_wildcard_metrics_pattern"],
 }
 
 

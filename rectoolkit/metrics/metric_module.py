@@ -83,6 +83,10 @@ class RecMetricModule(nn.Module):
             self.rec_metrics.update(predictions=predictions, labels=labels, weights=weights)
         self.trained_batches += 1
 
+    def get_required_inputs(self) -> Optional[List[str]]:
+        """The extra model outputs the metrics read beyond each task's label, prediction and weight (None: none)."""
+        return self.rec_metrics.get_required_inputs()
+
     def should_compute(self) -> bool:
         """True every compute_interval_steps updates."""
         return self.trained_batches % self.compute_interval_steps == 0
@@ -116,7 +120,9 @@ def generate_metric_module(metric_class: Type[RecMetricModule], metrics_config: 
     """A `metric_class` (RecMetricModule) with one RecMetric per entry of metrics_config.rec_metrics."""
     config = metrics_config
     for name, value, default in (("state_metrics", config.state_metrics, []), ("batch_size_stages", batch_size_stages, None),
-                                 ("enable_pt2_compile", config.enable_pt2_compile, False)):
+                                 ("enable_pt2_compile", config.enable_pt2_compile, False),
+                                 ("use_cpu_offloaded_rec_metric_module", config.use_cpu_offloaded_rec_metric_module,
+                                  None)):
         if value != default and value:
             raise NotImplementedError(f"generate_metric_module: {name}={value!r} is not implemented in rectoolkit")
     metrics = []

@@ -43,12 +43,21 @@ class RecComputeMode(Enum):
 
 @dataclass(unsafe_hash=True, eq=True)
 class RecTaskInfo:
-    """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight."""
+    """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight.
+
+    TorchRec's other fields are accepted: `session_metric_def`, `is_negative_task`, `tensor_name` and `weighted`
+    are read only by TorchRec's session, NDCG and tensor-weighted-average metrics, none of which rectoolkit has;
+    NE, AUC, calibration, CTR and MSE do not read them in TorchRec either.
+    """
 
     name: str = "DefaultTask"
     label_name: str = "label"
     prediction_name: str = "prediction"
     weight_name: str = "weight"
+    session_metric_def: Optional[Any] = None
+    is_negative_task: bool = False
+    tensor_name: Optional[str] = None
+    weighted: bool = True
 
 
 @dataclass
@@ -80,6 +89,7 @@ class MetricsConfig:
     should_validate_update: bool = False
     enable_pt2_compile: bool = False
     should_clone_update_inputs: bool = False
+    use_cpu_offloaded_rec_metric_module: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for metric, definition in self.rec_metrics.items():

@@ -25,6 +25,7 @@ class MSEMetric(SumStateMetric):
     _namespace = "mse"
     _state_names = ("error_sum", "weighted_num_samples", "label_sum", "label_squared_sum")
     _options = {"include_r_squared": False}
+    _report_groups = (("mse", "rmse"), ("r_squared",))
 
     def _persistent_states(self) -> Tuple[str, ...]:
         """TorchRec saves the label sums only when they are used (include_r_squared)."""

@@ -48,6 +48,7 @@ class NEMetric(SumStateMetric):
     _namespace = "ne"
     _state_names = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
     _options = {"include_logloss": False, "allow_missing_label_with_zero_weight": False}
+    _report_groups = (("ne",), ("logloss",))
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return torch.stack([cross_entropy_bits(labels, predictions, weights).sum(), weights.sum(),

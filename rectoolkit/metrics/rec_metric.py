@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Deque, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -202,6 +202,10 @@ class RecMetric(nn.Module):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ TorchRec's interface
+    def get_required_inputs(self) -> Set[str]:
+        """Model outputs this metric reads beyond labels, predictions and weights: none for the metrics here."""
+        return set()
+
     def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput],
                **kwargs: Any) -> None:
         """Fold one batch in; weights None means 1 for every sample."""
@@ -241,11 +245,17 @@ class RecMetric(nn.Module):
 
     def _report(self, states: Any) -> Dict[str, torch.Tensor]:
         fused = self._compute_mode != RecComputeMode.UNFUSED_TASKS_COMPUTATION
+        per_task = [list(self._task_values(states, index)) for index in range(len(self._tasks))]
+        # TorchRec's key order: fused, each value for every task before the next value; unfused, task by task
+        positions = range(len(per_task[0]) if per_task else 0)
+        order = ([(task, position) for position in positions for task in range(len(per_task))] if fused else
+                 [(task, position) for task in range(len(per_task)) for position in positions])
         out: Dict[str, torch.Tensor] = {}
-        for index, task in enumerate(self._tasks):
-            for prefix, name, value in self._task_values(states, index):
-                value = value.double()
-                out[metric_key(self._namespace, task.name, prefix, name)] = value.reshape(()) if fused else value.view(1)
+        for task, position in order:
+            prefix, name, value = per_task[task][position]
+            value = value.double()
+            out[metric_key(self._namespace, self._tasks[task].name, prefix, name)] = (value.reshape(()) if fused
+                                                                                     else value.view(1))
         return out
 
 
@@ -279,6 +289,7 @@ class SumStateMetric(RecMetric):
     """
 
     _state_names: Tuple[str, ...] = ()
+    _report_groups: Tuple[Tuple[str, ...], ...] = ()  # the order of compute()'s keys, as TorchRec's; () for one group
 
     def _persistent_states(self) -> Tuple[str, ...]:
         """The states TorchRec saves in its state_dict (all of them unless a metric says otherwise)."""
@@ -348,9 +359,15 @@ class SumStateMetric(RecMetric):
         return all_reduce_sum(states, group)
 
     def _task_values(self, states: torch.Tensor, task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
-        for slot, prefix in enumerate(("lifetime", "window")):
-            for name, value in self._values(states[task_index, slot]).items():
-                yield prefix, name, value
+        by_prefix = {prefix: self._values(states[task_index, slot])
+                     for slot, prefix in enumerate(("lifetime", "window"))}
+        names = list(by_prefix["lifetime"])
+        # TorchRec's key order: each group of values lifetime then window (NE: ne, then logloss)
+        groups = [[name for name in group if name in names] for group in self._report_groups] or [names]
+        for group in groups:
+            for prefix in ("lifetime", "window"):
+                for name in group:
+                    yield prefix, name, by_prefix[prefix][name]
 
 
 class RecMetricList(nn.Module):
@@ -370,6 +387,11 @@ class RecMetricList(nn.Module):
         """Feed one batch to every metric."""
         for metric in self.rec_metrics:
             metric.update(predictions=predictions, labels=labels, weights=weights)
+
+    def get_required_inputs(self) -> Optional[List[str]]:
+        """The extra model outputs the metrics read (TorchRec's: None when there are none)."""
+        required = sorted(set().union(*(metric.get_required_inputs() for metric in self.rec_metrics)))
+        return required or None
 
     def compute(self) -> Dict[str, torch.Tensor]:
         """Every metric's compute(), in one dict."""

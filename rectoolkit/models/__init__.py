@@ -1,6 +1,7 @@
-"""Whole recommendation models at TorchRec's paths (`torchrec.models`): DLRM, DLRM_DCN, SimpleDeepFMNN."""
+"""Whole recommendation models at TorchRec's paths (`torchrec.models`): DLRM, DLRM_DCN, DLRM_Projection,
+SimpleDeepFMNN."""
 
 from rectoolkit.models.deepfm import SimpleDeepFMNN
-from rectoolkit.models.dlrm import DLRM, DLRM_DCN
+from rectoolkit.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection
 
-__all__ = ["DLRM", "DLRM_DCN", "SimpleDeepFMNN"]
+__all__ = ["DLRM", "DLRM_DCN", "DLRM_Projection", "SimpleDeepFMNN"]

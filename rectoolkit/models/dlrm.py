@@ -1,7 +1,8 @@
-"""DLRM and DLRM_DCN at TorchRec's path (`torchrec.models.dlrm`).
+"""DLRM, DLRM_DCN and DLRM_Projection at TorchRec's path (`torchrec.models.dlrm`).
 
 `DLRM` is the demo model of `rectoolkit.train.model`; `DLRM_DCN` swaps its pairwise-dot interaction for a
-low-rank cross network over the concatenated [dense, feature_1, ..., feature_F] vectors (DCN-v2):
+low-rank cross network over the concatenated [dense, feature_1, ..., feature_F] vectors (DCN-v2);
+`DLRM_Projection` for the products of two learned projections of them (Y [B, F1, D] times Z [B, D, F2]):
 
     dense [B, dense_in] --dense MLP--> [B, D] --+
                                                 +--> concat [B, (F + 1) * D] --LowRankCrossNet--> over MLP --> [B, 1]
@@ -21,7 +22,9 @@ Constructor, submodule names and state_dict keys are TorchRec's, so a state_dict
 
 from __future__ import annotations
 
-from typing import List
+import math
+
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -45,18 +48,91 @@ class InteractionDCNArch(nn.Module):
         return self.crossnet(vectors.flatten(1))
 
 
+class InteractionProjectionArch(nn.Module):
+    """[dense, Y Z flattened]: Y = branch1(x) seen as [B, F1, D], Z = branch2(x) seen as [B, D, F2], where x is the
+    dense vector and the F pooled embeddings flattened; -> [B, D + F1 * F2]."""
+
+    def __init__(self, num_sparse_features: int, interaction_branch1: nn.Module,
+                 interaction_branch2: nn.Module) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.interaction_branch1 = interaction_branch1
+        self.interaction_branch2 = interaction_branch2
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        batch_size, dim = dense_features.shape
+        vectors = torch.cat([dense_features.unsqueeze(1), sparse_features], dim=1).reshape(batch_size, -1)
+        projected_1 = self.interaction_branch1(vectors).reshape(batch_size, -1, dim)  # [B, F1, D]
+        projected_2 = self.interaction_branch2(vectors).reshape(batch_size, dim, -1)  # [B, D, F2]
+        return torch.cat([dense_features, torch.bmm(projected_1, projected_2).reshape(batch_size, -1)], dim=1)
+
+
 class DLRM_DCN(DLRM):
     """DLRM whose interaction is a `LowRankCrossNet` of `dcn_num_layers` layers of rank `dcn_low_rank_dim`."""
 
     def __init__(self, embedding_bag_collection: nn.Module, dense_in_features: int,
                  dense_arch_layer_sizes: List[int], over_arch_layer_sizes: List[int],
-                 dcn_num_layers: int, dcn_low_rank_dim: int) -> None:
-        super().__init__(embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes)
+                 dcn_num_layers: int, dcn_low_rank_dim: int, dense_device: Optional[torch.device] = None) -> None:
+        super().__init__(embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
+                         dense_device)
         num_features = len(self.sparse_arch.feature_names)
         crossed_features = (num_features + 1) * self.sparse_arch.embedding_dim
         self.inter_arch = InteractionDCNArch(num_features, LowRankCrossNet(
             in_features=crossed_features, num_layers=dcn_num_layers, low_rank=dcn_low_rank_dim))
-        self.over_arch = OverArch(crossed_features, over_arch_layer_sizes)
+        self.over_arch = OverArch(crossed_features, over_arch_layer_sizes, device=dense_device)
 
 
-__all__ = ["DLRM", "DLRM_DCN", "DenseArch", "InteractionArch", "InteractionDCNArch", "OverArch", "SparseArch"]
+class DLRM_Projection(DLRM):
+    """DLRM whose interaction is `InteractionProjectionArch`: two ReLU MLPs project [dense, features] to F1 * D
+    and F2 * D values (the last sizes of `interaction_branch{1,2}_layer_sizes`, multiples of D)."""
+
+    def __init__(self, embedding_bag_collection: nn.Module, dense_in_features: int,
+                 dense_arch_layer_sizes: List[int], over_arch_layer_sizes: List[int],
+                 interaction_branch1_layer_sizes: List[int], interaction_branch2_layer_sizes: List[int],
+                 dense_device: Optional[torch.device] = None) -> None:
+        super().__init__(embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
+                         dense_device)
+        dim = self.sparse_arch.embedding_dim
+        num_features = len(self.sparse_arch.feature_names)
+        projected = []
+        for branch, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
+                              ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):
+            if not sizes or sizes[-1] % dim:
+                raise ValueError(f"DLRM_Projection: {branch}={list(sizes)} must end in a multiple of the tables' "
+                                 f"embedding_dim={dim}, e.g. {[*sizes[:-1], 2 * dim]}")
+            projected.append(sizes[-1] // dim)
+        branch_in = num_features * dim + dense_arch_layer_sizes[-1]
+        self.inter_arch = InteractionProjectionArch(
+            num_features, DenseArch(branch_in, interaction_branch1_layer_sizes, device=dense_device),
+            DenseArch(branch_in, interaction_branch2_layer_sizes, device=dense_device))
+        self.over_arch = OverArch(dim + projected[0] * projected[1], over_arch_layer_sizes, device=dense_device)
+
+
+class DLRMTrain(nn.Module):
+    """A DLRM (or DLRM_DCN, DLRM_Projection) with its loss, for train pipelines: forward(batch) ->
+    (loss, (loss, logits, labels)), all detached but the first; `batch` has TorchRec's `Batch` fields."""
+
+    def __init__(self, dlrm_module: DLRM) -> None:
+        super().__init__()
+        self.model = dlrm_module
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def choose(n: int, k: int) -> int:
+    """n choose k, 0 outside 0 <= k <= n (TorchRec's helper).
+
+        >>> choose(4, 2), choose(2, 3)
+        (6, 0)
+    """
+    return math.comb(n, k) if 0 <= k <= n else 0
+
+
+__all__ = ["DLRM", "DLRM_DCN", "DLRMTrain", "DLRM_Projection", "DenseArch", "InteractionArch", "InteractionDCNArch",
+           "InteractionProjectionArch", "OverArch", "SparseArch", "choose"]

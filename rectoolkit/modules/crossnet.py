@@ -31,9 +31,19 @@ def _zeros(*shape: int) -> nn.Parameter:
 
 
 def _check_input(module: str, input: torch.Tensor, in_features: int) -> None:
+    if isinstance(input, torch.fx.Proxy):  # torch.fx.symbolic_trace: no shape to check, as TorchRec's trace
+        return
     if input.dim() != 2 or input.shape[1] != in_features:
         raise ValueError(f"{module}: input has shape {list(input.shape)} but in_features={in_features}; "
                          f"pass a [batch_size, {in_features}] tensor")
+
+
+def _check_last_dim(module: str, input: torch.Tensor, in_features: int) -> None:
+    if isinstance(input, torch.fx.Proxy):
+        return
+    if input.dim() < 1 or input.shape[-1] != in_features:
+        raise ValueError(f"{module}: input has shape {list(input.shape)} but in_features={in_features}; "
+                         f"pass a [..., {in_features}] tensor")
 
 
 def _check_sizes(module: str, in_features: int, num_layers: int) -> None:
@@ -63,7 +73,12 @@ class CrossNet(nn.Module):
 
 
 class LowRankCrossNet(nn.Module):
-    """Cross network whose [N, N] kernels are factored into W [N, low_rank] times V [low_rank, N]."""
+    """Cross network whose [N, N] kernels are factored into W [N, low_rank] times V [low_rank, N];
+    [..., in_features] -> [..., in_features] (any leading dimensions, as in TorchRec).
+
+        >>> LowRankCrossNet(6, num_layers=2, low_rank=2)(torch.randn(2, 3, 6)).shape
+        torch.Size([2, 3, 6])
+    """
 
     def __init__(self, in_features: int, num_layers: int, low_rank: int = 1) -> None:
         super().__init__()
@@ -78,7 +93,7 @@ class LowRankCrossNet(nn.Module):
         self.bias = nn.ParameterList([_zeros(in_features) for _ in range(num_layers)])
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _check_input("LowRankCrossNet", input, self._in_features)
+        _check_last_dim("LowRankCrossNet", input, self._in_features)
         x_0 = input
         x_l = x_0
         for w_kernel, v_kernel, bias in zip(self.W_kernels, self.V_kernels, self.bias):

@@ -322,14 +322,17 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
     """One embedding per id: KeyedJaggedTensor -> {feature: JaggedTensor of [num ids, dim]}, as in TorchRec.
 
     All tables need one embedding_dim (TorchRec's rule). Arguments as EmbeddingBagCollection, plus
-    need_indices (the output JaggedTensors carry the ids as weights).
+    need_indices (the output JaggedTensors carry the ids as weights), and TorchRec's use_gather_select /
+    use_gather_select_per_sharding, kept and returned by the methods of those names: in TorchRec they pick the
+    sharded lookup's output kernel (the same rows either way); rectoolkit's sharded collections have one.
     """
 
     _dict_name = "embeddings"
 
     def __init__(self, tables: List[EmbeddingConfig], device: Union[str, torch.device, None] = None,
-                 need_indices: bool = False, optimizer: Any = None, lr: Optional[float] = None,
-                 fused_params: Optional[Mapping[str, Any]] = None, backend: str = "auto",
+                 need_indices: bool = False, use_gather_select: bool = False,
+                 use_gather_select_per_sharding: Optional[Dict[str, bool]] = None, optimizer: Any = None,
+                 lr: Optional[float] = None, fused_params: Optional[Mapping[str, Any]] = None, backend: str = "auto",
                  ids_out_of_range: str = "error", **optimizer_kwargs: Any) -> None:
         dims = {t.embedding_dim for t in tables}
         if len(dims) > 1:
@@ -338,8 +341,16 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
                 + ", ".join(f"{t.name}: {t.embedding_dim}" for t in tables))
         self._embedding_configs = tables
         self._need_indices = need_indices
+        self._use_gather_select = use_gather_select
+        self._use_gather_select_per_sharding = use_gather_select_per_sharding
         self._embedding_dim = tables[0].embedding_dim if tables else -1
         super().__init__(tables, device, False, optimizer, lr, fused_params, backend, ids_out_of_range, optimizer_kwargs)
+
+    def use_gather_select(self) -> bool:
+        return self._use_gather_select
+
+    def use_gather_select_per_sharding(self) -> Optional[Dict[str, bool]]:
+        return self._use_gather_select_per_sharding
 
     def _table_module(self, table: EmbeddingConfig) -> nn.Module:
         return nn.Embedding(table.num_embeddings, table.embedding_dim, device="meta", dtype=self._dtype)

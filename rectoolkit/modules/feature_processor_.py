@@ -47,6 +47,20 @@ def position_weights_for(module: str, key: str, lengths: torch.Tensor, position_
     return position_weight[positions_in_bags(lengths)]
 
 
+def write_positions(module: str, features, max_length: int) -> None:
+    """`features.weights()[i] = ` the position of id i in its bag, in place (for `pre_process_input`)."""
+    weights = features.weights_or_none()
+    if weights is None:
+        raise ValueError(f"{module}.pre_process_input: the input has no weights to write the positions into; "
+                         f"give it weights (e.g. torch.zeros(len(values)))")
+    positions = positions_in_bags(features.lengths())
+    longest = int(positions.max()) + 1 if positions.numel() else 0
+    if longest > max_length:
+        raise ValueError(f"{module}.pre_process_input: a bag has {longest} ids but the max feature length is "
+                         f"{max_length}; raise the max length or truncate the bags")
+    weights.copy_(positions.to(weights.dtype))
+
+
 class FeatureProcessor(nn.Module):
     """Base of per-feature processors: forward(JaggedTensor) -> JaggedTensor with weights."""
 
@@ -62,15 +76,25 @@ class PositionWeightedModule(FeatureProcessor):
         if max_feature_length <= 0:
             raise ValueError(f"PositionWeightedModule: max_feature_length={max_feature_length} must be positive")
         self.position_weight = nn.Parameter(torch.empty(max_feature_length, device=device))
+        self._pre_processed = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.position_weight.fill_(1.0)
 
+    def pre_process_input(self, features: JaggedTensor) -> None:
+        """Write each id's position into `features`' weights (in place); forward then reads the positions from
+        the weights instead of the lengths, as TorchRec's pipelined inputs do."""
+        write_positions("PositionWeightedModule", features, self.position_weight.numel())
+        self._pre_processed = True
+
     def forward(self, features: JaggedTensor) -> JaggedTensor:
-        weights = position_weights_for("PositionWeightedModule", "(this feature)", features.lengths(),
-                                       self.position_weight)
+        if self._pre_processed:
+            weights = self.position_weight[features.weights().to(torch.int64)]
+        else:
+            weights = position_weights_for("PositionWeightedModule", "(this feature)", features.lengths(),
+                                           self.position_weight)
         return JaggedTensor(values=features.values(), lengths=features.lengths(), weights=weights)
 
 
@@ -93,24 +117,52 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
         self.max_feature_lengths = dict(max_feature_lengths)
         self.position_weights = nn.ParameterDict(
             {key: nn.Parameter(torch.empty(length, device=device)) for key, length in max_feature_lengths.items()})
+        self._pre_processed = False
         self.reset_parameters()
+
+    @property
+    def position_weights_dict(self) -> Dict[str, nn.Parameter]:
+        """The position weights as a plain dict (TorchRec's attribute); always the current parameters."""
+        return dict(self.position_weights.items())
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             for weight in self.position_weights.values():
                 weight.fill_(1.0)
 
+    def copy(self, device: torch.device) -> nn.Module:
+        """This module with its position weights on `device` (TorchRec's CopyMixIn)."""
+        return self.to(device)
+
+    def pre_process_input(self, features: KeyedJaggedTensor) -> None:
+        """Write each id's position into `features`' weights (in place); forward then reads the positions from
+        the weights instead of the lengths, as TorchRec's pipelined inputs do."""
+        write_positions("PositionWeightedModuleCollection", features, max(self.max_feature_lengths.values(), default=0))
+        self._pre_processed = True
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        lengths_per_key = torch.split(features.lengths(), features.stride_per_key())
-        weights = []
-        for key, lengths in zip(features.keys(), lengths_per_key):
-            if key in self.position_weights:
-                weights.append(position_weights_for("PositionWeightedModuleCollection", key, lengths,
-                                                    self.position_weights[key]))
-            else:
-                weights.append(torch.ones(int(lengths.sum()), device=features.values().device))
-        return KeyedJaggedTensor(
-            keys=features.keys(), values=features.values(), lengths=features.lengths(),
-            weights=torch.cat(weights) if weights else features.weights_or_none(),
-            stride=features.stride(),
-            stride_per_key_per_rank=features.stride_per_key_per_rank() if features.variable_stride_per_key() else None)
+        return _position_weighted(features, self.position_weights_dict, self._pre_processed)
+
+
+@torch.fx.wrap  # one call_function node under torch.fx.symbolic_trace, as TorchRec's get_weights_list
+def _position_weighted(features: KeyedJaggedTensor, position_weights: Dict[str, torch.Tensor],
+                       pre_processed: bool) -> KeyedJaggedTensor:
+    """`features` with per-id weights: position_weights[key][position in bag], 1 for the keys without any."""
+    lengths_per_key = torch.split(features.lengths(), features.stride_per_key())
+    positions_per_key = (torch.split(features.weights().to(torch.int64), features.length_per_key())
+                         if pre_processed else [None] * len(lengths_per_key))
+    weights = []
+    for key, lengths, positions in zip(features.keys(), lengths_per_key, positions_per_key):
+        if key not in position_weights:
+            weights.append(torch.ones(int(lengths.sum()), device=features.values().device))
+        elif positions is not None:
+            weights.append(position_weights[key][positions])
+        else:
+            weights.append(position_weights_for("PositionWeightedModuleCollection", key, lengths,
+                                                position_weights[key]))
+    return KeyedJaggedTensor(
+        keys=features.keys(), values=features.values(), lengths=features.lengths(),
+        weights=torch.cat(weights) if weights else features.weights_or_none(),
+        stride=features.stride(),
+        stride_per_key_per_rank=features.stride_per_key_per_rank() if features.variable_stride_per_key() else None,
+        inverse_indices=features.inverse_indices_or_none())

@@ -48,9 +48,11 @@ def apply_feature_processors(features: KeyedJaggedTensor, processors: nn.ModuleD
             weights.append(processors[key](jagged).weights())
         else:
             weights.append(torch.ones(jagged.values().numel(), device=jagged.values().device))
-    return KeyedJaggedTensor(keys=features.keys(), values=features.values(), lengths=features.lengths(),
-                             weights=torch.cat(weights) if weights else features.weights_or_none(),
-                             stride=features.stride())
+    return KeyedJaggedTensor(
+        keys=features.keys(), values=features.values(), lengths=features.lengths(),
+        weights=torch.cat(weights) if weights else features.weights_or_none(), stride=features.stride(),
+        stride_per_key_per_rank=features.stride_per_key_per_rank() if features.variable_stride_per_key() else None,
+        inverse_indices=features.inverse_indices_or_none())
 
 
 class FeatureProcessedEmbeddingBagCollection(nn.Module):
@@ -88,13 +90,9 @@ class FeatureProcessedEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor):
         if isinstance(self._feature_processors, FeatureProcessorsCollection):
             return self._embedding_bag_collection(self._feature_processors(features))
-        by_key = features.to_dict()
-        missing = [name for name in self._feature_names if name not in by_key]
+        missing = [name for name in self._feature_names if name not in features.keys()]
         if missing:
             raise ValueError(f"FeatureProcessedEmbeddingBagCollection: the KJT has keys {features.keys()} but not "
                              f"{missing}; every feature of the collection needs a key")
-        processed = [self._feature_processors[name](by_key[name]) for name in self._feature_names]
-        return self._embedding_bag_collection(KeyedJaggedTensor(
-            keys=self._feature_names, values=torch.cat([jagged.values() for jagged in processed]),
-            lengths=torch.cat([jagged.lengths() for jagged in processed]),
-            weights=torch.cat([jagged.weights() for jagged in processed])))
+        # every key keeps its place, batch size and inverse indices; the collection reads only its own features
+        return self._embedding_bag_collection(apply_feature_processors(features, self._feature_processors))

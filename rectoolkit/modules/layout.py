@@ -136,9 +136,10 @@ class FeatureLayout:
         if weighted and weights is None:
             raise ValueError(f"{self.owner}(is_weighted=True) needs a KeyedJaggedTensor with weights (per-id weights)")
         if not weighted and weights is not None:
+            fix = ("build the collection with is_weighted=True, or drop the weights" if "Bag" in self.owner else
+                   "a sequence collection pools nothing, so no weights apply: drop them")
             raise ValueError(f"{self.owner} is not weighted but the KeyedJaggedTensor has per-id weights, which it "
-                             "would ignore; build the collection with is_weighted=True, or drop the weights "
-                             "(KeyedJaggedTensor(keys, values, lengths=...) without weights=)")
+                             f"would ignore; {fix} (KeyedJaggedTensor(keys, values, lengths=...) without weights=)")
         if weights is not None and finite_checks_enabled():
             self._check_finite_weights(weights, lengths, stride)
         return GatheredFeatures(values, lengths, weights, stride)

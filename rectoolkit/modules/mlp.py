@@ -43,6 +43,8 @@ class Perceptron(nn.Module):
         self._activation_fn = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, torch.fx.Proxy):  # torch.fx.symbolic_trace: no shape to check, as TorchRec's trace
+            return self._activation_fn(self._linear(input))
         if input.dim() < 1 or input.shape[-1] != self._in_size:
             raise ValueError(f"Perceptron: input has shape {list(input.shape)} but in_size={self._in_size}; "
                              f"the last dimension must be {self._in_size}")
@@ -60,14 +62,14 @@ def _is_factory(activation: Callable) -> bool:
     return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters)
 
 
-def _layer_activation(activation: Activation, out_size: int, device: Optional[torch.device]):
+def _layer_activation(activation: Activation, out_size: int, device: Optional[torch.device], dtype: torch.dtype):
     """The activation of one layer; factories are called here, so each layer gets its own module."""
     if activation == "relu":
         return torch.relu
     if activation == "sigmoid":
         return torch.sigmoid
-    if activation == "swish_layernorm":
-        return SwishLayerNorm(out_size, device=device)
+    if activation == "swish_layernorm":  # in the layer's dtype (TorchRec 1.8 leaves it, and the layer, in float32)
+        return SwishLayerNorm(out_size, device=device).to(dtype)
     if isinstance(activation, nn.Module):
         return activation
     if _is_factory(activation):
@@ -81,7 +83,8 @@ def _layer_activation(activation: Activation, out_size: int, device: Optional[to
 
 class MLP(nn.Module):
     """Perceptrons stacked: [B, in_size] -> [B, layer_sizes[-1]], the activation after every layer
-    (after the last one too unless `activation_on_last=False`)."""
+    (after the last one too unless `activation_on_last=False`). No layers (`layer_sizes=[]`) is the identity,
+    as in TorchRec."""
 
     def __init__(self, in_size: int, layer_sizes: List[int], bias: bool = True, activation: Activation = torch.relu,
                  device: Optional[torch.device] = None, dtype: torch.dtype = torch.float32,
@@ -90,13 +93,13 @@ class MLP(nn.Module):
         if isinstance(activation, str) and activation not in STRING_ACTIVATIONS:
             raise ValueError(f"MLP: activation={activation!r} is not one of {list(STRING_ACTIVATIONS)}; "
                              f"pass one of those, a module, a module factory or a tensor function")
-        if not layer_sizes or any(size <= 0 for size in layer_sizes):
-            raise ValueError(f"MLP: layer_sizes={list(layer_sizes)} must be a non-empty list of positive sizes")
+        if any(size <= 0 for size in layer_sizes):
+            raise ValueError(f"MLP: layer_sizes={list(layer_sizes)} must all be positive")
         layers = []
         for index, out_size in enumerate(layer_sizes):
             last = index == len(layer_sizes) - 1
             layer_activation = (nn.Identity() if last and not activation_on_last
-                                else _layer_activation(activation, out_size, device))
+                                else _layer_activation(activation, out_size, device, dtype))
             layers.append(Perceptron(layer_sizes[index - 1] if index else in_size, out_size, bias=bias,
                                      activation=layer_activation, device=device, dtype=dtype))
         self._mlp = nn.Sequential(*layers)

@@ -15,11 +15,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from rectoolkit.sparse import validation
+from rectoolkit.sparse.fx_construct import traced_call, traced_construction
 from rectoolkit.sparse.jagged_ops import cumsum_list, values_string
 
 _OWNER = "KeyedTensor"
 
 
+@traced_construction
 class KeyedTensor:
     """Dense tensors of several keys, concatenated along ``key_dim``.
 
@@ -139,6 +141,7 @@ class KeyedTensor:
 
     # ------------------------------------------------------------------------------------ regroup
     @staticmethod
+    @traced_call
     def regroup(keyed_tensors: List["KeyedTensor"], groups: List[List[str]]) -> List[torch.Tensor]:
         """One tensor per group: the blocks of the group's keys, found in any of ``keyed_tensors``.
 
@@ -157,7 +160,10 @@ class KeyedTensor:
             for key, start, length in zip(kt.keys(), kt.offset_per_key(), kt.length_per_key()):
                 where[key] = (kt_index, start, length)
         outputs: List[torch.Tensor] = []
-        for group in groups:
+        for group_index, group in enumerate(groups):
+            if len(group) == 0:
+                raise ValueError(f"{_OWNER}.regroup: group {group_index} is empty (groups={groups}); give every group "
+                                 f"at least one key")
             # Merge runs of keys that sit next to each other in the same input: fewer, wider copies.
             runs: List[List[int]] = []
             for key in group:
@@ -212,6 +218,7 @@ class KeyedTensor:
         return by_key.index_select(1, rows).view(values.size(0), len(places) * width)
 
     @staticmethod
+    @traced_call
     def regroup_as_dict(
         keyed_tensors: List["KeyedTensor"], groups: List[List[str]], keys: List[str]
     ) -> Dict[str, torch.Tensor]:

@@ -62,3 +62,29 @@ def test_same_stream_as_torchrec_for_a_seed(kwargs):
         assert a.sparse_features.keys() == b.sparse_features.keys()
         assert a.sparse_features.lengths().tolist() == b.sparse_features.lengths().tolist()
         assert a.sparse_features.values().tolist() == b.sparse_features.values().tolist()
+
+
+@pytest.mark.torchrec
+def test_batch_has_torchrecs_pin_memory_and_record_stream(monkeypatch):
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.datasets.utils import Batch as TheirBatch
+
+    from rectoolkit.datasets.utils import Batch
+    from rectoolkit.sparse import KeyedJaggedTensor
+
+    touched = []  # CPU-only machine: stand-ins that record which tensors each method reaches
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: touched.append(("pin", self.tolist())) or self + 0)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: touched.append((stream, self.tolist())))
+
+    def run(batch_class, kjt_class):
+        touched.clear()
+        batch = batch_class(torch.ones(2, 3), kjt_class.from_lengths_sync(["a"], torch.tensor([4, 5]),
+                                                                          torch.tensor([2, 0]), torch.ones(2)),
+                            torch.tensor([1, 0]))
+        pinned = batch.pin_memory()
+        batch.record_stream("s")
+        return type(pinned) is batch_class, pinned.sparse_features.values().tolist(), set(map(repr, touched))
+
+    ours, theirs = run(Batch, KeyedJaggedTensor), run(TheirBatch, torchrec.KeyedJaggedTensor)
+    assert ours[:2] == theirs[:2] == (True, [4, 5])
+    assert theirs[2] <= ours[2]  # every tensor TorchRec's Batch reaches (ours may also reach a KJT's offsets)

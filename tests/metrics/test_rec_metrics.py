@@ -59,40 +59,95 @@ def test_same_values_and_keys_as_torchrec(name, mode, window_size):
                       compute_mode=getattr(RecComputeMode, mode), window_size=window_size, **extra)
     stream = batches()
     expected, got = feed(theirs, stream), feed(ours, stream)
-    assert sorted(got) == sorted(expected)
+    assert list(got) == list(expected)  # the same keys in the same order (loggers print them in this order)
     for key in expected:
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
     theirs_value = next(iter(theirs.compute().values()))
     assert next(iter(ours.compute().values())).shape == theirs_value.shape  # [1] unfused, 0-d fused
 
 
-@pytest.mark.torchrec
-def test_generate_metric_module_matches_torchrecs():
+def _modules_fed_alike(config, names=("p", "y", "w")):
+    """TorchRec's and our generate_metric_module of `config(package)`, fed the same stream; (ours, theirs, got,
+    expected) with the computed values as floats."""
     from torchrec.metrics import metric_module as theirs_module
     from torchrec.metrics import metrics_config as theirs_config
 
+    import rectoolkit.metrics.metrics_config as ours_config
+
+    theirs = theirs_module.generate_metric_module(theirs_module.RecMetricModule, config(theirs_config), batch_size=BATCH,
+                                                  world_size=1, my_rank=0, state_metrics_mapping={},
+                                                  device=torch.device("cpu"))
+    ours = generate_metric_module(RecMetricModule, config(ours_config), batch_size=BATCH, world_size=1, my_rank=0,
+                                  state_metrics_mapping={}, device=torch.device("cpu"))
+    for predictions, labels, weights in batches(tasks=["click"]):
+        model_out = dict(zip(names, (predictions["click"], labels["click"], weights["click"])))
+        theirs.update(model_out)
+        ours.update(model_out)
+    expected = {key: float(value) for key, value in theirs.compute().items()}
+    got = {key: float(value) for key, value in ours.compute().items()}
+    return ours, theirs, got, expected
+
+
+@pytest.mark.torchrec
+def test_generate_metric_module_matches_torchrecs():
     def config(package):
         tasks = [package.RecTaskInfo(name="click", label_name="y", prediction_name="p", weight_name="w")]
         metrics = {getattr(package.RecMetricEnum, m): package.RecMetricDef(rec_task_indices=[0], window_size=24)
                    for m in ("NE", "AUC", "CALIBRATION", "CTR")}
         return package.MetricsConfig(rec_tasks=tasks, rec_metrics=metrics, throughput_metric=None)
 
-    theirs = theirs_module.generate_metric_module(theirs_module.RecMetricModule, config(theirs_config), batch_size=BATCH,
-                                                  world_size=1, my_rank=0, state_metrics_mapping={},
-                                                  device=torch.device("cpu"))
-    import rectoolkit.metrics.metrics_config as ours_config
-
-    ours = generate_metric_module(RecMetricModule, config(ours_config), batch_size=BATCH, world_size=1, my_rank=0,
-                                  state_metrics_mapping={}, device=torch.device("cpu"))
-    for predictions, labels, weights in batches(tasks=["click"]):
-        model_out = {"p": predictions["click"], "y": labels["click"], "w": weights["click"]}
-        theirs.update(model_out)
-        ours.update(model_out)
-    expected = {key: float(value) for key, value in theirs.compute().items()}
-    got = {key: float(value) for key, value in ours.compute().items()}
+    ours, theirs, got, expected = _modules_fed_alike(config)
     assert sorted(got) == sorted(expected) and len(got) == 7
     assert all(got[key] == pytest.approx(expected[key], rel=1e-6) for key in expected)
     assert ours.should_compute() == theirs.should_compute()
+    assert ours.get_required_inputs() is None and theirs.get_required_inputs() is None
+    assert ours.rec_metrics[0].get_required_inputs() == theirs.rec_metrics[0].get_required_inputs() == set()
+
+
+@pytest.mark.torchrec
+def test_torchrecs_other_task_fields_are_accepted_and_change_nothing_as_in_torchrec():
+    def config(package):
+        task = package.RecTaskInfo(name="click", is_negative_task=True, tensor_name="extra", weighted=False)
+        metrics = {getattr(package.RecMetricEnum, m): package.RecMetricDef(rec_tasks=[task], window_size=24)
+                   for m in ("NE", "CALIBRATION", "MSE")}
+        return package.MetricsConfig(rec_tasks=[task], rec_metrics=metrics, throughput_metric=None,
+                                     use_cpu_offloaded_rec_metric_module=None)
+
+    _, _, got, expected = _modules_fed_alike(config, names=("prediction", "label", "weight"))
+    assert sorted(got) == sorted(expected)
+    assert all(got[key] == pytest.approx(expected[key], rel=1e-6) for key in expected)
+    offloaded = MetricsConfig(rec_tasks=[RecTaskInfo()], rec_metrics={RecMetricEnum.NE: RecMetricDef(
+        rec_task_indices=[0])}, use_cpu_offloaded_rec_metric_module=True)
+    with pytest.raises(NotImplementedError, match="use_cpu_offloaded_rec_metric_module=True is not implemented"):
+        generate_metric_module(RecMetricModule, offloaded, BATCH, 1, 0, {}, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["metrics_namespace", "metric_module", "metrics_config", "rec_metric", "ne", "auc",
+                                  "calibration", "ctr", "mse"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(f"rectoolkit.metrics.{name}")).failed == 0
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("name", CLASSES)
+def test_compute_keys_are_the_ones_torchrecs_compose_metric_key_builds(name):
+    from torchrec.metrics import metrics_namespace as theirs
+
+    from rectoolkit.metrics import metrics_namespace as ours
+
+    extra = {"NEMetric": {"include_logloss": True}, "MSEMetric": {"include_r_squared": True}}.get(name, {})
+    metric = OURS[name](world_size=1, my_rank=0, batch_size=BATCH, tasks=[RecTaskInfo(name="click")], **extra)
+    keys = list(feed(metric, batches(count=2, tasks=["click"])))
+    for key in keys:
+        prefix, metric_name = key.split("|")[1].split("_", 1)
+        namespace_value = key.split("-")[0]
+        for package in (ours, theirs):
+            assert package.compose_metric_key(package.MetricNamespace(namespace_value), "click",
+                                              package.MetricName(metric_name),
+                                              package.MetricPrefix(prefix + "_")) == key, (package, key)
 
 
 def test_hand_worked_values():

@@ -56,11 +56,14 @@ def _build(kind, lib, models):
         return models.dlrm.DLRM(ebc, 3, [8, 4], [16, 8, 1])
     if kind == "DLRM_DCN":
         return models.dlrm.DLRM_DCN(ebc, 3, [8, 4], [16, 8, 1], dcn_num_layers=2, dcn_low_rank_dim=3)
+    if kind == "DLRM_Projection":
+        return models.dlrm.DLRM_Projection(ebc, 3, [8, 4], [16, 8, 1], interaction_branch1_layer_sizes=[8, 8],
+                                           interaction_branch2_layer_sizes=[6, 12])
     return models.deepfm.SimpleDeepFMNN(3, ebc, hidden_layer_size=6, deep_fm_dimension=5)
 
 
 @pytest.mark.torchrec
-@pytest.mark.parametrize("kind", ["DLRM", "DLRM_DCN", "SimpleDeepFMNN"])
+@pytest.mark.parametrize("kind", ["DLRM", "DLRM_DCN", "DLRM_Projection", "SimpleDeepFMNN"])
 def test_same_keys_and_outputs_as_torchrec(kind):
     pytest.importorskip("torchrec")
     import torchrec.models.deepfm  # TorchRec's package does not import its models
@@ -79,3 +82,109 @@ def test_same_keys_and_outputs_as_torchrec(kind):
     ours.load_state_dict(theirs.state_dict())
     dense = torch.randn(2, 3)
     torch.testing.assert_close(ours(dense, _sparse(rtk)), theirs(dense, _sparse(torchrec)))
+
+
+def _torchrec_models():
+    pytest.importorskip("torchrec")
+    import torchrec.models.deepfm  # TorchRec's package does not import its models
+    import torchrec.models.dlrm  # noqa: F401
+
+    return torchrec
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("kind", ["DLRM", "DLRM_DCN", "DLRM_Projection"])
+def test_torchrec_keyword_call_with_dense_device_a_batch_of_one_and_keys_in_another_order(kind):
+    torchrec = _torchrec_models()
+    extra = {"DLRM": {}, "DLRM_DCN": dict(dcn_num_layers=1, dcn_low_rank_dim=2),
+             "DLRM_Projection": dict(interaction_branch1_layer_sizes=[4], interaction_branch2_layer_sizes=[8])}[kind]
+
+    def build(lib, models):
+        torch.manual_seed(0)
+        return getattr(models.dlrm, kind)(embedding_bag_collection=lib.EmbeddingBagCollection(tables=_tables(lib)),
+                                          dense_in_features=3, dense_arch_layer_sizes=[5, 4],
+                                          over_arch_layer_sizes=[3, 1], dense_device=torch.device("cpu"), **extra)
+
+    theirs, ours = build(torchrec, torchrec.models), build(rtk, rtk.models)
+    ours.load_state_dict(theirs.state_dict())
+    assert (ours.sparse_arch.F, ours.sparse_arch.D) == (theirs.sparse_arch.F, theirs.sparse_arch.D) == (3, 4)
+    assert ours.sparse_arch.sparse_feature_names == theirs.sparse_arch.sparse_feature_names
+    dense = torch.randn(1, 3)
+
+    def sparse(lib):  # one sample, the KJT's keys in another order than the tables'
+        return lib.KeyedJaggedTensor.from_lengths_sync(["f2", "f0", "f1"], torch.tensor([8, 3, 4, 19]),
+                                                       torch.tensor([1, 2, 1]))
+
+    torch.testing.assert_close(ours(dense_features=dense, sparse_features=sparse(rtk)),
+                               theirs(dense_features=dense, sparse_features=sparse(torchrec)))
+
+
+@pytest.mark.torchrec
+def test_dlrm_train_loss_and_detached_outputs_equal_torchrecs():
+    torchrec = _torchrec_models()
+    from torchrec.datasets.utils import Batch as TheirBatch
+
+    from rectoolkit.datasets.utils import Batch
+    from rectoolkit.models.dlrm import DLRMTrain
+
+    theirs = torchrec.models.dlrm.DLRMTrain(_build("DLRM", torchrec, torchrec.models))
+    ours = DLRMTrain(_build("DLRM", rtk, rtk.models))
+    ours.load_state_dict(theirs.state_dict())
+    dense, labels = torch.randn(2, 3), torch.tensor([1, 0])
+    their_loss, their_out = theirs(TheirBatch(dense, _sparse(torchrec), labels))
+    our_loss, our_out = ours(Batch(dense, _sparse(rtk), labels))
+    torch.testing.assert_close(our_loss, their_loss)
+    for got, expected in zip(our_out, their_out):
+        torch.testing.assert_close(got, expected)
+        assert not got.requires_grad
+    assert our_loss.requires_grad
+
+
+def test_dlrm_projection_refuses_a_branch_that_is_not_a_multiple_of_the_dim():
+    with pytest.raises(ValueError, match=r"interaction_branch2_layer_sizes=\[6, 10\] must end in a multiple of the "
+                                         r"tables' embedding_dim=4, e.g. \[6, 8\]"):
+        rtk.models.DLRM_Projection(rtk.EmbeddingBagCollection(_tables(rtk)), 3, [8, 4], [4, 1], [8], [6, 10])
+
+
+@pytest.mark.torchrec
+def test_arches_take_torchrecs_keyword_names():
+    torchrec = _torchrec_models()
+    theirs, ours = _build("DLRM", torchrec, torchrec.models), _build("DLRM", rtk, rtk.models)
+    ours.load_state_dict(theirs.state_dict())
+    dense, sparse = torch.randn(2, 4), torch.randn(2, 3, 4)
+    torch.testing.assert_close(ours.inter_arch(dense_features=dense, sparse_features=sparse),
+                               theirs.inter_arch(dense_features=dense, sparse_features=sparse))
+    features = torch.randn(2, 3)
+    torch.testing.assert_close(ours.dense_arch(features=features), theirs.dense_arch(features=features))
+
+
+def test_compile_dense_path_compiles_the_three_dense_arches_once(monkeypatch):
+    compiled = []
+
+    def fake_compile(module, mode):  # records the call; the module runs as it is
+        compiled.append((type(module).__name__, mode))
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = _build("DLRM", rtk, rtk.models)
+    dense = torch.randn(2, 3)
+    before = model(dense, _sparse(rtk))
+    model.compile_dense_path(compile_mode="default")
+    model.compile_dense_path()
+    assert compiled == [("DenseArch", "default"), ("InteractionArch", "default"), ("OverArch", "default")]
+    torch.testing.assert_close(model(dense, _sparse(rtk)), before)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("kind", ["DLRM", "DLRM_DCN", "DLRM_Projection", "SimpleDeepFMNN"])
+def test_torch_fx_traces_the_models_as_torchrecs(kind):
+    import torch.fx
+
+    torchrec = _torchrec_models()
+    theirs, ours = _build(kind, torchrec, torchrec.models), _build(kind, rtk, rtk.models)
+    ours.load_state_dict(theirs.state_dict())
+    traced = torch.fx.symbolic_trace(ours)
+    dense = torch.randn(2, 3)
+    expected = torch.fx.symbolic_trace(theirs)(dense, _sparse(torchrec))
+    torch.testing.assert_close(traced(dense, _sparse(rtk)), expected)
+    torch.testing.assert_close(ours(dense, _sparse(rtk)), expected)

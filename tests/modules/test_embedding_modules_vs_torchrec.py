@@ -52,12 +52,17 @@ def test_ebc_same_outputs_as_torchrec_both_ways(backend, pooling, weighted):
                                fresh(torchrec.KeyedJaggedTensor(**inputs)).values(), rtol=1e-5, atol=1e-6)
 
 
-def test_ec_same_outputs_as_torchrec():
+@pytest.mark.parametrize("torchrec_args", [(), (torch.device("cpu"), True, True, {"t_a": False})])
+def test_ec_same_outputs_as_torchrec(torchrec_args):
     def tables(lib):
         return [lib.EmbeddingConfig(name="t_a", num_embeddings=20, embedding_dim=4, feature_names=["item", "seen"]),
                 lib.EmbeddingConfig(name="t_b", num_embeddings=10, embedding_dim=4, feature_names=["user"])]
-    ours = rtk.EmbeddingCollection(tables(rtk))
-    theirs = torchrec.EmbeddingCollection(tables=tables(torchrec))
+    # TorchRec's arguments in its order: device, need_indices, use_gather_select, use_gather_select_per_sharding
+    ours = rtk.EmbeddingCollection(tables(rtk), *torchrec_args)
+    theirs = torchrec.EmbeddingCollection(tables(torchrec), *torchrec_args)
+    assert ours.need_indices() == theirs.need_indices()
+    assert ours.use_gather_select() == theirs.use_gather_select()
+    assert ours.use_gather_select_per_sharding() == theirs.use_gather_select_per_sharding()
     theirs.load_state_dict(ours.state_dict())
     inputs = _inputs(1, False)
     a = ours(rtk.KeyedJaggedTensor(**inputs))

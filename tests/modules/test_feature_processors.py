@@ -90,14 +90,20 @@ def _build(lib, form):
     return fp_ebc_module.FeatureProcessedEmbeddingBagCollection(ebc, processors)
 
 
-@pytest.mark.torchrec
-@pytest.mark.parametrize("form", ["collection", "dict"])
-def test_same_keys_and_outputs_as_torchrec(form):
+def _ours_and_torchrecs(form):
+    """Our FeatureProcessedEmbeddingBagCollection and TorchRec's with the same (random) weights, and torchrec."""
     torchrec = pytest.importorskip("torchrec")
     ours, theirs = _build(rtk, form), _build(torchrec, form)
     _random_position_weights(ours._feature_processors)
     assert sorted(ours.state_dict()) == sorted(theirs.state_dict())
     theirs.load_state_dict(ours.state_dict())
+    return ours, theirs, torchrec
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("form", ["collection", "dict"])
+def test_same_keys_and_outputs_as_torchrec(form):
+    ours, theirs, torchrec = _ours_and_torchrecs(form)
     a, b = ours(rtk.KeyedJaggedTensor(**_inputs())), theirs(torchrec.KeyedJaggedTensor(**_inputs()))
     assert a.keys() == b.keys()
     torch.testing.assert_close(a.values(), b.values())
@@ -114,3 +120,73 @@ def test_position_weights_learn_the_same_gradient_as_torchrec():
         gradient = ours._feature_processors.position_weights[key].grad
         assert gradient is not None and gradient.abs().sum() > 0
         torch.testing.assert_close(gradient, theirs._feature_processors.position_weights[key].grad)
+
+
+def _vbe_inputs():
+    """hist has 2 samples, user 3; the batch of 4 reads them through inverse indices."""
+    return dict(keys=KEYS, values=torch.tensor([7, 3, 9, 1, 2, 1, 3, 4, 5]), lengths=torch.tensor([3, 2, 1, 0, 3]),
+                stride_per_key_per_rank=[[2], [3]], inverse_indices=(KEYS, torch.tensor([[1, 0, 0, 1], [2, 2, 0, 1]])))
+
+
+def _expanded(lib, vbe):
+    """The VBE batch written out as a fixed batch of 4 (sample b of key k is the key's sample inverse[k][b])."""
+    lengths_per_key = torch.split(vbe["lengths"], [2, 3])
+    values_per_key = torch.split(vbe["values"], [int(lengths.sum()) for lengths in lengths_per_key])
+    values, lengths = [], []
+    for key_lengths, key_values, rows in zip(lengths_per_key, values_per_key, vbe["inverse_indices"][1].tolist()):
+        bags = torch.split(key_values, key_lengths.tolist())
+        values += [bags[row] for row in rows]
+        lengths += [len(bags[row]) for row in rows]
+    return lib.KeyedJaggedTensor(keys=KEYS, values=torch.cat(values), lengths=torch.tensor(lengths))
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("form", ["collection", "dict"])
+def test_variable_batch_with_inverse_indices_equals_torchrec_on_the_expanded_batch(form):
+    # TorchRec 1.8 itself drops the inverse indices here (PositionWeightedModuleCollection) or reads the VBE
+    # lengths as a fixed batch (the dict form): its answer on the written-out batch is the reference
+    ours, theirs, torchrec = _ours_and_torchrecs(form)
+    got = ours(rtk.KeyedJaggedTensor(**_vbe_inputs()))
+    expected = theirs(_expanded(torchrec, _vbe_inputs()))
+    assert got.keys() == expected.keys() and got.values().shape == (4, 5)
+    torch.testing.assert_close(got.values(), expected.values())
+
+
+@pytest.mark.torchrec
+def test_pre_process_input_writes_positions_and_forward_reads_them_as_torchrec():
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.modules import feature_processor_ as theirs_module
+
+    ours, theirs = PositionWeightedModuleCollection(MAX_LENGTHS), theirs_module.PositionWeightedModuleCollection(
+        MAX_LENGTHS)
+    _random_position_weights(ours)
+    theirs.load_state_dict(ours.state_dict())
+    our_kjt = rtk.KeyedJaggedTensor(**_inputs(), weights=torch.zeros(13))
+    their_kjt = torchrec.KeyedJaggedTensor(**_inputs(), weights=torch.zeros(13))
+    ours.pre_process_input(our_kjt)
+    theirs.pre_process_input(their_kjt)
+    assert our_kjt.weights().tolist() == their_kjt.weights().tolist()
+    torch.testing.assert_close(ours(our_kjt).weights(), theirs(their_kjt).weights())
+    assert sorted(ours.position_weights_dict) == sorted(theirs.position_weights_dict) == KEYS
+    one, one_theirs = PositionWeightedModule(4), theirs_module.PositionWeightedModule(4)
+    _random_position_weights(one)
+    one_theirs.load_state_dict(one.state_dict())
+    jagged = rtk.JaggedTensor(values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]), weights=torch.zeros(3))
+    jagged_theirs = torchrec.JaggedTensor(values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]),
+                                          weights=torch.zeros(3))
+    one.pre_process_input(jagged)
+    one_theirs.pre_process_input(jagged_theirs)
+    torch.testing.assert_close(one(jagged).weights(), one_theirs(jagged_theirs).weights())
+    with pytest.raises(ValueError, match="has no weights to write the positions into"):
+        ours.pre_process_input(rtk.KeyedJaggedTensor(**_inputs()))
+
+
+@pytest.mark.torchrec
+def test_torch_fx_traces_the_collection_form_as_torchrecs():
+    import torch.fx
+
+    ours, theirs, torchrec = _ours_and_torchrecs("collection")
+    got = torch.fx.symbolic_trace(ours)(rtk.KeyedJaggedTensor(**_inputs()))
+    expected = torch.fx.symbolic_trace(theirs)(torchrec.KeyedJaggedTensor(**_inputs()))
+    assert got.keys() == expected.keys()
+    torch.testing.assert_close(got.values(), expected.values())

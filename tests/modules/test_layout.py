@@ -90,6 +90,16 @@ def test_weights_given_to_an_unweighted_collection_are_refused(pick):
         collection(kjt)
 
 
+@pytest.mark.parametrize("pick", range(3))
+def test_weights_given_to_a_sequence_collection_are_refused_without_advising_is_weighted(pick):
+    name, collection = _sequence_collections()[pick]  # EmbeddingCollection has no is_weighted argument
+    kjt = _kjt(torch.tensor([1, 2, 3]), [1, 1, 1, 0], weights=torch.tensor([0.5, 2.0, 1.0]))
+    with pytest.raises(ValueError, match=r"per-id weights, which it would ignore; a sequence collection pools "
+                                         r"nothing, so no weights apply: drop them") as refused:
+        collection(kjt)
+    assert "is_weighted=True" not in str(refused.value)
+
+
 @pytest.mark.parametrize("pick", range(6))
 def test_nan_and_inf_weights_are_refused_before_the_tables(pick):
     name, collection = _collections(weighted=True)[pick]

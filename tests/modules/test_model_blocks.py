@@ -141,3 +141,79 @@ def test_deepfm_blocks_match_torchrec():
     _same_weights_same_outputs(ours, deepfm.DeepFM(torch.nn.Sequential(torch.nn.Linear(11, 4), torch.nn.ReLU())),
                                embeddings)
     _same_weights_same_outputs(FactorizationMachine(), deepfm.FactorizationMachine(), embeddings)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("shape", [(2, 3, 12), (12,), (1, 12)])
+def test_low_rank_crossnet_takes_any_leading_dimensions_as_torchrec(shape):
+    crossnet = pytest.importorskip("torchrec.modules.crossnet")
+    torch.manual_seed(4)
+    ours = LowRankCrossNet(12, 2, low_rank=3)
+    with torch.no_grad():
+        for bias in ours.bias:
+            bias.normal_()
+    _same_weights_same_outputs(ours, crossnet.LowRankCrossNet(12, 2, low_rank=3), torch.randn(*shape))
+    with pytest.raises(ValueError, match=r"shape \[2, 3, 11\] but in_features=12; pass a \[\.\.\., 12\] tensor"):
+        ours(torch.randn(2, 3, 11))
+
+
+@pytest.mark.torchrec
+def test_mlp_without_layers_is_the_identity_as_torchrec():
+    torchrec_mlp = pytest.importorskip("torchrec.modules.mlp")
+    x = torch.randn(3, 5)
+    assert torch.equal(MLP(5, []).forward(x), torchrec_mlp.MLP(5, [])(x))
+    assert list(MLP(5, []).state_dict()) == list(torchrec_mlp.MLP(5, []).state_dict()) == []
+    with pytest.raises(ValueError, match=r"layer_sizes=\[4, 0\] must all be positive"):
+        MLP(5, [4, 0])
+
+
+@pytest.mark.torchrec
+def test_swish_layernorm_mlp_honours_dtype():
+    torchrec_mlp = pytest.importorskip("torchrec.modules.mlp")
+    torch.manual_seed(5)
+    ours = MLP(6, [5, 3], activation="swish_layernorm", dtype=torch.float64)
+    assert {parameter.dtype for parameter in ours.parameters()} == {torch.float64}
+    # TorchRec 1.8 builds this MLP in float32 whatever dtype says: its float64 copy is the reference
+    reference = torchrec_mlp.MLP(6, [5, 3], activation="swish_layernorm").double()
+    with torch.no_grad():
+        for parameter in ours.parameters():
+            parameter.uniform_(-1.0, 1.0)
+    _same_weights_same_outputs(ours, reference, torch.randn(4, 6, dtype=torch.float64))
+
+
+class _CalledWithAList(torch.nn.Module):
+    """Calls a block on [x, x] built inside the traced code, as models call DeepFM's blocks."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block([x, x])
+
+
+FX_BLOCKS = {"CrossNet": ("crossnet", (6, 2)), "LowRankCrossNet": ("crossnet", (6, 2, 2)),
+             "VectorCrossNet": ("crossnet", (6, 2)), "LowRankMixtureCrossNet": ("crossnet", (6, 2, 2, 2)),
+             "MLP": ("mlp", (6, [5, 3])), "Perceptron": ("mlp", (6, 3)), "DeepFM": ("deepfm", ()),
+             "FactorizationMachine": ("deepfm", ())}
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("name", sorted(FX_BLOCKS))
+def test_torch_fx_traces_the_blocks_as_torchrecs(name):
+    import torch.fx
+
+    pytest.importorskip("torchrec")
+    module_name, args = FX_BLOCKS[name]
+
+    def build(package):
+        torch.manual_seed(6)
+        cls = getattr(importlib.import_module(f"{package}.modules.{module_name}"), name)
+        block = cls(torch.nn.Linear(12, 2)) if name == "DeepFM" else cls(*args)
+        return _CalledWithAList(block) if module_name == "deepfm" else block
+
+    ours, theirs = build("rectoolkit"), build("torchrec")
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(torch.fx.symbolic_trace(ours)(x), torch.fx.symbolic_trace(theirs)(x))
+    torch.testing.assert_close(ours(x), theirs(x))

@@ -69,3 +69,10 @@ def test_regroup_same_width_keys_hand_worked():
     assert second.tolist() == [[3, 4], [9, 10]]
     first.sum().backward()
     assert values.grad.tolist() == [[1, 1, 0, 0, 2, 2], [1, 1, 0, 0, 2, 2]]
+
+
+def test_an_empty_group_is_refused_by_name_as_torchrec_refuses_it():
+    with pytest.raises(ValueError, match=r"regroup: group 1 is empty \(groups=\[\['a'\], \[\]\]\); give every group"):
+        KeyedTensor.regroup([_kt()], [["a"], []])
+    with pytest.raises(ValueError, match="group 0 is empty"):
+        KeyedTensor.regroup_as_dict([_kt()], [[]], ["g"])

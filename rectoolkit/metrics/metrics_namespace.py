@@ -1,0 +1,76 @@
+"""The names in a metric's key, at TorchRec's path (`torchrec.metrics.metrics_namespace`): a key is
+`"{namespace}-{task}|{prefix}{name}"`, e.g. `"ne-click|window_ne"`; `compose_metric_key` builds it, so code that
+reads `RecMetricModule.compute()` by key needs no hand-written strings.
+
+    >>> compose_metric_key(MetricNamespace.NE, "click", MetricName.NE, MetricPrefix.WINDOW)
+    'ne-click|window_ne'
+    >>> import re
+    >>> bool(re.match(task_wildcard_metrics_pattern(MetricNamespace.CTR, MetricName.CTR, MetricPrefix.LIFETIME),
+    ...               "ctr-like|lifetime_ctr"))
+    True
+
+The enums hold the names of the metrics rectoolkit computes (NE with logloss, AUC, calibration, CTR, MSE with
+RMSE and R squared), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+
+class StrValueMixin:
+    """str(member) is its value, as in TorchRec."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class MetricNameBase(StrValueMixin, Enum):
+    pass
+
+
+class MetricNamespaceBase(StrValueMixin, Enum):
+    pass
+
+
+# every metric here names its namespace too; NE and MSE report more values under theirs
+_METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc"}
+MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
+MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
+                                           "R_SQUARED": "r_squared"}, module=__name__)
+
+
+class MetricPrefix(StrValueMixin, Enum):
+    DEFAULT = ""
+    LIFETIME = "lifetime_"
+    WINDOW = "window_"
+    ATTEMPT = "attempt_"
+
+
+def task_wildcard_metrics_pattern(namespace: MetricNamespaceBase, metric_name: MetricNameBase,
+                                  metric_prefix: MetricPrefix = MetricPrefix.DEFAULT) -> str:
+    """A regular expression for one metric's keys, whatever the task."""
+    return rf"{namespace}-.+\|{metric_prefix}{metric_name}"
+
+
+def compose_metric_namespace(namespace: MetricNamespaceBase, task_name: str) -> str:
+    """The part of a key before the "|": `"ne-click"`."""
+    return f"{namespace}-{task_name}"
+
+
+def compose_customized_metric_key(namespace: str, metric_name: str, description: Optional[str] = None) -> str:
+    """A key from plain strings: `"{namespace}|{metric_name}{description}"`."""
+    return f"{namespace}|{metric_name}{description or ''}"
+
+
+def compose_metric_key(namespace: MetricNamespaceBase, task_name: str, metric_name: MetricNameBase,
+                       metric_prefix: MetricPrefix = MetricPrefix.DEFAULT, description: Optional[str] = None) -> str:
+    """The key `RecMetricModule.compute()` gives a task's metric."""
+    return compose_customized_metric_key(compose_metric_namespace(namespace, task_name),
+                                         f"{metric_prefix}{metric_name}", description)
+
+
+__all__ = ["MetricName", "MetricNameBase", "MetricNamespace", "MetricNamespaceBase", "MetricPrefix", "StrValueMixin",
+           "compose_customized_metric_key", "compose_metric_key", "compose_metric_namespace",
+           "task_wildcard_metrics_pattern"]
