@@ -14,6 +14,7 @@ feature shard.
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -60,9 +61,7 @@ def block_ids(batch: FeatureBatch, blocks: Sequence[Tuple[str, int, int, bool]])
     routed_ids = (ids - lo).masked_select(keep).split(kept_per_block)
     where: Sequence[Optional[torch.Tensor]] = [None] * len(blocks)
     if any(block[3] for block in blocks):  # where each kept id sits in the collection's values: its place among
-        block_starts = [0]  # the blocks' ids, moved to its feature's
-        for count in counts[:-1]:
-            block_starts.append(block_starts[-1] + count)
+        block_starts = itertools.accumulate(counts[:-1], initial=0)  # the blocks' ids, moved to its feature's
         shift = torch.tensor([batch.value_starts[f] - start for f, start in zip(features, block_starts)], device=device)
         place = torch.arange(total, device=device) + shift.repeat_interleave(per_id, output_size=total)
         where = place.masked_select(keep).split(kept_per_block)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rectoolkit.metrics.metrics_config import RecComputeMode, RecTaskInfo
+from rectoolkit.metrics.metrics_namespace import compose_customized_metric_key, compose_metric_namespace
 
 MAX_BUFFER_COUNT = 1000  # batches a window keeps at most (TorchRec's limit)
 RecModelOutput = Union[torch.Tensor, Dict[str, torch.Tensor]]
@@ -79,8 +80,8 @@ class WindowBuffer:
 
 
 def metric_key(namespace: str, task: str, prefix: str, name: str) -> str:
-    """TorchRec's metric key: `"ne-click|window_ne"` for ("ne", "click", "window", "ne")."""
-    return f"{namespace}-{task}|{prefix}_{name}"
+    """TorchRec's metric key: `"ne-click|window_ne"` for ("ne", "click", "window", "ne") (metrics_namespace's)."""
+    return compose_customized_metric_key(compose_metric_namespace(namespace, task), f"{prefix}_{name}")
 
 
 def _active_group(world_size: int, process_group: Optional[Any], what: str) -> Optional[Any]:

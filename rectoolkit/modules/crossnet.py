@@ -30,20 +30,14 @@ def _zeros(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape))
 
 
-def _check_input(module: str, input: torch.Tensor, in_features: int) -> None:
+def _check_input(module: str, input: torch.Tensor, in_features: int, any_leading: bool = False) -> None:
+    """[batch_size, in_features], or [..., in_features] with `any_leading` (LowRankCrossNet, as TorchRec's)."""
     if isinstance(input, torch.fx.Proxy):  # torch.fx.symbolic_trace: no shape to check, as TorchRec's trace
         return
-    if input.dim() != 2 or input.shape[1] != in_features:
+    if input.dim() < 1 or input.shape[-1] != in_features or (input.dim() != 2 and not any_leading):
+        leading = "..." if any_leading else "batch_size"
         raise ValueError(f"{module}: input has shape {list(input.shape)} but in_features={in_features}; "
-                         f"pass a [batch_size, {in_features}] tensor")
-
-
-def _check_last_dim(module: str, input: torch.Tensor, in_features: int) -> None:
-    if isinstance(input, torch.fx.Proxy):
-        return
-    if input.dim() < 1 or input.shape[-1] != in_features:
-        raise ValueError(f"{module}: input has shape {list(input.shape)} but in_features={in_features}; "
-                         f"pass a [..., {in_features}] tensor")
+                         f"pass a [{leading}, {in_features}] tensor")
 
 
 def _check_sizes(module: str, in_features: int, num_layers: int) -> None:
@@ -93,7 +87,7 @@ class LowRankCrossNet(nn.Module):
         self.bias = nn.ParameterList([_zeros(in_features) for _ in range(num_layers)])
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _check_last_dim("LowRankCrossNet", input, self._in_features)
+        _check_input("LowRankCrossNet", input, self._in_features, any_leading=True)
         x_0 = input
         x_l = x_0
         for w_kernel, v_kernel, bias in zip(self.W_kernels, self.V_kernels, self.bias):
