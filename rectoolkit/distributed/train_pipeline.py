@@ -42,6 +42,12 @@ first step (that step runs plain): the collection's input must be the batch itse
 inside forward, as TorchRec's pipeline does for modules that are not "top-level". `pipelined_modules` lists
 the collections whose input_dist runs ahead.
 
+Epochs: give progress() each epoch's new iterator (`iter(dataloader)`); it is read after the batches already in
+the pipeline, as in TorchRec (with execute_all_batches=False the two batches loaded ahead at the end of an epoch
+train first in the next; `reset()` drops them). `detach()` hands the model back for use outside the pipeline
+(evaluate or save it) with the batches in flight kept, and the next progress() re-attaches it; `attach(model)`
+continues with another DistributedModelParallel.
+
 Every rank must call progress() equally often and give it the same number of batches (the collectives pair up).
 """
 
@@ -73,6 +79,13 @@ class TrainPipeline:
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         raise NotImplementedError
 
+    def reset(self) -> None:
+        """Drop what the pipeline holds (TorchRec's: nothing here)."""
+
+    def sync_embeddings(self, model: nn.Module, interval_batches: Optional[int], context: Any = None) -> None:
+        """TorchRec syncs the replicas of its 2D-parallel DMPCollection here and does nothing for any other model;
+        rectoolkit has no DMPCollection, so there is nothing to sync."""
+
 
 class TrainPipelineBase(TrainPipeline):
     """TorchRec's TrainPipelineBase: batch i+1 is loaded and copied to the device (a side stream on CUDA) while
@@ -100,16 +113,21 @@ class TrainPipelineBase(TrainPipeline):
         self._model_fwd: ModelForward = custom_model_fwd if custom_model_fwd is not None else model
         self._memcpy_stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._batches: List[Any] = []  # [batch i, batch i+1, ...], already on their way to the device
-        self._exhausted = False
+        self._dataloader_iter: Optional[Iterator[Any]] = None
+        self._exhausted = False  # the dataloader_iter has run out
         self._batch_count = 0
 
     # ------------------------------------------------------------------ loading
     def _next_batch(self, dataloader_iter: Iterator[Any]) -> Optional[Any]:
-        if self._exhausted:
-            return None
+        """The iterator's next batch; None once it has run out. A new iterator (the next epoch) is read from the
+        start, after the batches already loaded (TorchRec's TrainPipelineSparseDist's rule)."""
         if not hasattr(dataloader_iter, "__next__"):
             raise TypeError(f"{type(self).__name__}.progress() takes an iterator, got a "
                             f"{type(dataloader_iter).__name__}; pass iter(dataloader) and keep passing the same one")
+        if dataloader_iter is not self._dataloader_iter:
+            self._dataloader_iter, self._exhausted = dataloader_iter, False
+        if self._exhausted:
+            return None
         try:
             return next(dataloader_iter)
         except StopIteration:
@@ -167,6 +185,11 @@ class TrainPipelineBase(TrainPipeline):
         self._batch_count += 1
         return output
 
+    def reset(self) -> None:
+        """TorchRec's reset: drop the batches loaded but not trained on and forget the iterator."""
+        self._batches.clear()
+        self._dataloader_iter, self._exhausted = None, False
+
 
 class TrainPipelineSparseDist(TrainPipelineBase):
     """TorchRec's TrainPipelineSparseDist: the input_dist of batch i+1 runs while batch i trains.
@@ -210,22 +233,15 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             raise NotImplementedError(
                 f"TrainPipelineSparseDist(dmp_collection_sync_interval_batches={dmp_collection_sync_interval_batches}"
                 "): it syncs TorchRec's 2D-parallel DMPCollection, which rectoolkit does not have; leave it at 1")
-        dmp = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-        if not isinstance(dmp, DistributedModelParallel):
-            raise ValueError(f"TrainPipelineSparseDist: the model is a {type(model).__name__}, not a "
-                             "DistributedModelParallel, so it has no sharded input_dist to pipeline; wrap it "
-                             "(DistributedModelParallel(model, plan=...)) or use TrainPipelineBase")
+        dmp = _dmp_of(model)
         super().__init__(model, optimizer, device, custom_model_fwd, enable_inplace_copy_batch)
+        self._custom_model_fwd = custom_model_fwd
         self._execute_all_batches = execute_all_batches
         self._sharded = dmp.sharded_modules
-        env = dmp.env
-        # the ids of batch i+1 travel on a group of their own, so they never queue behind batch i's collectives
-        self._ahead_env = env
-        if env.world_size > 1:
-            ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(env.world_size))
-            self._ahead_env = env.with_group(dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg)))
+        self._env, self._ahead_env = dmp.env, _ahead_env(dmp.env)
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
+        self._attached = True
         # one worker: the ahead collectives are started in one order, the same on every rank
         self._worker = _WorkerThread("rectoolkit-input-dist") if background_input_dist else None
         self._work_in_flight: Optional[Future] = None
@@ -297,7 +313,10 @@ class TrainPipelineSparseDist(TrainPipelineBase):
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Train on batch i and return the model's output; StopIteration once every batch has been trained on
-        (execute_all_batches=False: once the dataloader has run out)."""
+        (execute_all_batches=False: once the dataloader has run out; the two batches loaded ahead then stay in
+        the pipeline and train first when progress() is given the next iterator, as in TorchRec)."""
+        if not self._attached:
+            self.attach()
         while len(self._batches) < 2 and self._enqueue(dataloader_iter):
             pass  # fill: batch i and batch i+1
         if not self._batches:
@@ -305,10 +324,14 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         batch = self._batches[0]
         self._wait_for_batch(batch)
         self._join_work_ahead()
+        if self._input_paths is not None:  # batches loaded after the pipeline ran dry (a new epoch): start them
+            for later, into in zip(self._batches, self._ahead):
+                if not into:
+                    self._start_input_dist(later, into)
         for ahead in self._ahead[0].values():
             ahead.wait()
         if not self._enqueue(dataloader_iter) and not self._execute_all_batches:
-            self.finish()
+            self._complete_in_flight()
             raise StopIteration
         for path, ahead in self._ahead[0].items():
             self._sharded[path].use_input_dist(ahead)
@@ -325,12 +348,49 @@ class TrainPipelineSparseDist(TrainPipelineBase):
     def finish(self) -> None:
         """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that
         stops before the dataloader runs out (every rank at the same step: the peers have the same in flight)."""
+        self._complete_in_flight()
+        self._batches.clear()
+        self._ahead.clear()
+
+    def reset(self) -> None:
+        """TorchRec's reset: `finish()`, and forget the iterator (the next one given is read from its start)."""
+        self.finish()
+        super().reset()
+
+    def detach(self) -> nn.Module:
+        """TorchRec's detach: the model, to use outside the pipeline (evaluate it, save it, call it on other
+        batches). The batches loaded ahead stay in the pipeline with their input_dists; the next progress()
+        re-attaches by itself and goes on where it stopped. Every rank must detach at the same step."""
+        self._join_work_ahead()  # nothing of the pipeline's runs on the model while it is out
+        self._attached = False
+        return self._model
+
+    def attach(self, model: Optional[nn.Module] = None, sparse_dist: bool = True) -> None:
+        """TorchRec's attach: use the pipeline again after `detach()`, with `model` (another
+        DistributedModelParallel, e.g. reloaded from a checkpoint) or the model it had. For another model, the
+        input_dists started for the old one are completed and dropped, and the next step runs plain (it finds
+        which field of the batch feeds each sharded collection), as the first step does. `sparse_dist` is
+        TorchRec's choice of restarting the current batch's input_dist at once; here a new model's next step
+        always does its own, so True and False give the same steps. Every rank must attach at the same step."""
+        if not isinstance(sparse_dist, bool):
+            raise TypeError(f"attach(sparse_dist={sparse_dist!r}): give True or False")
+        if model is not None and model is not self._model:
+            dmp = _dmp_of(model)
+            self._complete_in_flight()
+            self._ahead = [{} for _ in self._batches]
+            self._model, self._sharded, self._input_paths = model, dmp.sharded_modules, None
+            self._model_fwd = self._custom_model_fwd if self._custom_model_fwd is not None else model
+            if dmp.env.pg is not self._env.pg:
+                self._env, self._ahead_env = dmp.env, _ahead_env(dmp.env)
+        self._attached = True
+
+    def _complete_in_flight(self) -> None:
+        """Wait for the work ahead and every input_dist in flight, keeping their results (all ranks complete the
+        same ones in the same order, so nothing is left pending on the pipeline's group)."""
         self._join_work_ahead()
         for started in self._ahead:
             for ahead in started.values():
                 ahead.wait()
-        self._batches.clear()
-        self._ahead.clear()
 
 
 class EvalPipelineSparseDist(TrainPipelineSparseDist):
@@ -386,6 +446,24 @@ def _serve(tasks: "queue.SimpleQueue") -> None:
         except BaseException as error:  # handed to the training thread, which raises it
             future.set_exception(error)
         del task, future, function, args  # hold nothing of the owner while waiting for the next task
+
+
+def _dmp_of(model: nn.Module) -> DistributedModelParallel:
+    dmp = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if not isinstance(dmp, DistributedModelParallel):
+        raise ValueError(f"TrainPipelineSparseDist: the model is a {type(model).__name__}, not a "
+                         "DistributedModelParallel, so it has no sharded input_dist to pipeline; wrap it "
+                         "(DistributedModelParallel(model, plan=...)) or use TrainPipelineBase")
+    return dmp
+
+
+def _ahead_env(env: Any) -> Any:
+    """The env the input_dists ahead run on: a process group of their own (over the same ranks), so that they
+    never queue behind a step's collectives."""
+    if env.world_size == 1:
+        return env
+    ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(env.world_size))
+    return env.with_group(dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg)))
 
 
 def _refuse(name: str, value: Any, default: Any, why: str) -> None:

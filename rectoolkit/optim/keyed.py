@@ -75,9 +75,19 @@ class KeyedOptimizer(torch.optim.Optimizer):
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Copy saved state into this optimizer's tensors in place; names must match."""
+        """Copy saved state into this optimizer's tensors in place; names must match. As in TorchRec, the state
+        must exist first (most optimizers create it on their first step): call `init_state()` before loading
+        into an optimizer that has not stepped, rather than have the saved state dropped."""
         key_of = self._key_of()
         saved = state_dict["state"]
+        have = {key_of[id(param)] for param in self.state}
+        unheld = sorted(name for name, param_state in saved.items() if param_state and name not in have)
+        if unheld:
+            raise ValueError(
+                f"optimizer state_dict holds state for {len(unheld)} parameter(s) this {type(self).__name__} has no "
+                f"state for yet ({unheld[:5]}{' ...' if len(unheld) > 5 else ''}; it holds state for {len(have)}): its "
+                "state is created on its first step. Call init_state() (or step once) before load_state_dict, as "
+                "TorchRec requires; loading now would drop the saved state")
         for param, param_state in self.state.items():
             name = key_of[id(param)]
             if name not in saved:
@@ -106,9 +116,10 @@ class KeyedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError("KeyedOptimizer: parameter groups are fixed at construction")
 
     def init_state(self, sparse_grad_parameter_names: Iterable[str] = ()) -> None:
-        """Materialize lazy state by stepping once with zero grads (TorchRec's init_state, simplified)."""
+        """Materialize lazy state by stepping once with zero gradients (TorchRec's init_state: any gradient the
+        parameters hold is replaced, so the step moves no weight unless the optimizer decays weights)."""
         for param in self.params.values():
-            if param.requires_grad and param.grad is None:
+            if param.requires_grad:
                 param.grad = torch.zeros_like(param)
         self.step()
         self.zero_grad(set_to_none=True)

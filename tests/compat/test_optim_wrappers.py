@@ -183,3 +183,35 @@ def test_combined_load_state_dict_with_an_empty_key():
     for key in their_state:
         for name, value in their_state[key].items():
             torch.testing.assert_close(my_state[key][name], value)
+
+
+@pytest.mark.parametrize("optimizer, kwargs", [(torch.optim.Adam, {}), (torch.optim.SGD, {"momentum": 0.9})])
+def test_load_state_dict_needs_the_state_first_and_init_state_moves_no_weight(optimizer, kwargs):
+    """As in TorchRec: a KeyedOptimizer that has not stepped holds no state, so loading a saved state into it raises
+    (rather than dropping the saved state, which a plain copy into existing tensors would); init_state() creates
+    it with a zero-gradient step, whatever gradients the parameters held, and the load then restores it."""
+    results = {}
+    for lib, wrapper in [("ours", KeyedOptimizerWrapper), ("torchrec", torchrec_optim.KeyedOptimizerWrapper)]:
+        trained = _params()
+        source = _keyed(wrapper, trained, optimizer, **kwargs)
+        for step in range(3):
+            for name, grad in _grads(step).items():
+                trained[name].grad = grad
+            source.step()
+        saved = source.state_dict()
+        fresh = _params(seed=1)
+        target = _keyed(wrapper, fresh, optimizer, **kwargs)
+        with pytest.raises(ValueError):
+            target.load_state_dict(saved)
+        for name, grad in _grads(7).items():
+            fresh[name].grad = grad  # a gradient left from elsewhere: init_state must not apply it
+        before = {name: p.detach().clone() for name, p in fresh.items()}
+        target.init_state()
+        assert all(torch.equal(before[name], p) for name, p in fresh.items()), f"{lib}: init_state moved a weight"
+        target.load_state_dict(saved)
+        results[lib] = target.state_dict()["state"]
+        assert {name: sorted(state) for name, state in results[lib].items()} == {
+            name: sorted(state) for name, state in saved["state"].items()}
+        for name, state in saved["state"].items():
+            for key, value in state.items():
+                assert torch.equal(torch.as_tensor(results[lib][name][key]), torch.as_tensor(value)), (lib, name, key)

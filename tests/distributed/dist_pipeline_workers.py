@@ -237,4 +237,66 @@ def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -
             except StopIteration:
                 pass
             steps[(execute_all_batches, count)] = trained
+    for execute_all_batches in (True, False):  # three epochs of 3 batches, each from a new iterator
+        for reset in (False, True):
+            dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+            pipeline = TorchRecPipeline(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
+                                        execute_all_batches=execute_all_batches)
+            steps[("epochs", execute_all_batches, reset)] = train_epochs(pipeline, [[batch(i) for i in range(3)]] * 3,
+                                                                         reset)
     torch.save(steps, out_file)
+
+
+def train_epochs(pipeline, epochs: List, reset: bool = False) -> List[int]:
+    """Run the pipeline over each epoch's batches (iter() of each: a list gives a new iterator) to StopIteration, calling reset() after
+    each if asked; the number of batches trained in each epoch."""
+    trained = []
+    for data in epochs:
+        feed, count = iter(data), 0
+        try:
+            while True:
+                pipeline.progress(feed)
+                count += 1
+        except StopIteration:
+            trained.append(count)
+        if reset:
+            pipeline.reset()
+    return trained
+
+
+def epochs_and_detach_worker(rank: int, W: int, case: str, steps: int, env=None) -> None:
+    """Three epochs through one pipeline, each from a new iterator: every batch trained on (execute_all_batches)
+    or the two loaded ahead carried into the next epoch (execute_all_batches=False, as TorchRec), the weights
+    equal to the plain loop over the batches trained. Then detach() after two steps: the model, called outside
+    the pipeline on another batch while the pipeline's next batches are in flight, gives what the plain loop's
+    model gives after the same two steps; progress() re-attaches and the end weights equal the plain loop's."""
+    epochs = [batches(rank, W, steps, case)] * 3
+    for execute_all in (True, False):
+        dmp, optimizer = build(case, W, env)
+        pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all)
+        trained = train_epochs(pipeline, epochs)
+        expected = [steps] * 3 if execute_all else [steps - 2, steps, steps]
+        assert trained == expected, f"rank {rank} {case} execute_all_batches={execute_all}: trained {trained}"
+        _, plain_state = plain_loop(case, [b for data in epochs for b in data][:sum(trained)], W, env)
+        assert all(torch.equal(dmp.state_dict()[k], v) for k, v in plain_state.items()), (
+            f"rank {rank} {case} execute_all_batches={execute_all}: weights differ from the plain loop's")
+
+    data, probe = epochs[0], batches(rank, W, steps + 1, case)[-1]
+    plain, plain_optimizer = build(case, W, env)
+    dmp, optimizer = build(case, W, env)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+    feed = iter(data)
+    for batch in data[:2]:
+        plain_optimizer.zero_grad()
+        plain(batch)[0].backward()
+        plain_optimizer.step()
+        pipeline.progress(feed)
+    model = pipeline.detach()
+    assert model is dmp
+    with torch.no_grad():
+        outside, expected = model(probe)[1], plain(probe)[1]
+    assert torch.equal(outside, expected), f"rank {rank} {case}: detached model gave {outside}, plain {expected}"
+    assert train_epochs(pipeline, [feed]) == [steps - 2]  # the same iterator (iter(feed) is feed): goes on
+    _, plain_state = plain_loop(case, data, W, env)
+    assert all(torch.equal(dmp.state_dict()[k], v) for k, v in plain_state.items()), (
+        f"rank {rank} {case}: weights differ from the plain loop's after detach / attach")

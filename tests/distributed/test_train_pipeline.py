@@ -27,6 +27,7 @@ from dist_pipeline_workers import (
     build,
     check_pipelined,
     check_eval_pipeline,
+    epochs_and_detach_worker,
     eval_pipeline_worker,
     local_env,
     pipeline_worker,
@@ -34,6 +35,7 @@ from dist_pipeline_workers import (
     pipelined,
     plain_loop,
     torchrec_steps_worker,
+    train_epochs,
 )
 
 STEPS = 5
@@ -75,10 +77,70 @@ def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path
     out_file = str(tmp_path / "torchrec_steps.pt")
     run_workers(torchrec_steps_worker, 1, COUNTS, out_file)  # TorchRec's DMP needs a process group
     torchrec_steps = torch.load(out_file)
-    ours = {(execute_all, count): len(pipelined("table_wise", batches(0, 1, count), 1, local_env(),
-                                                 execute_all_batches=execute_all)[0])
-            for execute_all, count in torchrec_steps}
+    ours = {}
+    for key in torchrec_steps:
+        if key[0] == "epochs":  # three epochs of 3 batches through one pipeline, reset() after each or not
+            _, execute_all, reset = key
+            dmp, optimizer = build("table_wise", 1, local_env())
+            pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all)
+            ours[key] = train_epochs(pipeline, [batches(0, 1, 3)] * 3, reset)
+        else:
+            execute_all, count = key
+            ours[key] = len(pipelined("table_wise", batches(0, 1, count), 1, local_env(),
+                                      execute_all_batches=execute_all)[0])
     assert ours == torchrec_steps
+    # TorchRec 1.8: a new iterator is read after the batches in flight; without execute_all_batches the two
+    # loaded ahead train first in the next epoch; reset() drops them
+    assert [torchrec_steps[("epochs", e, r)] for e, r in [(True, False), (False, False), (False, True)]] == [
+        [3, 3, 3], [1, 3, 3], [1, 1, 1]]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_epochs_and_detach_attach_on_two_ranks():
+    run_workers(epochs_and_detach_worker, 2, "row_wise", 4)
+
+
+def test_epochs_and_detach_attach_in_one_process():
+    epochs_and_detach_worker(0, 1, "mixed_a", 4, local_env())
+
+
+def test_attach_another_model_goes_on_with_the_batches_in_flight():
+    """attach(model) with another DMP (the same weights, e.g. reloaded): the batches loaded ahead train on it,
+    its first step runs plain and the ones after are pipelined again; the weights equal the plain loop's."""
+    data = batches(0, 1, 6, "table_wise")
+    dmp, optimizer = build("table_wise", 1, local_env())
+    pipeline, feed = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu")), iter(data)
+    for _ in range(2):
+        pipeline.progress(feed)
+    other, other_optimizer = build("table_wise", 1, local_env())
+    other.load_state_dict(pipeline.detach().state_dict())
+    other_optimizer.init_state()  # (Adam's state is created on its first step; TorchRec's rule too)
+    other_optimizer.load_state_dict(optimizer.state_dict())
+    pipeline._optimizer = other_optimizer  # (TorchRec's attach keeps the optimizer too: a user gives the new one)
+    pipeline.attach(other)
+    assert train_epochs(pipeline, [feed]) == [4]
+    assert pipeline.pipelined_modules == [PATH]
+    _, plain_state = plain_loop("table_wise", data, 1, local_env())
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in plain_state.items())
+    with pytest.raises(ValueError, match="not a DistributedModelParallel"):
+        pipeline.attach(nn.Linear(2, 1))
+    with pytest.raises(TypeError, match="sparse_dist"):
+        pipeline.attach(sparse_dist="yes")
+
+
+def test_train_pipeline_base_reads_each_new_iterator_and_reset_drops_the_loaded_batch():
+    model = nn.Linear(2, 1)
+    forward = lambda x: ((model(x) ** 2).mean(), None)  # noqa: E731
+    pipeline = TrainPipelineBase(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"),
+                                 custom_model_fwd=forward)
+    data = [torch.ones(4, 2)] * 3
+    assert train_epochs(pipeline, [data] * 3) == [3, 3, 3]
+    feed = iter(data)
+    pipeline.progress(feed)  # batch 1 is loaded ahead
+    pipeline.reset()
+    assert train_epochs(pipeline, [feed]) == [1]  # batch 1, loaded ahead, was dropped: only batch 2 is left
+    assert train_epochs(pipeline, [data]) == [3]
 
 
 def test_the_ids_of_the_next_batch_travel_during_the_whole_step():
