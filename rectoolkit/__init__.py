@@ -27,3 +27,4 @@ from rectoolkit import launch
 from rectoolkit.launch import LaunchTimeout, WorkerError
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, PlanReport, Topology
+from rectoolkit import fx, quant, streamable  # noqa: E402,F401 (attributes after `import torchrec`, as there)

@@ -29,7 +29,6 @@ PATH_MODULES = {
     "rectoolkit.distributed.sharding_plan": "torchrec.distributed.sharding_plan",
     "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
     "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
-    "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
 }
 
@@ -47,10 +46,13 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
+    "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
+    "rectoolkit.optim.rowwise_adagrad": "torchrec.optim.rowwise_adagrad",
     "rectoolkit.optim.warmup": "torchrec.optim.warmup",
     "rectoolkit.optim.clipping": "torchrec.optim.clipping",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
+    "rectoolkit.streamable": "torchrec.streamable",
     "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",
     "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",

@@ -3,6 +3,9 @@ against `torchrec.sparse.jagged_tensor.KeyedJaggedTensor`, `torchrec.distributed
 with `import rectoolkit as torchrec`. Every path checked here exists in TorchRec too (when it is installed)."""
 
 import importlib
+import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -45,7 +48,12 @@ PATHS = {
     "optim.keyed": ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"],
     "optim.warmup": ["WarmupOptimizer", "WarmupStage", "WarmupPolicy"],
     "optim.clipping": ["GradientClippingOptimizer", "GradientClipping"],
-    "optim": ["WarmupOptimizer", "GradientClippingOptimizer", "OptimizerWrapper", "CombinedOptimizer"],
+    "optim": ["WarmupOptimizer", "GradientClippingOptimizer", "OptimizerWrapper", "CombinedOptimizer",
+              "RowWiseAdagrad", "SGD", "Adagrad", "Adam", "LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB"],
+    "optim.optimizers": ["SGD", "Adagrad", "Adam", "LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB",
+                         "in_backward_optimizer_filter"],
+    "optim.rowwise_adagrad": ["RowWiseAdagrad"],
+    "streamable": ["Pipelineable", "Multistreamable"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key",
                                   "compose_metric_namespace", "compose_customized_metric_key",
@@ -53,8 +61,27 @@ PATHS = {
 }
 
 
+# subpackages that `import torchrec` leaves unimported (TorchRec 1.8): code imports them before use
+NOT_IMPORTED_BY_THE_PACKAGE = ("metrics", "datasets", "inference", "models")
+SUBPACKAGES = ("distributed", "fx", "modules", "optim", "quant", "sparse", "streamable") + NOT_IMPORTED_BY_THE_PACKAGE
+
+
+def test_import_makes_the_same_subpackages_attributes_as_torchrecs():
+    # in a fresh interpreter, so that no other test's imports count: `import torchrec; torchrec.fx.symbolic_trace(m)`
+    # must run with the alias; rectoolkit may make more attributes, never fewer
+    check = ("import importlib, sys; lib = importlib.import_module(sys.argv[1]); "
+             f"print(sorted(n for n in {SUBPACKAGES!r} if hasattr(lib, n)))")
+    ours = subprocess.run([sys.executable, "-c", check, "rectoolkit"], capture_output=True, text=True, check=True)
+    assert ours.stdout.split() == "['distributed', 'fx', 'modules', 'optim', 'quant', 'sparse', 'streamable']".split()
+    if importlib.util.find_spec("torchrec") is not None:
+        theirs = subprocess.run([sys.executable, "-c", check, "torchrec"], capture_output=True, text=True, check=True)
+        assert theirs.stdout == ours.stdout
+
+
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_attribute_paths_resolve_to_the_top_level_objects(path):
+    if path.split(".")[0] in NOT_IMPORTED_BY_THE_PACKAGE:  # as in TorchRec: `import torchrec.metrics` first
+        importlib.import_module(f"rectoolkit.{path.split('.')[0]}")
     module = torchrec_alias
     for part in path.split("."):
         module = getattr(module, part)  # attribute access, as `torchrec.distributed.planner.Topology` does

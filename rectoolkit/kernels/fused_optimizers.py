@@ -66,12 +66,14 @@ class FusedOptimizerConfig:
 
     @classmethod
     def from_torch_optimizer(cls, optimizer_class: type, kwargs: Mapping[str, Any]) -> "FusedOptimizerConfig":
-        """Translate (torch.optim.SGD | Adagrad | Adam, kwargs) as given to apply_optimizer_in_backward."""
+        """Translate (an optimizer class, kwargs) as given to apply_optimizer_in_backward: torch.optim's or
+        torchrec.optim's SGD, Adagrad, Adam, or RowWiseAdagrad (matched by name, as TorchRec maps them)."""
         name = optimizer_class.__name__.lower()
         table = {"sgd": EmbOptimType.SGD, "adagrad": EmbOptimType.ADAGRAD, "adam": EmbOptimType.ADAM,
                  "rowwiseadagrad": EmbOptimType.ROWWISE_ADAGRAD}
         if name not in table:
-            raise ValueError(f"cannot fuse {optimizer_class.__name__}; use one of SGD, Adagrad, Adam")
+            raise ValueError(f"cannot fuse {optimizer_class.__name__} into the embedding backward; rectoolkit fuses "
+                             "SGD, Adagrad, Adam (torch.optim's or torchrec.optim's) and RowWiseAdagrad")
         kw = dict(kwargs)
         config = cls(table[name], lr=float(kw.pop("lr", 0.01)))
         if "eps" in kw:

@@ -28,6 +28,7 @@ import torch
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.sparse import KeyedJaggedTensor
+from rectoolkit.streamable import Pipelineable
 
 _MASK32 = 0xFFFFFFFF
 
@@ -54,6 +55,9 @@ class Batch(NamedTuple):
         self.dense_features.record_stream(stream)
         self.sparse_features.record_stream(stream)
         self.labels.record_stream(stream)
+
+
+Pipelineable.register(Batch)  # TorchRec's Batch subclasses it
 
 
 def hash_unit(ids: torch.Tensor, salt) -> torch.Tensor:
