@@ -14,8 +14,8 @@ import rectoolkit as rtk
 import rectoolkit.fx
 
 torchrec = pytest.importorskip("torchrec")
+torchrec_fx = pytest.importorskip("torchrec.fx")
 pytestmark = pytest.mark.torchrec
-import torchrec.fx  # noqa: E402
 
 
 class Model(torch.nn.Module):
@@ -57,7 +57,7 @@ def models_with_the_same_weights():
 def test_traced_dict_form_gives_torchrecs_traced_output_and_eager(trace):
     ours, theirs = models_with_the_same_weights()
     ours_traced = torch.fx.symbolic_trace(ours) if trace == "torch" else rectoolkit.fx.symbolic_trace(ours)
-    theirs_traced = torch.fx.symbolic_trace(theirs) if trace == "torch" else torchrec.fx.symbolic_trace(theirs)
+    theirs_traced = torch.fx.symbolic_trace(theirs) if trace == "torch" else torchrec_fx.symbolic_trace(theirs)
     expected = theirs_traced(features(torchrec))
     for got in (ours_traced(features(rtk)), ours(features(rtk))):
         for mine, reference in zip(got, expected, strict=True):
