@@ -50,6 +50,7 @@ PATHS = {
     "metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key",
                                   "compose_metric_namespace", "compose_customized_metric_key",
                                   "task_wildcard_metrics_pattern"],
+    "metrics.deferrable_metrics": ["DeferrableMetrics"],
 }
 
 

@@ -28,6 +28,7 @@ from torch import nn
 from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
+from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
@@ -93,14 +94,14 @@ class RecMetricModule(nn.Module):
         """True every compute_interval_steps updates."""
         return self.trained_batches % self.compute_interval_steps == 0
 
-    def compute(self) -> Dict[str, torch.Tensor]:
-        """All metrics over all ranks (every rank must call it)."""
+    def compute(self) -> DeferrableMetrics:
+        """All metrics over all ranks (every rank must call it), resolved."""
         self.compute_count += 1
-        return self.rec_metrics.compute()
+        return DeferrableMetrics(self.rec_metrics.compute())
 
-    def local_compute(self) -> Dict[str, torch.Tensor]:
-        """All metrics over this rank's updates only."""
-        return self.rec_metrics.local_compute()
+    def local_compute(self) -> DeferrableMetrics:
+        """All metrics over this rank's updates only, resolved."""
+        return DeferrableMetrics(self.rec_metrics.local_compute())
 
     def reset(self) -> None:
         """Forget every update."""
@@ -114,7 +115,7 @@ class RecMetricModule(nn.Module):
         """Back to this rank's own states after sync()."""
         self.rec_metrics.unsync()
 
-    def async_compute(self) -> Dict[str, torch.Tensor]:
+    def async_compute(self) -> DeferrableMetrics:
         """Not supported, as in TorchRec's RecMetricModule (only its CPU-offloaded subclass computes async)."""
         raise RecMetricException("async_compute is not supported in RecMetricModule")
 
