@@ -812,3 +812,4 @@ def _kjt_unflatten(leaves: List[Optional[torch.Tensor]], keys: List[str]) -> Key
 
 
 pytree_nodes.register_node(KeyedJaggedTensor, _FIELDS, _kjt_flatten, _kjt_unflatten)
+KeyedJaggedTensor._fields = _FIELDS  # TorchRec's name for the pytree leaves
