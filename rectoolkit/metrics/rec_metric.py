@@ -186,7 +186,7 @@ class RecMetric(nn.Module):
 
     # ------------------------------------------------------------------ what a metric defines
     def reset(self) -> None:
-        """Forget every update (lifetime and window)."""
+        """Forget every update (lifetime and window) and any sync()."""
         raise NotImplementedError
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
@@ -353,6 +353,7 @@ class SumStateMetric(RecMetric):
     def reset(self) -> None:
         self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)
         self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
+        self._synced_states = None
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors)."""

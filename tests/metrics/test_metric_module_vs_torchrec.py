@@ -144,6 +144,15 @@ def test_update_while_synced_is_refused_until_unsync():
     ours.update(out)
 
 
+@pytest.mark.parametrize("metric", ["CTR", "AUC"])
+def test_reset_forgets_a_sync(metric):
+    ours = module(ours_module, ours_config, "UNFUSED_TASKS_COMPUTATION", metrics=(metric,))
+    ours.update(model_outputs(seed=2)[0])
+    ours.sync()
+    ours.reset()
+    ours.update(model_outputs(seed=2)[0])  # refused if the sync were kept
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_two_ranks_sync_and_pre_compute_states_equal_torchrecs():
