@@ -56,6 +56,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",
     "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",
+    "rectoolkit.metrics.deferrable_metrics": "torchrec.metrics.deferrable_metrics",
     "rectoolkit.metrics.metrics_config": "torchrec.metrics.metrics_config",
     "rectoolkit.metrics.metrics_namespace": "torchrec.metrics.metrics_namespace",
     "rectoolkit.metrics.rec_metric": "torchrec.metrics.rec_metric",

@@ -12,10 +12,12 @@ import torch
 
 import rectoolkit
 import rectoolkit as torchrec_alias
+import rectoolkit.metrics  # noqa: F401  (neither package imports its metrics: code imports them first)
 
 PATHS = {
     "sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal", "kjt_is_equal",
-                             "ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts"],
+                             "ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts", "flatten_kjt_list",
+                             "unflatten_kjt_list"],
     "sparse.jagged_tensor_validator": ["validate_keyed_jagged_tensor"],
     "modules.regroup": ["KTRegroupAsDict"],
     "modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType", "QuantConfig"],
@@ -58,6 +60,7 @@ PATHS = {
     "metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key",
                                   "compose_metric_namespace", "compose_customized_metric_key",
                                   "task_wildcard_metrics_pattern"],
+    "metrics.deferrable_metrics": ["DeferrableMetrics"],
 }
 
 

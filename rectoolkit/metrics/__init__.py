@@ -4,7 +4,7 @@ and window AUC per task, reduced across ranks; `RecMetricModule` holds a job's m
 from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
-from rectoolkit.metrics import metrics_namespace  # noqa: F401  (TorchRec's path, for attribute access)
+from rectoolkit.metrics import deferrable_metrics, metrics_namespace  # noqa: F401  (TorchRec's paths, for attribute access)
 from rectoolkit.metrics.metric_module import RecMetricModule, generate_metric_module
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecComputeMode, RecMetricDef, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mse import MSEMetric

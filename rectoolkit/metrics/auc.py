@@ -47,6 +47,7 @@ class AUCMetric(RecMetric):
     def reset(self) -> None:
         # per task: the window's [3 (prediction, label, weight), n] batches, oldest first
         self._batches: List[List[torch.Tensor]] = [[] for _ in self._tasks]
+        self._synced_states = None
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
                      weights: torch.Tensor) -> None:

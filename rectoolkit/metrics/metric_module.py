@@ -28,10 +28,12 @@ from torch import nn
 from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
+from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
-from rectoolkit.metrics.rec_metric import RecMetric, RecMetricList
+from rectoolkit.metrics import pre_compute_states
+from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
@@ -68,6 +70,7 @@ class RecMetricModule(nn.Module):
         self.compute_interval_steps = compute_interval_steps
         self.trained_batches = 0
         self.compute_count = 0
+        self._register_load_state_dict_pre_hook(self.load_state_dict_hook)
 
     def update(self, model_out: Dict[str, torch.Tensor]) -> None:
         """Feed one batch: model_out holds each task's label, prediction and weight under its RecTaskInfo names."""
@@ -91,18 +94,50 @@ class RecMetricModule(nn.Module):
         """True every compute_interval_steps updates."""
         return self.trained_batches % self.compute_interval_steps == 0
 
-    def compute(self) -> Dict[str, torch.Tensor]:
-        """All metrics over all ranks (every rank must call it)."""
+    def compute(self) -> DeferrableMetrics:
+        """All metrics over all ranks (every rank must call it), resolved."""
         self.compute_count += 1
-        return self.rec_metrics.compute()
+        return DeferrableMetrics(self.rec_metrics.compute())
 
-    def local_compute(self) -> Dict[str, torch.Tensor]:
-        """All metrics over this rank's updates only."""
-        return self.rec_metrics.local_compute()
+    def local_compute(self) -> DeferrableMetrics:
+        """All metrics over this rank's updates only, resolved."""
+        return DeferrableMetrics(self.rec_metrics.local_compute())
 
     def reset(self) -> None:
         """Forget every update."""
         self.rec_metrics.reset()
+
+    def sync(self) -> None:
+        """Hold all ranks' metric states until unsync() (a collective; see RecMetric.sync)."""
+        self.rec_metrics.sync()
+
+    def unsync(self) -> None:
+        """Back to this rank's own states after sync()."""
+        self.rec_metrics.unsync()
+
+    def async_compute(self) -> DeferrableMetrics:
+        """Not supported, as in TorchRec's RecMetricModule (only its CPU-offloaded subclass computes async)."""
+        raise RecMetricException("async_compute is not supported in RecMetricModule")
+
+    def get_pre_compute_states(self, pg: Optional[Any] = None) -> pre_compute_states.States:
+        """The metrics' lifetime and window sums over all ranks: {namespace: {task: {state: tensor}}} (a
+        collective; the same on every rank). ``pg`` must be None or the metrics' own process group."""
+        for metric in self.rec_metrics.rec_metrics:
+            if pg is not None and pg is not metric._process_group:
+                raise ValueError(f"RecMetricModule.get_pre_compute_states: pg={pg!r} is not the process group "
+                                 f"{type(metric).__name__} reduces over; pass pg=None (its own group)")
+        return pre_compute_states.get_pre_compute_states(list(self.rec_metrics.rec_metrics))
+
+    def load_pre_compute_states(self, source: pre_compute_states.States) -> None:
+        """Load what get_pre_compute_states returned (no collective)."""
+        pre_compute_states.load_pre_compute_states(list(self.rec_metrics.rec_metrics), source)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: this module runs no background worker (TorchRec's only logs)."""
+
+    def load_state_dict_hook(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        """Drops a legacy ``<prefix>_trained_batches`` key before loading, as TorchRec's pre-hook."""
+        state_dict.pop(f"{prefix}_trained_batches", None)
 
 
 def _tasks_of(config: MetricsConfig, metric: RecMetricEnum) -> List[RecTaskInfo]:

@@ -181,11 +181,12 @@ class RecMetric(nn.Module):
         self._compute_mode = compute_mode
         self._compute_on_all_ranks = compute_on_all_ranks
         self._process_group = process_group
+        self._synced_states: Optional[Any] = None
         self.reset()
 
     # ------------------------------------------------------------------ what a metric defines
     def reset(self) -> None:
-        """Forget every update (lifetime and window)."""
+        """Forget every update (lifetime and window) and any sync()."""
         raise NotImplementedError
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
@@ -213,6 +214,9 @@ class RecMetric(nn.Module):
         if kwargs:
             raise ValueError(f"{type(self).__name__}.update: unexpected arguments {sorted(kwargs)}; "
                              "pass predictions, labels and weights only")
+        if self._synced_states is not None:
+            raise RecMetricException(f"{type(self).__name__}.update: the metric is synced; call unsync() before "
+                                     "feeding more batches")
         with torch.no_grad():
             for index, task in enumerate(self._tasks):
                 inputs = [_task_input(value, task, index, len(self._tasks), what)
@@ -234,17 +238,32 @@ class RecMetric(nn.Module):
     def compute(self) -> Dict[str, torch.Tensor]:
         """The metrics over all ranks' updates (a collective: every rank calls it); {} on ranks other than 0
         unless compute_on_all_ranks."""
-        group = _active_group(self._world_size, self._process_group, type(self).__name__)
-        states = self._reduce_states(self._local_states(), group) if group is not None else self._local_states()
+        states = self._synced_states if self._synced_states is not None else self.global_states()
         if self._my_rank != 0 and not self._compute_on_all_ranks:
             return {}
         return self._report(states)
 
     def local_compute(self) -> Dict[str, torch.Tensor]:
-        """The metrics over this rank's updates only (no communication)."""
-        return self._report(self._local_states())
+        """The metrics over this rank's updates only (no communication); over all ranks' while synced. Keys as
+        TorchRec's: ``"ctr-click|local_lifetime_ctr"``."""
+        states = self._synced_states if self._synced_states is not None else self._local_states()
+        return self._report(states, key_prefix="local_")
 
-    def _report(self, states: Any) -> Dict[str, torch.Tensor]:
+    def global_states(self) -> Any:
+        """This metric's states summed (or gathered) over the ranks: a collective when world_size > 1."""
+        group = _active_group(self._world_size, self._process_group, type(self).__name__)
+        return self._reduce_states(self._local_states(), group) if group is not None else self._local_states()
+
+    def sync(self) -> None:
+        """Hold all ranks' states (a collective) until unsync(): local_compute() then reports the global
+        metrics, compute() communicates no more, and update() is refused."""
+        self._synced_states = self.global_states()
+
+    def unsync(self) -> None:
+        """Back to this rank's own states after sync()."""
+        self._synced_states = None
+
+    def _report(self, states: Any, key_prefix: str = "") -> Dict[str, torch.Tensor]:
         fused = self._compute_mode != RecComputeMode.UNFUSED_TASKS_COMPUTATION
         per_task = [list(self._task_values(states, index)) for index in range(len(self._tasks))]
         # TorchRec's key order: fused, each value for every task before the next value; unfused, task by task
@@ -255,7 +274,7 @@ class RecMetric(nn.Module):
         for task, position in order:
             prefix, name, value = per_task[task][position]
             value = value.double()
-            out[metric_key(self._namespace, self._tasks[task].name, prefix, name)] = (value.reshape(()) if fused
+            out[metric_key(self._namespace, self._tasks[task].name, key_prefix + prefix, name)] = (value.reshape(()) if fused
                                                                                      else value.view(1))
         return out
 
@@ -334,6 +353,7 @@ class SumStateMetric(RecMetric):
     def reset(self) -> None:
         self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)
         self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
+        self._synced_states = None
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors)."""
@@ -401,6 +421,16 @@ class RecMetricList(nn.Module):
     def local_compute(self) -> Dict[str, torch.Tensor]:
         """Every metric's local_compute(), in one dict."""
         return {key: value for metric in self.rec_metrics for key, value in metric.local_compute().items()}
+
+    def sync(self) -> None:
+        """sync() every metric (a collective)."""
+        for metric in self.rec_metrics:
+            metric.sync()
+
+    def unsync(self) -> None:
+        """unsync() every metric."""
+        for metric in self.rec_metrics:
+            metric.unsync()
 
     def reset(self) -> None:
         """Reset every metric."""

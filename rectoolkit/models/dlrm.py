@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -125,6 +125,39 @@ class DLRMTrain(nn.Module):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
+class DLRMWrapper(DLRM):
+    """A DLRM whose forward takes one batch object (TorchRec's ``ModelInput``: ``float_features``,
+    ``idlist_features``, ``label``): in training it returns (BCE-with-logits loss, logits), in eval the logits.
+
+    >>> import torch, rectoolkit as rtk
+    >>> from types import SimpleNamespace
+    >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4,
+    ...                                                           feature_names=["f0"])])
+    >>> model = DLRMWrapper(ebc, dense_in_features=3, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[3, 1])
+    >>> batch = SimpleNamespace(float_features=torch.randn(2, 3), label=torch.tensor([0.0, 1.0]),
+    ...     idlist_features=rtk.KeyedJaggedTensor.from_lengths_sync(["f0"], torch.tensor([1, 2]), torch.tensor([1, 1])))
+    >>> loss, logits = model(batch)
+    >>> loss.shape, logits.shape
+    (torch.Size([]), torch.Size([2, 1]))
+    """
+
+    def forward(self, model_input) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
+        for field in ("float_features", "idlist_features", "label"):
+            if not hasattr(model_input, field):
+                raise TypeError(f"DLRMWrapper: the model input ({type(model_input).__name__}) has no {field!r}; pass "
+                                "an object with float_features, idlist_features (a KeyedJaggedTensor) and label, "
+                                "like TorchRec's ModelInput")
+        if model_input.idlist_features is None:
+            raise ValueError("DLRMWrapper: model_input.idlist_features is None; the DLRM needs the sparse features "
+                             "as a KeyedJaggedTensor")
+        prediction = super().forward(dense_features=model_input.float_features,
+                                     sparse_features=model_input.idlist_features)
+        if self.training:
+            loss = nn.functional.binary_cross_entropy_with_logits(prediction.squeeze(), model_input.label)
+            return loss, prediction
+        return prediction
+
+
 def choose(n: int, k: int) -> int:
     """n choose k, 0 outside 0 <= k <= n (TorchRec's helper).
 
@@ -134,5 +167,5 @@ def choose(n: int, k: int) -> int:
     return math.comb(n, k) if 0 <= k <= n else 0
 
 
-__all__ = ["DLRM", "DLRM_DCN", "DLRMTrain", "DLRM_Projection", "DenseArch", "InteractionArch", "InteractionDCNArch",
+__all__ = ["DLRM", "DLRM_DCN", "DLRMTrain", "DLRMWrapper", "DLRM_Projection", "DenseArch", "InteractionArch", "InteractionDCNArch",
            "InteractionProjectionArch", "OverArch", "SparseArch", "choose"]

@@ -20,7 +20,7 @@ processors stay dense; their weights must be frozen there (the sharded input_dis
 
 from __future__ import annotations
 
-from typing import Dict, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
 import torch
 from torch import nn
@@ -90,9 +90,17 @@ class FeatureProcessedEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor):
         if isinstance(self._feature_processors, FeatureProcessorsCollection):
             return self._embedding_bag_collection(self._feature_processors(features))
-        missing = [name for name in self._feature_names if name not in features.keys()]
-        if missing:
-            raise ValueError(f"FeatureProcessedEmbeddingBagCollection: the KJT has keys {features.keys()} but not "
-                             f"{missing}; every feature of the collection needs a key")
         # every key keeps its place, batch size and inverse indices; the collection reads only its own features
-        return self._embedding_bag_collection(apply_feature_processors(features, self._feature_processors))
+        processed = apply_feature_processors_checked(features, self._feature_processors, self._feature_names)
+        return self._embedding_bag_collection(processed)
+
+
+@torch.fx.wrap  # one node under torch.fx.symbolic_trace: the keys of a traced KJT cannot be read while tracing
+def apply_feature_processors_checked(features: KeyedJaggedTensor, processors: nn.ModuleDict,
+                                     feature_names: List[str]) -> KeyedJaggedTensor:
+    """apply_feature_processors, after checking that every feature of the collection is a key of the KJT."""
+    missing = [name for name in feature_names if name not in features.keys()]
+    if missing:
+        raise ValueError(f"FeatureProcessedEmbeddingBagCollection: the KJT has keys {features.keys()} but not "
+                         f"{missing}; every feature of the collection needs a key")
+    return apply_feature_processors(features, processors)

@@ -2,7 +2,8 @@
 
 ComputeKJTToJTDict and ComputeJTDictToKJT are nn.Modules around `kjt.to_dict()` and
 `KeyedJaggedTensor.from_jt_dict()`, so a model can hold them (and fx can trace through them);
-regroup_kts is `KeyedTensor.regroup` as a function.
+regroup_kts is `KeyedTensor.regroup` as a function; flatten_kjt_list / unflatten_kjt_list turn a list of KJTs
+into their pytree leaves (``len(KeyedJaggedTensor._fields)`` per KJT) and keys, and back.
 
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a", "b"], values=torch.tensor([1, 2, 3]),
     ...                                           lengths=torch.tensor([2, 0, 1, 0]))
@@ -13,15 +14,15 @@ regroup_kts is `KeyedTensor.regroup` as a function.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from rectoolkit.sparse.jagged_tensor import JaggedTensor
-from rectoolkit.sparse.keyed_jagged_tensor import KeyedJaggedTensor
+from rectoolkit.sparse.keyed_jagged_tensor import KeyedJaggedTensor, _kjt_flatten, _kjt_unflatten
 from rectoolkit.sparse.keyed_tensor import KeyedTensor
 
-__all__ = ["ComputeJTDictToKJT", "ComputeKJTToJTDict", "regroup_kts"]
+__all__ = ["ComputeJTDictToKJT", "ComputeKJTToJTDict", "flatten_kjt_list", "regroup_kts", "unflatten_kjt_list"]
 
 
 class ComputeKJTToJTDict(torch.nn.Module):
@@ -46,3 +47,25 @@ def regroup_kts(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> Li
     [2, 3]
     """
     return KeyedTensor.regroup(keyed_tensors, groups)
+
+
+def flatten_kjt_list(kjts: List[KeyedJaggedTensor]) -> Tuple[List[Optional[torch.Tensor]], List[List[str]]]:
+    """Every KJT's pytree leaves, one after the other, and each KJT's keys.
+
+    >>> leaves, keys = flatten_kjt_list([KeyedJaggedTensor(["a"], torch.tensor([7]), lengths=torch.tensor([1]))])
+    >>> len(leaves), keys
+    (6, [['a']])
+    """
+    leaves: List[Optional[torch.Tensor]] = []
+    for kjt in kjts:
+        leaves.extend(_kjt_flatten(kjt)[0])
+    return leaves, [kjt.keys() for kjt in kjts]
+
+
+def unflatten_kjt_list(leaves: List[Optional[torch.Tensor]], contexts: List[List[str]]) -> List[KeyedJaggedTensor]:
+    """The KJTs back from flatten_kjt_list's leaves and keys."""
+    per_kjt = len(KeyedJaggedTensor._fields)
+    if len(leaves) != per_kjt * len(contexts):
+        raise ValueError(f"unflatten_kjt_list: {len(leaves)} leaves for {len(contexts)} KJTs; each KJT has {per_kjt} "
+                         "(pass what flatten_kjt_list returned)")
+    return [_kjt_unflatten(leaves[i * per_kjt : (i + 1) * per_kjt], keys) for i, keys in enumerate(contexts)]

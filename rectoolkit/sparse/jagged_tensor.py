@@ -291,7 +291,7 @@ def __getattr__(name: str):
         from rectoolkit.sparse import equality
 
         return getattr(equality, name)
-    if name in ("ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts"):
+    if name in ("ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts", "flatten_kjt_list", "unflatten_kjt_list"):
         from rectoolkit.sparse import conversions
 
         return getattr(conversions, name)
@@ -311,3 +311,4 @@ def _jt_unflatten(leaves: List[Optional[torch.Tensor]], context: None) -> Jagged
 
 
 pytree_nodes.register_node(JaggedTensor, _FIELDS, _jt_flatten, _jt_unflatten)
+JaggedTensor._fields = _FIELDS  # TorchRec's name for the pytree leaves

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from rectoolkit.sparse import pytree_nodes, validation, variable_batch
+from rectoolkit.sparse import kjt_dist, pytree_nodes, validation, variable_batch
 from rectoolkit.sparse.fx_construct import traced_call, traced_construction
 from rectoolkit.sparse.jagged_ops import (
     batched_lengths_to_offsets,
@@ -358,6 +358,43 @@ class KeyedJaggedTensor:
         self._length_per_key = None
         self._offset_per_key = None
         return self
+
+    # ----------------------------------------------------------------- all-to-all (sparse/kjt_dist.py)
+    def dist_labels(self) -> List[str]:
+        """Names of the tensors ``dist_tensors`` returns: lengths, values, [strides], [weights]."""
+        return kjt_dist.dist_labels(self)
+
+    def dist_splits(self, key_splits: List[int]) -> List[List[int]]:
+        """Entries of each ``dist_tensors`` tensor per destination, ``key_splits[d]`` keys going to d."""
+        return kjt_dist.dist_splits(self, key_splits)
+
+    def dist_tensors(self) -> List[torch.Tensor]:
+        """The tensors an input all-to-all sends (named by ``dist_labels``)."""
+        return kjt_dist.dist_tensors(self)
+
+    @staticmethod
+    def dist_init(
+        keys: List[str],
+        tensors: List[torch.Tensor],
+        variable_stride_per_key: bool,
+        num_workers: int,
+        recat: Optional[torch.Tensor],
+        stride_per_rank: Optional[List[int]],
+        stagger: int = 1,
+    ) -> "KeyedJaggedTensor":
+        """The KJT rebuilt from the received ``dist_tensors`` of ``num_workers`` source ranks (synced)."""
+        arguments = kjt_dist.dist_init_arguments(
+            keys, tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger)
+        return KeyedJaggedTensor(**arguments).sync()
+
+    def clear_storage(self) -> int:
+        """Free the storage of values, lengths, offsets and weights (the object stays); returns the bytes freed."""
+        freed = 0
+        for tensor in (self._values, self._lengths, self._offsets, self._weights):
+            if tensor is not None:
+                freed += tensor.element_size() * tensor.numel()
+                tensor.untyped_storage().resize_(0)
+        return freed
 
     # ---------------------------------------------------------------------------------- accessors
     def keys(self) -> List[str]:
@@ -775,3 +812,4 @@ def _kjt_unflatten(leaves: List[Optional[torch.Tensor]], keys: List[str]) -> Key
 
 
 pytree_nodes.register_node(KeyedJaggedTensor, _FIELDS, _kjt_flatten, _kjt_unflatten)
+KeyedJaggedTensor._fields = _FIELDS  # TorchRec's name for the pytree leaves

@@ -188,3 +188,41 @@ def test_torch_fx_traces_the_models_as_torchrecs(kind):
     expected = torch.fx.symbolic_trace(theirs)(dense, _sparse(torchrec))
     torch.testing.assert_close(traced(dense, _sparse(rtk)), expected)
     torch.testing.assert_close(ours(dense, _sparse(rtk)), expected)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("training", [True, False])
+def test_dlrm_wrapper_takes_torchrecs_model_input_and_gives_its_loss_and_logits(training):
+    pytest.importorskip("torchrec")
+    import torchrec.models.dlrm
+    from torchrec.distributed.test_utils.model_input import ModelInput
+
+    import rectoolkit.models.dlrm
+
+    torch.manual_seed(0)
+    theirs = torchrec.models.dlrm.DLRMWrapper(torchrec.EmbeddingBagCollection(tables=_tables(torchrec)), 3, [8, 4],
+                                              [16, 8, 1])
+    ours = rectoolkit.models.dlrm.DLRMWrapper(rtk.EmbeddingBagCollection(_tables(rtk)), 3, [8, 4], [16, 8, 1])
+    ours.load_state_dict(theirs.state_dict())
+    ours.train(training)
+    theirs.train(training)
+    dense, label = torch.randn(2, 3), torch.tensor([1.0, 0.0])
+    got = ours(ModelInput(float_features=dense, idlist_features=_sparse(rtk), idscore_features=None, label=label))
+    expected = theirs(ModelInput(float_features=dense, idlist_features=_sparse(torchrec), idscore_features=None,
+                                 label=label))
+    if training:
+        torch.testing.assert_close(got[0], expected[0])
+        torch.testing.assert_close(got[1], expected[1])
+        logits = expected[1].squeeze()  # the loss by hand, from TorchRec's logits
+        by_hand = -(label * torch.log(torch.sigmoid(logits)) + (1 - label) * torch.log(1 - torch.sigmoid(logits)))
+        torch.testing.assert_close(got[0], by_hand.mean())
+    else:
+        torch.testing.assert_close(got, expected)
+
+
+def test_dlrm_wrapper_names_a_missing_field():
+    import rectoolkit.models.dlrm
+
+    model = rectoolkit.models.dlrm.DLRMWrapper(rtk.EmbeddingBagCollection(_tables(rtk)), 3, [8, 4], [16, 8, 1])
+    with pytest.raises(TypeError, match="has no 'label'"):
+        model(type("Batch", (), {"float_features": torch.randn(2, 3), "idlist_features": _sparse(rtk)})())

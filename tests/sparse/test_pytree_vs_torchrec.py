@@ -100,3 +100,21 @@ def test_export_of_a_function_taking_a_kjt():
     assert type(rescaled) is rtk.KeyedJaggedTensor and rescaled.keys() == ["a", "b"]
     assert rescaled.values().tolist() == [10, 20, 30, 40] and rescaled.lengths().tolist() == [2, 1, 0, 1]
     assert int(total) == 4
+
+
+def test_kjt_list_flattens_like_torchrec_and_back():
+    from torchrec.sparse.jagged_tensor import flatten_kjt_list as theirs_flatten
+
+    from rectoolkit.sparse.jagged_tensor import flatten_kjt_list, kjt_is_equal, unflatten_kjt_list
+
+    assert rtk.KeyedJaggedTensor._fields == torchrec.KeyedJaggedTensor._fields
+    assert rtk.JaggedTensor._fields == torchrec.JaggedTensor._fields
+    ours, theirs = _kjts(rtk), _kjts(torchrec)
+    our_leaves, our_keys = flatten_kjt_list(ours)
+    their_leaves, their_keys = theirs_flatten(theirs)
+    _same_leaves(our_leaves, their_leaves)
+    assert our_keys == their_keys
+    for rebuilt, original in zip(unflatten_kjt_list(our_leaves, our_keys), ours, strict=True):
+        assert kjt_is_equal(rebuilt, original)
+    with pytest.raises(ValueError, match="5 leaves for 1 KJTs; each KJT has 6"):
+        unflatten_kjt_list(our_leaves[:5], our_keys[:1])
