@@ -23,7 +23,7 @@ from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.optim import CombinedOptimizer, EmbeddingFusedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from rectoolkit.kernels import EmbOptimType, FusedOptimizerConfig, fbgemm_available
-from rectoolkit import launch
+from rectoolkit import inference, launch
 from rectoolkit.launch import LaunchTimeout, WorkerError
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, PlanReport, Topology

@@ -51,6 +51,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.optim.clipping": "torchrec.optim.clipping",
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
+    "rectoolkit.inference.modules": "torchrec.inference.modules",
     "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",
     "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",

@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 import rectoolkit.compat  # noqa: E402
 
 PACKAGE_ROOT = Path(rectoolkit.compat.__file__).parent
-LAYERS = ["fbgemm_probe", "sparse", "kernels", "optim", "modules", "plan", "planner", "distributed", "quant", "fx",
+LAYERS = ["fbgemm_probe", "sparse", "kernels", "optim", "modules", "plan", "planner", "distributed", "quant", "fx", "inference",
           "launch", "workloads", "data", "metrics", "train", "measure", "models", "datasets", "viz", "widgets", "compat",
           "__init__"]
 # The planner's measuring modules run the sharded engine on spawned workers (distributed, launch, train's data):
