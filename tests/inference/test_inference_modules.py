@@ -200,3 +200,35 @@ def test_quantize_dense_and_quantize_feature():
     assert quantize_feature(None, (torch.ones(1, dtype=torch.float64), 3))[0].dtype == torch.float16
     assert trim_torch_package_prefix_from_typename("<torch_package_3>.a.B") == "a.B"
     assert trim_torch_package_prefix_from_typename("a.B") == "a.B"
+
+
+# ------------------------------------------------------------------------------------------------ TorchScript
+@pytest.mark.xfail(strict=True, raises=(RuntimeError, ValueError, torch.jit.frontend.NotSupportedError),
+                   reason="rectoolkit's KeyedJaggedTensor is not a TorchScript class (TorchRec's is), so a scripted "
+                          "forward cannot take one, and the unsharded collections' kernels do not script")
+@pytest.mark.parametrize("what", ["float", "quantized", "sharded over 2"])
+def test_jit_script_of_the_traced_model(quantized, what):
+    """TorchRec 1.8 scripts all three on CPU (the sharded one only on meta tensors: it cannot shard onto CPU)."""
+    model = {"float": lambda: _model(rtk), "quantized": lambda: quantized,
+             "sharded over 2": lambda: shard_quant_model(copy.deepcopy(quantized), world_size=2, compute_device="cpu",
+                                                         sharding_device="cpu")[0]}[what]()
+    scripted = torch.jit.script(symbolic_trace(model))
+    batch = _batch(rtk, 3, 0)
+    dense, rows = scripted(*batch)
+    assert torch.equal(dense, model(*batch)[0]) and torch.equal(rows, model(*batch)[1])
+
+
+@pytest.mark.torchrec
+def test_our_traced_quantized_model_equals_torchrecs_scripted_one():
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.fx import symbolic_trace as torchrec_trace
+    from torchrec.inference.modules import quantize_inference_model as torchrec_quantize
+
+    ours, theirs = _model(rtk), _model(torchrec)
+    theirs.load_state_dict(ours.state_dict())
+    traced = symbolic_trace(quantize_inference_model(ours))
+    scripted = torch.jit.script(torchrec_trace(torchrec_quantize(theirs)))
+    for batch_size in BATCH_SIZES:
+        (dense, rows), (dense_t, rows_t) = traced(*_batch(rtk, batch_size, 2)), scripted(*_batch(torchrec, batch_size, 2))
+        torch.testing.assert_close(dense, dense_t)
+        assert torch.equal(rows, rows_t)
