@@ -53,6 +53,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.quant.embedding_modules": "torchrec.quant.embedding_modules",
     "rectoolkit.fx": "torchrec.fx",
     "rectoolkit.streamable": "torchrec.streamable",
+    "rectoolkit.inference.modules": "torchrec.inference.modules",
     "rectoolkit.datasets.criteo": "torchrec.datasets.criteo",
     "rectoolkit.datasets.movielens": "torchrec.datasets.movielens",
     "rectoolkit.metrics.metric_module": "torchrec.metrics.metric_module",

@@ -21,9 +21,10 @@ call_function node, see rectoolkit.modules.fx_call), as it does on TorchRec's; s
     >>> torch.equal(traced(kjt), model(kjt))
     True
 
-`torch.jit.script` of a graph whose kept modules are sharded collections compiles, with each of them as a call back
-into Python: it runs only from Python and does not save for C++. A graph keeping an unsharded collection does not
-script (its kernels are not TorchScript). TorchRec's TorchScript export is not offered: torch.export
+`torch.jit.script` of a traced model does not give a runnable program: rectoolkit's KeyedJaggedTensor is a Python
+class, not a TorchScript one (TorchRec's is), so a scripted forward cannot take it as an input (scripting a graph
+keeping sharded collections compiles, but calling it with a KJT fails); a graph keeping an unsharded collection
+does not script at all (its kernels are not TorchScript). TorchRec's TorchScript export is not offered: torch.export
 (rectoolkit.quant.export) writes the collections, sharded or not, for serving instead.
 """
 
@@ -38,10 +39,16 @@ from torch import nn
 from rectoolkit.distributed.steps import RunGroups
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+from rectoolkit.quant.one_process import (
+    OneProcessShardedQuantEmbeddingBagCollection,
+    OneProcessShardedQuantEmbeddingCollection,
+)
 
-# a sharded collection is traced into: its forward is one call of its RunGroups child (+ its awaitable)
+# a sharded collection is traced into: its forward is one call of its RunGroups child (+ its awaitable); one sharded
+# in one process (rectoolkit.quant.one_process, as shard_quant_model makes for several ranks) is kept whole
 LEAF_TYPES = (RunGroups, EmbeddingBagCollection, EmbeddingCollection, QuantEmbeddingBagCollection,
-              QuantEmbeddingCollection)
+              QuantEmbeddingCollection, OneProcessShardedQuantEmbeddingBagCollection,
+              OneProcessShardedQuantEmbeddingCollection)
 
 
 class Tracer(torch.fx.Tracer):

@@ -256,3 +256,29 @@ def test_dynamic_compile_makes_one_graph_for_batches_of_several_sizes():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
     _assert_same_steps(compiled, model, reference, [_batch(b, seed) for b, seed in [(4, 1), (6, 2), (9, 3), (2, 4)]])
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.timeout(240)
+def test_a_batch_of_one_recompiles_only_by_torchs_0_1_specialization():
+    """dynamic=True recompiles for a batch of 1 after larger ones (TORCH_LOGS=recompiles: the guard `2 <= size` is
+    PyTorch's 0/1 specialization, not a branch in rectoolkit: a plain nn.Linear recompiles the same way). Without
+    that specialization (backed_size_oblivious) the model is one graph for every batch size, 1 included."""
+    from torch._dynamo.utils import counters
+    from torch.fx.experimental import _config as shape_config
+
+    linear = torch.nn.Linear(3, 2)
+    counters.clear()
+    compiled_linear = torch.compile(linear, fullgraph=True, backend="aot_eager", dynamic=True)
+    for batch_size in (4, 6, 1):
+        compiled_linear(torch.randn(batch_size, 3))
+    assert counters["stats"]["unique_graphs"] == 2  # the framework's own recompile, on any model
+
+    torch._dynamo.reset()
+    model = _dlrm()
+    counters.clear()
+    with shape_config.patch(backed_size_oblivious=True), torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+        for batch_size, seed in [(4, 1), (6, 2), (1, 3), (2, 4)]:
+            batch = _batch(batch_size, seed)
+            torch.testing.assert_close(compiled(*batch), model(*batch))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -39,8 +39,8 @@ import rectoolkit.compat  # noqa: E402
 
 PACKAGE_ROOT = Path(rectoolkit.compat.__file__).parent
 LAYERS = ["fbgemm_probe", "streamable", "sparse", "kernels", "optim", "modules", "plan", "planner", "distributed",
-          "quant", "fx", "launch", "workloads", "data", "metrics", "train", "measure", "models", "datasets", "viz",
-          "widgets", "compat", "__init__"]
+          "quant", "fx", "inference", "launch", "workloads", "data", "metrics", "train", "measure", "models", "datasets",
+          "viz", "widgets", "compat", "__init__"]
 # The planner's measuring modules run the sharded engine on spawned workers (distributed, launch, train's data):
 # they are a layer of their own above train. The planner reaches them only from the two calls that run a
 # measurement (measure_top_k, Topology.calibrate), by a lazy import there, and its package re-exports them.
