@@ -2,7 +2,7 @@
 
     quant_model = quantize_inference_model(model)                 # collections swapped for quantized ones
     sharded, plan = shard_quant_model(quant_model, world_size=2, compute_device="cpu", sharding_device="cpu")
-    scripted = torch.jit.script(rectoolkit.fx.symbolic_trace(sharded))
+    traced = rectoolkit.fx.symbolic_trace(sharded)                # serve it, or torch.export its collections
 
     >>> import torch, rectoolkit as rtk
     >>> model = torch.nn.Sequential(rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(
@@ -23,6 +23,8 @@ Where rectoolkit differs (an error says so, nothing is dropped silently):
   machine, but its result then runs only on meta tensors. Pass compute_device="cpu".
 - FeatureProcessedEmbeddingBagCollection is not quantized (no quantized form in rectoolkit).
 - A quantization_mapping value must be a class with `from_float` (rectoolkit's quantized collections, or yours).
+- TorchRec's next step, torch.jit.script of the traced model, does not work: rectoolkit's KeyedJaggedTensor is a
+  Python class, not a TorchScript one. Serve the traced module, or torch.export (rectoolkit.quant.export).
 """
 
 from __future__ import annotations
