@@ -11,7 +11,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -76,6 +76,10 @@ def dtype_to_data_type(dtype: torch.dtype) -> DataType:
     raise ValueError(f"no embedding DataType for torch dtype {dtype}; use one of {list(_TORCH_DTYPES.values())}")
 
 
+_TORCHREC_ONLY_FIELDS = {"input_dim": None, "total_num_buckets": None, "use_virtual_table": False,
+                         "virtual_table_eviction_policy": None, "enable_embedding_update": False, "stash_weights": False}
+
+
 @dataclass
 class BaseEmbeddingConfig:
     """Fields shared by bag (pooled) and sequence tables, named as in TorchRec."""
@@ -90,9 +94,20 @@ class BaseEmbeddingConfig:
     num_embeddings_post_pruning: Optional[int] = None
     init_fn: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None
     need_pos: bool = False
+    # TorchRec's fields for its SSD/DRAM virtual tables and bucketized ids: at their defaults only (refused otherwise)
+    input_dim: Optional[int] = None
+    total_num_buckets: Optional[int] = None
+    use_virtual_table: bool = False
+    virtual_table_eviction_policy: Optional[Any] = None
+    enable_embedding_update: bool = False
+    stash_weights: bool = False
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}" if self.name else "embedding config"
+        for name, default in _TORCHREC_ONLY_FIELDS.items():
+            if getattr(self, name) != default:
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r} is not supported: rectoolkit has no virtual "
+                                 f"(SSD/DRAM, bucketized) tables, which TorchRec's field sets up; leave it at {default!r}")
         if not isinstance(self.num_embeddings, int) or self.num_embeddings <= 0:
             raise ValueError(f"{where}: num_embeddings must be a positive int, got {self.num_embeddings!r}")
         if not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:

@@ -93,3 +93,22 @@ def test_fused_sgd_equals_torchrec_with_dense_sgd(backend, variable_batch):
         opt.zero_grad()
     for name, value in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("config_name", ["EmbeddingBagConfig", "EmbeddingConfig"])
+def test_configs_have_torchrecs_fields_in_torchrecs_order(config_name):
+    """A config built from TorchRec's fields (dataclasses.asdict of TorchRec's, or positional arguments) builds
+    here; the fields for TorchRec's virtual tables are refused away from their defaults, naming the field."""
+    import dataclasses
+
+    import torchrec
+
+    theirs = getattr(torchrec, config_name)(num_embeddings=10, embedding_dim=4, name="t", feature_names=["f"])
+    ours_type = getattr(rtk, config_name)
+    assert [f.name for f in dataclasses.fields(ours_type)] == [f.name for f in dataclasses.fields(type(theirs))]
+    fields = {k: v for k, v in dataclasses.asdict(theirs).items() if k not in ("init_fn", "data_type", "pooling")}
+    assert ours_type(**fields).feature_names == ["f"]
+    for name, value in [("use_virtual_table", True), ("total_num_buckets", 4), ("stash_weights", True),
+                        ("enable_embedding_update", True), ("input_dim", 3)]:
+        with pytest.raises(ValueError, match=f"table 't': {name}={value!r} is not supported.*leave it at"):
+            ours_type(num_embeddings=10, embedding_dim=4, name="t", **{name: value})
