@@ -27,7 +27,7 @@ PATHS = {
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
     "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
-    "distributed.model_parallel": ["DistributedModelParallel"],
+    "distributed.model_parallel": ["DistributedModelParallel", "DataParallelWrapper", "DefaultDataParallelWrapper"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                    "EvalPipelineSparseDist"],
     "distributed.sharding_plan": ["construct_module_sharding_plan", "table_wise", "row_wise", "column_wise",

@@ -131,6 +131,11 @@ class ShardingEnv:
         return other
 
     @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        """TorchRec's name for `pg`."""
+        return self.pg
+
+    @property
     def host(self) -> int:
         return self.rank // self.local_world_size
 

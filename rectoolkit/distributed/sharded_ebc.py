@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.data_parallel import DataParallelSharding
 from rectoolkit.distributed.grid import GridSharding
 from rectoolkit.distributed.row_wise import RowWiseSharding
+from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.distributed.table_column_wise import TableColumnWiseSharding
 from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
 from rectoolkit.distributed.table_wise import TableWiseSharding
@@ -210,6 +211,13 @@ class ShardedCollection(nn.Module):
     def local_shards(self) -> List[Tuple[str, ShardMetadata, torch.Tensor, Dict[str, torch.Tensor]]]:
         """(table, shard, weight, optimizer state) of every shard this rank holds (DATA_PARALLEL: its replica)."""
         return [entry for group in self.groups.values() for entry in group.local_shards()]
+
+    def torchrec_named_parameters(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
+        """This rank's shard weights under TorchRec's names: "<prefix>embedding_bags.<table>.weight" (sequence
+        collections: "embeddings."), one entry per local shard (a table with two column shards here gives its
+        name twice, as TorchRec's sharded modules do); tables with no shard on this rank are absent."""
+        for table, _, weight, _ in self.local_shards():
+            yield f"{prefix}{collection_state_prefix(self)}{table}.weight", weight
 
     def memory_bytes(self) -> Dict[str, int]:
         """Bytes this rank holds: shard weights and fused optimizer state, and where they live ("device": GPU

@@ -1,0 +1,159 @@
+"""DistributedModelParallel's surface beside TorchRec 1.8's, on 2 gloo ranks: the same user script runs on both
+libraries and what it sees must agree.
+
+named_parameters / bare_named_parameters (the unsharded model's names, this rank's shards; TorchRec also lists an
+empty placeholder for a table with no shard here, left out of the comparison), named_buffers (no sharded
+bookkeeping), sparse_grad_parameter_names, in_backward_optimizer_filter over named_parameters, the fused
+optimizer's keys, state_dict keys, load_state_dict's result, data_parallel_wrapper (a custom one is called with the
+DMP, env and device; the default's DDP options), the `device` and `module` properties, env.process_group.
+rectoolkit's state_dict holds whole tables (TorchRec: ShardedTensor), so it loads into a DMP with another plan;
+TorchRec refuses that, so the round trip is checked against the unsharded collection instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from dist_harness import run_workers
+
+
+def _model(lib) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.ebc = lib.EmbeddingBagCollection(tables=[
+        lib.EmbeddingBagConfig(name=f"t{i}", num_embeddings=6 + i, embedding_dim=4, feature_names=[f"f{i}"])
+        for i in range(3)], device=torch.device("cpu"))
+    model.side = nn.EmbeddingBag(5, 3, sparse=True)
+    model.dense = nn.EmbeddingBag(5, 3)
+    model.lin = nn.Linear(4, 1)
+    model.register_buffer("step", torch.zeros(2))
+    return model
+
+
+def _imports(lib_name: str):
+    if lib_name == "torchrec":
+        import torchrec as lib
+        from torchrec.distributed import model_parallel, sharding_plan
+        from torchrec.distributed.types import ShardingEnv, ShardingPlan
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+    else:
+        import rectoolkit as lib
+        from rectoolkit.distributed import model_parallel, sharding_plan
+        from rectoolkit.distributed.types import ShardingEnv, ShardingPlan
+        from rectoolkit.optim.optimizers import in_backward_optimizer_filter
+    return lib, model_parallel, sharding_plan, ShardingEnv, ShardingPlan, in_backward_optimizer_filter
+
+
+def surface_worker(rank: int, world_size: int, lib_name: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    lib, model_parallel, sp, ShardingEnv, ShardingPlan, in_backward_optimizer_filter = _imports(lib_name)
+    DMP = model_parallel.DistributedModelParallel
+
+    class Recording(model_parallel.DataParallelWrapper):  # a user's own wrapper, written for TorchRec
+        calls = []
+
+        def wrap(self, dmp, env, device):
+            self.calls.append((type(dmp).__name__, env.process_group is dist.group.WORLD, str(device)))
+
+    model = _model(lib)
+    module_plan = sp.construct_module_sharding_plan(
+        model.ebc, {"t0": sp.table_wise(rank=1, compute_kernel="fused"), "t1": sp.row_wise(),
+                    "t2": sp.column_wise(ranks=[0, 1])}, world_size=world_size, device_type="cpu")
+    plan = ShardingPlan({"ebc": module_plan})
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    dmp = DMP(model, env=env, device=torch.device("cpu"), plan=plan, init_data_parallel=False,
+              data_parallel_wrapper=Recording())
+    dmp.init_data_parallel()
+    dmp.init_data_parallel()  # again: nothing
+    seen = {"wrapper_calls": Recording.calls, "still_unwrapped": dmp._dmp_wrapped_module is dmp.module,
+            "device": str(dmp.device)}
+    nonempty = [(name, list(p.shape)) for name, p in dmp.named_parameters() if p.numel()]
+    seen["named_parameters"] = nonempty
+    seen["bare_named_parameters"] = [(n, list(p.shape)) for n, p in dmp.bare_named_parameters() if p.numel()]
+    seen["parameters_are_named"] = len([p for p in dmp.parameters() if p.numel()]) == len(nonempty)
+    seen["named_buffers"] = [name for name, _ in dmp.named_buffers()]
+    seen["sparse_grad"] = dmp.sparse_grad_parameter_names()
+    seen["not_fused"] = [n for n, p in in_backward_optimizer_filter(dmp.named_parameters()) if p.numel()]
+    seen["fused_optimizer"] = sorted(dmp.fused_optimizer.params)
+    state = dmp.state_dict()
+    seen["state_dict"] = sorted(state)
+    seen["state_dict_shapes"] = {k: list(v.shape) for k, v in state.items()}
+    result = dmp.load_state_dict(state)
+    seen["load_result"] = [type(result).__name__, result.missing_keys, result.unexpected_keys]
+
+    wrapped = DMP(_model(lib), env=env, device=torch.device("cpu"), plan=plan,
+                  data_parallel_wrapper=model_parallel.DefaultDataParallelWrapper(
+                      bucket_cap_mb=1, static_graph=False, find_unused_parameters=True))
+    ddp = wrapped._dmp_wrapped_module
+    seen["ddp"] = [type(ddp).__name__, ddp.static_graph, ddp.find_unused_parameters, ddp.bucket_bytes_cap,
+                   ddp.broadcast_buffers, ddp.gradient_as_bucket_view]
+    seen["default_ddp"] = [dmp.__class__(_model(lib), env=env, device=torch.device("cpu"), plan=plan)
+                           ._dmp_wrapped_module.static_graph]
+    with open(os.path.join(out_dir, f"{lib_name}_{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(240)
+def test_dmp_surface_matches_torchrec(tmp_path):
+    pytest.importorskip("torchrec")
+    for lib_name in ("torchrec", "rectoolkit"):
+        run_workers(surface_worker, 2, lib_name, str(tmp_path))
+    for rank in range(2):
+        theirs = json.loads((tmp_path / f"torchrec_{rank}.json").read_text())
+        ours = json.loads((tmp_path / f"rectoolkit_{rank}.json").read_text())
+        for key in theirs:
+            if key in ("named_parameters", "bare_named_parameters", "not_fused"):  # sharded entries in group order
+                assert sorted(ours[key]) == sorted(theirs[key]), (rank, key)
+            else:
+                assert ours[key] == theirs[key], (rank, key)
+    ours = json.loads((tmp_path / "rectoolkit_0.json").read_text())
+    assert ours["named_parameters"][-1] == ["lin.bias", [1]] and ["ebc.embedding_bags.t1.weight", [4, 4]] in \
+        ours["named_parameters"]  # hand-checked: rank 0 holds rows 0-3 of t1 (7 rows in blocks of 4)
+    assert ours["sparse_grad"] == ["side.weight"]
+
+
+def round_trip_worker(rank: int, world_size: int) -> None:
+    import rectoolkit as rtk
+    from rectoolkit.distributed.model_parallel import DistributedModelParallel
+    from rectoolkit.distributed.sharding_plan import column_wise, construct_module_sharding_plan, row_wise, table_wise
+
+    reference = _model(rtk)
+    first = DistributedModelParallel(_model(rtk), plan=rtk.ShardingPlan({"ebc": construct_module_sharding_plan(
+        reference.ebc, {"t0": table_wise(rank=1), "t1": row_wise(), "t2": column_wise(ranks=[0, 1])},
+        world_size=world_size, device_type="cpu")}))
+    blank = _model(rtk)
+    with torch.no_grad():
+        for param in blank.parameters():
+            param.zero_()
+    second = DistributedModelParallel(blank, plan=rtk.ShardingPlan({"ebc": construct_module_sharding_plan(
+        reference.ebc, {"t0": row_wise(), "t1": column_wise(ranks=[1, 0]), "t2": table_wise(rank=0)},
+        world_size=world_size, device_type="cpu")}))
+    result = second.load_state_dict({"outer." + k: v for k, v in first.state_dict().items()}, prefix="outer.")
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    for key, value in second.state_dict().items():
+        assert torch.equal(value, reference.state_dict()[key]), key
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_state_dict_loads_into_a_dmp_with_another_plan():
+    run_workers(round_trip_worker, 2)
+
+
+def test_a_wrapper_without_wrap_and_an_unknown_precision_are_refused():
+    import rectoolkit as rtk
+    from rectoolkit.distributed import ShardingEnv
+    from rectoolkit.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+
+    with pytest.raises(TypeError, match="data_parallel_wrapper=.*has no wrap"):
+        DistributedModelParallel(_model(rtk), env=ShardingEnv.local(), data_parallel_wrapper=object())
+    with pytest.raises(ValueError, match="allreduce_comm_precision='fp8'"):
+        DefaultDataParallelWrapper(allreduce_comm_precision="fp8")
