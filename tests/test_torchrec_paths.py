@@ -27,6 +27,8 @@ PATHS = {
     "distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
     "distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
+    "distributed.planner.storage_reservations": ["HeuristicalStorageReservation", "FixedPercentageStorageReservation",
+                                                 "FixedAbsoluteStorageReservation"],
     "distributed.model_parallel": ["DistributedModelParallel", "DataParallelWrapper", "DefaultDataParallelWrapper"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                    "EvalPipelineSparseDist"],

@@ -157,3 +157,24 @@ def test_a_wrapper_without_wrap_and_an_unknown_precision_are_refused():
         DistributedModelParallel(_model(rtk), env=ShardingEnv.local(), data_parallel_wrapper=object())
     with pytest.raises(ValueError, match="allreduce_comm_precision='fp8'"):
         DefaultDataParallelWrapper(allreduce_comm_precision="fp8")
+
+
+def collective_plan_worker(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+
+    import rectoolkit as rtk
+    from rectoolkit.distributed.planner import EmbeddingShardingPlanner, Topology
+    from rectoolkit.distributed.sharding_plan import get_default_sharders
+
+    planner = EmbeddingShardingPlanner(Topology(world_size=world_size, compute_device="cpu"), batch_size=8)
+    plan = planner.collective_plan(_model(rtk), get_default_sharders(), dist.group.WORLD)
+    plans = [None] * world_size
+    dist.all_gather_object(plans, str(plan))
+    assert plans[0] == plans[1] and "ebc" in plan.plan
+    assert (planner.last is None) == (rank != 0)  # TorchRec's way: rank 0 plans, the others receive its plan
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_collective_plan_is_rank_zeros_plan_on_every_rank():
+    run_workers(collective_plan_worker, 2)
