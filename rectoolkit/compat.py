@@ -24,6 +24,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner.types": "torchrec.distributed.planner.types",
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
     "rectoolkit.distributed.planner.storage_reservations": "torchrec.distributed.planner.storage_reservations",
+    "rectoolkit.distributed.planner.stats": "torchrec.distributed.planner.stats",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",

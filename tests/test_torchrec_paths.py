@@ -29,6 +29,7 @@ PATHS = {
     "distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "distributed.planner.storage_reservations": ["HeuristicalStorageReservation", "FixedPercentageStorageReservation",
                                                  "FixedAbsoluteStorageReservation"],
+    "distributed.planner.stats": ["EmbeddingStats", "NoopEmbeddingStats"],
     "distributed.model_parallel": ["DistributedModelParallel", "DataParallelWrapper", "DefaultDataParallelWrapper"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                    "EvalPipelineSparseDist"],

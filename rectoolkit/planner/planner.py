@@ -26,7 +26,7 @@ from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_parameter_sharding
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
-from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.stats import WorkloadStats, split_planner_stats
 from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
@@ -100,7 +100,8 @@ class EmbeddingShardingPlanner:
         constraints: table name -> ParameterConstraints.
         objective: "time" (slowest rank's step time, default), "memory" (balance memory), "bytes" (total moved).
         optimizer: embedding optimizer, for optimizer-state memory ("sgd", "adagrad", "row_wise_adagrad", "adam").
-        stats: WorkloadStats (pooling factors, batch size), e.g. WorkloadStats.from_batches(sample_kjts).
+        stats: WorkloadStats (pooling factors, batch size), e.g. WorkloadStats.from_batches(sample_kjts); or, as in
+            TorchRec, statistics printers: EmbeddingStats() (logs explain() after each plan) / NoopEmbeddingStats().
         dense_bytes_per_rank: bytes of dense replicas per rank (default: a module's non-embedding parameters,
             weights + gradients, fp32).
         local_search: improve the greedy plan by moves and swaps (default True).
@@ -143,6 +144,7 @@ class EmbeddingShardingPlanner:
                 "Leave them out, or plan with TorchRec's planner and read its plan with "
                 "rectoolkit.plan.torchrec_interop.from_torchrec")
         self.topology = topology if topology is not None else _default_topology()
+        stats, self.stats_printers = split_planner_stats(stats)
         self.batch_size = resolve_batch_size(batch_size, stats, self.topology)
         self.constraints = dict(constraints or {})
         for name, c in self.constraints.items():
@@ -222,6 +224,8 @@ class EmbeddingShardingPlanner:
         self.last = result
         if self.debug:
             _LOG.info("%s", self.explain())
+        for printer in self.stats_printers:
+            printer.log_plan(self)
         return result.plan
 
     def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill) -> PlanningResult:

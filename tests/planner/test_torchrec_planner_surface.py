@@ -97,3 +97,18 @@ def test_feature_names_and_device_group_are_honoured_or_refused():
         EmbeddingShardingPlanner(cuda, constraints={"t0": ParameterConstraints(device_group="cpu")}).plan(ebc)
     same = {"t0": ParameterConstraints(feature_names=["f0", "g0"], device_group="cuda")}
     assert "t0" in EmbeddingShardingPlanner(cuda, constraints=same).plan(ebc).plan[""]
+
+
+def test_stats_printers_log_the_plan_or_nothing(caplog):
+    from rectoolkit.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
+
+    ebc = rtk.EmbeddingBagCollection(tables=[rtk.EmbeddingBagConfig(
+        name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0"])], device=torch.device("meta"))
+    topology = Topology(world_size=2, compute_device="cpu")
+    with caplog.at_level("INFO", logger="rectoolkit.planner"):
+        EmbeddingShardingPlanner(topology, stats=NoopEmbeddingStats()).plan(ebc)
+        assert not caplog.records
+        EmbeddingShardingPlanner(topology, stats=[EmbeddingStats()]).plan(ebc)  # TorchRec takes a list too
+        assert "t0" in caplog.text
+    with pytest.raises(TypeError, match=r"stats=\['dict'\] is neither a WorkloadStats"):
+        EmbeddingShardingPlanner(topology, stats={"batch_size": 8})
