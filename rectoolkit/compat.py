@@ -25,6 +25,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
     "rectoolkit.distributed.planner.storage_reservations": "torchrec.distributed.planner.storage_reservations",
     "rectoolkit.distributed.planner.stats": "torchrec.distributed.planner.stats",
+    "rectoolkit.distributed.comm_ops": "torchrec.distributed.comm_ops",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",

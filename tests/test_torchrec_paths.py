@@ -30,6 +30,7 @@ PATHS = {
     "distributed.planner.storage_reservations": ["HeuristicalStorageReservation", "FixedPercentageStorageReservation",
                                                  "FixedAbsoluteStorageReservation"],
     "distributed.planner.stats": ["EmbeddingStats", "NoopEmbeddingStats"],
+    "distributed.comm_ops": ["set_gradient_division", "get_gradient_division"],
     "distributed.model_parallel": ["DistributedModelParallel", "DataParallelWrapper", "DefaultDataParallelWrapper"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                    "EvalPipelineSparseDist"],

@@ -14,7 +14,9 @@ What it does, in order (one plain function each, below):
 4. wrap the model in DDP for the dense parameters (`data_parallel_wrapper`, rectoolkit.distributed.dense_wrapper),
    on a process group of its own so that DDP's asynchronous all-reduces never interleave with the embedding
    all-to-alls. Dense gradients are averaged
-   (DDP); embedding gradients are summed over ranks (each table sees the global batch), as in TorchRec.
+   (DDP), and so are the embedding gradients, as in TorchRec: each table gets the sum over ranks of their
+   batches' gradients divided by the world size (TorchRec's comm_ops.GRADIENT_DIVISION;
+   rectoolkit.distributed.comm_ops.set_gradient_division(False) sums them instead).
 
 `state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a
 collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices, so a
@@ -341,8 +343,8 @@ class DistributedModelParallel(nn.Module):
 
     def dense_parameters(self) -> List[nn.Parameter]:
         """Give these to the dense optimizer: the replicated parameters (DDP), then the embedding shards whose
-        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or summed over
-        ranks for DATA_PARALLEL, like any embedding gradient)."""
+        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or reduced over
+        ranks for DATA_PARALLEL, divided by the world size like any embedding gradient)."""
         return dense_parameters(self._plain_module, self._sharded)
 
     def named_dense_parameters(self) -> Iterator[Tuple[str, nn.Parameter]]:

@@ -31,7 +31,7 @@ from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
-from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.data_parallel import DataParallelSharding
 from rectoolkit.distributed.grid import GridSharding
 from rectoolkit.distributed.row_wise import RowWiseSharding
@@ -318,7 +318,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 out = expand_pooled(out, inverse_indices, self._dims)
         if flat_blocks:
             out = self._expand_flat_blocks(out, flat_blocks, batch, inverse_indices)
-        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=out, key_dim=1)
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=divide_gradient(out, self.env),
+                           key_dim=1)
 
     def _guard(self, pooled: torch.Tensor) -> torch.Tensor:
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)

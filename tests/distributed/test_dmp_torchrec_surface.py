@@ -178,3 +178,70 @@ def collective_plan_worker(rank: int, world_size: int) -> None:
 @pytest.mark.timeout(120)
 def test_collective_plan_is_rank_zeros_plan_on_every_rank():
     run_workers(collective_plan_worker, 2)
+
+
+def _local_slices(sharded_tensor):
+    """(offsets, sizes, tensor) of this rank's shards of a TorchRec ShardedTensor."""
+    return [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in sharded_tensor.local_shards()]
+
+
+def training_worker(rank: int, world_size: int) -> None:
+    """Two training steps of a TorchRec DMP and of rectoolkit's, the same plan, weights and batches (fused row-wise
+    Adagrad in backward): each rank's shards of TorchRec's tables equal the same slices of rectoolkit's tables.
+    TorchRec divides the embedding gradients by the world size (comm_ops.GRADIENT_DIVISION); rectoolkit summed
+    them, which moved every table by another step (2x the update with SGD)."""
+    import torch.distributed as dist
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed import model_parallel as their_mp
+    from torchrec.distributed import sharding_plan as their_sp
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder as TheirSharder
+
+    import rectoolkit as rtk
+    from rectoolkit.distributed import model_parallel as our_mp
+    from rectoolkit.distributed import sharding_plan as our_sp
+    from rectoolkit.distributed.embeddingbag import EmbeddingBagCollectionSharder as OurSharder
+
+    def build(lib, mp, sp, sharder, optimizer):
+        model = _model(lib)
+        plan = sp.construct_module_sharding_plan(model.ebc, {
+            "t0": sp.table_wise(rank=1, compute_kernel="fused"), "t1": sp.row_wise(compute_kernel="fused"),
+            "t2": sp.column_wise(ranks=[1], compute_kernel="fused")}, world_size=world_size, device_type="cpu")
+        fused = {"optimizer": optimizer, "learning_rate": 0.1, "eps": 0.01}
+        return mp.DistributedModelParallel(model, device=torch.device("cpu"), plan=mp.ShardingPlan({"ebc": plan}),
+                                           sharders=[sharder(fused_params=fused)])
+
+    ours = build(rtk, our_mp, our_sp, OurSharder, "exact_row_wise_adagrad")
+    theirs = build(torchrec, their_mp, their_sp, TheirSharder, EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+    with torch.no_grad():  # TorchRec's DMP initializes its shards afresh: give it rectoolkit's tables
+        for key, value in ours.state_dict().items():
+            their_value = theirs.state_dict()[key]
+            for offsets, sizes, local in _local_slices(their_value) if hasattr(their_value, "local_shards") \
+                    else [((0,) * value.dim(), value.shape, their_value)]:
+                local.copy_(value[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))])
+    generator = torch.Generator().manual_seed(7 + rank)
+    for _ in range(2):
+        lengths = torch.randint(0, 3, (3 * 2,), generator=generator)
+        values = torch.cat([torch.randint(0, 6 + i, (int(lengths[2 * i:2 * i + 2].sum()),), generator=generator)
+                            for i in range(3)])
+        for lib, dmp in ((rtk, ours), (torchrec, theirs)):
+            kjt = lib.KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=values, lengths=lengths)
+            (dmp.module.ebc(kjt).wait().values() * torch.arange(12.0)).sum().backward()
+    dist.barrier()
+    our_state = ours.state_dict()
+    for key, their_value in theirs.state_dict().items():
+        if not key.startswith("ebc."):
+            continue
+        for offsets, sizes, local in _local_slices(their_value):
+            expected = our_state[key][tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+            torch.testing.assert_close(expected, local, msg=lambda m: f"rank {rank} {key} {offsets}: {m}")
+    their_opt = {k: sorted(v) for k, v in theirs.fused_optimizer.state_dict()["state"].items()}
+    assert {k: sorted(v) for k, v in ours.fused_optimizer.state_dict()["state"].items()} == their_opt
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(240)
+def test_two_training_steps_give_torchrecs_shards():
+    pytest.importorskip("torchrec")
+    run_workers(training_worker, 2)
