@@ -131,6 +131,11 @@ class ShardingEnv:
         return other
 
     @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        """TorchRec's name for `pg`."""
+        return self.pg
+
+    @property
     def host(self) -> int:
         return self.rank // self.local_world_size
 
@@ -356,6 +361,31 @@ def _merge_equal_widths(block_rows: Sequence[int], widths: Sequence[int]) -> Tup
             rows.append(r)
             merged.append(w)
     return rows, merged
+
+
+# TorchRec's GRADIENT_DIVISION (torchrec.distributed.comm_ops): the sharded collections' output gradients are
+# divided by the world size, so a table's gradient is the mean over ranks of their batches' gradients, as DDP
+# averages the dense ones. False: summed over ranks.
+_GRADIENT_DIVISION = [True]
+
+
+def set_gradient_division(val: bool) -> None:
+    """TorchRec's switch: divide the embedding gradients by the world size (True, the default) or sum them."""
+    _GRADIENT_DIVISION[0] = bool(val)
+
+
+def get_gradient_division() -> bool:
+    return _GRADIENT_DIVISION[0]
+
+
+def divide_gradient(output: torch.Tensor, env: ShardingEnv) -> torch.Tensor:
+    """`output` (a sharded collection's output on this rank), its gradient divided by the world size in backward
+    while get_gradient_division() (TorchRec divides in the backward of its output_dist collectives; the gradient
+    is linear, so dividing it at the output is the same)."""
+    if env.world_size > 1 and get_gradient_division() and output.requires_grad:
+        world_size = env.world_size
+        output.register_hook(lambda grad: grad / world_size)
+    return output
 
 
 def barrier(env: ShardingEnv) -> None:

@@ -11,7 +11,24 @@ from typing import Any, Dict, Mapping
 import torch
 
 from rectoolkit.distributed.state import collection_state_prefix
+from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.optim.keyed import KeyedOptimizer
+
+
+# fbgemm's names of the optimizer states after the first, which TorchRec calls "momentum1" whatever the optimizer
+LATER_STATE_NAMES = {EmbOptimType.ADAM: ["exp_avg_sq"]}
+
+
+def torchrec_state_names(table: str, state: Mapping[str, torch.Tensor],
+                         optimizer: EmbOptimType) -> Dict[str, torch.Tensor]:
+    """A shard's optimizer state under TorchRec's names (the same tensors).
+
+        >>> list(torchrec_state_names("t0", {"momentum1": 1, "momentum2": 2}, EmbOptimType.ADAM))
+        ['t0.momentum1', 't0.exp_avg_sq']
+    """
+    later = LATER_STATE_NAMES.get(optimizer, [])
+    names = ["momentum1"] + [later[i] if i < len(later) else name for i, name in enumerate(list(state)[1:])]
+    return {f"{table}.{name}": value for name, value in zip(names, state.values())}
 
 
 class ShardedFusedOptimizer(KeyedOptimizer):
@@ -19,7 +36,9 @@ class ShardedFusedOptimizer(KeyedOptimizer):
 
     Updates happen in backward; step() pushes a changed lr (param_groups[0]["lr"]) into every shard.
     Keys: "<collection path>.<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when a rank
-    holds several shards of one table).
+    holds several shards of one table). Each shard's state is named as in TorchRec: "<table>.momentum1" for the
+    first state, then fbgemm's name of the next ("<table>.exp_avg_sq" for Adam's second moment). TorchRec holds each
+    as a ShardedTensor; here it is this rank's shard of it, a plain tensor.
     """
 
     def __init__(self, sharded: Mapping[str, Any]) -> None:
@@ -40,8 +59,8 @@ class ShardedFusedOptimizer(KeyedOptimizer):
                 if per_table[table] > 1:
                     key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
                 params[key] = weight
-                if state:
-                    states[weight] = state
+                # listed even without state (SGD), as in TorchRec
+                states[weight] = torchrec_state_names(table, state, collection.fused_optimizer_config.optimizer)
         lr = self._collections[0].fused_optimizer_config.lr if self._collections else 0.0
         super().__init__(params, states, [{"params": list(params.values()), "lr": lr}])
 

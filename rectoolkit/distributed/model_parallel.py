@@ -11,12 +11,20 @@ What it does, in order (one plain function each, below):
    (rectoolkit.plan.validation: every table, exact tiling, ranks) and its fingerprint compared across ranks (agree.py);
 3. replace each collection by its sharded version (`shard_collections`); each rank keeps only its shards,
    taken from the collection's current weights (a meta-device collection gets freshly initialized shards);
-4. wrap the model in DDP for the dense parameters (`wrap_dense`), on a process group of its own so that DDP's
-   asynchronous all-reduces never interleave with the embedding all-to-alls. Dense gradients are averaged
-   (DDP); embedding gradients are summed over ranks (each table sees the global batch), as in TorchRec.
+4. wrap the model in DDP for the dense parameters (`data_parallel_wrapper`, rectoolkit.distributed.dense_wrapper),
+   on a process group of its own so that DDP's asynchronous all-reduces never interleave with the embedding
+   all-to-alls. Dense gradients are averaged
+   (DDP), and so are the embedding gradients, as in TorchRec: each table gets the sum over ranks of their
+   batches' gradients divided by the world size (TorchRec's comm_ops.GRADIENT_DIVISION;
+   rectoolkit.distributed.comm_ops.set_gradient_division(False) sums them instead).
 
 `state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a
-collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices.
+collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices, so a
+state_dict loads into a DMP of any plan. TorchRec gives a ShardedTensor per table instead (its `.local_shards()`);
+rectoolkit gives the whole table as a plain tensor on every rank.
+
+`named_parameters()`, `bare_named_parameters()`, `named_buffers()` give TorchRec's names: the unsharded model's
+("ebc.embedding_bags.t0.weight" for this rank's shard of t0), without the DDP wrapper's "module." prefix.
 """
 
 from __future__ import annotations
@@ -28,13 +36,17 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys
 
 from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.dense_wrapper import (
+    DataParallelWrapper, DefaultDataParallelWrapper, replicated_parameters, sharded_state_names)
 from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbeddingCollection
 from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection, sharded_mc_buffers
-from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
+from rectoolkit.distributed.sharded_ebc import (
+    ShardedCollection, ShardedEmbeddingBagCollection, shard_embedding_bag_collection)
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -146,34 +158,21 @@ def _shard_managed_collisions(module: nn.Module, path: str, collection: BaseMana
     return new._embedding_module
 
 
-def wrap_dense(module: nn.Module, sharded: Mapping[str, Sharded], env: ShardingEnv) -> nn.Module:
-    """DDP over the replicated parameters (the sharded tables are excluded), or the module as is on one rank."""
-    dense = [p for p in replicated_parameters(module, sharded) if p.requires_grad]
-    if env.world_size == 1 or not dense:
-        return module
-    from torch.nn.parallel import DistributedDataParallel
-
-    ignore = [f"{path}.{name}" if path else name for path, sub in sharded.items()
-              for name, _ in list(sub.named_parameters()) + list(sub.named_buffers())]
-    ignore += list(sharded_mc_buffers(module))  # each rank's own slots
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
-    backend = dist.get_backend(env.pg)
-    dense_group = dist.new_group(ranks=list(range(env.world_size)), backend=backend)
-    device_ids = [env.device] if env.device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=device_ids, process_group=dense_group)
-
-
-def replicated_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[nn.Parameter]:
-    """The parameters outside the sharded collections (the same on every rank, kept equal by DDP)."""
-    shard_ids = {id(p) for sub in sharded.values() for p in sub.parameters()}
-    return [p for p in module.parameters() if id(p) not in shard_ids]
-
-
 def dense_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[nn.Parameter]:
     """What a dense optimizer must update: the replicated parameters, then the embedding shards without a fused
     optimizer (compute_kernel "dense", or a collection without one); TorchRec's in_backward_optimizer_filter."""
     plain_shards = [p for sub in sharded.values() for p in sub.parameters() if not hasattr(p, "_in_backward_optimizers")]
     return replicated_parameters(module, sharded) + plain_shards
+
+
+def _unique(named: Iterator[Tuple[str, torch.Tensor]], remove_duplicate: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Each tensor once (under its first name) when `remove_duplicate`, as nn.Module.named_parameters does."""
+    seen = set()
+    for name, tensor in named:
+        if id(tensor) not in seen:
+            if remove_duplicate:
+                seen.add(id(tensor))
+            yield name, tensor
 
 
 # ------------------------------------------------------------------------------------------------ the module
@@ -188,6 +187,8 @@ class DistributedModelParallel(nn.Module):
         sharders: when the plan is made here, they limit its sharding types (as in TorchRec); their `fused_params`
             set the shards' fused optimizer. Every collection is sharded either way.
         init_data_parallel: wrap the dense part in DDP (default True; False: call `init_data_parallel()` later).
+        data_parallel_wrapper: how `init_data_parallel()` wraps it (TorchRec's DataParallelWrapper interface);
+            default DefaultDataParallelWrapper(), TorchRec's DDP options and defaults.
 
     The shards' fused optimizer, as in TorchRec: the sharders' `fused_params`, or what torch's
     `_apply_optimizer_in_backward` recorded on the tables' weights, or the collection's own optimizer; with none of
@@ -203,7 +204,8 @@ class DistributedModelParallel(nn.Module):
     def __init__(self, module: nn.Module, env: Union[ShardingEnv, dist.ProcessGroup, None] = None,
                  device: Optional[torch.device] = None, plan: Optional[ShardingPlan] = None,
                  sharders: Optional[List[Any]] = None, init_data_parallel: bool = True,
-                 init_parameters: bool = True, local_world_size: Optional[int] = None, backend: str = "auto") -> None:
+                 init_parameters: bool = True, data_parallel_wrapper: Optional[DataParallelWrapper] = None,
+                 local_world_size: Optional[int] = None, backend: str = "auto") -> None:
         super().__init__()
         if not init_parameters:
             raise ValueError("DistributedModelParallel(init_parameters=False) is not supported: rectoolkit always "
@@ -213,6 +215,10 @@ class DistributedModelParallel(nn.Module):
             env = ShardingEnv.from_process_group(env, local_world_size=local_world_size,
                                                  device=torch.device(device) if device is not None else None)
         self.env = env
+        if data_parallel_wrapper is not None and not callable(getattr(data_parallel_wrapper, "wrap", None)):
+            raise TypeError(f"DistributedModelParallel: data_parallel_wrapper={data_parallel_wrapper!r} has no "
+                            "wrap(dmp, env, device) method; subclass DataParallelWrapper (or pass None for DDP)")
+        self._data_parallel_wrapper = data_parallel_wrapper or DefaultDataParallelWrapper()
         collections = find_collections(module)
         if not collections:
             raise ValueError(f"DistributedModelParallel: {type(module).__name__} holds no EmbeddingBagCollection or "
@@ -240,8 +246,20 @@ class DistributedModelParallel(nn.Module):
         """Wrap the dense part in DDP (world size > 1 and dense parameters); for a DMP built with
         init_data_parallel=False (e.g. to move the dense part first). Calling it again does nothing."""
         if not self._data_parallel:
-            self._dmp_wrapped_module = wrap_dense(self._plain_module, self._sharded, self.env)
+            self._data_parallel_wrapper.wrap(self, self.env, self.env.device)
             self._data_parallel = True
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's shards live."""
+        return self.env.device
+
+    @staticmethod
+    def _sharded_parameter_names(module: nn.Module, prefix: str = "") -> List[str]:
+        """The names, inside `module`, of every rank's own state: the sharded collections' parameters and buffers
+        and the managed-collision slots. DDP must ignore them (TorchRec's DataParallelWrapper reads this)."""
+        sharded = [sub for sub in module.modules() if isinstance(sub, ShardedCollection)]
+        return [prefix + name for name in sharded_state_names(module, sharded, sharded_mc_buffers(module))]
 
     def copy(self, device: torch.device) -> "DistributedModelParallel":
         """A copy of this DMP, shards, optimizer state and all, sharing the process group (TorchRec's
@@ -269,19 +287,69 @@ class DistributedModelParallel(nn.Module):
         """The model with its collections sharded (without the DDP wrapper)."""
         return self._plain_module
 
+    @module.setter
+    def module(self, value: nn.Module) -> None:
+        if self._dmp_wrapped_module is not self._plain_module:
+            raise RuntimeError("DistributedModelParallel.module can't be set after init_data_parallel(); build the "
+                               "DMP with init_data_parallel=False, set module, then call init_data_parallel()")
+        self._plain_module = self._dmp_wrapped_module = value
+
+    # ------------------------------------------------------------------ TorchRec's names
+    def _named_members(self, members: str, module: nn.Module, prefix: str,
+                       recurse: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+        """TorchRec's walk: a sharded collection names its shards by its tables (parameters) and holds no buffers
+        of the model's; `recurse` only reaches the sharded collections, as in TorchRec."""
+        if isinstance(module, ShardedCollection):
+            if members == "parameters":
+                yield from module.torchrec_named_parameters(prefix + "." if prefix else "")
+            return
+        yield from getattr(module, "named_" + members)(prefix, recurse=False)
+        for name, child in module.named_children():
+            yield from self._named_members(members, child, f"{prefix}.{name}" if prefix else name, recurse)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[Tuple[str, nn.Parameter]]:
+        """The model's parameters under the unsharded model's names: this rank's shard of table t0 of the
+        collection at "ebc" is "ebc.embedding_bags.t0.weight" (tables without a shard here are left out)."""
+        return _unique(self._named_members("parameters", self._plain_module, prefix, recurse), remove_duplicate)
+
+    def bare_named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[Tuple[str, nn.Parameter]]:
+        """named_parameters() without duplicates (TorchRec's name for it)."""
+        return self.named_parameters(prefix, recurse, remove_duplicate=True)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Iterator[Tuple[str, torch.Tensor]]:
+        """The model's buffers under its own names; the sharded collections' bookkeeping is not listed."""
+        return _unique(self._named_members("buffers", self._plain_module, prefix, recurse), remove_duplicate)
+
+    def sparse_grad_parameter_names(self, destination: Optional[List[str]] = None, prefix: str = "") -> List[str]:
+        """Names of the parameters with sparse gradients: the weights of nn.Embedding / nn.EmbeddingBag modules
+        built with sparse=True outside the sharded collections (appended to `destination` when given)."""
+        destination = [] if destination is None else destination
+
+        def visit(module: nn.Module, path: str) -> None:
+            if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+                destination.append(f"{path}.weight" if path else "weight")
+            elif not isinstance(module, ShardedCollection):
+                for name, child in module.named_children():
+                    visit(child, f"{path}.{name}" if path else name)
+
+        visit(self._plain_module, prefix)
+        return destination
+
     @property
     def sharded_modules(self) -> Dict[str, Sharded]:
         return dict(self._sharded)
 
     def dense_parameters(self) -> List[nn.Parameter]:
         """Give these to the dense optimizer: the replicated parameters (DDP), then the embedding shards whose
-        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or summed over
-        ranks for DATA_PARALLEL, like any embedding gradient)."""
+        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or reduced over
+        ranks for DATA_PARALLEL, divided by the world size like any embedding gradient)."""
         return dense_parameters(self._plain_module, self._sharded)
 
     def named_dense_parameters(self) -> Iterator[Tuple[str, nn.Parameter]]:
         ids = {id(p) for p in self.dense_parameters()}
-        return ((n, p) for n, p in self._plain_module.named_parameters() if id(p) in ids)
+        return ((n, p) for n, p in self.named_parameters() if id(p) in ids)
 
     # ------------------------------------------------------------------ measurements
     def bytes_sent(self) -> Dict[str, Any]:
@@ -344,8 +412,12 @@ class DistributedModelParallel(nn.Module):
             return destination
         return out
 
-    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
-        """Load global tensors (the unsharded model's names and shapes); each rank copies its own slices."""
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], prefix: str = "",
+                        strict: bool = True) -> _IncompatibleKeys:
+        """Load global tensors (the unsharded model's names and shapes, each key after `prefix`, as TorchRec's
+        signature has it); each rank copies its own slices, so the state of a DMP with another plan loads too."""
+        if prefix:
+            state_dict = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
         sharded_keys = self._sharded_keys()
         missing = [k for k in sharded_keys if k not in state_dict]
         dense_state = {k: v for k, v in state_dict.items() if k not in sharded_keys}
@@ -363,7 +435,7 @@ class DistributedModelParallel(nn.Module):
         if strict and (missing or unexpected):
             raise RuntimeError(f"DistributedModelParallel.load_state_dict: missing keys {missing}, "
                                f"unexpected keys {unexpected}")
-        return {"missing_keys": missing, "unexpected_keys": unexpected}
+        return _IncompatibleKeys(missing, unexpected)
 
     def extra_repr(self) -> str:
         return f"rank={self.env.rank}, world_size={self.env.world_size}, local_world_size={self.env.local_world_size}"

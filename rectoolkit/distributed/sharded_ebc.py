@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -31,10 +31,11 @@ from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
 from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
-from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.data_parallel import DataParallelSharding
 from rectoolkit.distributed.grid import GridSharding
 from rectoolkit.distributed.row_wise import RowWiseSharding
+from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.distributed.table_column_wise import TableColumnWiseSharding
 from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
 from rectoolkit.distributed.table_wise import TableWiseSharding
@@ -211,6 +212,13 @@ class ShardedCollection(nn.Module):
         """(table, shard, weight, optimizer state) of every shard this rank holds (DATA_PARALLEL: its replica)."""
         return [entry for group in self.groups.values() for entry in group.local_shards()]
 
+    def torchrec_named_parameters(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
+        """This rank's shard weights under TorchRec's names: "<prefix>embedding_bags.<table>.weight" (sequence
+        collections: "embeddings."), one entry per local shard (a table with two column shards here gives its
+        name twice, as TorchRec's sharded modules do); tables with no shard on this rank are absent."""
+        for table, _, weight, _ in self.local_shards():
+            yield f"{prefix}{collection_state_prefix(self)}{table}.weight", weight
+
     def memory_bytes(self) -> Dict[str, int]:
         """Bytes this rank holds: shard weights and fused optimizer state, and where they live ("device": GPU
         memory; "host": CPU memory, all of it on CPU, where the fused_uvm kernels' tables live anyway)."""
@@ -310,7 +318,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 out = expand_pooled(out, inverse_indices, self._dims)
         if flat_blocks:
             out = self._expand_flat_blocks(out, flat_blocks, batch, inverse_indices)
-        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=out, key_dim=1)
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=divide_gradient(out, self.env),
+                           key_dim=1)
 
     def _guard(self, pooled: torch.Tensor) -> torch.Tensor:
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)

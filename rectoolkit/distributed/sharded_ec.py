@@ -26,7 +26,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from rectoolkit.distributed.awaitable import EmbeddingCollectionAwaitable
-from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.feature_shards import FeatureBatch, permute_segments
 from rectoolkit.distributed.sharded_ebc import ShardedCollection, _initial_weights, _optimizers
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
@@ -67,7 +67,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
             out = out.index_add(0, where, block)
         if self._optimizer is not None:  # refuse NaN/inf gradients before the fused update (modules.layout)
             out = guard_gradient(out, type(self).__name__)
-        rows = out.view(-1, self._dim)
+        rows = divide_gradient(out, self.env).view(-1, self._dim)
         inverse = self._layout.inverse_indices(features) if batch.strides is not None else None
         if inverse is not None:
             return self._expanded(rows, batch, inverse)

@@ -41,7 +41,9 @@ class ParameterConstraints:
             handling build the collection with ids_out_of_range="hash"), output_dtype other than FP32 (sharded
             collections output fp32). stochastic_rounding is checked when the table is sharded (FP16 tables).
         key_value_params, use_virtual_table: SSD / virtual tables are not implemented; only None / False.
-        feature_names, device_group: accepted for TorchRec compatibility.
+        feature_names: the table's feature names, checked against the table (TorchRec carries them as a label).
+        device_group: "cpu" / "cuda": must be the topology's compute_device (rectoolkit plans one device group;
+            TorchRec's planner skips the tables of other groups).
         ranks: restrict the table's shards to these ranks (TABLE_WISE / COLUMN_WISE blocks).
     """
 

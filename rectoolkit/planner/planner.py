@@ -26,7 +26,7 @@ from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_parameter_sharding
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
-from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.stats import WorkloadStats, split_planner_stats
 from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
@@ -100,7 +100,8 @@ class EmbeddingShardingPlanner:
         constraints: table name -> ParameterConstraints.
         objective: "time" (slowest rank's step time, default), "memory" (balance memory), "bytes" (total moved).
         optimizer: embedding optimizer, for optimizer-state memory ("sgd", "adagrad", "row_wise_adagrad", "adam").
-        stats: WorkloadStats (pooling factors, batch size), e.g. WorkloadStats.from_batches(sample_kjts).
+        stats: WorkloadStats (pooling factors, batch size), e.g. WorkloadStats.from_batches(sample_kjts); or, as in
+            TorchRec, statistics printers: EmbeddingStats() (logs explain() after each plan) / NoopEmbeddingStats().
         dense_bytes_per_rank: bytes of dense replicas per rank (default: a module's non-embedding parameters,
             weights + gradients, fp32).
         local_search: improve the greedy plan by moves and swaps (default True).
@@ -109,8 +110,12 @@ class EmbeddingShardingPlanner:
             the measurements are in `planner.last.measurements` and the report. 0 (default): no runs.
         measure_steps: timed steps per candidate when measuring.
         debug: log `explain()` (logger "rectoolkit.planner", INFO) after every plan, as TorchRec's debug logs its stats.
-        TorchRec's planner components (enumerator, storage_reservation, proposer, partitioner, performance_model,
-        callbacks, timeout_seconds, ...) are refused with NotImplementedError unless None: this planner has its own.
+        storage_reservation: memory kept free of tables (rectoolkit.planner.storage_reservations: TorchRec's
+            FixedPercentage / FixedAbsolute / HeuristicalStorageReservation); default none (TorchRec's default
+            planner keeps 15% of HBM: pass HeuristicalStorageReservation(0.15) for its plans near capacity).
+            heuristical_storage_reservation_percentage=p is HeuristicalStorageReservation(p).
+        TorchRec's other planner components (enumerator, proposer, partitioner, performance_model, callbacks,
+        timeout_seconds) are refused with NotImplementedError unless None: this planner has its own.
 
     With a calibration profile on the topology (Topology.calibrate(), or Topology(profile=path)) and the "time"
     objective, the search runs once freely and once per sharding type (each table limited to that type where it
@@ -128,6 +133,9 @@ class EmbeddingShardingPlanner:
         unknown = set(torchrec_args) - set(_TORCHREC_ONLY_ARGS)
         if unknown:
             raise TypeError(f"EmbeddingShardingPlanner got unexpected arguments {sorted(unknown)}")
+        self.storage_reservation = _storage_reservation(torchrec_args.pop("storage_reservation", None),
+                                                        torchrec_args.pop("heuristical_storage_reservation_percentage",
+                                                                          None))
         components = sorted(name for name, value in torchrec_args.items() if value is not None)
         if components:
             raise NotImplementedError(
@@ -136,6 +144,7 @@ class EmbeddingShardingPlanner:
                 "Leave them out, or plan with TorchRec's planner and read its plan with "
                 "rectoolkit.plan.torchrec_interop.from_torchrec")
         self.topology = topology if topology is not None else _default_topology()
+        stats, self.stats_printers = split_planner_stats(stats)
         self.batch_size = resolve_batch_size(batch_size, stats, self.topology)
         self.constraints = dict(constraints or {})
         for name, c in self.constraints.items():
@@ -164,13 +173,29 @@ class EmbeddingShardingPlanner:
         `sharders` (TorchRec's or rectoolkit.distributed.sharders'), when given, limit each table to the sharding
         types its collection's sharder supports on the topology's device; None allows every type.
         """
-        with _gc_paused():
+        with _gc_paused(), self._reserved(module):
             return self._plan(module, sharders)
+
+    @contextlib.contextmanager
+    def _reserved(self, module: Any):
+        """While planning `module`: the topology and dense bytes after the storage reservation."""
+        if self.storage_reservation is None:
+            yield
+            return
+        saved = self.topology, self.dense_bytes_per_rank
+        dense = saved[1] if saved[1] is not None else _dense_parameter_bytes(module)
+        self.topology, self.dense_bytes_per_rank = self.storage_reservation.reserve_for(
+            saved[0], _dense_parameter_bytes(module) / 2, dense)
+        try:
+            yield
+        finally:
+            self.topology, self.dense_bytes_per_rank = saved
 
     def _plan(self, module: Any, sharders: Optional[Sequence[Any]]) -> ShardingPlan:
         tables = collect_tables(module, self.batch_size, self.constraints, self.stats)
         if sharders is not None:
             tables = apply_sharders(tables, sharders, self.topology.compute_device)
+        _check_device_groups(tables, self.topology.compute_device)
         dense = self.dense_bytes_per_rank
         if dense is None:
             dense = _dense_parameter_bytes(module)
@@ -199,6 +224,8 @@ class EmbeddingShardingPlanner:
         self.last = result
         if self.debug:
             _LOG.info("%s", self.explain())
+        for printer in self.stats_printers:
+            printer.log_plan(self)
         return result.plan
 
     def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill) -> PlanningResult:
@@ -253,8 +280,16 @@ class EmbeddingShardingPlanner:
         return next(c for c in candidates if c.label == evidence.info["picked"]), evidence
 
     def collective_plan(self, module: Any, sharders: Optional[Sequence[Any]] = None, pg: Any = None) -> ShardingPlan:
-        """TorchRec's collective_plan: the same plan on every rank (the search is deterministic)."""
-        return self.plan(module, sharders)
+        """TorchRec's collective_plan: rank 0 of `pg` (default: the default group) plans, every rank gets its plan
+        (broadcast), so the ranks agree even when planning measured timings. Without torch.distributed: plan()."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return self.plan(module, sharders)
+        box = [self.plan(module, sharders) if dist.get_rank(pg) == 0 else None]
+        if dist.get_world_size(pg) > 1:
+            dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0) if pg is not None else 0, group=pg)
+        return box[0]
 
     # ---- reports --------------------------------------------------------------------------------------------
     def report(self, plan: Optional[ShardingPlan] = None, batches: Optional[Sequence[Any]] = None,
@@ -352,6 +387,33 @@ def _default_topology() -> Topology:
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return Topology(world_size=world, compute_device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _check_device_groups(tables: Sequence[PlannerTable], compute_device: str) -> None:
+    """A table constrained to another device group than the topology's: TorchRec's planner leaves it for the
+    planner of that group, which leaves the collection partly planned; rectoolkit plans one device group."""
+    others = [f"{t.label} (device_group={t.constraints.device_group!r})" for t in tables
+              if t.constraints is not None and t.constraints.device_group not in (None, compute_device)]
+    if others:
+        raise PlannerError(f"tables {', '.join(others)} belong to another device group than the topology's "
+                           f"compute_device {compute_device!r}; rectoolkit plans every table on one device group: "
+                           f"leave device_group None (or {compute_device!r})", [t.split(' ')[0] for t in others])
+
+
+def _storage_reservation(reservation: Any, percentage: Optional[float]) -> Any:
+    """The planner's storage reservation: `reservation` (one of rectoolkit.planner.storage_reservations'), or
+    HeuristicalStorageReservation(percentage) when only TorchRec's heuristical_storage_reservation_percentage is
+    given."""
+    from rectoolkit.planner.storage_reservations import HeuristicalStorageReservation, StorageReservation
+
+    if reservation is None:
+        return HeuristicalStorageReservation(percentage) if percentage is not None else None
+    if not isinstance(reservation, StorageReservation):
+        raise TypeError(f"EmbeddingShardingPlanner: storage_reservation={type(reservation).__name__} is not one of "
+                        "rectoolkit's; use FixedPercentageStorageReservation, FixedAbsoluteStorageReservation or "
+                        "HeuristicalStorageReservation from rectoolkit.planner.storage_reservations (TorchRec's path "
+                        "torchrec.distributed.planner.storage_reservations)")
+    return reservation
 
 
 def _dense_parameter_bytes(module: Any) -> float:

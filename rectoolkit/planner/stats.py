@@ -12,8 +12,11 @@ Measured from a few sample KeyedJaggedTensor batches, or taken from a public wor
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+_LOG = logging.getLogger("rectoolkit.planner")
 
 
 @dataclass
@@ -54,3 +57,35 @@ class WorkloadStats:
 def measure_pooling_factors(batches: Iterable[object]) -> Dict[str, float]:
     """Mean ids per sample of each feature over sample KJT batches."""
     return WorkloadStats.from_batches(batches).pooling_factors
+
+
+class EmbeddingStats:
+    """TorchRec's planner statistics printer, for EmbeddingShardingPlanner(stats=EmbeddingStats()): after each plan
+    it logs the plan (each table's sharding type, kernel, ranks and shards, as ShardingPlan prints) and the
+    planner's explanation of it (`planner.explain()`: the step estimate and its terms) to the logger
+    "rectoolkit.planner" at INFO, where TorchRec logs its stats table. The text is rectoolkit's, not TorchRec's
+    table."""
+
+    def log_plan(self, planner: Any) -> None:
+        _LOG.info("%s\n%s", planner.last.plan, planner.explain())
+
+
+class NoopEmbeddingStats(EmbeddingStats):
+    """TorchRec's silent statistics printer: logs nothing."""
+
+    def log_plan(self, planner: Any) -> None:
+        return None
+
+
+def split_planner_stats(stats: Any) -> Tuple[Optional[WorkloadStats], List[EmbeddingStats]]:
+    """EmbeddingShardingPlanner's `stats`: rectoolkit's WorkloadStats (what the cost model assumes), or TorchRec's
+    use of the name, statistics printers (an EmbeddingStats / NoopEmbeddingStats, or a list of them)."""
+    if stats is None or isinstance(stats, WorkloadStats):
+        return stats, []
+    printers = list(stats) if isinstance(stats, (list, tuple)) else [stats]
+    wrong = [type(p).__name__ for p in printers if not isinstance(p, EmbeddingStats)]
+    if wrong:
+        raise TypeError(f"EmbeddingShardingPlanner: stats={wrong} is neither a WorkloadStats nor rectoolkit's "
+                        "EmbeddingStats / NoopEmbeddingStats (rectoolkit.planner.stats, TorchRec's path "
+                        "torchrec.distributed.planner.stats); pass one of those")
+    return None, printers

@@ -121,6 +121,10 @@ def collect_tables(
             check_per_feature("pooling_factors", c.pooling_factors, num_features, config.name)
             check_per_feature("batch_sizes", c.batch_sizes, num_features, config.name)
             check_per_feature("num_poolings", c.num_poolings, num_features, config.name)
+            if c.feature_names is not None and list(c.feature_names) != list(config.feature_names):
+                raise ValueError(f"ParameterConstraints for table {config.name!r}: feature_names={c.feature_names} "
+                                 f"but the table's features are {config.feature_names}; give the table's own "
+                                 "feature names in its order, or leave feature_names None")
         factors = []
         for index, feature in enumerate(config.feature_names):
             if c is not None and c.pooling_factors:
@@ -174,6 +178,14 @@ def _collection_kind(class_name: str) -> str:
     return class_name[len("Quant"):] if class_name.startswith("Quant") else class_name
 
 
+def _sharder_key(sharder: Any) -> Tuple[str, bool]:
+    """(collection kind, quantized) of the collections a sharder shards, from its module_type."""
+    module_type = getattr(sharder, "module_type", None)
+    name = getattr(module_type, "__name__", "")
+    quantized = name.startswith("Quant") or ".quant." in f".{getattr(module_type, '__module__', '')}."
+    return _collection_kind(name), quantized
+
+
 def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_device: str) -> List[PlannerTable]:
     """Restrict each table to the sharding types its collection's sharder supports (TorchRec's planner does the
     same). A sharder is matched by its `module_type`'s class name, so TorchRec's sharders work too: passing
@@ -184,11 +196,13 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
     The table's own constraints still apply (the intersection); a table whose collection has no sharder in the
     list is an error, since nothing would shard it.
     """
-    by_module = {_collection_kind(getattr(getattr(s, "module_type", None), "__name__", "")): s for s in sharders}
+    by_module = {_sharder_key(s): s for s in sharders}
     out = []
     for table in tables:
         module = "EmbeddingBagCollection" if isinstance(table.config, EmbeddingBagConfig) else "EmbeddingCollection"
-        sharder = by_module.get(module)
+        # the sharder of the collection's own kind (float or quantized: get_default_sharders() has both), else the
+        # other kind's
+        sharder = by_module.get((module, table.quantized)) or by_module.get((module, not table.quantized))
         if sharder is None:
             raise ValueError(f"planner: no sharder for table {table.label!r} (an {module}); pass one whose module_type "
                              f"is {module} (rectoolkit.distributed.sharders), or sharders=None to shard every table")

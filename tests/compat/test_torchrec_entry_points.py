@@ -322,6 +322,9 @@ def test_dmp_fused_optimizer_settings_match_torchrec(setting, one_process_group)
                                        sharders=our_sharders)
     their_dmp = TorchRecDMP(theirs, env=TorchRecEnv.from_process_group(one_process_group), device=torch.device("cpu"),
                             plan=to_torchrec(plan), sharders=[TorchRecSharder(fused_params=their_fused)])
+    state_names = [{key: sorted(state) for key, state in dmp.fused_optimizer.state_dict()["state"].items()}
+                   for dmp in (our_dmp, their_dmp)]
+    assert state_names[0] == state_names[1]  # e.g. {"embedding_bags.t0.weight": ["t0.momentum1"]}
     their_lr = their_dmp.fused_optimizer.param_groups[0]["lr"]  # fbgemm keeps it as float32
     assert our_dmp.fused_optimizer.param_groups[0]["lr"] == pytest.approx(their_lr, rel=1e-6)
     # TorchRec's DMP initializes its shards afresh (rectoolkit's copies the module's weights): give it ours

@@ -66,7 +66,9 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
     dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=lr)
     optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)])
     ref_dense = [p for n, p in reference.named_parameters() if not n.startswith("sparse.")]
-    ref_opt = torch.optim.SGD(ref_dense, lr=lr / W)  # DDP averages dense grads; the reference sums the losses
+    # DDP averages the dense gradients and TorchRec's division by W the embedding ones: the reference's loss is the
+    # mean of the ranks' losses
+    ref_opt = torch.optim.SGD(ref_dense, lr=lr)
     for step in range(2):
         kjts, dense = step_batches(step, W)
         out = dmp(dense[rank], kjts[rank])
@@ -74,7 +76,7 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
         mine = ref_out[rank * BATCH:(rank + 1) * BATCH]
         assert torch.allclose(out, mine, atol=1e-5), f"rank {rank} step {step}: outputs differ by {(out - mine).abs().max()}"
         (out.square().sum() * 0.01).backward()
-        (ref_out.square().sum() * 0.01).backward()
+        (ref_out.square().sum() * 0.01 / W).backward()
         optimizer.step()
         optimizer.zero_grad()
         ref_opt.step()

@@ -54,7 +54,8 @@ def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
         dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=0.1)
         optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)])
         ref_dense = [p for n, p in reference.named_parameters() if "embedding_bags" not in n and p.requires_grad]
-        ref_opt = torch.optim.SGD(ref_dense, lr=0.1 / W)  # DDP averages dense grads; the reference sums the losses
+        # DDP averages the dense gradients, TorchRec's division by W the embedding ones: the mean of the losses
+        ref_opt = torch.optim.SGD(ref_dense, lr=0.1)
         for step in range(2):
             kjts = [make_batch(features, BATCH, seed=1000 * step + r) for r in range(W)]
             out = dmp(kjts[rank])
@@ -63,7 +64,7 @@ def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
             where = f"rank {rank}, case {case}, step {step}"
             assert torch.allclose(out, mine, atol=1e-5), f"{where}: outputs differ by {(out - mine).abs().max()}"
             out.square().sum().backward()
-            ref_out.square().sum().backward()
+            (ref_out.square().sum() / W).backward()
             optimizer.step()
             optimizer.zero_grad()
             ref_opt.step()

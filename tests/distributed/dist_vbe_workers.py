@@ -143,7 +143,7 @@ def _shard_grad_diff(sharded, reference_tables) -> float:
         diff = max(diff, _max_diff(weight.grad, reference_tables[table].weight.grad[r0:r1, c0:c1]))
     return diff
 def vbe_reference_step(tables, W: int, seed: int, grad_seed: int, lr: float):
-    """Every rank's VBE batch, the unsharded collection after backward of sum over ranks of out_r * G_r (dense
+    """Every rank's VBE batch, the unsharded collection after backward of the mean over ranks of out_r * G_r (dense
     gradients), its outputs and the G_r, and a fused-SGD (lr) copy of its weights to shard."""
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}
     batches = [vbe_batch(features, r, seed=100 * r + seed, weighted=False) for r in range(W)]
@@ -152,7 +152,7 @@ def vbe_reference_step(tables, W: int, seed: int, grad_seed: int, lr: float):
     g = torch.Generator().manual_seed(grad_seed)
     ref_outs = [reference(batch).values() for batch in batches]
     grads_out = [torch.randn(out.shape, generator=g) for out in ref_outs]
-    sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)).backward()
+    (sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)) / W).backward()
     local = rtk.EmbeddingBagCollection(tables, optimizer="sgd", lr=lr)
     local.load_state_dict(reference.state_dict())
     return batches, reference, ref_outs, grads_out, local
@@ -189,11 +189,12 @@ def _check(rank: int, W: int, L: int, env: ShardingEnv, case: str, weighted: boo
         W, L, env, case, tables, lambda: rtk.EmbeddingBagCollection(tables, is_weighted=weighted),
         shard_embedding_bag_collection, 11, weighted)
 
-    # reference: every rank's batch through the unsharded collection, loss = sum over ranks of out_r * G_r
+    # reference: every rank's batch through the unsharded collection, loss = mean over ranks of out_r * G_r (the
+    # embedding gradients are divided by W, as in TorchRec)
     g = torch.Generator().manual_seed(3)
     ref_outs = [reference(batch).values() for batch in batches]
     grads_out = [torch.randn(out.shape, generator=g) for out in ref_outs]
-    sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)).backward()
+    (sum((out * grad).sum() for out, grad in zip(ref_outs, grads_out)) / W).backward()
     out = sharded(batches[rank]).values()
     assert out.shape == ref_outs[rank].shape, f"rank {rank}: output {list(out.shape)} != {list(ref_outs[rank].shape)}"
     out_diff = _max_diff(out, ref_outs[rank].detach())
@@ -248,8 +249,8 @@ def _check_ec(rank: int, W: int, L: int, env: ShardingEnv, case: str) -> dict:
     expected = [_expanded_by_hand(reference(batch), batch) for batch in batches]
     g = torch.Generator().manual_seed(5)
     grads_out = [{key: torch.randn(rows.shape, generator=g) for key, (_, rows, _) in ref.items()} for ref in expected]
-    sum((rows * grads[key]).sum() for ref, grads in zip(expected, grads_out) for key, (_, rows, _) in ref.items()
-        ).backward()
+    (sum((rows * grads[key]).sum() for ref, grads in zip(expected, grads_out) for key, (_, rows, _) in ref.items())
+     / W).backward()  # the mean over ranks: TorchRec divides the embedding gradients by the world size
     out = sharded(batches[rank]).wait()
     where = f"rank {rank}, EmbeddingCollection, case {case}"
     assert sorted(out) == sorted(expected[rank]), f"{where}: keys {sorted(out)}"

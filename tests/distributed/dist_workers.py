@@ -122,14 +122,15 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
     sharded = shard(local, plan, env)
     env.stats.reset()
 
-    # reference: the unsharded collection on the global batch, loss = sum(out * G)
+    # reference: the unsharded collection on the global batch, loss = sum(out * G) / W (the embedding gradients are
+    # divided by the world size, as in TorchRec)
     g = torch.Generator().manual_seed(3)
     big = global_batch(batches)
     ref_out = reference(big)
     if collection == "ebc":
         ref_values = ref_out.values()
         grad_out = torch.randn(ref_values.shape, generator=g)
-        (ref_values * grad_out).sum().backward()
+        ((ref_values * grad_out).sum() / W).backward()
         mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
         out = sharded(batches[rank].to(device)).values()
         assert out.device == device, f"rank {rank}: output on {out.device}, shards on {device}"
@@ -141,7 +142,7 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
             weights = torch.randn(jt.values().shape, generator=g)
             loss = loss + (jt.values() * weights).sum()
             ref_out[name] = (jt, weights)
-        loss.backward()
+        (loss / W).backward()
         mine = sharded(batches[rank].to(device))
         local_loss = 0.0
         for name, jt in mine.items():
