@@ -314,8 +314,10 @@ def test_torchrec_planner_components_are_refused_and_debug_logs_the_explanation(
     from rectoolkit.planner.planner import EmbeddingShardingPlanner
 
     topo = Topology(world_size=2, compute_device="cpu", batch_size=4)
-    with pytest.raises(NotImplementedError, match=r"\['proposer', 'storage_reservation'\]"):
-        EmbeddingShardingPlanner(topo, storage_reservation=object(), proposer=object())
+    with pytest.raises(NotImplementedError, match=r"\['partitioner', 'proposer'\]"):
+        EmbeddingShardingPlanner(topo, partitioner=object(), proposer=object())
+    with pytest.raises(TypeError, match="storage_reservation=object is not one of rectoolkit's"):
+        EmbeddingShardingPlanner(topo, storage_reservation=object())  # TorchRec's kinds are honoured, not others
     EmbeddingShardingPlanner(topo, storage_reservation=None)  # TorchRec's default: nothing replaced
     with caplog.at_level(logging.INFO, logger="rectoolkit.planner"):
         EmbeddingShardingPlanner(topo, debug=True).plan([TABLE])
