@@ -44,6 +44,7 @@ PATHS = {
                                   "get_module_to_default_sharders", "get_default_sharders"],
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "distributed.fp_embeddingbag": ["FeatureProcessedEmbeddingBagCollectionSharder"],
     "distributed.mc_modules": ["ShardedManagedCollisionCollection"],
     "distributed.mc_embeddingbag": ["ShardedManagedCollisionEmbeddingBagCollection",
                                     "ManagedCollisionEmbeddingBagCollectionSharder"],

@@ -50,7 +50,7 @@ from rectoolkit.distributed.sharded_ebc import (
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+from rectoolkit.modules.table_sources import wrapped_collections
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
 from rectoolkit.plan.types import ShardingPlan, ShardingType
@@ -93,13 +93,8 @@ def plan_at_collections(plan: ShardingPlan, module: nn.Module) -> ShardingPlan:
     """The plan keyed by the paths of the collections that get sharded: TorchRec keys the tables of a
     FeatureProcessedEmbeddingBagCollection by its own path ("fp"); here the collection inside it is sharded (its
     feature processors stay dense), so such an entry moves to the inner path ("fp._embedding_bag_collection").
-    A managed-collision collection's entry moves to its "_embedding_module" likewise."""
-    def inner(m: nn.Module) -> Optional[str]:
-        if isinstance(m, FeatureProcessedEmbeddingBagCollection):
-            return "_embedding_bag_collection"
-        return "_embedding_module" if isinstance(m, BaseManagedCollisionEmbeddingCollection) else None
-
-    moved = {path: f"{path}.{inner(m)}" if path else inner(m) for path, m in module.named_modules() if inner(m)}
+    A managed-collision collection's entry moves to its "_embedding_module" likewise (wrapped_collections)."""
+    moved = {wrapper_path: inner for inner, (wrapper_path, _) in wrapped_collections(module).items()}
     if not any(path in plan.plan for path in moved):
         return plan
     return ShardingPlan({moved.get(path, path): dict(tables) for path, tables in plan.plan.items()})
@@ -116,6 +111,7 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     # matched by the module type's name, as the planner matches sharders, so TorchRec's own sharders count too
     fused_params = {getattr(getattr(s, "module_type", None), "__name__", None): getattr(s, "fused_params", None)
                     for s in sharders or []}
+    wrappers = wrapped_collections(module)  # a wrapper's sharder (feature-processed collection) before the inner's
     sharded: Dict[str, Sharded] = {}
     for path, collection in find_collections(module):
         module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
@@ -133,7 +129,9 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
             continue
         shard = shard_embedding_bag_collection if isinstance(collection, EmbeddingBagCollection) \
             else shard_embedding_collection
-        new = shard(collection, module_plan, env, backend, fused_params=fused_params.get(type(collection).__name__),
+        wrapper = wrappers.get(path, (None, None))[1]
+        new = shard(collection, module_plan, env, backend,
+                    fused_params=fused_params.get(wrapper) or fused_params.get(type(collection).__name__),
                     torchrec_default_optimizer=True)
         sharded[path] = new
         if path == "":
@@ -226,10 +224,12 @@ class DistributedModelParallel(nn.Module):
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
-        self.plan = plan_at_collections(self.plan, module)
-        validate_plan(self.plan, module, env.world_size, source="the plan of DistributedModelParallel")
-        check_same_plan(self.plan, env)  # a stale plan file on one host would compute wrong results silently
-        sharded = shard_collections(module, self.plan, env, backend, sharders)
+        # self.plan keeps TorchRec's keys (a feature-processed collection's own path); the collections are sharded at
+        # theirs
+        at_collections = plan_at_collections(self.plan, module)
+        validate_plan(at_collections, module, env.world_size, source="the plan of DistributedModelParallel")
+        check_same_plan(at_collections, env)  # a stale plan file on one host would compute wrong results silently
+        sharded = shard_collections(module, at_collections, env, backend, sharders)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]
         if env.device.type != "cpu":

@@ -11,10 +11,19 @@ their inputs here, so they accept the same things.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+from rectoolkit.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
 from rectoolkit.modules.mc_modules import ManagedCollisionCollection
+
+# modules that hold an embedding collection and add to it (position weights, managed collisions) -> the attribute
+# that holds the collection. TorchRec plans and shards such a module as a whole, by its own path and sharder.
+WRAPPED_COLLECTION_ATTRIBUTE = {
+    FeatureProcessedEmbeddingBagCollection: "_embedding_bag_collection",
+    BaseManagedCollisionEmbeddingCollection: "_embedding_module",
+}
 
 def find_table_configs(source: Any) -> List[Tuple[str, BaseEmbeddingConfig, Optional[float], bool]]:
     """(module path, config, pooling factor from the input or None, is_weighted) for every table."""
@@ -30,6 +39,27 @@ def find_table_configs(source: Any) -> List[Tuple[str, BaseEmbeddingConfig, Opti
         f"planner input of type {type(source).__name__} is not supported: pass a list of EmbeddingBagConfig, "
         "a pandas DataFrame (name, num_embeddings, embedding_dim, feature_names, pooling) or an nn.Module"
     )
+
+
+def wrapped_collections(module: Any) -> Dict[str, Tuple[str, str]]:
+    """The collections of `module` that sit inside a wrapper (WRAPPED_COLLECTION_ATTRIBUTE): the collection's path
+    -> (the wrapper's path, the wrapper's class name).
+
+        >>> import rectoolkit as rtk, torch
+        >>> from rectoolkit.modules.feature_processor_ import PositionWeightedModuleCollection
+        >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
+        ...                                   feature_names=["f"])], is_weighted=True)
+        >>> model = torch.nn.Sequential(FeatureProcessedEmbeddingBagCollection(ebc,
+        ...                                 PositionWeightedModuleCollection({"f": 3})))
+        >>> wrapped_collections(model)
+        {'0._embedding_bag_collection': ('0', 'FeatureProcessedEmbeddingBagCollection')}
+    """
+    found = {}
+    for path, sub in getattr(module, "named_modules", lambda: [])():
+        for wrapper, attribute in WRAPPED_COLLECTION_ATTRIBUTE.items():
+            if isinstance(sub, wrapper):
+                found[f"{path}.{attribute}" if path else attribute] = (path, type(sub).__name__)
+    return found
 
 
 def _from_module(module: Any) -> List[Tuple[str, BaseEmbeddingConfig, Optional[float], bool]]:

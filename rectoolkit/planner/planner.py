@@ -27,7 +27,7 @@ from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_p
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
 from rectoolkit.planner.stats import WorkloadStats, split_planner_stats
-from rectoolkit.planner.tables import PlannerTable, apply_sharders, collect_tables
+from rectoolkit.planner.tables import PlannerTable, apply_sharders, at_wrapper_paths, collect_tables
 from rectoolkit.planner.topology import Topology
 
 _LOG = logging.getLogger("rectoolkit.planner")
@@ -192,7 +192,7 @@ class EmbeddingShardingPlanner:
             self.topology, self.dense_bytes_per_rank = saved
 
     def _plan(self, module: Any, sharders: Optional[Sequence[Any]]) -> ShardingPlan:
-        tables = collect_tables(module, self.batch_size, self.constraints, self.stats)
+        tables = at_wrapper_paths(collect_tables(module, self.batch_size, self.constraints, self.stats), module, sharders)
         if sharders is not None:
             tables = apply_sharders(tables, sharders, self.topology.compute_device)
         _check_device_groups(tables, self.topology.compute_device)

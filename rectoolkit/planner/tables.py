@@ -22,6 +22,7 @@ from rectoolkit.modules.configs import (
     PoolingType,
 )
 from rectoolkit.modules.table_sources import find_table_configs as _find_configs
+from rectoolkit.modules.table_sources import wrapped_collections
 from rectoolkit.modules.table_sources import read_table_frame  # noqa: F401  (rectoolkit.widgets.inputs reads it here)
 from rectoolkit.plan.traffic import ID_BYTES, LENGTH_BYTES, WEIGHT_BYTES
 from rectoolkit.plan.types import QUANT_KERNELS, ShardingType
@@ -43,6 +44,9 @@ class PlannerTable:
     # VBE: the features of this table's collection have different batch sizes, so the collection takes a batch with
     # a batch size per feature, padded to this one (the largest); None when they all have one batch size
     collection_batch_size: Optional[int] = None
+    # the class name of the module at module_path when it wraps the collection (a FeatureProcessedEmbeddingBagCollection,
+    # a managed-collision collection: at_wrapper_paths); its sharder plans the table. None: the collection's own path
+    wrapper: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -157,6 +161,25 @@ def _with_collection_batch_sizes(tables: List[PlannerTable]) -> List[PlannerTabl
             if len(batches[t.module_path, t.pooled]) > 1 else t for t in tables]
 
 
+def at_wrapper_paths(tables: List[PlannerTable], source: Any, sharders: Optional[Sequence[Any]]) -> List[PlannerTable]:
+    """The tables of a collection inside a wrapper (a FeatureProcessedEmbeddingBagCollection, a managed-collision
+    collection: rectoolkit.modules.table_sources.wrapped_collections) planned at the wrapper's path, as TorchRec
+    plans them when the wrapper's sharder is in `sharders` (TorchRec's default sharders, and sharders=None here,
+    have it); with only the inner collection's sharder they stay at the collection's path ("fp._embedding_bag_collection"),
+    as in TorchRec. DistributedModelParallel reads either (rectoolkit.distributed.model_parallel.plan_at_collections)."""
+    wrappers = wrapped_collections(source)
+    if not wrappers:
+        return tables
+    sharded_kinds = None if sharders is None else {_sharder_key(s)[0] for s in sharders}
+    out = []
+    for table in tables:
+        wrapper_path, wrapper = wrappers.get(table.module_path, (None, None))
+        if wrapper is not None and (sharded_kinds is None or wrapper in sharded_kinds):
+            table = dataclasses.replace(table, module_path=wrapper_path, wrapper=wrapper)
+        out.append(table)
+    return out
+
+
 def tables_by_module(tables: Sequence[PlannerTable]) -> Dict[str, List[PlannerTable]]:
     out: Dict[str, List[PlannerTable]] = {}
     for table in tables:
@@ -199,7 +222,8 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
     by_module = {_sharder_key(s): s for s in sharders}
     out = []
     for table in tables:
-        module = "EmbeddingBagCollection" if isinstance(table.config, EmbeddingBagConfig) else "EmbeddingCollection"
+        module = table.wrapper or ("EmbeddingBagCollection" if isinstance(table.config, EmbeddingBagConfig)
+                                   else "EmbeddingCollection")
         # the sharder of the collection's own kind (float or quantized: get_default_sharders() has both), else the
         # other kind's
         sharder = by_module.get((module, table.quantized)) or by_module.get((module, not table.quantized))

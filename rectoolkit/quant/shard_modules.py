@@ -25,9 +25,16 @@ from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantE
 
 
 def get_default_sharders() -> List[Any]:
-    """A sharder for each collection rectoolkit shards: float and quantized, bags and sequences."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder(), QuantEmbeddingBagCollectionSharder(),
-            QuantEmbeddingCollectionSharder()]
+    """A sharder for each collection rectoolkit shards: float and quantized, bags and sequences, feature-processed
+    and managed-collision ones (TorchRec's list and order, less the fused and quantized managed-collision
+    collections rectoolkit does not have)."""
+    from rectoolkit.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from rectoolkit.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+    from rectoolkit.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), FeatureProcessedEmbeddingBagCollectionSharder(),
+            EmbeddingCollectionSharder(), QuantEmbeddingBagCollectionSharder(), QuantEmbeddingCollectionSharder(),
+            ManagedCollisionEmbeddingBagCollectionSharder(), ManagedCollisionEmbeddingCollectionSharder()]
 
 
 def shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device: Optional[torch.device] = None,

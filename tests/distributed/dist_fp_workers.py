@@ -8,11 +8,14 @@ by the sharded collection (their gradient does not cross the input_dist yet), wh
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 import rectoolkit as rtk
-from rectoolkit.distributed import DistributedModelParallel
+from rectoolkit.distributed import DistributedModelParallel, EmbeddingBagCollectionSharder, ShardingEnv
+from rectoolkit.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from rectoolkit.modules.feature_processor_ import PositionWeightedModuleCollection
 from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from rectoolkit.optim import CombinedOptimizer
@@ -24,11 +27,12 @@ from dist_workers import BATCH, bag_tables, plan_for
 class PositionWeightedModel(nn.Module):
     """Sparse features -> position weights -> weighted EmbeddingBagCollection -> Linear."""
 
-    def __init__(self, train_position_weights: bool = False) -> None:
+    def __init__(self, train_position_weights: bool = False, optimizer: Optional[str] = "adagrad",
+                 lr: Optional[float] = 0.1) -> None:
         super().__init__()
         tables = bag_tables()
         features = [f for t in tables for f in t.feature_names]
-        ebc = rtk.EmbeddingBagCollection(tables, is_weighted=True, optimizer="adagrad", lr=0.1)
+        ebc = rtk.EmbeddingBagCollection(tables, is_weighted=True, optimizer=optimizer, lr=lr)
         self.fp = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({f: 4 for f in features}))
         with torch.no_grad():  # not all ones, so a wrong position shows
             for weight in self.fp._feature_processors.position_weights.values():
@@ -82,3 +86,39 @@ def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
         assert "per-id weights require grad" in str(error) and "freeze them" in str(error), error
     else:
         raise AssertionError(f"rank {rank}: trainable position weights were not refused")
+
+
+def fp_sharder_worker(rank: int, W: int) -> None:
+    """TorchRec's FeatureProcessedEmbeddingBagCollectionSharder: DMP plans the model with it (the plan keyed by the
+    collection's own path, "fp", as TorchRec's) and its inner sharder's fused_params (SGD, lr 0.5) train the tables,
+    not the collection's own Adagrad; `shard()` shards a copy of the collection and leaves the original as it was."""
+    features = {f: t.num_embeddings for t in bag_tables() for f in t.feature_names}
+    fused = {"optimizer": "exact_sgd", "learning_rate": 0.5}  # (TorchRec code passes fbgemm's EmbOptimType.EXACT_SGD)
+    torch.manual_seed(0)
+    reference = PositionWeightedModel(optimizer="sgd", lr=0.5)
+    torch.manual_seed(0)
+    sharder = FeatureProcessedEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder(fused_params=fused))
+    dmp = DistributedModelParallel(PositionWeightedModel(optimizer=None, lr=None), sharders=[sharder], local_world_size=W)
+    assert list(dmp.plan.plan) == ["fp"], f"rank {rank}: plan keyed by {list(dmp.plan.plan)}, TorchRec keys it by 'fp'"
+    kjts = [make_batch(features, BATCH, seed=r) for r in range(W)]
+    out, ref_out = dmp(kjts[rank]), reference(global_batch(kjts))
+    assert torch.allclose(out, ref_out[rank * BATCH:(rank + 1) * BATCH], atol=1e-5), f"rank {rank}: outputs differ"
+    out.square().sum().backward()  # the tables step in backward (fused); the dense layer is not stepped here
+    (ref_out.square().sum() / W).backward()
+    state, ref_state = dmp.state_dict(), reference.state_dict()
+    for key in [k for k in ref_state if "embedding_bags" in k]:
+        assert torch.allclose(state[key], ref_state[key], atol=1e-5), \
+            f"rank {rank}, {key}: the fused SGD of the sharder's fused_params was not used"
+
+    torch.manual_seed(0)
+    model = PositionWeightedModel(optimizer=None, lr=None)
+    original = model.fp._embedding_bag_collection
+    env = ShardingEnv.from_process_group(local_world_size=W)
+    sharded = sharder.shard(model.fp, plan_for("row_wise", bag_tables(), W, W), env)
+    assert model.fp._embedding_bag_collection is original, "shard() changed the module it was given"
+    assert sharded is not model.fp and sharded._feature_processors is model.fp._feature_processors
+    torch.manual_seed(0)
+    expected = PositionWeightedModel().fp(global_batch(kjts)).values()[rank * BATCH:(rank + 1) * BATCH]
+    got = sharded(kjts[rank])
+    got = got.wait() if hasattr(got, "wait") else got
+    assert torch.allclose(got.values(), expected, atol=1e-5), f"rank {rank}: sharder.shard() output differs"

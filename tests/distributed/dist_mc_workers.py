@@ -108,7 +108,7 @@ def mc_dmp_worker(rank: int, W: int, plan_key: str, pooled: bool) -> None:
     assert sum(blocks["users"][k].open_slots().item() for k in range(W)) < 2 * W, "the test should fill the slots"
     if plan_key == "mc":  # without a plan: planned here, the managed-collision tables ROW_WISE
         planned = DistributedModelParallel(MCModel(pooled), local_world_size=W)
-        assert {t: ps.sharding_type for t, ps in planned.plan.plan["mc._embedding_module"].items()} == {
+        assert {t: ps.sharding_type for t, ps in planned.plan.plan["mc"].items()} == {  # keyed as TorchRec keys it
             "users": "row_wise", "catalog": "row_wise"}, planned.plan
         planned(kjts[rank])
     with tempfile.TemporaryDirectory() as tmp:  # refused before anything is written
