@@ -69,4 +69,9 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.calibration": "torchrec.metrics.calibration",
     "rectoolkit.metrics.ctr": "torchrec.metrics.ctr",
     "rectoolkit.metrics.mse": "torchrec.metrics.mse",
+    "rectoolkit.metrics.mae": "torchrec.metrics.mae",
+    "rectoolkit.metrics.accuracy": "torchrec.metrics.accuracy",
+    "rectoolkit.metrics.precision": "torchrec.metrics.precision",
+    "rectoolkit.metrics.recall": "torchrec.metrics.recall",
+    "rectoolkit.metrics.weighted_avg": "torchrec.metrics.weighted_avg",
 }

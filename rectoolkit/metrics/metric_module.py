@@ -25,15 +25,20 @@ from typing import Any, Dict, List, Optional, Type
 import torch
 from torch import nn
 
+from rectoolkit.metrics.accuracy import AccuracyMetric
 from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
+from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
+from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
+from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
@@ -41,6 +46,11 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.AUC: AUCMetric,
     RecMetricEnum.CALIBRATION: CalibrationMetric,
     RecMetricEnum.MSE: MSEMetric,
+    RecMetricEnum.MAE: MAEMetric,
+    RecMetricEnum.ACCURACY: AccuracyMetric,
+    RecMetricEnum.PRECISION: PrecisionMetric,
+    RecMetricEnum.RECALL: RecallMetric,
+    RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
 }
 
 

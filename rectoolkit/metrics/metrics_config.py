@@ -27,6 +27,12 @@ class RecMetricEnum(Enum):
     AUC = "auc"
     CALIBRATION = "calibration"
     MSE = "mse"
+    MAE = "mae"
+    AUPRC = "auprc"
+    ACCURACY = "accuracy"
+    PRECISION = "precision"
+    RECALL = "recall"
+    WEIGHTED_AVG = "weighted_avg"
 
     def __str__(self) -> str:
         return self.value
