@@ -74,4 +74,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.precision": "torchrec.metrics.precision",
     "rectoolkit.metrics.recall": "torchrec.metrics.recall",
     "rectoolkit.metrics.weighted_avg": "torchrec.metrics.weighted_avg",
+    "rectoolkit.metrics.auprc": "torchrec.metrics.auprc",
 }

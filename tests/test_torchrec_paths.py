@@ -72,6 +72,7 @@ PATHS = {
     "metrics.precision": ["PrecisionMetric"],
     "metrics.recall": ["RecallMetric"],
     "metrics.weighted_avg": ["WeightedAvgMetric"],
+    "metrics.auprc": ["AUPRCMetric"],
 }
 
 

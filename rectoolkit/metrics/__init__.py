@@ -4,6 +4,7 @@ throughput; `RecMetricModule` holds a job's metrics."""
 
 from rectoolkit.metrics.accuracy import AccuracyMetric
 from rectoolkit.metrics.auc import AUCMetric
+from rectoolkit.metrics.auprc import AUPRCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics import deferrable_metrics, metrics_namespace  # noqa: F401  (TorchRec's paths, for attribute access)
@@ -17,7 +18,7 @@ from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetr
 from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
-__all__ = ["AUCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "MAEMetric", "MSEMetric", "MetricsConfig",
+__all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "MAEMetric", "MSEMetric", "MetricsConfig",
            "NEMetric", "PrecisionMetric", "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum",
            "RecMetricException", "RecMetricList", "RecMetricModule", "RecTaskInfo", "RecallMetric",
            "WeightedAvgMetric", "generate_metric_module"]

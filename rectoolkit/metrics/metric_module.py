@@ -27,6 +27,7 @@ from torch import nn
 
 from rectoolkit.metrics.accuracy import AccuracyMetric
 from rectoolkit.metrics.auc import AUCMetric
+from rectoolkit.metrics.auprc import AUPRCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
@@ -47,6 +48,7 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.CALIBRATION: CalibrationMetric,
     RecMetricEnum.MSE: MSEMetric,
     RecMetricEnum.MAE: MAEMetric,
+    RecMetricEnum.AUPRC: AUPRCMetric,
     RecMetricEnum.ACCURACY: AccuracyMetric,
     RecMetricEnum.PRECISION: PrecisionMetric,
     RecMetricEnum.RECALL: RecallMetric,
