@@ -75,4 +75,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.recall": "torchrec.metrics.recall",
     "rectoolkit.metrics.weighted_avg": "torchrec.metrics.weighted_avg",
     "rectoolkit.metrics.auprc": "torchrec.metrics.auprc",
+    "rectoolkit.metrics.throughput": "torchrec.metrics.throughput",
 }

@@ -73,6 +73,8 @@ PATHS = {
     "metrics.recall": ["RecallMetric"],
     "metrics.weighted_avg": ["WeightedAvgMetric"],
     "metrics.auprc": ["AUPRCMetric"],
+    "metrics.throughput": ["ThroughputMetric"],
+    "metrics.metrics_config": ["ThroughputDef", "MetricsConfig", "RecMetricEnum"],
 }
 
 

@@ -17,6 +17,8 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 _DEFAULT_WINDOW_SIZE = 10_000_000
+_DEFAULT_THROUGHPUT_WINDOW_SECONDS = 100
+_DEFAULT_THROUGHPUT_WARMUP_STEPS = 100
 
 
 class RecMetricEnum(Enum):
@@ -78,13 +80,21 @@ class RecMetricDef:
 
 
 @dataclass
+class ThroughputDef:
+    """The ThroughputMetric of a MetricsConfig: its window in seconds and its untimed warm-up steps."""
+
+    window_size: int = _DEFAULT_THROUGHPUT_WINDOW_SECONDS
+    warmup_steps: int = _DEFAULT_THROUGHPUT_WARMUP_STEPS
+
+
+@dataclass
 class MetricsConfig:
     """All the metrics of a `RecMetricModule` (TorchRec's fields; those rectoolkit does not implement refuse a
     value other than their default when the module is generated)."""
 
     rec_tasks: List[RecTaskInfo] = field(default_factory=list)
     rec_metrics: Dict[RecMetricEnum, RecMetricDef] = field(default_factory=dict)
-    throughput_metric: Optional[Any] = None
+    throughput_metric: Optional[ThroughputDef] = None
     rec_compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION
     fused_update_limit: int = 0
     state_metrics: List[Any] = field(default_factory=list)
@@ -107,4 +117,5 @@ class MetricsConfig:
 
 DefaultTaskInfo = RecTaskInfo()
 
-__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo"]
+__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo",
+           "ThroughputDef"]
