@@ -76,4 +76,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.weighted_avg": "torchrec.metrics.weighted_avg",
     "rectoolkit.metrics.auprc": "torchrec.metrics.auprc",
     "rectoolkit.metrics.throughput": "torchrec.metrics.throughput",
+    "rectoolkit.metrics.ne_positive": "torchrec.metrics.ne_positive",
 }

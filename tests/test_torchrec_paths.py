@@ -74,6 +74,7 @@ PATHS = {
     "metrics.weighted_avg": ["WeightedAvgMetric"],
     "metrics.auprc": ["AUPRCMetric"],
     "metrics.throughput": ["ThroughputMetric"],
+    "metrics.ne_positive": ["NEPositiveMetric"],
     "metrics.metrics_config": ["ThroughputDef", "MetricsConfig", "RecMetricEnum"],
 }
 

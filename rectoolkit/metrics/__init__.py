@@ -1,4 +1,4 @@
-"""Training metrics at TorchRec's paths (`torchrec.metrics`): windowed and lifetime NE, calibration, CTR, MSE, MAE,
+"""Training metrics at TorchRec's paths (`torchrec.metrics`): windowed and lifetime NE, NE of the positives, calibration, CTR, MSE, MAE,
 accuracy, precision, recall, weighted average, window AUC and AUPRC per task, reduced across ranks, and
 throughput; `RecMetricModule` holds a job's metrics."""
 
@@ -13,12 +13,13 @@ from rectoolkit.metrics.metric_module import RecMetricModule, generate_metric_mo
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecComputeMode, RecMetricDef, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
 __all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "MAEMetric", "MSEMetric", "MetricsConfig",
-           "NEMetric", "PrecisionMetric", "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum",
+           "NEMetric", "NEPositiveMetric", "PrecisionMetric", "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum",
            "RecMetricException", "RecMetricList", "RecMetricModule", "RecTaskInfo", "RecallMetric",
            "WeightedAvgMetric", "generate_metric_module"]

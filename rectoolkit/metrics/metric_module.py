@@ -35,6 +35,7 @@ from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecT
 from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
 from rectoolkit.metrics.recall import RecallMetric
@@ -44,6 +45,7 @@ from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
+    RecMetricEnum.NE_POSITIVE: NEPositiveMetric,
     RecMetricEnum.CTR: CTRMetric,
     RecMetricEnum.AUC: AUCMetric,
     RecMetricEnum.CALIBRATION: CalibrationMetric,

@@ -25,6 +25,7 @@ class RecMetricEnum(Enum):
     """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here)."""
 
     NE = "ne"
+    NE_POSITIVE = "ne_positive"
     CTR = "ctr"
     AUC = "auc"
     CALIBRATION = "calibration"

@@ -9,7 +9,7 @@ reads `RecMetricModule.compute()` by key needs no hand-written strings.
     ...               "ctr-like|lifetime_ctr"))
     True
 
-The enums hold the names of the metrics rectoolkit computes (NE with logloss, AUC, AUPRC, calibration, CTR, MSE
+The enums hold the names of the metrics rectoolkit computes (NE with logloss, NE of the positives, AUC, AUPRC, calibration, CTR, MSE
 with RMSE and R squared, MAE, accuracy, precision, recall, weighted average, throughput with its example
 counts), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
 """
@@ -38,7 +38,7 @@ class MetricNamespaceBase(StrValueMixin, Enum):
 # every metric here names its namespace too; NE, MSE and throughput report more values under theirs
 _METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc", "MAE": "mae",
             "AUPRC": "auprc", "ACCURACY": "accuracy", "PRECISION": "precision", "RECALL": "recall",
-            "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput"}
+            "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive"}
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
                                            "R_SQUARED": "r_squared", "TOTAL_EXAMPLES": "total_examples",

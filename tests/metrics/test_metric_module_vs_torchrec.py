@@ -78,7 +78,8 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("metrics", [METRICS, ("MAE", "ACCURACY", "PRECISION", "RECALL", "WEIGHTED_AVG")])
+@pytest.mark.parametrize("metrics", [METRICS, ("MAE", "ACCURACY", "PRECISION", "RECALL", "WEIGHTED_AVG",
+                                                "NE_POSITIVE")])
 @pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
 def test_pre_compute_states_equal_torchrecs_and_load_either_way(mode, metrics, one_rank_group):
     ours = module(ours_module, ours_config, mode, metrics=metrics)

@@ -1,23 +1,24 @@
-"""MAE, accuracy, precision, recall and weighted-average metrics against TorchRec 1.8's classes on the same
+"""MAE, accuracy, precision, recall, weighted-average and NE-positive metrics against TorchRec 1.8's classes on the same
 batches (keys, values, state_dict), against hand-worked numbers, and across 2 gloo ranks."""
 
 import importlib
+import math
 
 import pytest
 import torch
 
-from rectoolkit.metrics import (AccuracyMetric, MAEMetric, PrecisionMetric, RecallMetric, RecTaskInfo,
-                                WeightedAvgMetric)
+from rectoolkit.metrics import (AccuracyMetric, MAEMetric, NEPositiveMetric, PrecisionMetric, RecallMetric,
+                                RecTaskInfo, WeightedAvgMetric)
 from tests.metrics.test_rec_metrics import batches as random_batches
 
 TASKS = ["click", "like"]
 BATCH = 8
 OURS = {"MAEMetric": MAEMetric, "AccuracyMetric": AccuracyMetric, "PrecisionMetric": PrecisionMetric,
-        "RecallMetric": RecallMetric, "WeightedAvgMetric": WeightedAvgMetric}
+        "RecallMetric": RecallMetric, "WeightedAvgMetric": WeightedAvgMetric, "NEPositiveMetric": NEPositiveMetric}
 MODULES = {"MAEMetric": "mae", "AccuracyMetric": "accuracy", "PrecisionMetric": "precision",
-           "RecallMetric": "recall", "WeightedAvgMetric": "weighted_avg"}
+           "RecallMetric": "recall", "WeightedAvgMetric": "weighted_avg", "NEPositiveMetric": "ne_positive"}
 # (class, extra arguments): each thresholded metric at its default and at a threshold the tied stream hits exactly
-CASES = [("MAEMetric", {}), ("WeightedAvgMetric", {})] + [
+CASES = [("MAEMetric", {}), ("WeightedAvgMetric", {}), ("NEPositiveMetric", {})] + [
     (name, extra) for name in ("AccuracyMetric", "PrecisionMetric", "RecallMetric")
     for extra in ({}, {"threshold": 0.25})]
 
@@ -106,6 +107,10 @@ def test_hand_worked_values():
     assert value(RecallMetric, "recall", threshold=0.6) == pytest.approx(1 / 8)
     assert value(MAEMetric, "mae") == pytest.approx((0.1 * 1 + 0.5 * 2 + 0.8 * 3 + 0.5 * 4) / 10)
     assert value(WeightedAvgMetric, "weighted_avg") == pytest.approx((0.9 + 1.0 + 0.6 + 2.0) / 10)
+    # positives' cross-entropy in bits over the base rate's (ctr = 8/10)
+    positives_bits = -(1 * math.log2(0.9) + 3 * math.log2(0.2) + 4 * math.log2(0.5))
+    assert value(NEPositiveMetric, "ne_positive") == pytest.approx(
+        positives_bits / (-8 * math.log2(0.8) - 2 * math.log2(0.2)))
 
 
 def test_empty_denominators_give_torchrecs_defaults():
@@ -116,6 +121,10 @@ def test_empty_denominators_give_torchrecs_defaults():
         metric = cls(world_size=1, my_rank=0, batch_size=2, tasks=task)
         metric.update(predictions=zeros, labels=zeros, weights=zeros)
         assert float(metric.compute()[f"{name}-t|lifetime_{name}"]) == 0.0, name
+    missing = NEPositiveMetric(world_size=1, my_rank=0, batch_size=2, tasks=task,
+                               allow_missing_label_with_zero_weight=True)
+    missing.update(predictions=zeros, labels=zeros, weights=zeros)
+    assert float(missing.compute()["ne_positive-t|lifetime_ne_positive"]) == 1e-12
     average = WeightedAvgMetric(world_size=1, my_rank=0, batch_size=2, tasks=task)
     average.update(predictions=zeros, labels=zeros, weights=zeros)
     assert torch.isnan(average.compute()["weighted_avg-t|lifetime_weighted_avg"]).all()  # as TorchRec: no guard
@@ -149,7 +158,7 @@ def test_generate_metric_module_builds_them_as_torchrec():
     def config(package):
         tasks = [package.RecTaskInfo(name="click", label_name="y", prediction_name="p", weight_name="w")]
         metrics = {getattr(package.RecMetricEnum, m): package.RecMetricDef(rec_task_indices=[0], window_size=24)
-                   for m in ("MAE", "ACCURACY", "PRECISION", "RECALL", "WEIGHTED_AVG")}
+                   for m in ("MAE", "ACCURACY", "PRECISION", "RECALL", "WEIGHTED_AVG", "NE_POSITIVE")}
         metrics[package.RecMetricEnum.RECALL].arguments = {"threshold": 0.3}
         return package.MetricsConfig(rec_tasks=tasks, rec_metrics=metrics, throughput_metric=None)
 
@@ -162,14 +171,14 @@ def test_generate_metric_module_builds_them_as_torchrec():
         for module in modules:
             module.update({"p": predictions["click"], "y": labels["click"], "w": weights["click"]})
     expected, got = (dict(module.compute()) for module in modules)
-    assert sorted(got) == sorted(expected) and len(got) == 10
+    assert sorted(got) == sorted(expected) and len(got) == 12
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-6, atol=1e-7, msg=key)
     assert list(modules[1].state_dict()) == list(modules[0].state_dict())
 
 
 # ------------------------------------------------------------------------------------------------ 2 ranks
-RANK_CASES = [("MAEMetric", {}), ("WeightedAvgMetric", {}), ("AccuracyMetric", {}),
+RANK_CASES = [("MAEMetric", {}), ("WeightedAvgMetric", {}), ("NEPositiveMetric", {}), ("AccuracyMetric", {}),
               ("PrecisionMetric", {"threshold": 0.25}), ("RecallMetric", {"threshold": 0.5})]
 
 
