@@ -56,7 +56,7 @@ class RecTaskInfo:
 
     TorchRec's other fields are accepted: `session_metric_def`, `is_negative_task`, `tensor_name` and `weighted`
     are read only by TorchRec's session, NDCG and tensor-weighted-average metrics, none of which rectoolkit has;
-    NE, AUC, calibration, CTR and MSE do not read them in TorchRec either.
+    the metrics here do not read them in TorchRec either.
     """
 
     name: str = "DefaultTask"
