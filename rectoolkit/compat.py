@@ -70,4 +70,12 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.calibration": "torchrec.metrics.calibration",
     "rectoolkit.metrics.ctr": "torchrec.metrics.ctr",
     "rectoolkit.metrics.mse": "torchrec.metrics.mse",
+    "rectoolkit.metrics.mae": "torchrec.metrics.mae",
+    "rectoolkit.metrics.accuracy": "torchrec.metrics.accuracy",
+    "rectoolkit.metrics.precision": "torchrec.metrics.precision",
+    "rectoolkit.metrics.recall": "torchrec.metrics.recall",
+    "rectoolkit.metrics.weighted_avg": "torchrec.metrics.weighted_avg",
+    "rectoolkit.metrics.auprc": "torchrec.metrics.auprc",
+    "rectoolkit.metrics.throughput": "torchrec.metrics.throughput",
+    "rectoolkit.metrics.ne_positive": "torchrec.metrics.ne_positive",
 }

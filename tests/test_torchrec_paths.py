@@ -68,6 +68,15 @@ PATHS = {
                                   "compose_metric_namespace", "compose_customized_metric_key",
                                   "task_wildcard_metrics_pattern"],
     "metrics.deferrable_metrics": ["DeferrableMetrics"],
+    "metrics.mae": ["MAEMetric"],
+    "metrics.accuracy": ["AccuracyMetric"],
+    "metrics.precision": ["PrecisionMetric"],
+    "metrics.recall": ["RecallMetric"],
+    "metrics.weighted_avg": ["WeightedAvgMetric"],
+    "metrics.auprc": ["AUPRCMetric"],
+    "metrics.throughput": ["ThroughputMetric"],
+    "metrics.ne_positive": ["NEPositiveMetric"],
+    "metrics.metrics_config": ["ThroughputDef", "MetricsConfig", "RecMetricEnum"],
 }
 
 

@@ -39,10 +39,9 @@ def weighted_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch
     return (positive_per_score * (negatives_below + negative_per_score / 2)).sum() / pairs
 
 
-class AUCMetric(RecMetric):
-    """Window AUC per task, over all ranks' windows."""
-
-    _namespace = "auc"
+class SampleWindowMetric(RecMetric):
+    """A metric of the window's samples themselves (AUC, AUPRC): per task, the last ceil(window_size /
+    world_size) (prediction, label, weight) samples of this rank, all-gathered by compute()."""
 
     def reset(self) -> None:
         # per task: the window's [3 (prediction, label, weight), n] batches, oldest first
@@ -70,9 +69,15 @@ class AUCMetric(RecMetric):
     def _reduce_states(self, states: List[torch.Tensor], group: Any) -> List[torch.Tensor]:
         return [all_gather_columns(samples, group) for samples in states]
 
+
+class AUCMetric(SampleWindowMetric):
+    """Window AUC per task, over all ranks' windows."""
+
+    _namespace = "auc"
+
     def _task_values(self, states: List[torch.Tensor], task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
         predictions, labels, weights = states[task_index]
         yield "window", "auc", weighted_auc(predictions, labels, weights)
 
 
-__all__ = ["AUCMetric", "weighted_auc"]
+__all__ = ["AUCMetric", "SampleWindowMetric", "weighted_auc"]

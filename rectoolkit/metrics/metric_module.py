@@ -25,36 +25,53 @@ from typing import Any, Dict, List, Optional, Type
 import torch
 from torch import nn
 
+from rectoolkit.metrics.accuracy import AccuracyMetric
 from rectoolkit.metrics.auc import AUCMetric
+from rectoolkit.metrics.auprc import AUPRCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
+from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.ne_positive import NEPositiveMetric
+from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
+from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
+from rectoolkit.metrics.throughput import ThroughputMetric
+from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
+    RecMetricEnum.NE_POSITIVE: NEPositiveMetric,
     RecMetricEnum.CTR: CTRMetric,
     RecMetricEnum.AUC: AUCMetric,
     RecMetricEnum.CALIBRATION: CalibrationMetric,
     RecMetricEnum.MSE: MSEMetric,
+    RecMetricEnum.MAE: MAEMetric,
+    RecMetricEnum.AUPRC: AUPRCMetric,
+    RecMetricEnum.ACCURACY: AccuracyMetric,
+    RecMetricEnum.PRECISION: PrecisionMetric,
+    RecMetricEnum.RECALL: RecallMetric,
+    RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
 }
 
 
 class RecMetricModule(nn.Module):
-    """The job's RecMetrics (TorchRec's constructor). Throughput and state metrics, and the adaptive compute
-    interval (min/max_compute_interval), are not implemented: passing them raises NotImplementedError."""
+    """The job's RecMetrics and its ThroughputMetric (TorchRec's constructor). State metrics and the adaptive
+    compute interval (min/max_compute_interval) are not implemented: passing them raises NotImplementedError."""
 
     def __init__(self, batch_size: int, world_size: int, rec_tasks: Optional[List[RecTaskInfo]] = None,
-                 rec_metrics: Optional[RecMetricList] = None, throughput_metric: Optional[Any] = None,
+                 rec_metrics: Optional[RecMetricList] = None, throughput_metric: Optional[ThroughputMetric] = None,
                  state_metrics: Optional[Dict[str, Any]] = None, compute_interval_steps: int = 100,
                  min_compute_interval: float = 0.0, max_compute_interval: float = float("inf")) -> None:
         super().__init__()
-        for name, value, default in (("throughput_metric", throughput_metric, None),
-                                     ("state_metrics", state_metrics or None, None),
+        if throughput_metric is not None and not isinstance(throughput_metric, ThroughputMetric):
+            raise TypeError(f"RecMetricModule: throughput_metric={throughput_metric!r} is not a ThroughputMetric; "
+                            "pass rectoolkit.metrics.throughput.ThroughputMetric(...) or None")
+        for name, value, default in (("state_metrics", state_metrics or None, None),
                                      ("min_compute_interval", min_compute_interval, 0.0),
                                      ("max_compute_interval", max_compute_interval, float("inf"))):
             if value != default:
@@ -65,7 +82,7 @@ class RecMetricModule(nn.Module):
         self.batch_size, self.world_size = batch_size, world_size
         self.rec_tasks = list(rec_tasks or [])
         self.rec_metrics = rec_metrics if rec_metrics is not None else RecMetricList([])
-        self.throughput_metric = None
+        self.throughput_metric = throughput_metric
         self.state_metrics: Dict[str, Any] = {}
         self.compute_interval_steps = compute_interval_steps
         self.trained_batches = 0
@@ -84,6 +101,8 @@ class RecMetricModule(nn.Module):
                                          f"has only {sorted(model_out)}; set the RecTaskInfo's names to these keys")
                     out[task.name] = model_out[name].squeeze()
             self.rec_metrics.update(predictions=predictions, labels=labels, weights=weights)
+        if self.throughput_metric is not None:
+            self.throughput_metric.update()
         self.trained_batches += 1
 
     def get_required_inputs(self) -> Optional[List[str]]:
@@ -95,9 +114,12 @@ class RecMetricModule(nn.Module):
         return self.trained_batches % self.compute_interval_steps == 0
 
     def compute(self) -> DeferrableMetrics:
-        """All metrics over all ranks (every rank must call it), resolved."""
+        """All metrics over all ranks (every rank must call it), then the throughput's, resolved."""
         self.compute_count += 1
-        return DeferrableMetrics(self.rec_metrics.compute())
+        values = self.rec_metrics.compute()
+        if self.throughput_metric is not None:
+            values.update(self.throughput_metric.compute())
+        return DeferrableMetrics(values)
 
     def local_compute(self) -> DeferrableMetrics:
         """All metrics over this rank's updates only, resolved."""
@@ -121,16 +143,25 @@ class RecMetricModule(nn.Module):
 
     def get_pre_compute_states(self, pg: Optional[Any] = None) -> pre_compute_states.States:
         """The metrics' lifetime and window sums over all ranks: {namespace: {task: {state: tensor}}} (a
-        collective; the same on every rank). ``pg`` must be None or the metrics' own process group."""
+        collective; the same on every rank), and this rank's throughput buffers under
+        ``["throughput"]["throughput"]``. ``pg`` must be None or the metrics' own process group."""
         for metric in self.rec_metrics.rec_metrics:
             if pg is not None and pg is not metric._process_group:
                 raise ValueError(f"RecMetricModule.get_pre_compute_states: pg={pg!r} is not the process group "
                                  f"{type(metric).__name__} reduces over; pass pg=None (its own group)")
-        return pre_compute_states.get_pre_compute_states(list(self.rec_metrics.rec_metrics))
+        states = pre_compute_states.get_pre_compute_states(list(self.rec_metrics.rec_metrics))
+        if self.throughput_metric is not None:
+            states.setdefault(str(ThroughputMetric._namespace), {})[str(ThroughputMetric._metric_name)] = dict(
+                self.throughput_metric.named_buffers())
+        return states
 
     def load_pre_compute_states(self, source: pre_compute_states.States) -> None:
         """Load what get_pre_compute_states returned (no collective)."""
         pre_compute_states.load_pre_compute_states(list(self.rec_metrics.rec_metrics), source)
+        if self.throughput_metric is not None:
+            saved = source[str(ThroughputMetric._namespace)][str(ThroughputMetric._metric_name)]
+            for name, buffer in self.throughput_metric.named_buffers():
+                buffer.copy_(saved[name])
 
     def shutdown(self) -> None:
         """Nothing to stop: this module runs no background worker (TorchRec's only logs)."""
@@ -171,8 +202,13 @@ def generate_metric_module(metric_class: Type[RecMetricModule], metrics_config: 
             fused_update_limit=config.fused_update_limit, compute_on_all_ranks=config.compute_on_all_ranks,
             should_validate_update=config.should_validate_update, process_group=process_group,
             **(config.rec_metrics[metric].arguments or {})))
+    throughput = None
+    if config.throughput_metric:
+        throughput = ThroughputMetric(batch_size=batch_size, world_size=world_size,
+                                      window_seconds=config.throughput_metric.window_size,
+                                      warmup_steps=config.throughput_metric.warmup_steps)
     module = metric_class(batch_size=batch_size, world_size=world_size, rec_tasks=config.rec_tasks,
-                          rec_metrics=RecMetricList(metrics), throughput_metric=config.throughput_metric,
+                          rec_metrics=RecMetricList(metrics), throughput_metric=throughput,
                           compute_interval_steps=config.compute_interval_steps,
                           min_compute_interval=config.min_compute_interval,
                           max_compute_interval=config.max_compute_interval, **(module_kwargs or {}))

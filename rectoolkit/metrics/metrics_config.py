@@ -17,16 +17,25 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 _DEFAULT_WINDOW_SIZE = 10_000_000
+_DEFAULT_THROUGHPUT_WINDOW_SECONDS = 100
+_DEFAULT_THROUGHPUT_WARMUP_STEPS = 100
 
 
 class RecMetricEnum(Enum):
     """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here)."""
 
     NE = "ne"
+    NE_POSITIVE = "ne_positive"
     CTR = "ctr"
     AUC = "auc"
     CALIBRATION = "calibration"
     MSE = "mse"
+    MAE = "mae"
+    AUPRC = "auprc"
+    ACCURACY = "accuracy"
+    PRECISION = "precision"
+    RECALL = "recall"
+    WEIGHTED_AVG = "weighted_avg"
 
     def __str__(self) -> str:
         return self.value
@@ -47,7 +56,7 @@ class RecTaskInfo:
 
     TorchRec's other fields are accepted: `session_metric_def`, `is_negative_task`, `tensor_name` and `weighted`
     are read only by TorchRec's session, NDCG and tensor-weighted-average metrics, none of which rectoolkit has;
-    NE, AUC, calibration, CTR and MSE do not read them in TorchRec either.
+    the metrics here do not read them in TorchRec either.
     """
 
     name: str = "DefaultTask"
@@ -72,13 +81,21 @@ class RecMetricDef:
 
 
 @dataclass
+class ThroughputDef:
+    """The ThroughputMetric of a MetricsConfig: its window in seconds and its untimed warm-up steps."""
+
+    window_size: int = _DEFAULT_THROUGHPUT_WINDOW_SECONDS
+    warmup_steps: int = _DEFAULT_THROUGHPUT_WARMUP_STEPS
+
+
+@dataclass
 class MetricsConfig:
     """All the metrics of a `RecMetricModule` (TorchRec's fields; those rectoolkit does not implement refuse a
     value other than their default when the module is generated)."""
 
     rec_tasks: List[RecTaskInfo] = field(default_factory=list)
     rec_metrics: Dict[RecMetricEnum, RecMetricDef] = field(default_factory=dict)
-    throughput_metric: Optional[Any] = None
+    throughput_metric: Optional[ThroughputDef] = None
     rec_compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION
     fused_update_limit: int = 0
     state_metrics: List[Any] = field(default_factory=list)
@@ -101,4 +118,5 @@ class MetricsConfig:
 
 DefaultTaskInfo = RecTaskInfo()
 
-__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo"]
+__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo",
+           "ThroughputDef"]

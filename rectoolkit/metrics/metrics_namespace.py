@@ -9,8 +9,9 @@ reads `RecMetricModule.compute()` by key needs no hand-written strings.
     ...               "ctr-like|lifetime_ctr"))
     True
 
-The enums hold the names of the metrics rectoolkit computes (NE with logloss, AUC, calibration, CTR, MSE with
-RMSE and R squared), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
+The enums hold the names of the metrics rectoolkit computes (NE with logloss, NE of the positives, AUC, AUPRC, calibration, CTR, MSE
+with RMSE and R squared, MAE, accuracy, precision, recall, weighted average, throughput with its example
+counts), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
 """
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ class MetricNamespaceBase(StrValueMixin, Enum):
     pass
 
 
-# every metric here names its namespace too; NE and MSE report more values under theirs
-_METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc"}
+# every metric here names its namespace too; NE, MSE and throughput report more values under theirs
+_METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc", "MAE": "mae",
+            "AUPRC": "auprc", "ACCURACY": "accuracy", "PRECISION": "precision", "RECALL": "recall",
+            "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive"}
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
-                                           "R_SQUARED": "r_squared"}, module=__name__)
+                                           "R_SQUARED": "r_squared", "TOTAL_EXAMPLES": "total_examples",
+                                           "ATTEMPT_EXAMPLES": "attempt_examples", "BATCH_SIZE": "batch_size"},
+                            module=__name__)
 
 
 class MetricPrefix(StrValueMixin, Enum):

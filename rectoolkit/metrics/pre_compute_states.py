@@ -22,7 +22,8 @@ States = Dict[str, Dict[str, Dict[str, torch.Tensor]]]
 def _sum_state_metric(metric: RecMetric) -> SumStateMetric:
     if not isinstance(metric, SumStateMetric):
         raise NotImplementedError(f"RecMetricModule: pre-compute states of {type(metric).__name__} are not "
-                                  "implemented (only the sum-state metrics: NE, CTR, calibration, MSE)")
+                                  "implemented (only the sum-state metrics: NE, NE positive, CTR, calibration, MSE, MAE, "
+                                  "accuracy, precision, recall, weighted average)")
     return metric
 
 

@@ -78,9 +78,12 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("metrics", [METRICS, ("MAE", "ACCURACY", "PRECISION", "RECALL", "WEIGHTED_AVG",
+                                                "NE_POSITIVE")])
 @pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
-def test_pre_compute_states_equal_torchrecs_and_load_either_way(mode, one_rank_group):
-    ours, theirs = module(ours_module, ours_config, mode), module(theirs_module, theirs_config, mode)
+def test_pre_compute_states_equal_torchrecs_and_load_either_way(mode, metrics, one_rank_group):
+    ours = module(ours_module, ours_config, mode, metrics=metrics)
+    theirs = module(theirs_module, theirs_config, mode, metrics=metrics)
     for out in model_outputs(seed=1):
         ours.update(out)
         theirs.update(out)
@@ -88,7 +91,8 @@ def test_pre_compute_states_equal_torchrecs_and_load_either_way(mode, one_rank_g
 
     # TorchRec's saved states, loaded into fresh modules of both libraries, compute the same metrics
     saved = theirs.get_pre_compute_states()
-    fresh_ours, fresh_theirs = module(ours_module, ours_config, mode), module(theirs_module, theirs_config, mode)
+    fresh_ours = module(ours_module, ours_config, mode, metrics=metrics)
+    fresh_theirs = module(theirs_module, theirs_config, mode, metrics=metrics)
     fresh_ours.load_pre_compute_states(saved)
     fresh_theirs.load_pre_compute_states(saved)
     assert_metrics_equal(fresh_ours.compute(), dict(fresh_theirs.compute()))

@@ -194,7 +194,7 @@ def test_refusals_name_the_argument():
         AUCMetric(world_size=1, my_rank=0, batch_size=8, tasks=task, grouped_auc=True)
     with pytest.raises(NotImplementedError, match="should_validate_update"):
         NEMetric(world_size=1, my_rank=0, batch_size=8, tasks=task, should_validate_update=True)
-    with pytest.raises(NotImplementedError, match="throughput_metric"):
+    with pytest.raises(TypeError, match="throughput_metric=<object .*> is not a ThroughputMetric"):
         RecMetricModule(batch_size=8, world_size=1, throughput_metric=object())
     metric = NEMetric(world_size=1, my_rank=0, batch_size=2, tasks=task)
     with pytest.raises(ValueError, match="task 't' has 2 predictions but 3 labels"):

@@ -1,0 +1,38 @@
+"""Accuracy (`torchrec.metrics.accuracy.AccuracyMetric`): the weighted share of samples whose decision
+`prediction >= threshold` equals the label (0 while there is no weight). As in TorchRec the decision is compared
+with the label itself, so a fractional label never counts as right.
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = AccuracyMetric(world_size=1, my_rank=0, batch_size=4, tasks=[RecTaskInfo(name="t")], threshold=0.6)
+    >>> metric.update(predictions={"t": torch.tensor([0.9, 0.5, 0.7, 0.1])},
+    ...               labels={"t": torch.tensor([1., 1., 0., 0.])}, weights=None)
+    >>> float(metric.compute()["accuracy-t|lifetime_accuracy"])   # right on the 1st and the 4th
+    0.5
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.thresholded import ThresholdedMetric
+
+
+class AccuracyMetric(ThresholdedMetric):
+    """Lifetime and window accuracy per task (`accuracy-{task}|{lifetime,window}_accuracy`); `threshold` as
+    TorchRec's (default 0.5)."""
+
+    _namespace = "accuracy"
+    _state_names = ("accuracy_sum", "weighted_num_samples")
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        right = (self._predicted_positive(predictions) == labels).double()
+        return torch.stack([(weights * right).sum(), weights.sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        right, weight = states
+        return {"accuracy": right / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
+
+
+__all__ = ["AccuracyMetric"]

@@ -1,0 +1,83 @@
+"""AUPRC (`torchrec.metrics.auprc.AUPRCMetric`): the area under the precision-recall curve of the window's
+samples, weighted, as TorchRec's step (Riemann) sum over the distinct predictions from the highest down:
+
+    AUPRC = sum_k (recall_k - recall_{k-1}) * precision_k,   recall_0 = 0,
+
+with precision_k = TP_k / (TP_k + FP_k) and recall_k = TP_k / TP over the samples predicted >= the k-th
+highest prediction (TP = sum w y, FP = sum w (1 - y)); 0 while the window has no positive weight.
+
+The window is AUC's (the last ceil(window_size / world_size) samples per rank, all-gathered by compute()).
+The lifetime value is TorchRec's: each time the values are computed (compute() on a rank that reports, or
+local_compute()), the window's AUPRC enters a running average weighted by the window's total weight; in the
+fused modes that average is over all tasks together (one value for every task), unfused per task. As in
+TorchRec, reset() empties the window but keeps that running average.
+
+    >>> weighted_auprc(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1., 0., 1., 0.]), torch.ones(4))
+    tensor(0.8333, dtype=torch.float64)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+
+from rectoolkit.metrics.auc import SampleWindowMetric
+from rectoolkit.metrics.metrics_config import RecComputeMode
+
+
+def weighted_auprc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted AUPRC of one task's samples (0-d float64); samples with the same prediction form one step."""
+    predictions, order = torch.sort(predictions.double().flatten(), descending=True)
+    positive = (weights.double().flatten() * labels.double().flatten())[order]
+    negative = weights.double().flatten()[order] - positive
+    _, group = torch.unique_consecutive(predictions, return_inverse=True)
+    steps = int(group.max()) + 1 if group.numel() else 0
+    true_positives = torch.zeros(steps, dtype=torch.float64).index_add_(0, group, positive).cumsum(0)
+    false_positives = torch.zeros(steps, dtype=torch.float64).index_add_(0, group, negative).cumsum(0)
+    if not steps or not true_positives[-1] > 0:
+        return torch.zeros((), dtype=torch.float64)
+    recall = true_positives / true_positives[-1]
+    predicted = true_positives + false_positives
+    precision = torch.where(predicted > 0, true_positives / predicted.clamp(min=1e-300), 1.0)
+    recall_before = torch.cat([torch.zeros(1, dtype=torch.float64), recall[:-1]])
+    return ((recall - recall_before) * precision).sum()
+
+
+class AUPRCMetric(SampleWindowMetric):
+    """Window and lifetime AUPRC per task (`auprc-{task}|window_auprc`, `auprc-{task}|lifetime_auprc`, in this
+    order as TorchRec's). `grouped_auprc=True` is not implemented."""
+
+    _namespace = "auprc"
+    _options = {"grouped_auprc": False}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._options["grouped_auprc"]:
+            raise NotImplementedError("AUPRCMetric: grouped_auprc=True is not implemented in rectoolkit; pass False")
+        unfused = self._compute_mode == RecComputeMode.UNFUSED_TASKS_COMPUTATION
+        # TorchRec's metric computations: one per task (unfused) or one for all tasks
+        self._computations = [[i] for i in range(len(self._tasks))] if unfused else [list(range(len(self._tasks)))]
+        # per computation: sum of window AUPRC x window weight, and sum of window weight x its tasks
+        self._lifetime_sums = torch.zeros(len(self._computations), 2, dtype=torch.float64)
+        self._reported: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _report(self, states: List[torch.Tensor], key_prefix: str = "") -> Dict[str, torch.Tensor]:
+        """Computes the window values, folds them into the lifetime average, then reports both."""
+        window = [weighted_auprc(*samples) for samples in states]
+        for computation, rows in enumerate(self._computations):
+            window_weight = sum(states[row][2].sum() for row in rows)
+            self._lifetime_sums[computation] += torch.stack([sum(window[row] for row in rows) * window_weight,
+                                                             window_weight * len(rows)])
+            weighted, weight = self._lifetime_sums[computation]
+            lifetime = weighted / weight if weight > 0 else torch.tensor(0.5, dtype=torch.float64)
+            self._reported.update({row: (window[row], lifetime) for row in rows})
+        return super()._report(states, key_prefix)
+
+    def _task_values(self, states: List[torch.Tensor], task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
+        window, lifetime = self._reported[task_index]
+        yield "window", "auprc", window
+        yield "lifetime", "auprc", lifetime
+
+
+__all__ = ["AUPRCMetric", "weighted_auprc"]

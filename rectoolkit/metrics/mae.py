@@ -1,0 +1,35 @@
+"""Mean absolute error (`torchrec.metrics.mae.MAEMetric`): the weighted mean of |label - prediction| per task
+(0 while there is no weight).
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = MAEMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([1., 4.])}, labels={"t": torch.tensor([2., 2.])},
+    ...               weights={"t": torch.tensor([1., 3.])})
+    >>> float(metric.compute()["mae-t|lifetime_mae"])   # (1 * 1 + 3 * 2) / 4
+    1.75
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class MAEMetric(SumStateMetric):
+    """Lifetime and window MAE per task (`mae-{task}|{lifetime,window}_mae`)."""
+
+    _namespace = "mae"
+    _state_names = ("error_sum", "weighted_num_samples")
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(weights * (labels - predictions).abs()).sum(), weights.sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        error, weight = states
+        return {"mae": error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
+
+
+__all__ = ["MAEMetric"]

@@ -1,0 +1,45 @@
+"""NE of the positives (`torchrec.metrics.ne_positive.NEPositiveMetric`): NE's normalization with only the
+positive labels' cross-entropy on top, sum_i w_i y_i (-log2 p_i) / (P CE(1, ctr) + N CE(0, ctr)); see ne.py.
+Predictions and ctr are clamped to [1e-12, 1 - 1e-12], as in NE.
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = NEPositiveMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([0.5, 0.9])}, labels={"t": torch.tensor([1., 0.])},
+    ...               weights=None)
+    >>> float(metric.compute()["ne_positive-t|lifetime_ne_positive"])   # 1 bit over the base rate's 2 bits
+    0.5
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.ne import ETA, normalized_entropy
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class NEPositiveMetric(SumStateMetric):
+    """Lifetime and window NE of the positives per task (`ne_positive-{task}|{lifetime,window}_ne_positive`).
+
+    Option: allow_missing_label_with_zero_weight (1e-12 instead of inf/nan while a task has no weight; per task
+    here, where TorchRec's fused modes give 1e-12 to the first task only once any task has no weight).
+    """
+
+    _namespace = "ne_positive"
+    _state_names = ("cross_entropy_positive_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    _options = {"allow_missing_label_with_zero_weight": False}
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        cross_entropy_positive = -weights * labels * torch.log2(predictions.clamp(ETA, 1 - ETA))
+        return torch.stack([cross_entropy_positive.sum(), weights.sum(), (weights * labels).sum(),
+                            (weights * (1 - labels)).sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
+            return {"ne_positive": torch.tensor(ETA, dtype=torch.float64)}
+        return {"ne_positive": normalized_entropy(*states)}
+
+
+__all__ = ["NEPositiveMetric"]

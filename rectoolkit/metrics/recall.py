@@ -1,0 +1,40 @@
+"""Recall (`torchrec.metrics.recall.RecallMetric`): of the positive label weight, the share predicted positive,
+TP / (TP + FN) with TP = sum w y over `prediction >= threshold` and FN = sum w y over `prediction <= threshold`
+(0 while both are 0). As in TorchRec, a prediction exactly at the threshold counts in both TP and FN.
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = RecallMetric(world_size=1, my_rank=0, batch_size=4, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([0.9, 0.3, 0.7, 0.1])},
+    ...               labels={"t": torch.tensor([1., 1., 0., 0.])}, weights=None)
+    >>> float(metric.compute()["recall-t|lifetime_recall"])   # 1 of the 2 positives
+    0.5
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.thresholded import ThresholdedMetric
+
+
+class RecallMetric(ThresholdedMetric):
+    """Lifetime and window recall per task (`recall-{task}|{lifetime,window}_recall`); `threshold` as TorchRec's
+    (default 0.5)."""
+
+    _namespace = "recall"
+    _state_names = ("true_pos_sum", "false_neg_sum")
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        missed = (predictions <= self._threshold).double()
+        return torch.stack([(weights * self._predicted_positive(predictions) * labels).sum(),
+                            (weights * missed * labels).sum()])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        true_positives, false_negatives = states
+        positives = true_positives + false_negatives
+        return {"recall": true_positives / positives if positives != 0 else torch.zeros((), dtype=torch.float64)}
+
+
+__all__ = ["RecallMetric"]

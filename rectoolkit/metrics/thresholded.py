@@ -1,0 +1,43 @@
+"""The base of the metrics that turn a prediction into a decision, `prediction >= threshold` (accuracy,
+precision, recall): the `threshold` argument (TorchRec's, default 0.5), refused outside [0, 1] where every
+prediction would fall on one side.
+
+    >>> from rectoolkit.metrics.accuracy import AccuracyMetric
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> AccuracyMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")], threshold=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: AccuracyMetric: threshold=1.5 is outside [0, 1]; pass a probability cut-off such as 0.5
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class ThresholdedMetric(SumStateMetric):
+    """A sum-state metric with TorchRec's `threshold` argument (`self._threshold`)."""
+
+    _options = {"threshold": 0.5}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        threshold = self._options["threshold"]
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise TypeError(f"{type(self).__name__}: threshold={threshold!r} is not a number; pass a float in [0, 1]")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"{type(self).__name__}: threshold={threshold!r} is outside [0, 1]; pass a probability "
+                             "cut-off such as 0.5")
+        self._threshold = float(threshold)
+
+    def _predicted_positive(self, predictions: torch.Tensor) -> torch.Tensor:
+        """1.0 where the prediction reaches the threshold, else 0.0."""
+        return (predictions >= self._threshold).double()
+
+
+__all__ = ["ThresholdedMetric"]

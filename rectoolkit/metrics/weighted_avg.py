@@ -1,0 +1,48 @@
+"""Weighted average of the predictions (`torchrec.metrics.weighted_avg.WeightedAvgMetric`): sum(w * p) / sum(w)
+per task, for a model output that is a quantity rather than a probability. As in TorchRec there is no guard:
+the value is nan while a task has no weight.
+
+The window differs from the other metrics' as TorchRec's does: TorchRec counts an update as `labels.shape[0]`
+samples, the rows of its [tasks, batch] input, so the window holds the last `window_size` updates (one task per
+computation, unfused) or `window_size / n_tasks` updates (fused), whatever the batch size.
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = WeightedAvgMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([2., 6.])}, labels={"t": torch.zeros(2)},
+    ...               weights={"t": torch.tensor([3., 1.])})
+    >>> float(metric.compute()["weighted_avg-t|lifetime_weighted_avg"])   # (3 * 2 + 1 * 6) / 4
+    3.0
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.metrics_config import RecComputeMode
+from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+class WeightedAvgMetric(SumStateMetric):
+    """Lifetime and window weighted average per task (`weighted_avg-{task}|{lifetime,window}_weighted_avg`)."""
+
+    _namespace = "weighted_avg"
+    _state_names = ("weighted_sum", "weighted_num_samples")
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(weights * predictions).sum(), weights.sum()])
+
+    def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
+                     weights: torch.Tensor) -> None:
+        batch = self._batch_states(predictions, labels, weights)
+        self._lifetime[task_index] += batch
+        unfused = self._compute_mode == RecComputeMode.UNFUSED_TASKS_COMPUTATION
+        self._windows[task_index].add(batch, 1 if unfused else len(self._tasks))
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        weighted_sum, weight = states
+        return {"weighted_avg": weighted_sum / weight}
+
+
+__all__ = ["WeightedAvgMetric"]
