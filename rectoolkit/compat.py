@@ -46,6 +46,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.distributed.fp_embeddingbag": "torchrec.distributed.fp_embeddingbag",
+    "rectoolkit.distributed.fbgemm_qcomm_codec": "torchrec.distributed.fbgemm_qcomm_codec",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",

@@ -12,10 +12,10 @@ from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, Embed
 from rectoolkit.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineBase, TrainPipelineSparseDist
 
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .sharding_plan,
-# .quant_embedding, .quant_embeddingbag), imported on first use so that `rectoolkit.distributed.planner.Topology`
+# .quant_embedding, .quant_embeddingbag, .fbgemm_qcomm_codec), imported on first use so that `rectoolkit.distributed.planner.Topology`
 # reads like TorchRec code without importing the planner (or the quantized modules) here.
 _TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard", "sharding_plan",
-                   "quant_embedding", "comm_ops", "quant_embeddingbag")
+                   "quant_embedding", "comm_ops", "quant_embeddingbag", "fbgemm_qcomm_codec")
 
 
 def __getattr__(name: str):

@@ -26,7 +26,7 @@ smaller source's, and the requesting rank expands the pooled rows once, at the e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -344,6 +344,8 @@ class ShardingGroupSpec:
     backend: str = "auto"
     dtype: torch.dtype = torch.float32
     embedding_dim: int = 0  # sequence outputs: the collection's one dim
+    # CommOp name -> QuantizedCommCodecs: the output exchanges' wire precisions (None: float32; fbgemm_qcomm_codec)
+    qcomm_codecs_registry: Optional[Dict[str, Any]] = None
 
     def table(self, name: str) -> BaseEmbeddingConfig:
         return next(t for t in self.tables if t.name == name)
@@ -487,21 +489,21 @@ def permute_segments(lengths: torch.Tensor, order: torch.Tensor) -> Tuple[torch.
 
 # ------------------------------------------------------------------------------------------------ output_dist
 def pooled_to_requesters(env: ShardingEnv, pooled: torch.Tensor, received: ReceivedIds,
-                         cols_by_owner: Sequence[Sequence[int]], name: str = "output_dist") -> torch.Tensor:
+                         cols_by_owner: Sequence[Sequence[int]], name: str = "output_dist", codecs=None) -> torch.Tensor:
     """Each owner sends rank i its pooled block of every feature shard (cols x the bags rank i sent it,
     transposed); returns [sum over owners of cols, B_me], the bags of shorter features zero at the end.
 
     `pooled` is the owner's transposed lookup, [W * cols, max B_i] with rows in (source, feature shard, column)
     order; `cols_by_owner[o]` the width of each feature shard of owner o. Only a feature shard's own bags
     travel (received.bags: a source's batch size, or with VBE its feature's); with equal batch sizes the send
-    buffer is `pooled` itself.
+    buffer is `pooled` itself. `codecs`: the wire precisions (comm.all_to_all_with_grad).
     """
     W, me = env.world_size, env.rank
     mine = cols_by_owner[me]
     send = to_ragged(pooled, list(mine) * W, [n for bags in received.bags for n in bags])
     send_numels = [sum(c * n for c, n in zip(mine, bags)) for bags in received.bags]
     receive_numels = [sum(c * n for c, n in zip(cols, bags)) for cols, bags in zip(cols_by_owner, received.bags_sent)]
-    block = all_to_all_with_grad(env, send, send_numels, receive_numels, name)
+    block = all_to_all_with_grad(env, send, send_numels, receive_numels, name, codecs)
     return from_ragged(block, [c for cols in cols_by_owner for c in cols],
                        [n for bags in received.bags_sent for n in bags], received.batch_size)
 
@@ -520,14 +522,14 @@ class PooledBlocks:
 
 def pooled_blocks_to_requesters(env: ShardingEnv, flat: torch.Tensor, received: ReceivedIds,
                                 by_owner: Sequence[Sequence[FeatureShard]],
-                                name: str = "output_dist") -> Tuple[torch.Tensor, PooledBlocks]:
+                                name: str = "output_dist", codecs=None) -> Tuple[torch.Tensor, PooledBlocks]:
     """output_dist of a VBE lookup (LocalShards.variable_batch_lookup): each source's blocks go back as they lie
     in `flat` (no copy, no padding): the same bytes as pooled_to_requesters, in rows instead of columns.
     Returns the received flat buffer, in (owner, feature shard) order, and where its blocks go."""
     mine = [p.cols for p in by_owner[env.rank]]
     send_numels = [sum(c * n for c, n in zip(mine, bags)) for bags in received.bags]
     receive_numels = [sum(p.cols * n for p, n in zip(pieces, bags)) for pieces, bags in zip(by_owner, received.bags_sent)]
-    block = all_to_all_with_grad(env, flat, send_numels, receive_numels, name)
+    block = all_to_all_with_grad(env, flat, send_numels, receive_numels, name, codecs)
     pieces = [p for owned in by_owner for p in owned]
     return block, PooledBlocks([p.output_key for p in pieces], [p.col_start for p in pieces],
                                [p.cols for p in pieces], [n for bags in received.bags_sent for n in bags])

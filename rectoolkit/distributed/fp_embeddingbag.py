@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Type
 import torch
 from torch import nn
 
+from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, ModuleSharder
 from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from rectoolkit.plan.types import ShardingType
@@ -33,16 +34,23 @@ class FeatureProcessedEmbeddingBagCollectionSharder(ModuleSharder):
     Args:
         ebc_sharder: the EmbeddingBagCollectionSharder for the inner collection (its `fused_params` set the shards'
             fused optimizer); default: EmbeddingBagCollectionSharder().
-        qcomm_codecs_registry: quantized communication is not implemented; only None is accepted.
+        qcomm_codecs_registry: the output exchanges' wire precisions (get_qcomm_codecs_registry's), for the default
+            inner sharder; with an `ebc_sharder`, give the registry to that sharder instead.
     """
 
     def __init__(self, ebc_sharder: Optional[EmbeddingBagCollectionSharder] = None,
-                 qcomm_codecs_registry: Any = None) -> None:
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
         super().__init__(qcomm_codecs_registry)
         if ebc_sharder is not None and not isinstance(ebc_sharder, EmbeddingBagCollectionSharder):
             raise TypeError(f"FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=...): got a "
                             f"{type(ebc_sharder).__name__}; pass an EmbeddingBagCollectionSharder (or None)")
-        self._ebc_sharder = ebc_sharder if ebc_sharder is not None else EmbeddingBagCollectionSharder()
+        if ebc_sharder is not None and qcomm_codecs_registry is not None \
+                and ebc_sharder.qcomm_codecs_registry != self._qcomm_codecs_registry:
+            raise ValueError("FeatureProcessedEmbeddingBagCollectionSharder: the ebc_sharder shards the tables, so "
+                             "its qcomm_codecs_registry is the one used; pass the registry to "
+                             "EmbeddingBagCollectionSharder(qcomm_codecs_registry=...) only")
+        self._ebc_sharder = ebc_sharder if ebc_sharder is not None else EmbeddingBagCollectionSharder(
+            qcomm_codecs_registry=self._qcomm_codecs_registry)
 
     @property
     def module_type(self) -> Type[nn.Module]:
@@ -51,6 +59,11 @@ class FeatureProcessedEmbeddingBagCollectionSharder(ModuleSharder):
     @property
     def fused_params(self) -> Optional[Dict[str, Any]]:
         return self._ebc_sharder.fused_params
+
+    @property
+    def qcomm_codecs_registry(self) -> Optional[Dict[str, QuantizedCommCodecs]]:
+        """The inner sharder's registry: the one the tables' output exchanges use."""
+        return self._ebc_sharder.qcomm_codecs_registry
 
     def shard(self, module: nn.Module, params: Mapping[str, Any], env: Any, device: Optional[torch.device] = None,
               module_fqn: Optional[str] = None) -> nn.Module:

@@ -15,7 +15,8 @@ of the five types that move ids to the shards' owners; it holds the steps they s
     input_dist   ids_to_owners(), with the ids each feature shard gets chosen by the type's `route`
     lookup       LocalShards.lookup(): this rank's shards in one batched kernel
     output_dist  pooled results straight back to the ranks that asked (one all-to-all); sequence results
-                 (EmbeddingCollection) always go back this way
+                 (EmbeddingCollection) always go back this way; in the precision of the registry's codecs for
+                 the type's `output_comm_op` (SEQUENCE_EMBEDDINGS_ALL_TO_ALL for sequence results)
 
 A sharding type module (table_wise.py, row_wise.py, ...) says only what differs: its plan shape
 (`check_table_plan`), its routing (`route`) and, for the two-level types, its output combination.
@@ -30,6 +31,7 @@ from torch import nn
 
 from rectoolkit.distributed.awaitable import Ready
 from rectoolkit.distributed.comm import ShardingEnv, all_to_all_with_grad
+from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, codecs_for
 from rectoolkit.distributed.feature_shards import (
     FeatureBatch,
     FeatureShard,
@@ -109,6 +111,7 @@ class RoutedShardingGroup(ShardingGroup):
     table_row_wise.py) and pad at the owner."""
 
     gateway_keys: Optional[List[List[Tuple[str, str]]]] = None  # per host: (output key, feature) its gateways reduce
+    output_comm_op = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL  # TorchRec's registry entry for the pooled output_dist
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
@@ -123,6 +126,8 @@ class RoutedShardingGroup(ShardingGroup):
                              "of an EmbeddingCollection; give the column shards one width (or place them on other "
                              "ranks)")
         self.local = LocalShards(spec, mine)
+        self.output_codecs = codecs_for(spec.qcomm_codecs_registry, self.output_comm_op if self.pooled
+                                        else CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL)
         self.register_buffer("out_columns", output_columns(self.by_owner, spec.key_offsets).to(self.env.device),
                              persistent=False)
 
@@ -152,8 +157,9 @@ class RoutedShardingGroup(ShardingGroup):
         land at their output columns (column blocks side by side; row blocks on the same columns, so the
         collection sums the partial sums). VBE: each feature's own pooled rows, flat, and where they go."""
         if received.variable_batch:
-            return pooled_blocks_to_requesters(self.env, pooled, received, self.by_owner)
-        return pooled_to_requesters(self.env, pooled, received, self.piece_cols_by_owner), self.out_columns
+            return pooled_blocks_to_requesters(self.env, pooled, received, self.by_owner, codecs=self.output_codecs)
+        return pooled_to_requesters(self.env, pooled, received, self.piece_cols_by_owner,
+                                    codecs=self.output_codecs), self.out_columns
 
     def sequence_output_dist(self, rows: torch.Tensor, received: ReceivedIds) -> Tuple[torch.Tensor, torch.Tensor]:
         """output_dist of an EmbeddingCollection: each id's row slice goes back to the rank that sent the id."""
@@ -161,7 +167,8 @@ class RoutedShardingGroup(ShardingGroup):
         width = [pieces[0].cols if pieces else 0 for pieces in self.by_owner]
         send_splits = [n * width[me] for n in received.ids_received]
         receive_splits = [sum(received.ids_sent[owner]) * width[owner] for owner in range(W)]
-        block = all_to_all_with_grad(self.env, rows.reshape(-1), send_splits, receive_splits, "output_dist")
+        block = all_to_all_with_grad(self.env, rows.reshape(-1), send_splits, receive_splits, "output_dist",
+                                     self.output_codecs)
         D = self.embedding_dim
         where = []
         for owner in range(W):

@@ -34,7 +34,8 @@ class ShardedManagedCollisionLookup(nn.Module):
 
     def __init__(self, module: BaseManagedCollisionEmbeddingCollection, module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, fused_params: Optional[Mapping[str, Any]] = None,
-                 torchrec_default_optimizer: bool = False) -> None:
+                 torchrec_default_optimizer: bool = False,
+                 qcomm_codecs_registry: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         self.env = env
         self._managed_collision_collection = ShardedManagedCollisionCollection(
@@ -42,7 +43,8 @@ class ShardedManagedCollisionLookup(nn.Module):
         shard = (shard_embedding_bag_collection if isinstance(module._embedding_module, EmbeddingBagCollection)
                  else shard_embedding_collection)
         self._embedding_module = shard(module._embedding_module, module_plan, env, fused_params=fused_params,
-                                       torchrec_default_optimizer=torchrec_default_optimizer)
+                                       torchrec_default_optimizer=torchrec_default_optimizer,
+                                       qcomm_codecs_registry=qcomm_codecs_registry)
         self._return_remapped_features = module._return_remapped_features
 
     def forward(self, features: KeyedJaggedTensor) -> Tuple[Any, Optional[KeyedJaggedTensor]]:
@@ -75,7 +77,7 @@ class ManagedCollisionEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharde
         if not isinstance(env, ShardingEnv):
             env = ShardingEnv.from_process_group(env, device=device)
         sharded = self.sharded_type(module, dict(params), env, fused_params=self.fused_params,
-                                    torchrec_default_optimizer=True)
+                                    torchrec_default_optimizer=True, qcomm_codecs_registry=self.qcomm_codecs_registry)
         sharded.module_fqn = module_fqn
         return sharded
 

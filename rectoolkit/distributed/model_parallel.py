@@ -107,10 +107,12 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     The shards' fused optimizer is TorchRec's: the sharder's `fused_params` (the sharder of the collection's type
     in `sharders`), what `_apply_optimizer_in_backward` recorded on the weights, or the collection's own; with none
     of them the "fused" kernels fuse SGD with lr 0.01, TorchRec's default (rectoolkit.distributed.fused_params).
+    The output exchanges' wire precisions are that sharder's `qcomm_codecs_registry` (fbgemm_qcomm_codec).
     """
     # matched by the module type's name, as the planner matches sharders, so TorchRec's own sharders count too
-    fused_params = {getattr(getattr(s, "module_type", None), "__name__", None): getattr(s, "fused_params", None)
-                    for s in sharders or []}
+    by_type = {getattr(getattr(s, "module_type", None), "__name__", None): s for s in sharders or []}
+    fused_params = {name: getattr(s, "fused_params", None) for name, s in by_type.items()}
+    codecs = {name: getattr(s, "qcomm_codecs_registry", None) for name, s in by_type.items()}
     wrappers = wrapped_collections(module)  # a wrapper's sharder (feature-processed collection) before the inner's
     sharded: Dict[str, Sharded] = {}
     for path, collection in find_collections(module):
@@ -125,14 +127,16 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
         parent_path, _, name = path.rpartition(".")
         parent = module.get_submodule(parent_path) if path else None
         if isinstance(parent, BaseManagedCollisionEmbeddingCollection):  # sharded with its managed collisions
-            sharded[path] = _shard_managed_collisions(module, parent_path, parent, module_plan, env, fused_params)
+            names = (type(parent).__name__, type(collection).__name__)
+            sharded[path] = _shard_managed_collisions(module, parent_path, parent, module_plan, env,
+                                                      _by_sharder(fused_params, *names), _by_sharder(codecs, *names))
             continue
         shard = shard_embedding_bag_collection if isinstance(collection, EmbeddingBagCollection) \
             else shard_embedding_collection
         wrapper = wrappers.get(path, (None, None))[1]
-        new = shard(collection, module_plan, env, backend,
-                    fused_params=fused_params.get(wrapper) or fused_params.get(type(collection).__name__),
-                    torchrec_default_optimizer=True)
+        names = (wrapper, type(collection).__name__)
+        new = shard(collection, module_plan, env, backend, fused_params=_by_sharder(fused_params, *names),
+                    torchrec_default_optimizer=True, qcomm_codecs_registry=_by_sharder(codecs, *names))
         sharded[path] = new
         if path == "":
             continue  # the caller holds the top-level collection itself
@@ -140,17 +144,22 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     return sharded
 
 
+def _by_sharder(options: Mapping[Optional[str], Any], *module_types: Optional[str]) -> Any:
+    """The option (fused_params, qcomm_codecs_registry) of the first of `module_types` whose sharder sets it."""
+    return next((options[name] for name in module_types if options.get(name) is not None), None)
+
+
 def _shard_managed_collisions(module: nn.Module, path: str, collection: BaseManagedCollisionEmbeddingCollection,
-                              module_plan: Any, env: ShardingEnv, fused_params: Mapping[str, Any]) -> Sharded:
+                              module_plan: Any, env: ShardingEnv, fused_params: Optional[Mapping[str, Any]],
+                              qcomm_codecs_registry: Optional[Dict[str, Any]]) -> Sharded:
     """Replace the managed-collision collection at `path` by its sharded version; returns its sharded lookup."""
     if not path:
         raise NotImplementedError("DistributedModelParallel: a ManagedCollisionEmbeddingBagCollection is sharded "
                                   "inside a model; wrap it in an nn.Module, or use its sharder's shard()")
     bags = isinstance(collection, ManagedCollisionEmbeddingBagCollection)
-    inner = "EmbeddingBagCollection" if bags else "EmbeddingCollection"
     new = (ShardedManagedCollisionEmbeddingBagCollection if bags else ShardedManagedCollisionEmbeddingCollection)(
-        collection, module_plan, env, fused_params=fused_params.get(type(collection).__name__) or fused_params.get(inner),
-        torchrec_default_optimizer=True)
+        collection, module_plan, env, fused_params=fused_params, torchrec_default_optimizer=True,
+        qcomm_codecs_registry=qcomm_codecs_registry)
     parent_path, _, name = path.rpartition(".")
     setattr(module.get_submodule(parent_path) if parent_path else module, name, new)
     return new._embedding_module

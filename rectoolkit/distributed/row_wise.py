@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp
 from rectoolkit.distributed.feature_shards import FeatureBatch, FeatureShard, RoutedIds
 from rectoolkit.distributed.group import RoutedShardingGroup, require
 from rectoolkit.distributed.table_wise import every_id
@@ -75,6 +76,7 @@ class RowWiseSharding(RoutedShardingGroup):
     """The ROW_WISE tables of one sharded collection (output: the base's one level; partial sums added)."""
 
     sharding_type = ShardingType.ROW_WISE
+    output_comm_op = CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER  # (an all-to-all + sum here)
 
     def check_table_plan(self, table, ps) -> None:
         require(all(s.columns == (0, table.embedding_dim) for s in ps.shards), table, ps,

@@ -33,6 +33,7 @@ from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.data_parallel import DataParallelSharding
+from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs, check_qcomm_codecs_registry
 from rectoolkit.distributed.grid import GridSharding
 from rectoolkit.distributed.row_wise import RowWiseSharding
 from rectoolkit.distributed.state import collection_state_prefix
@@ -129,9 +130,12 @@ class ShardedCollection(nn.Module):
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
                  initial_weights: Mapping[str, torch.Tensor], backend: str, ids_out_of_range: str,
-                 default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
+                 default_optimizer: Optional[FusedOptimizerConfig] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
         super().__init__()
         self.env = env
+        # the output exchanges' wire precisions (fbgemm_qcomm_codec); None: float32
+        self.qcomm_codecs_registry = check_qcomm_codecs_registry(qcomm_codecs_registry, type(self).__name__)
         self._tables = list(tables)
         self._is_weighted = is_weighted
         self._ids_out_of_range = ids_out_of_range
@@ -178,7 +182,8 @@ class ShardedCollection(nn.Module):
                 module_plan=plan_for_tables(group_tables, self.module_plan), key_offsets=offsets, pooled=pooled,
                 weighted=is_weighted, optimizer=None if dense_kernel else optimizer,
                 initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
-                backend=backend, dtype=dtype, embedding_dim=embedding_dim)
+                backend=backend, dtype=dtype, embedding_dim=embedding_dim,
+                qcomm_codecs_registry=self.qcomm_codecs_registry)
             self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
         # TorchRec's view of the groups, one entry per group (plain lists, as in TorchRec: nothing registered twice)
         self._input_dists, self._lookups, self._output_dists = group_steps(self.groups)
@@ -276,11 +281,12 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     def __init__(self, tables, module_plan, env: ShardingEnv, is_weighted: bool = False,
                  optimizer: Optional[FusedOptimizerConfig] = None,
                  initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
-                 ids_out_of_range: str = "error", default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
+                 ids_out_of_range: str = "error", default_optimizer: Optional[FusedOptimizerConfig] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
         if any(t.pooling == PoolingType.NONE for t in tables):
             raise ValueError("EmbeddingBagCollection tables need SUM or MEAN pooling")
         super().__init__(tables, module_plan, env, True, is_weighted, optimizer, initial_weights or {}, backend,
-                         ids_out_of_range, default_optimizer)
+                         ids_out_of_range, default_optimizer, qcomm_codecs_registry)
         mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
         self._mean_features = mean if any(mean) else None
 
@@ -381,19 +387,23 @@ def _initial_weights(module: nn.Module) -> Dict[str, torch.Tensor]:
 def shard_embedding_bag_collection(module: EmbeddingBagCollection, module_plan: Mapping[str, ParameterSharding],
                                    env: ShardingEnv, backend: str = "auto",
                                    fused_params: Optional[Mapping[str, Any]] = None,
-                                   torchrec_default_optimizer: bool = False) -> ShardedEmbeddingBagCollection:
+                                   torchrec_default_optimizer: bool = False,
+                                   qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                                   ) -> ShardedEmbeddingBagCollection:
     """Shard an EmbeddingBagCollection: each rank keeps the slices of `module`'s weights that the plan gives it.
 
     The shards' fused optimizer: the module's own, or `fused_params` and what torch's `_apply_optimizer_in_backward`
     recorded on its weights (rectoolkit.distributed.fused_params). Without any, the "fused" kernels get plain
     gradients, or TorchRec's fused SGD (lr 0.01) with `torchrec_default_optimizer` (the sharders and DMP). A module
     on the meta device gives freshly initialized shards (each shard with its table's init_fn).
+    `qcomm_codecs_registry` (get_qcomm_codecs_registry's) sets the output exchanges' wire precisions.
     """
     optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
     return ShardedEmbeddingBagCollection(
         module.embedding_bag_configs(), module_plan, env, is_weighted=module.is_weighted(),
         optimizer=optimizer, initial_weights=_initial_weights(module), backend=backend,
-        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), default_optimizer=default)
+        ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), default_optimizer=default,
+        qcomm_codecs_registry=qcomm_codecs_registry)
 
 
 def _optimizers(module: nn.Module, fused_params: Optional[Mapping[str, Any]], torchrec_default: bool

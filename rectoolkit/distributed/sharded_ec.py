@@ -27,6 +27,7 @@ import torch
 
 from rectoolkit.distributed.awaitable import EmbeddingCollectionAwaitable
 from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
+from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs
 from rectoolkit.distributed.feature_shards import FeatureBatch, permute_segments
 from rectoolkit.distributed.sharded_ebc import ShardedCollection, _initial_weights, _optimizers
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
@@ -45,11 +46,12 @@ class ShardedEmbeddingCollection(ShardedCollection):
     def __init__(self, tables, module_plan, env: ShardingEnv, optimizer: Optional[FusedOptimizerConfig] = None,
                  initial_weights: Optional[Mapping[str, torch.Tensor]] = None, backend: str = "auto",
                  ids_out_of_range: str = "error", need_indices: bool = False,
-                 default_optimizer: Optional[FusedOptimizerConfig] = None) -> None:
+                 default_optimizer: Optional[FusedOptimizerConfig] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
         if len({t.embedding_dim for t in tables}) > 1:
             raise ValueError("all tables of an EmbeddingCollection need one embedding_dim")
         super().__init__(tables, module_plan, env, False, False, optimizer, initial_weights or {}, backend,
-                         ids_out_of_range, default_optimizer)
+                         ids_out_of_range, default_optimizer, qcomm_codecs_registry)
         self._need_indices = need_indices
         self._dim = tables[0].embedding_dim
 
@@ -97,11 +99,13 @@ class ShardedEmbeddingCollection(ShardedCollection):
 
 def shard_embedding_collection(module: EmbeddingCollection, module_plan: Mapping[str, ParameterSharding],
                                env: ShardingEnv, backend: str = "auto", fused_params: Optional[Mapping[str, Any]] = None,
-                               torchrec_default_optimizer: bool = False) -> ShardedEmbeddingCollection:
+                               torchrec_default_optimizer: bool = False,
+                               qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                               ) -> ShardedEmbeddingCollection:
     """Shard an EmbeddingCollection (see shard_embedding_bag_collection)."""
     optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
     return ShardedEmbeddingCollection(
         module.embedding_configs(), module_plan, env, optimizer=optimizer,
         initial_weights=_initial_weights(module), backend=backend,
         ids_out_of_range=getattr(module, "_ids_out_of_range", "error"), need_indices=module.need_indices(),
-        default_optimizer=default)
+        default_optimizer=default, qcomm_codecs_registry=qcomm_codecs_registry)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs, check_qcomm_codecs_registry
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -53,11 +54,9 @@ class ModuleSharder(abc.ABC, Generic[M]):
         True
     """
 
-    def __init__(self, qcomm_codecs_registry: Any = None) -> None:
-        if qcomm_codecs_registry is not None:
-            raise NotImplementedError(f"{type(self).__name__}(qcomm_codecs_registry=...): quantized communication "
-                                      "is not implemented in rectoolkit; leave it None")
-        self._qcomm_codecs_registry = None
+    def __init__(self, qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
+        # the output exchanges' wire precisions: None, or a registry made by get_qcomm_codecs_registry
+        self._qcomm_codecs_registry = check_qcomm_codecs_registry(qcomm_codecs_registry, type(self).__name__)
 
     @abc.abstractmethod
     def shard(self, module: nn.Module, params: Mapping[str, Any], env: Any, device: Optional[torch.device] = None,
@@ -70,7 +69,7 @@ class ModuleSharder(abc.ABC, Generic[M]):
         """The module class this sharder shards."""
 
     @property
-    def qcomm_codecs_registry(self) -> None:
+    def qcomm_codecs_registry(self) -> Optional[Dict[str, QuantizedCommCodecs]]:
         return self._qcomm_codecs_registry
 
     def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
@@ -98,14 +97,16 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
         fused_params: the shards' fused optimizer, TorchRec's keys ("optimizer", "learning_rate", "eps", "beta1",
             "beta2", "weight_decay"); other keys are refused, naming them. None: TorchRec's default, fused SGD with
             lr 0.01 (or what `_apply_optimizer_in_backward` or the collection itself set).
-        qcomm_codecs_registry: quantized communication is not implemented; only None is accepted.
+        qcomm_codecs_registry: the wire precisions of the shards' output exchanges, from TorchRec's
+            `get_qcomm_codecs_registry(QCommsConfig(...))` (rectoolkit.distributed.fbgemm_qcomm_codec); None: float32.
     """
 
     module_type: Type[nn.Module] = EmbeddingBagCollection
     _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
               ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL, ShardingType.TABLE_COLUMN_WISE]
 
-    def __init__(self, fused_params: Optional[Dict[str, Any]] = None, qcomm_codecs_registry: Any = None) -> None:
+    def __init__(self, fused_params: Optional[Dict[str, Any]] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
         super().__init__(qcomm_codecs_registry)
         if fused_params is not None:
             FusedOptimizerConfig.from_fused_params(fused_params)  # refuse unknown keys now, not at shard()
@@ -131,7 +132,8 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
             env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
         shard = (sharded_ebc.shard_embedding_bag_collection if self.module_type is EmbeddingBagCollection
                  else sharded_ec.shard_embedding_collection)
-        sharded = shard(module, dict(params), env, fused_params=self._fused_params, torchrec_default_optimizer=True)
+        sharded = shard(module, dict(params), env, fused_params=self._fused_params, torchrec_default_optimizer=True,
+                        qcomm_codecs_registry=self._qcomm_codecs_registry)
         sharded.module_fqn = module_fqn  # the collection's path in its model ("" or None: the model itself)
         return sharded
 

@@ -33,7 +33,8 @@ class TableRowWiseSharding(RowWiseSharding):
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
-        self.routes = TwoLevelRoutes(self.env, self.by_owner, spec.key_offsets)  # checks: one host per column block
+        # (checks: one host per column block)
+        self.routes = TwoLevelRoutes(self.env, self.by_owner, spec.key_offsets, spec.qcomm_codecs_registry)
         self.gateway_keys = self.routes.gateway_keys
 
     def check_table_plan(self, table, ps) -> None:

@@ -13,11 +13,12 @@ own; it expands the result once, at the end (sharded_ebc.py).
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from rectoolkit.distributed.comm import ShardingEnv, all_to_all_with_grad, from_ragged, to_ragged
+from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, codecs_for
 from rectoolkit.distributed.feature_shards import FeatureShard, ReceivedIds
 
 
@@ -25,11 +26,15 @@ class TwoLevelRoutes:
     """Who sends what in the two output_dist levels; every rank computes the same routes from the feature shards.
 
     A *unit* is (output key, column block): what a gateway reduces and sends across hosts. Each column
-    block lives on one host, so units are grouped by host.
+    block lives on one host, so units are grouped by host. A registry of codecs (fbgemm_qcomm_codec) sets the
+    precisions of both levels, as TorchRec's: the intra level is a reduce-scatter, the inter level an all-to-all.
     """
 
-    def __init__(self, env: ShardingEnv, by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int]):
+    def __init__(self, env: ShardingEnv, by_owner: Sequence[Sequence[FeatureShard]], key_offsets: Mapping[str, int],
+                 qcomm_codecs_registry: Optional[Dict[str, Any]] = None):
         L, W = env.local_world_size, env.world_size
+        self.intra_codecs = codecs_for(qcomm_codecs_registry, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER)
+        self.inter_codecs = codecs_for(qcomm_codecs_registry, CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL)
         self.env, self.hosts, self.L = env, W // L, L
         units: List[Dict[Tuple[str, int, int], int]] = [dict() for _ in range(self.hosts)]  # per host: unit -> column
         self.unit_cols = [0] * self.hosts
@@ -101,7 +106,8 @@ class TwoLevelRoutes:
         from_owner = [[(p.cols, heard(i, p.output_key)) for i in served for p in self.by_owner[o]] if same_host[o]
                       else [] for o in range(W)]
         receive_numels = [sum(c * n for c, n in blocks) for blocks in from_owner]
-        received_sums = all_to_all_with_grad(env, send, send_numels, receive_numels, "output_dist_intra")
+        received_sums = all_to_all_with_grad(env, send, send_numels, receive_numels, "output_dist_intra",
+                                             self.intra_codecs)
         blocks = [block for o in self.my_host_ranks for block in from_owner[o]]
         units = self.units[my_host]
         unit_bags = [[heard(i, key) for key, _ in units] for i in served]
@@ -119,7 +125,7 @@ class TwoLevelRoutes:
         receive_numels = [block_numel([c for _, c in self.units[g // L]], own_bags[g // L])
                           if g % L == me_local else 0 for g in range(W)]
         block = all_to_all_with_grad(env, to_ragged(reduced, unit_cols * H, [n for bags in unit_bags for n in bags]),
-                                     send_numels, receive_numels, "output_dist_inter")
+                                     send_numels, receive_numels, "output_dist_inter", self.inter_codecs)
         return from_ragged(block, [c for host_units in self.units for _, c in host_units],
                            [n for bags in own_bags for n in bags], received.batch_size)
 

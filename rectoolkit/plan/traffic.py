@@ -39,6 +39,11 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   batch. The sequence EmbeddingCollection sends no count and pads its lengths to B_i (4 * B_i, as without VBE).
 * backward: every output collective c has ``c + "_backward"`` = transpose of c (gradients of the outputs
   go back the same way). Input distribution has no backward (ids carry no gradient).
+* quantized communication (`qcomm_codecs_registry`, TorchRec's get_qcomm_codecs_registry): the output values
+  and their gradients travel at the width of the registry's forward and backward codecs (2 bytes for FP16 and
+  BF16) in place of 4: the entry POOLED_EMBEDDINGS_ALL_TO_ALL for pooled ``output_dist`` (ROW_WISE's:
+  POOLED_EMBEDDINGS_REDUCE_SCATTER) and ``output_dist_inter``, POOLED_EMBEDDINGS_REDUCE_SCATTER for
+  ``output_dist_intra``, SEQUENCE_EMBEDDINGS_ALL_TO_ALL for sequence outputs; an op without an entry stays float32.
 * ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
   all-reduced as a reduce-scatter then an all-gather over W ranks with chunk k holding
   N // W + (1 if k < N % W else 0) values: rank i sends chunk j to each rank j, then its own chunk i to each
@@ -66,7 +71,7 @@ crosses no link, and the time model ignores it).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -103,10 +108,12 @@ def step_traffic(
     batch_sizes: Sequence[int],
     count_ids: IdCounter,
     is_weighted: bool = False,
+    qcomm_codecs_registry: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, np.ndarray]:
     """Bytes per collective for one forward+backward step: name -> [W, W] matrix (source, destination).
 
     Tables missing from `module_plan` are skipped. Exact when `count_ids` counts a real batch.
+    `qcomm_codecs_registry`: the collections' wire precisions (see the protocol above); None: float32.
     """
     if len(batch_sizes) != world_size:
         raise ValueError(f"step_traffic: batch_sizes has {len(batch_sizes)} entries for world_size {world_size}")
@@ -126,6 +133,10 @@ def step_traffic(
             _add_dp_allreduce(out["dp_allreduce"], table.num_embeddings * table.embedding_dim, world_size)
             continue
         pooled = is_pooled(table)
+        op = ("SEQUENCE_EMBEDDINGS_ALL_TO_ALL" if not pooled else "POOLED_EMBEDDINGS_REDUCE_SCATTER"
+              if kind == ShardingType.ROW_WISE else "POOLED_EMBEDDINGS_ALL_TO_ALL")
+        widths = _value_bytes(qcomm_codecs_registry, op)
+        intra_widths = _value_bytes(qcomm_codecs_registry, "POOLED_EMBEDDINGS_REDUCE_SCATTER")
         for feature in table.feature_names:
             # the bags of `feature` rank i sends and gets back: its own (VBE) or B_i; and its count header
             bags = [batch_sizes[i] if not pooled or own is None else own[feature]
@@ -139,12 +150,12 @@ def step_traffic(
                     n_ids = count_ids(src, feature, row_start, row_end)
                     out["input_dist"][src, owner] += LENGTH_BYTES * (header[src] + bags[src]) + id_bytes * n_ids
                     if not pooled:  # sequence rows go straight back to the rank that asked
-                        out["output_dist"][owner, src] += VALUE_BYTES * cols * n_ids
+                        _add_output(out, "output_dist", owner, src, cols * n_ids, widths)
                     elif kind in TWO_LEVEL:
                         gateway = (owner // L) * L + src % L
-                        out["output_dist_intra"][owner, gateway] += VALUE_BYTES * bags[src] * cols
+                        _add_output(out, "output_dist_intra", owner, gateway, bags[src] * cols, intra_widths)
                     else:
-                        out["output_dist"][owner, src] += VALUE_BYTES * bags[src] * cols
+                        _add_output(out, "output_dist", owner, src, bags[src] * cols, widths)
             if pooled and kind in TWO_LEVEL:
                 blocks = _column_blocks(ps, L)
                 for host in set(blocks.values()):  # the count header to each gateway on the table's hosts
@@ -153,10 +164,25 @@ def step_traffic(
                 for (col_start, col_end), host in blocks.items():
                     for dst in range(world_size):
                         gateway = host * L + dst % L
-                        out["output_dist_inter"][gateway, dst] += VALUE_BYTES * bags[dst] * (col_end - col_start)
-    for name in ("output_dist", "output_dist_intra", "output_dist_inter"):
-        out[name + "_backward"] = out[name].T.copy()
+                        _add_output(out, "output_dist_inter", gateway, dst, bags[dst] * (col_end - col_start),
+                                    widths)
     return out
+
+
+def _value_bytes(qcomm_codecs_registry: Optional[Mapping[str, Any]], comm_op: str) -> Tuple[int, int]:
+    """(forward, backward) bytes per output value of the collectives that use registry entry `comm_op` (a
+    CommOp name): its codecs' wire widths, or float32's without a registry or an entry."""
+    codecs = None if qcomm_codecs_registry is None else qcomm_codecs_registry.get(comm_op)
+    if codecs is None:
+        return VALUE_BYTES, VALUE_BYTES
+    return codecs.forward.quantized_dtype.itemsize, codecs.backward.quantized_dtype.itemsize
+
+
+def _add_output(out: Dict[str, np.ndarray], name: str, src: int, dst: int, values: float,
+                widths: Tuple[int, int]) -> None:
+    """`values` output values from src to dst in collective `name`, and their gradients back in its backward."""
+    out[name][src, dst] += widths[0] * values
+    out[name + "_backward"][dst, src] += widths[1] * values
 
 
 def dp_chunk_sizes(num_values: int, world_size: int) -> list:

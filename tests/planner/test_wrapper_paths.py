@@ -115,7 +115,7 @@ def test_feature_processed_sharder_types_are_torchrecs(device):
 def test_feature_processed_sharder_refuses_what_it_cannot_use():
     with pytest.raises(TypeError, match="pass an EmbeddingBagCollectionSharder"):
         FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=rtk.distributed.EmbeddingCollectionSharder)
-    with pytest.raises(NotImplementedError, match="quantized communication"):
+    with pytest.raises(ValueError, match="are not CommOp names"):
         FeatureProcessedEmbeddingBagCollectionSharder(qcomm_codecs_registry={"forward": None})
     with pytest.raises(TypeError, match="shards FeatureProcessedEmbeddingBagCollection"):
         FeatureProcessedEmbeddingBagCollectionSharder().shard(_model("rectoolkit").fp._embedding_bag_collection, {},
