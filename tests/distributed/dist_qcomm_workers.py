@@ -138,3 +138,55 @@ def qcomm_worker(rank: int, W: int) -> None:
         assert measured32[name].sum() > 0 and (2 * measured[name] == measured32[name]).all(), \
             f"{name}: {measured[name]} is not half of float32's {measured32[name]}"
     assert (measured["input_dist"] == measured32["input_dist"]).all(), "ids and lengths travel as they are"
+
+
+class _TwoCollections(torch.nn.Module):
+    """An EmbeddingBagCollection ("bags", its table t_tw) and an EmbeddingCollection ("seq", table s_rw)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t_tw", num_embeddings=10, embedding_dim=4,
+                                                                       feature_names=["f_t_tw"])])
+        self.seq = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="s_rw", num_embeddings=12, embedding_dim=4,
+                                                                feature_names=["f_s_rw"])])
+        g = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for weight in (self.bags.embedding_bags["t_tw"].weight, self.seq.embeddings["s_rw"].weight):
+                weight.copy_(torch.randint(-2 ** 19, 2 ** 19, weight.shape, generator=g) / 2 ** 20)
+
+    def forward(self, kjt):
+        return self.bags(kjt).values(), self.seq(kjt)["f_s_rw"].values()
+
+
+def qcomm_dmp_worker(rank: int, W: int) -> None:
+    """DistributedModelParallel takes each collection's registry from the sharder of its type: the bags' from
+    EmbeddingBagCollectionSharder (FP16 forward), the sequences' from EmbeddingCollectionSharder (BF16 forward):
+    pooled rows come back fp16-rounded, sequence rows bf16-rounded, at 2 bytes a value, as step_traffic says."""
+    from rectoolkit.distributed import DistributedModelParallel, EmbeddingCollectionSharder
+    from rectoolkit.plan.types import ShardingPlan
+
+    bags_registry = get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16))
+    seq_registry = get_qcomm_codecs_registry(QCommsConfig(CommType.BF16, CommType.FP16))
+    plan = ShardingPlan({"bags": {"t_tw": table_wise(1, 10, 4)}, "seq": {"s_rw": row_wise([0, 1], 12, 4)}})
+    reference = _TwoCollections()
+    dmp = DistributedModelParallel(_TwoCollections(), plan=plan, local_world_size=W, sharders=[
+        EmbeddingBagCollectionSharder(qcomm_codecs_registry=bags_registry),
+        EmbeddingCollectionSharder(qcomm_codecs_registry=seq_registry)])
+    kjts = [make_batch({"f_t_tw": 10, "f_s_rw": 12}, BATCH, seed=200 + r) for r in range(W)]
+    pooled, rows = dmp(kjts[rank])
+    ids = kjts[rank]["f_s_rw"].values()
+    expected_rows = bf16(reference.seq.embeddings["s_rw"].weight.detach()[ids])
+    expected_pooled = fp16(_pool(reference.bags.embedding_bags["t_tw"].weight.detach(), kjts[rank]["f_t_tw"]))
+    assert not torch.equal(expected_rows, reference.seq.embeddings["s_rw"].weight.detach()[ids])
+    assert torch.equal(rows, expected_rows), f"rank {rank}: sequence rows differ by {(rows - expected_rows).abs().max()}"
+    assert torch.equal(pooled, expected_pooled), f"rank {rank}: pooled rows differ by {(pooled - expected_pooled).abs().max()}"
+    (pooled.sum() + rows.sum()).backward()
+    measured = dmp.env.gathered_bytes()
+    counter = batch_id_counter(kjts)
+    estimate = {name: step_traffic(plan.plan["bags"], reference.bags.embedding_bag_configs(), W, W, [BATCH] * W,
+                                   counter, qcomm_codecs_registry=bags_registry)[name]
+                + step_traffic(plan.plan["seq"], reference.seq.embedding_configs(), W, W, [BATCH] * W, counter,
+                               qcomm_codecs_registry=seq_registry)[name]
+                for name in ("input_dist", "output_dist", "output_dist_backward")}
+    for name, matrix in estimate.items():
+        assert (measured[name] == matrix).all(), f"{name}: measured {measured[name]} != estimate {matrix}"
