@@ -135,8 +135,8 @@ def step_traffic(
         pooled = is_pooled(table)
         op = ("SEQUENCE_EMBEDDINGS_ALL_TO_ALL" if not pooled else "POOLED_EMBEDDINGS_REDUCE_SCATTER"
               if kind == ShardingType.ROW_WISE else "POOLED_EMBEDDINGS_ALL_TO_ALL")
-        widths = _value_bytes(qcomm_codecs_registry, op)
-        intra_widths = _value_bytes(qcomm_codecs_registry, "POOLED_EMBEDDINGS_REDUCE_SCATTER")
+        widths = output_value_bytes(qcomm_codecs_registry, op)
+        intra_widths = output_value_bytes(qcomm_codecs_registry, "POOLED_EMBEDDINGS_REDUCE_SCATTER")
         for feature in table.feature_names:
             # the bags of `feature` rank i sends and gets back: its own (VBE) or B_i; and its count header
             bags = [batch_sizes[i] if not pooled or own is None else own[feature]
@@ -169,9 +169,13 @@ def step_traffic(
     return out
 
 
-def _value_bytes(qcomm_codecs_registry: Optional[Mapping[str, Any]], comm_op: str) -> Tuple[int, int]:
+def output_value_bytes(qcomm_codecs_registry: Optional[Mapping[str, Any]], comm_op: str) -> Tuple[int, int]:
     """(forward, backward) bytes per output value of the collectives that use registry entry `comm_op` (a
-    CommOp name): its codecs' wire widths, or float32's without a registry or an entry."""
+    CommOp name): its codecs' wire widths, or float32's without a registry or an entry.
+
+        >>> output_value_bytes(None, "POOLED_EMBEDDINGS_ALL_TO_ALL")
+        (4, 4)
+    """
     codecs = None if qcomm_codecs_registry is None else qcomm_codecs_registry.get(comm_op)
     if codecs is None:
         return VALUE_BYTES, VALUE_BYTES

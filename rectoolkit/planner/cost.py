@@ -295,9 +295,13 @@ class CostModel:
         block = col([o.block_columns for o in opts])
         lengths_bytes = LENGTH_BYTES * col([t.lengths_per_rank for _, t in pairs])
         id_bytes_full = id_bytes * ids
+        # bytes per output value (the mean of the value's and its gradient's: each crosses once), per exchange
+        all_to_all_width = col([t.all_to_all_value_bytes for _, t in pairs])
+        reduce_scatter_width = col([t.reduce_scatter_value_bytes for _, t in pairs])
+        sequence_width = col([t.sequence_value_bytes for _, t in pairs])
         if kind == "rank":
             rows = table_rows.astype(float)
-            out = VALUE_BYTES * block * np.where(pooled, samples, ids)
+            out = block * np.where(pooled, all_to_all_width * samples, sequence_width * ids)
             unit = lengths_bytes + id_bytes_full + 2 * out  # input + output + its gradient
             lookup, hbm, ddr = self._shard_costs(pairs, rows, block)
             owner = (L - 1) * unit * intra_ms + (W - L) * unit * inter_ms + lookup
@@ -319,12 +323,13 @@ class CostModel:
             intra = to_shard * (L - 1) + (to_shards - to_shard)
             inter = to_shard * (W - L)
             outside = to_shards.copy()
-            pooled_out = VALUE_BYTES * block * samples  # pooled: two-level output
-            rows_out = VALUE_BYTES * block * ids * fractions  # sequence: one row per id
+            intra_out = reduce_scatter_width * block * samples  # pooled: two-level output, partial sums
+            inter_out = all_to_all_width * block * samples  # and the reduced sums
+            rows_out = sequence_width * block * ids * fractions  # sequence: one row per id
             rows_out_sum = rows_out.sum(axis=1, keepdims=True)
-            intra = intra + np.where(pooled, 4 * (L - 1) * H * pooled_out, 2 * (rows_out * (L - 1) + (rows_out_sum - rows_out)))
-            inter = inter + np.where(pooled, 2 * (H - 1) * pooled_out, 2 * rows_out * (W - L))
-            outside = outside + np.where(pooled, 2 * pooled_out, 2 * rows_out_sum)
+            intra = intra + np.where(pooled, 4 * (L - 1) * H * intra_out, 2 * (rows_out * (L - 1) + (rows_out_sum - rows_out)))
+            inter = inter + np.where(pooled, 2 * (H - 1) * inter_out, 2 * rows_out * (W - L))
+            outside = outside + np.where(pooled, 2 * inter_out, 2 * rows_out_sum)
             lookup, hbm, ddr = self._shard_costs(pairs, sizes, block)
             inside = intra * intra_ms + inter * inter_ms + lookup
             outside_ms = outside[:, 0] * inter_ms
@@ -351,7 +356,7 @@ class CostModel:
         fractions = sizes_rw / table_rows
         zeros = np.zeros_like(fractions)
         in_intra, in_inter = xy_link_bytes(zeros, lengths_bytes + id_bytes_full * fractions, L)
-        out_per_rank = np.where(pooled, VALUE_BYTES * dims * samples, VALUE_BYTES * dims * ids * fractions)
+        out_per_rank = np.where(pooled, reduce_scatter_width * dims * samples, sequence_width * dims * ids * fractions)
         out_intra, out_inter = xy_link_bytes(out_per_rank, zeros, L)
         values = table_rows * dims
         chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
@@ -490,11 +495,12 @@ class CostModel:
         total = {name: np.zeros((W, W)) for name in COLLECTIVES}
         for path, module_tables in tables_by_module(tables).items():
             module_plan = plan.plan.get(path, {})
+            registry = module_tables[0].qcomm_codecs_registry  # (one sharder per collection)
             if count_ids is not None:
                 configs = [t.config for t in module_tables if t.name in module_plan]
                 weighted = any(t.is_weighted for t in module_tables)
                 sizes = list(batch_sizes) if batch_sizes is not None else [topo.batch_size] * W
-                _add(total, step_traffic(module_plan, configs, W, L, sizes, count_ids, weighted))
+                _add(total, step_traffic(module_plan, configs, W, L, sizes, count_ids, weighted, registry))
                 continue
             # expected ids: one step_traffic call per (collection, batch size, weighted), each with one batch per
             # rank; a collection with a batch size per feature (VBE) in one call, priced as the engine sends its
@@ -524,7 +530,7 @@ class CostModel:
                 else:
                     sizes = [batch] * W
                     counter = expected_id_counter(sizes, factors, rows_of)
-                _add(total, step_traffic(module_plan, configs, W, L, sizes, counter, weighted))
+                _add(total, step_traffic(module_plan, configs, W, L, sizes, counter, weighted, registry))
         return total
 
     def bandwidth_matrix(self, kind: str = "all_to_all") -> np.ndarray:

@@ -269,6 +269,10 @@ class EmbeddingShardingPlanner:
             raise ValueError("measure_top_k runs one EmbeddingBagCollection's tables; this model has "
                              f"{len({t.module_path for t in tables})} collections or sequence tables: plan without "
                              "measure_top_k, then rectoolkit.planner.measure_plans on what you want measured")
+        if any(t.qcomm_codecs_registry is not None for t in tables):
+            raise NotImplementedError("measure_top_k runs the candidates with float32 output exchanges, but the "
+                                      "sharder has a qcomm_codecs_registry; plan without measure_top_k (the cost "
+                                      "model prices the registry's precisions)")
         factors = {f: p for t in tables for f, p in zip(t.config.feature_names, t.pooling_factors)}
         topology = self.topology.with_batch_size(self.batch_size)
         _, evidence = pick_measured_fastest({c.label: c.plan for c in candidates}, configs, topology.world_size,

@@ -24,7 +24,7 @@ from rectoolkit.modules.configs import (
 from rectoolkit.modules.table_sources import find_table_configs as _find_configs
 from rectoolkit.modules.table_sources import wrapped_collections
 from rectoolkit.modules.table_sources import read_table_frame  # noqa: F401  (rectoolkit.widgets.inputs reads it here)
-from rectoolkit.plan.traffic import ID_BYTES, LENGTH_BYTES, WEIGHT_BYTES
+from rectoolkit.plan.traffic import ID_BYTES, LENGTH_BYTES, WEIGHT_BYTES, output_value_bytes
 from rectoolkit.plan.types import QUANT_KERNELS, ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints, check_per_feature
 from rectoolkit.planner.stats import WorkloadStats
@@ -47,6 +47,9 @@ class PlannerTable:
     # the class name of the module at module_path when it wraps the collection (a FeatureProcessedEmbeddingBagCollection,
     # a managed-collision collection: at_wrapper_paths); its sharder plans the table. None: the collection's own path
     wrapper: Optional[str] = None
+    # the wire precisions of the collection's output exchanges: its sharder's registry (get_qcomm_codecs_registry's,
+    # CommOp name -> codecs); None: float32
+    qcomm_codecs_registry: Optional[Dict[str, Any]] = None
 
     @property
     def name(self) -> str:
@@ -69,6 +72,11 @@ class PlannerTable:
     lengths_per_rank: float = field(init=False)  # int32 lengths a rank sends each shard (rectoolkit.plan.traffic)
     gateway_count_bytes: float = field(init=False)  # VBE two-level: the counts a rank sends each gateway host
     id_bytes: int = field(init=False)  # bytes per id on the wire (id, and its weight if weighted)
+    # mean of the forward and backward bytes per output value (a value and its gradient cross once each), of the
+    # output exchanges that are all-to-alls of pooled rows, reduce-scatters of partial sums, and sequence rows
+    all_to_all_value_bytes: float = field(init=False)
+    reduce_scatter_value_bytes: float = field(init=False)
+    sequence_value_bytes: float = field(init=False)
 
     @property
     def element_bytes(self) -> float:
@@ -88,6 +96,9 @@ class PlannerTable:
             float(num_features * self.collection_batch_size) if self.collection_batch_size is not None \
             else self.samples_per_rank
         self.gateway_count_bytes = float(LENGTH_BYTES * num_features) if vbe_pooled else 0.0
+        self.all_to_all_value_bytes, self.reduce_scatter_value_bytes, self.sequence_value_bytes = (
+            sum(output_value_bytes(self.qcomm_codecs_registry, op)) / 2 for op in (
+                "POOLED_EMBEDDINGS_ALL_TO_ALL", "POOLED_EMBEDDINGS_REDUCE_SCATTER", "SEQUENCE_EMBEDDINGS_ALL_TO_ALL"))
 
     @property
     def weight_bytes(self) -> float:
@@ -245,5 +256,6 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
         # a sharder that offers only quantized kernels (TorchRec's and rectoolkit's quantized sharders) plans them
         kernels = {k for t in allowed for k in sharder.compute_kernels(t.value, compute_device)}
         quantized = table.quantized or bool(kernels) and kernels <= QUANT_KERNEL_VALUES
-        out.append(dataclasses.replace(table, constraints=merged, quantized=quantized))
+        out.append(dataclasses.replace(table, constraints=merged, quantized=quantized,
+                                       qcomm_codecs_registry=getattr(sharder, "qcomm_codecs_registry", None)))
     return out

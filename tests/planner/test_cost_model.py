@@ -1,19 +1,22 @@
 """The cost model: hand-computed bytes per sharding type, memory by hand, and the search's closed forms
 equal to pricing rectoolkit.plan.traffic's matrices."""
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
+from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, CommType, QCommsConfig, get_qcomm_codecs_registry
+from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder
 from rectoolkit.modules.configs import DataType, EmbeddingBagConfig, EmbeddingConfig
-from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardingType, ShardMetadata
 from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner.enumerate import enumerate_options, to_parameter_sharding
 from rectoolkit.planner.profile import AlphaBeta, CalibrationProfile
 from rectoolkit.planner.state import Assignment, SearchState
-from rectoolkit.planner.tables import collect_tables
+from rectoolkit.planner.tables import apply_sharders, collect_tables
 from rectoolkit.planner.topology import Topology
 
 
@@ -155,7 +158,65 @@ def test_search_closed_forms_equal_priced_traffic(world_size, local_world_size, 
                     intra_host_bw=700.0, inter_host_bw=90.0, hbm_mem_bw=5000.0, ddr_mem_bw=3000.0,
                     hbm_to_ddr_mem_bw=800.0, profile=profile)
     configs, constraints = _tables()
-    tables = collect_tables(configs, 4, constraints)
+    _check_closed_forms(topo, collect_tables(configs, 4, constraints))
+
+
+# quantized communication: FP16 forward / BF16 backward on every exchange; and FP16 both ways on the row-wise
+# partial sums only (the other exchanges float32), so a width applied to the wrong exchange shows
+QCOMM_REGISTRIES = {
+    "fp16_bf16": lambda: get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16)),
+    "reduce_scatter_only": lambda: get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.FP16),
+                                                             comm_ops=[CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER]),
+    "sequence_only": lambda: get_qcomm_codecs_registry(QCommsConfig(CommType.BF16, CommType.FP32),
+                                                       comm_ops=[CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL]),
+}
+
+
+@pytest.mark.parametrize("world_size,local_world_size", [(4, 2), (6, 3)])
+@pytest.mark.parametrize("registry", sorted(QCOMM_REGISTRIES))
+def test_search_closed_forms_equal_priced_traffic_with_quantized_comms(world_size, local_world_size, registry):
+    topo = Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cuda", batch_size=4,
+                    intra_host_bw=700.0, inter_host_bw=90.0, hbm_mem_bw=5000.0, ddr_mem_bw=3000.0,
+                    hbm_to_ddr_mem_bw=800.0, profile=DISTINCT_PAIRS)
+    configs, constraints = _tables()
+    tables = [dataclasses.replace(t, qcomm_codecs_registry=QCOMM_REGISTRIES[registry]())
+              for t in collect_tables(configs, 4, constraints)]
+    _check_closed_forms(topo, tables)
+
+
+def test_planner_prices_the_sharders_wire_precision():
+    """A sharder's registry halves the priced output bytes: table-wise "bag" on a 2-rank topology, by hand."""
+    topo = Topology(world_size=2, compute_device="cuda", batch_size=4, intra_host_bw=700.0)
+    table = collect_tables([EmbeddingBagConfig(name="bag", num_embeddings=10, embedding_dim=16, feature_names=["a"])],
+                           4)
+    sharder = EmbeddingBagCollectionSharder(
+        qcomm_codecs_registry=get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16)))
+    halved = apply_sharders(table, [sharder], "cuda")
+    plan = ShardingPlan({"": {"bag": to_parameter_sharding(
+        next(o for o in enumerate_options(table[0], 0, topo) if o.sharding_type == ShardingType.TABLE_WISE),
+        table[0], (1,), topo)}})
+    full_bytes = CostModel(topo).traffic(plan, table)
+    half_bytes = CostModel(topo).traffic(plan, halved)
+    # rank 1 sends each rank [4 samples, 16 dims]: 4 bytes a value in float32, 2 at FP16 (and BF16 back)
+    assert full_bytes["output_dist"][1].tolist() == [256, 256] and half_bytes["output_dist"][1].tolist() == [128, 128]
+    assert half_bytes["output_dist_backward"][:, 1].tolist() == [128, 128]
+    assert (half_bytes["input_dist"] == full_bytes["input_dist"]).all()
+
+
+def test_measure_top_k_refuses_a_registry_it_would_not_run():
+    from rectoolkit.planner.planner import EmbeddingShardingPlanner
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=50, embedding_dim=8, feature_names=[f"f{i}"])
+              for i in range(2)]
+    sharder = EmbeddingBagCollectionSharder(
+        qcomm_codecs_registry=get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16)))
+    planner = EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu", batch_size=4), measure_top_k=2)
+    with pytest.raises(NotImplementedError, match="sharder has a qcomm_codecs_registry; plan without measure_top_k"):
+        planner.plan(tables, [sharder])
+
+
+def _check_closed_forms(topo, tables):
+    world_size = topo.world_size
     model = CostModel(topo, optimizer="row_wise_adagrad", dense_bytes_per_rank=0)
     checked = 0
     for index, table in enumerate(tables):
