@@ -20,6 +20,7 @@ imports, `__all__`), add it to PATH_MODULES, and add the path and its names to t
 PATH_MODULES = {
     "rectoolkit.modules.embedding_configs": "torchrec.modules.embedding_configs",
     "rectoolkit.distributed.types": "torchrec.distributed.types",
+    "rectoolkit.distributed.embedding_types": "torchrec.distributed.embedding_types",
     "rectoolkit.distributed.planner": "torchrec.distributed.planner",
     "rectoolkit.distributed.planner.types": "torchrec.distributed.planner.types",
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",

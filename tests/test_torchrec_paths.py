@@ -45,6 +45,8 @@ PATHS = {
     "distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
     "distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
     "distributed.fp_embeddingbag": ["FeatureProcessedEmbeddingBagCollectionSharder"],
+    "distributed.embedding_types": ["EmbeddingComputeKernel", "ShardingType", "PoolingType", "DataType",
+                                    "ModuleSharder", "ShardMetadata"],
     "distributed.mc_modules": ["ShardedManagedCollisionCollection"],
     "distributed.mc_embeddingbag": ["ShardedManagedCollisionEmbeddingBagCollection",
                                     "ManagedCollisionEmbeddingBagCollectionSharder"],

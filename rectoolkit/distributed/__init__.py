@@ -14,7 +14,7 @@ from rectoolkit.distributed.train_pipeline import EvalPipelineSparseDist, TrainP
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .sharding_plan,
 # .quant_embedding, .quant_embeddingbag), imported on first use so that `rectoolkit.distributed.planner.Topology`
 # reads like TorchRec code without importing the planner (or the quantized modules) here.
-_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard", "sharding_plan",
+_TORCHREC_PATHS = ("types", "embedding_types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard", "sharding_plan",
                    "quant_embedding", "comm_ops", "quant_embeddingbag")
 
 
