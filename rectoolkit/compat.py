@@ -33,6 +33,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
     "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
+    "rectoolkit.distributed.train_pipeline.train_pipelines": "torchrec.distributed.train_pipeline.train_pipelines",
 }
 
 # real rectoolkit modules that sit at TorchRec's path

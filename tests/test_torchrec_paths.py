@@ -39,6 +39,8 @@ PATHS = {
     "distributed.model_parallel": ["DistributedModelParallel", "DataParallelWrapper", "DefaultDataParallelWrapper"],
     "distributed.train_pipeline": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                    "EvalPipelineSparseDist"],
+    "distributed.train_pipeline.train_pipelines": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
+                                                   "EvalPipelineSparseDist", "TrainPipelineSemiSync"],
     "distributed.sharding_plan": ["construct_module_sharding_plan", "table_wise", "row_wise", "column_wise",
                                   "table_row_wise", "grid_shard", "data_parallel", "apply_to_all",
                                   "get_module_to_default_sharders", "get_default_sharders"],

@@ -240,6 +240,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._sharded = dmp.sharded_modules
         self._env, self._ahead_env = dmp.env, _ahead_env(dmp.env)
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
+        self._fed_elsewhere: List[str] = []  # sharded collections fed something else: not pipelined
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
         self._attached = True
         # one worker: the ahead collectives are started in one order, the same on every rank
@@ -295,6 +296,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                 hook.remove()
             self._input_paths = {path: field_path for path, features in received.items()
                                  if (field_path := _path_to(batch, features)) is not None}
+            self._fed_elsewhere = sorted(set(received) - set(self._input_paths))
             for later, into in zip(self._batches[1:], self._ahead[1:]):  # the sizes of batches 1 and 2
                 self._start_input_dist(later, into)
             self._work_ahead(self._ahead[1] if len(self._ahead) > 1 else {}, None)  # the ids of batch 1

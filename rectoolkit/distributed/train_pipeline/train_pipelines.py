@@ -1,0 +1,13 @@
+"""TorchRec's path torchrec.distributed.train_pipeline.train_pipelines: the pipelines, re-exported from the
+modules that hold them (sparse_dist, semi_sync)."""
+
+from rectoolkit.distributed.train_pipeline.semi_sync import TrainPipelineSemiSync
+from rectoolkit.distributed.train_pipeline.sparse_dist import (
+    EvalPipelineSparseDist,
+    TrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
+
+__all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSemiSync",
+           "TrainPipelineSparseDist"]
