@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rectoolkit.distributed import DistributedModelParallel, EvalPipelineSparseDist, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.distributed.train_pipeline import train_pipelines
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.train.data import Batch
@@ -97,16 +98,18 @@ def plain_loop(case: str, data: List[Batch], W: int, env=None, device: str = "cp
 
 
 def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True,
-              device: str = "cpu"):
-    """The same through TrainPipelineSparseDist; also what it pipelined, how long it waited and how often a
-    forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
+              device: str = "cpu", pipeline_class: str = "TrainPipelineSparseDist", **pipeline_kwargs):
+    """The same through TrainPipelineSparseDist (or another pipeline of train_pipelines, by name); also what it
+    pipelined, how long it waited and how often a forward ran its own input_dist (`sync_input_dists`, counted on
+    the groups that send ids)."""
     dmp, optimizer = build(case, W, env)
     sync_calls: List[int] = []
     routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
               if g.sharding_type != ShardingType.DATA_PARALLEL]
     for group in routed:
         group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device(device), execute_all_batches=execute_all_batches)
+    pipeline = getattr(train_pipelines, pipeline_class)(dmp, optimizer, torch.device(device),
+                                                        execute_all_batches=execute_all_batches, **pipeline_kwargs)
     losses, stops = [], 0
     feed = iter(data)
     while True:
@@ -125,10 +128,10 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
     return losses, dmp.state_dict(), info
 
 
-def check_pipelined(rank: int, case: str, info: Dict) -> None:
-    """The collection was pipelined: only the first step's forward sent its own ids; StopIteration at the end
-    and again after; the waits are counted."""
-    assert info["modules"] == [path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
+def check_pipelined(rank: int, case: str, info: Dict, path: str = "") -> None:
+    """The collection (at `path`, default: the case's) was pipelined: only the first step's forward sent its own
+    ids; StopIteration at the end and again after; the waits are counted."""
+    assert info["modules"] == [path or path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
     assert info["sync_input_dists"] == info["routed_groups"], (
         f"rank {rank} {case}: forward ran its own input_dist {info['sync_input_dists']} times; only the first "
         f"step's {info['routed_groups']} groups should")
@@ -145,6 +148,17 @@ def assert_identical(rank: int, case: str, plain: Tuple[list, Dict], piped: Tupl
     for key, value in plain_state.items():
         assert torch.equal(value, piped_state[key]), (
             f"rank {rank} {case}: {key} differs by {(value - piped_state[key]).abs().max()} after {steps} steps")
+
+
+def pipeline_classes_worker(rank: int, W: int, cases: List[str], steps: int, classes: List[str]) -> None:
+    """Every pipeline named (of train_pipelines) over every plan: the plain loop's losses and weights bit for
+    bit, the collection pipelined, StopIteration at the end and again after."""
+    for pipeline_class in classes:
+        for case in cases:
+            data = batches(rank, W, steps, case)
+            losses, state, info = pipelined(case, data, W, pipeline_class=pipeline_class)
+            check_pipelined(rank, f"{pipeline_class} {case}", info, path_of(case))
+            assert_identical(rank, f"{pipeline_class} {case}", plain_loop(case, data, W), (losses, state), steps)
 
 
 def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:

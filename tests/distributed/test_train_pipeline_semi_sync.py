@@ -89,29 +89,3 @@ def test_errors_name_the_problem_and_the_fix():
     dmp, optimizer = build("table_wise", 1, local_env())
     with pytest.warns(UserWarning, match="in_backward_optimizer_filter"):
         TrainPipelineSemiSync(dmp, optimizer, torch.device("cpu"), start_batch=0).progress(iter(data))
-
-
-@pytest.mark.parametrize("pipeline_postproc", [True, False])
-def test_a_collection_fed_a_computed_kjt(pipeline_postproc):
-    """pipeline_postproc=True (TorchRec's default) would pipeline the modules that compute the KJT: refused;
-    False: the collection runs inside the forward, on the updated tables, as the plain loop."""
-    dmp, optimizer = build("table_wise", 1, local_env())
-
-    def forward(batch):
-        features = batch.sparse_features
-        return dmp(batch._replace(sparse_features=features.permute(list(range(len(features.keys()))))))
-
-    data = batches(0, 1, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipeline = TrainPipelineSemiSync(dmp, optimizer, torch.device("cpu"), start_batch=0, custom_model_fwd=forward,
-                                         pipeline_postproc=pipeline_postproc)
-        feed = iter(data)
-        if pipeline_postproc:
-            with pytest.raises(NotImplementedError, match="pipeline_postproc=False"):
-                pipeline.progress(feed)
-            return
-        losses = [pipeline.progress(feed) for _ in data]
-    assert pipeline.pipelined_modules == []
-    plain, _ = plain_loop("table_wise", data, 1, local_env())
-    assert all(torch.equal(a, b) for a, b in zip(losses, plain))

@@ -100,7 +100,7 @@ class TrainPipelineSemiSync(TrainPipelineSparseDist):
         losses, output = self._model_fwd(batch)
         after_forward()
         if not self._optimizer_checked and self._input_paths is not None:
-            self._check_first_step()
+            self._check_optimizer()
         if semi_sync and len(self._batches) > 1 and self._input_paths:
             self._join_work_ahead()  # the ids of batch i+1 were sent on the pipeline's thread
             self._looked_up_ahead = (self._batches[1], self._look_up(self._ahead[1]))
@@ -142,17 +142,10 @@ class TrainPipelineSemiSync(TrainPipelineSparseDist):
                 self._gradients[name] = param.grad.clone()
             param.grad = stashed
 
-    def _check_first_step(self) -> None:
-        """Once the pipelined collections are known: none is fed a KJT the model computes (pipeline_postproc=True
-        asks for those to be pipelined, which rectoolkit does not do), and the optimizer holds none of their
-        parameters (TorchRec's check: a warning, an error with strict=True)."""
+    def _check_optimizer(self) -> None:
+        """TorchRec's check: the optimizer holds no parameter of the pipelined collections (a warning; an error
+        with strict=True)."""
         self._optimizer_checked = True
-        if self._pipeline_postproc and self._fed_elsewhere:
-            raise NotImplementedError(
-                f"TrainPipelineSemiSync(pipeline_postproc=True): the sharded collections {self._fed_elsewhere} are fed "
-                "a KJT the model computes, not a field of the batch; rectoolkit does not pipeline the modules that "
-                "compute it (TorchRec's postprocs); pass pipeline_postproc=False to run those collections inside the "
-                "forward (not semi-sync), or feed them a field of the batch")
         pipelined = {id(p) for path in self._input_paths for p in self._sharded[path].parameters()}
         shared = [path for path in sorted(self._input_paths)
                   if any(id(p) in pipelined for group in getattr(self._optimizer, "param_groups", [])

@@ -241,6 +241,8 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._env, self._ahead_env = dmp.env, _ahead_env(dmp.env)
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
         self._fed_elsewhere: List[str] = []  # sharded collections fed something else: not pipelined
+        # subclasses with TorchRec's default pipeline_postproc=True set it: such collections are then refused
+        self._pipeline_postproc = False
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
         self._attached = True
         # one worker: the ahead collectives are started in one order, the same on every rank
@@ -297,6 +299,12 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             self._input_paths = {path: field_path for path, features in received.items()
                                  if (field_path := _path_to(batch, features)) is not None}
             self._fed_elsewhere = sorted(set(received) - set(self._input_paths))
+            if self._pipeline_postproc and self._fed_elsewhere:
+                raise NotImplementedError(
+                    f"{type(self).__name__}(pipeline_postproc=True): the sharded collections {self._fed_elsewhere} are "
+                    "fed a KJT the model computes, not a field of the batch; rectoolkit does not pipeline the modules "
+                    "that compute it (TorchRec's postprocs); pass pipeline_postproc=False to run those collections "
+                    "inside the forward, as TorchRec does then, or feed them a field of the batch")
             for later, into in zip(self._batches[1:], self._ahead[1:]):  # the sizes of batches 1 and 2
                 self._start_input_dist(later, into)
             self._work_ahead(self._ahead[1] if len(self._ahead) > 1 else {}, None)  # the ids of batch 1
@@ -340,12 +348,17 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         if self._input_paths is None:
             output = self._find_input_paths(batch)
         else:
+            self._before_work_ahead()
             self._start_work_ahead()  # the ids of batch i+1 and the sizes of batch i+2 travel during step i
             output = self._train_step(batch)
         self._batches.pop(0)
         self._ahead.pop(0)
         self._batch_count += 1
         return output
+
+    def _before_work_ahead(self) -> None:
+        """What a subclass runs in a pipelined step before the work ahead starts (TrainPipelineFusedSparseDist:
+        the lookup of batch i)."""
 
     def finish(self) -> None:
         """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that

@@ -1,6 +1,7 @@
 """TorchRec's path torchrec.distributed.train_pipeline.train_pipelines: the pipelines, re-exported from the
-modules that hold them (sparse_dist, semi_sync)."""
+modules that hold them (sparse_dist, semi_sync, fused)."""
 
+from rectoolkit.distributed.train_pipeline.fused import PrefetchTrainPipelineSparseDist, TrainPipelineFusedSparseDist
 from rectoolkit.distributed.train_pipeline.semi_sync import TrainPipelineSemiSync
 from rectoolkit.distributed.train_pipeline.sparse_dist import (
     EvalPipelineSparseDist,
@@ -9,5 +10,5 @@ from rectoolkit.distributed.train_pipeline.sparse_dist import (
     TrainPipelineSparseDist,
 )
 
-__all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSemiSync",
-           "TrainPipelineSparseDist"]
+__all__ = ["EvalPipelineSparseDist", "PrefetchTrainPipelineSparseDist", "TrainPipeline", "TrainPipelineBase",
+           "TrainPipelineFusedSparseDist", "TrainPipelineSemiSync", "TrainPipelineSparseDist"]
