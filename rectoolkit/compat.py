@@ -46,6 +46,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.modules.mc_embedding_modules": "torchrec.modules.mc_embedding_modules",
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
+    "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",

@@ -97,17 +97,24 @@ def plain_loop(case: str, data: List[Batch], W: int, env=None, device: str = "cp
     return losses, dmp.state_dict()
 
 
+def count_own_input_dists(dmp, case: str) -> Tuple[List[int], list]:
+    """Count the input_dists the forward runs itself, on the groups that send ids: (a list that grows by one per
+    call, those groups)."""
+    sync_calls: List[int] = []
+    routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
+              if g.sharding_type != ShardingType.DATA_PARALLEL]
+    for group in routed:
+        group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
+    return sync_calls, routed
+
+
 def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True,
               device: str = "cpu", pipeline_class: str = "TrainPipelineSparseDist", **pipeline_kwargs):
     """The same through TrainPipelineSparseDist (or another pipeline of train_pipelines, by name); also what it
     pipelined, how long it waited and how often a forward ran its own input_dist (`sync_input_dists`, counted on
     the groups that send ids)."""
     dmp, optimizer = build(case, W, env)
-    sync_calls: List[int] = []
-    routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
-              if g.sharding_type != ShardingType.DATA_PARALLEL]
-    for group in routed:
-        group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
+    sync_calls, routed = count_own_input_dists(dmp, case)
     pipeline = getattr(train_pipelines, pipeline_class)(dmp, optimizer, torch.device(device),
                                                         execute_all_batches=execute_all_batches, **pipeline_kwargs)
     losses, stops = [], 0
