@@ -157,15 +157,14 @@ def assert_identical(rank: int, case: str, plain: Tuple[list, Dict], piped: Tupl
             f"rank {rank} {case}: {key} differs by {(value - piped_state[key]).abs().max()} after {steps} steps")
 
 
-def pipeline_classes_worker(rank: int, W: int, cases: List[str], steps: int, classes: List[str]) -> None:
-    """Every pipeline named (of train_pipelines) over every plan: the plain loop's losses and weights bit for
-    bit, the collection pipelined, StopIteration at the end and again after."""
-    for pipeline_class in classes:
-        for case in cases:
-            data = batches(rank, W, steps, case)
-            losses, state, info = pipelined(case, data, W, pipeline_class=pipeline_class)
-            check_pipelined(rank, f"{pipeline_class} {case}", info, path_of(case))
-            assert_identical(rank, f"{pipeline_class} {case}", plain_loop(case, data, W), (losses, state), steps)
+def pipeline_classes_worker(rank: int, W: int, runs: List[Tuple[str, str]], steps: int) -> None:
+    """Each (pipeline of train_pipelines, by name; plan): the plain loop's losses and weights bit for bit, the
+    collection pipelined, StopIteration at the end and again after."""
+    for pipeline_class, case in runs:
+        data = batches(rank, W, steps, case)
+        losses, state, info = pipelined(case, data, W, pipeline_class=pipeline_class)
+        check_pipelined(rank, f"{pipeline_class} {case}", info, path_of(case))
+        assert_identical(rank, f"{pipeline_class} {case}", plain_loop(case, data, W), (losses, state), steps)
 
 
 def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:

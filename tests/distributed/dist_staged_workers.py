@@ -3,7 +3,7 @@ SparseDataDistUtil's stage last (importable by spawned processes)."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -39,13 +39,11 @@ def check_staged(rank: int, case: str, info: Dict) -> None:
     assert info["after_end"] is None, f"rank {rank} {case}: progress() after the end gave {info['after_end']}"
 
 
-def staged_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
-    """For every plan, with and without a copy stage before the sparse data dist: the plain loop's losses and
+def staged_worker(rank: int, W: int, runs: List[Tuple[str, bool]], steps: int) -> None:
+    """For each (plan, whether a copy stage comes before the sparse data dist): the plain loop's losses and
     weights bit for bit, every batch handed out once, the collection pipelined."""
-    for case in cases:
+    for case, copy_stage in runs:
         data = batches(rank, W, steps, case)
-        plain = plain_loop(case, data, W)
-        for copy_stage in (True, False):
-            losses, state, info = staged(case, data, W, copy_stage=copy_stage)
-            check_staged(rank, case, info)
-            assert_identical(rank, f"{case} copy_stage={copy_stage}", plain, (losses, state), steps)
+        losses, state, info = staged(case, data, W, copy_stage=copy_stage)
+        check_staged(rank, case, info)
+        assert_identical(rank, f"{case} copy_stage={copy_stage}", plain_loop(case, data, W), (losses, state), steps)

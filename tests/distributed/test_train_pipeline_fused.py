@@ -38,7 +38,8 @@ CLASSES = ["TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist"]
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_the_pipelines_equal_the_plain_loop_on_two_ranks():
-    run_workers(pipeline_classes_worker, 2, ["row_wise", "sequence_row_wise"], STEPS, CLASSES)
+    run_workers(pipeline_classes_worker, 2, [("TrainPipelineFusedSparseDist", "row_wise"),
+                                             ("PrefetchTrainPipelineSparseDist", "sequence_row_wise")], STEPS)
 
 
 @pytest.mark.parametrize("pipeline_class", CLASSES)

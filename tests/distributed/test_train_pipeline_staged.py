@@ -88,7 +88,7 @@ def test_sparse_data_dist_stage_gives_the_plain_loop_in_one_process(case):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_sparse_data_dist_stage_gives_the_plain_loop_on_two_ranks():
-    run_workers(staged_worker, 2, ["row_wise", "sequence_row_wise"], STEPS)
+    run_workers(staged_worker, 2, [("row_wise", True), ("sequence_row_wise", False)], STEPS)
 
 
 def test_detach_hands_the_model_back_and_the_next_stage_reattaches():

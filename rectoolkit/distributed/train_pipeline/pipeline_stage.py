@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, TypeVar
 import torch
 from torch import nn
 
-from rectoolkit.distributed.train_pipeline.sparse_dist import FieldPath, _ahead_env, _dmp_of, _follow, _path_to, _refuse
+from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow, path_to
+from rectoolkit.distributed.train_pipeline.sparse_dist import _ahead_env, _dmp_of, _refuse
 
 __all__ = ["PipelineStage", "SparseDataDistUtil", "StageOut"]
 
@@ -157,7 +158,7 @@ class SparseDataDistUtil:
         self.initialized = True
 
     def _start(self, batch: Any) -> Dict[str, Any]:
-        return {path: self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
+        return {path: self._sharded[path].start_input_dist(follow(batch, field_path), self._ahead_env)
                 for path, field_path in sorted(self._input_paths.items())}
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
@@ -193,7 +194,7 @@ class SparseDataDistUtil:
             hook.remove()
         self._first_forward_hooks = []
         paths = {path: field_path for path, features in self._received.items()
-                 if (field_path := _path_to(batch, features)) is not None}
+                 if (field_path := path_to(batch, features)) is not None}
         fed_elsewhere = sorted(set(self._received) - set(paths))
         self._received = {}
         if self._pipeline_postproc and fed_elsewhere:

@@ -53,7 +53,6 @@ Every rank must call progress() equally often and give it the same number of bat
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 import weakref
@@ -65,11 +64,11 @@ import torch.distributed as dist
 from torch import nn
 
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
+from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow, path_to, tensors_of
 
 __all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
 
 ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
-FieldPath = Tuple[Any, ...]  # attribute names (str) / keys / indices from the batch to a collection's input
 
 
 class TrainPipeline:
@@ -155,7 +154,7 @@ class TrainPipelineBase(TrainPipeline):
             return
         current = torch.cuda.current_stream(self._device)
         current.wait_stream(self._memcpy_stream)
-        for tensor in _tensors_of(batch):
+        for tensor in tensors_of(batch):
             tensor.record_stream(current)
 
     # ------------------------------------------------------------------ one step
@@ -260,7 +259,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         noting each in `into` (the batch's entry of self._ahead)."""
         self._wait_for_batch(batch)  # its ids must be on the device before they are sent
         for path, field_path in sorted(self._input_paths.items()):
-            into[path] = self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
+            into[path] = self._sharded[path].start_input_dist(follow(batch, field_path), self._ahead_env)
 
     def _work_ahead(self, sizes_arrived: Dict[str, Any], later: Optional[Tuple[Any, Dict[str, Any]]]) -> None:
         """Start the ids of the batch whose sizes have arrived (batch i+1: sent during step i-1), then the first
@@ -297,7 +296,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             for hook in hooks:
                 hook.remove()
             self._input_paths = {path: field_path for path, features in received.items()
-                                 if (field_path := _path_to(batch, features)) is not None}
+                                 if (field_path := path_to(batch, features)) is not None}
             self._fed_elsewhere = sorted(set(received) - set(self._input_paths))
             if self._pipeline_postproc and self._fed_elsewhere:
                 raise NotImplementedError(
@@ -485,50 +484,3 @@ def _refuse(name: str, value: Any, default: Any, why: str) -> None:
     if value != default:
         raise NotImplementedError(f"train pipeline: {name}={value!r} is not supported ({why}); leave it at "
                                   f"{default!r}")
-
-
-def _fields(batch: Any) -> List[Tuple[Any, Any]]:
-    """(name or key or index, value) of a batch's parts: a NamedTuple's or dataclass's fields, a dict's items,
-    a tuple's or list's entries, an object's attributes."""
-    if isinstance(batch, torch.Tensor) or batch is None:
-        return []
-    if hasattr(batch, "_fields"):
-        return [(name, getattr(batch, name)) for name in batch._fields]
-    if dataclasses.is_dataclass(batch):
-        return [(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)]
-    if isinstance(batch, dict):
-        return [((key,), value) for key, value in batch.items()]  # a tuple: a key, not an attribute name
-    if isinstance(batch, (tuple, list)):
-        return [((index,), value) for index, value in enumerate(batch)]
-    return list(getattr(batch, "__dict__", {}).items())
-
-
-def _path_to(batch: Any, target: Any, depth: int = 2) -> Optional[FieldPath]:
-    """How to reach `target` (the very object) from `batch`: () for the batch itself, else field names/keys."""
-    if target is None:
-        return None
-    if batch is target:
-        return ()
-    if depth == 0:
-        return None
-    for name, value in _fields(batch):
-        rest = _path_to(value, target, depth - 1)
-        if rest is not None:
-            return (name, *rest)
-    return None
-
-
-def _follow(batch: Any, path: FieldPath) -> Any:
-    for step in path:
-        batch = batch[step[0]] if isinstance(step, tuple) else getattr(batch, step)
-    return batch
-
-
-def _tensors_of(batch: Any) -> List[torch.Tensor]:
-    """Every tensor in a batch (fields, KJT values / lengths / weights), for record_stream."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if hasattr(batch, "values") and hasattr(batch, "lengths") and callable(batch.lengths):  # a KJT / JT
-        parts = [batch.values(), batch.lengths(), batch.weights_or_none()]
-        return [t for t in parts if isinstance(t, torch.Tensor)]
-    return [t for _, value in _fields(batch) for t in _tensors_of(value)]
