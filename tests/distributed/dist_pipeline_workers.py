@@ -16,7 +16,7 @@ from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.train.data import Batch
 import rectoolkit as rtk
 from dist_dmp_workers import TinyModel, step_batches
-from dist_harness import make_batch
+from dist_harness import make_batch, run_cpu_shims
 from dist_workers import BATCH, bag_tables, plan_for, seq_tables
 
 PATH = "model.sparse.ebc"  # the collection inside WithLoss
@@ -233,9 +233,11 @@ class _TorchRecModel(nn.Module):
 
 def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -> None:
     """How many batches TorchRec 1.8's TrainPipelineSparseDist trains on, for each count of batches and each
-    execute_all_batches; saved as {(execute_all_batches, batches): steps}."""
+    execute_all_batches; saved as {(execute_all_batches, batches): steps}; its TrainPipelineFusedSparseDist's
+    too, as {("fused", execute_all_batches, batches): steps}."""
     from torchrec.datasets.utils import Batch as TorchRecBatch
     from torchrec.distributed.model_parallel import DistributedModelParallel as TorchRecDMP
+    from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist as TorchRecFused
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist as TorchRecPipeline
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TorchRecKJT
 
@@ -243,20 +245,15 @@ def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -
         kjt = TorchRecKJT.from_lengths_sync(["f"], torch.tensor([i % 10, 1]), torch.tensor([1, 1]))
         return TorchRecBatch(dense_features=torch.zeros(2, 1), sparse_features=kjt, labels=torch.zeros(2))
 
+    run_cpu_shims()  # the fused pipeline's lookup asks torch.cuda for its stream
     steps = {}
-    for execute_all_batches in (True, False):
-        for count in counts:
-            dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
-            pipeline = TorchRecPipeline(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
-                                        execute_all_batches=execute_all_batches)
-            feed, trained = iter([batch(i) for i in range(count)]), 0
-            try:
-                while True:
-                    pipeline.progress(feed)
-                    trained += 1
-            except StopIteration:
-                pass
-            steps[(execute_all_batches, count)] = trained
+    for kind, pipeline_class in (((), TorchRecPipeline), (("fused",), TorchRecFused)):
+        for execute_all_batches in (True, False):
+            for count in counts:
+                dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+                pipeline = pipeline_class(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
+                                          execute_all_batches=execute_all_batches)
+                steps[(*kind, execute_all_batches, count)] = train_epochs(pipeline, [[batch(i) for i in range(count)]])[0]
     for execute_all_batches in (True, False):  # three epochs of 3 batches, each from a new iterator
         for reset in (False, True):
             dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))

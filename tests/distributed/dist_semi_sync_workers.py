@@ -11,7 +11,7 @@ from torch import nn
 
 import rectoolkit as rtk
 from rectoolkit.train.data import Batch
-from dist_harness import load_torchrec_shards
+from dist_harness import load_torchrec_shards, run_cpu_shims
 
 TABLES = [("t0", 9, ["f0"]), ("t1", 11, ["f1"])]  # name, rows, features; dim 4
 LOCAL_BATCH = 3
@@ -91,17 +91,6 @@ def _torchrec_batch(kjt, labels):
     from torchrec.datasets.utils import Batch as TorchRecBatch
 
     return TorchRecBatch(dense_features=torch.zeros(LOCAL_BATCH, 1), sparse_features=kjt, labels=labels)
-
-
-def run_cpu_shims() -> None:
-    """TorchRec 1.8's semi-sync pipeline records streams and asks torch.cuda for the current stream even on CPU; on
-    a CPU-only torch those calls fail. On CPU they have nothing to do (one stream, no copies): make them no-ops."""
-    from torchrec.datasets.utils import Batch as TorchRecBatch
-    from torchrec.sparse import jagged_tensor
-
-    for cls in (jagged_tensor.KeyedJaggedTensor, jagged_tensor.JaggedTensor, jagged_tensor.KeyedTensor, TorchRecBatch):
-        cls.record_stream = lambda self, stream: None
-    torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
 
 
 def train(pipeline, data: List) -> List[torch.Tensor]:

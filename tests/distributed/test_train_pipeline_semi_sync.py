@@ -1,7 +1,7 @@
 """TrainPipelineSemiSync (rectoolkit.distributed.train_pipeline.train_pipelines) against TorchRec 1.8's own, and
 against the plain loop where it must equal it.
 
-TorchRec's TrainPipelineSemiSync runs on CPU gloo once its stream calls are no-ops (dist_semi_sync_workers.
+TorchRec's TrainPipelineSemiSync runs on CPU gloo once its stream calls are no-ops (dist_harness.
 run_cpu_shims); both libraries train the same model (fused SGD tables, table-wise and row-wise, under a nonlinear
 dense part) from the same weights on the same batches, on 1 and on 2 ranks: the same number of batches, losses
 and weights (to float tolerance: fbgemm's kernels against rectoolkit's), and different weights from the plain
