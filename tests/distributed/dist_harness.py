@@ -137,10 +137,6 @@ def load_torchrec_shards(dmp, weights: Dict[str, torch.Tensor]) -> None:
 def run_cpu_shims() -> None:
     """TorchRec 1.8's semi-sync and fused pipelines record streams and ask torch.cuda for the current stream even on
     CPU; on a CPU-only torch those calls fail. On CPU they have nothing to do (one stream, no copies): make them
-    no-ops (in a spawned worker: they change these classes for the whole process)."""
-    from torchrec.datasets.utils import Batch as TorchRecBatch
-    from torchrec.sparse import jagged_tensor
-
-    for cls in (jagged_tensor.KeyedJaggedTensor, jagged_tensor.JaggedTensor, jagged_tensor.KeyedTensor, TorchRecBatch):
-        cls.record_stream = lambda self, stream: None
+    no-ops (in a spawned worker: they change torch for the whole process)."""
+    torch.Tensor.record_stream = lambda self, stream: None
     torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()

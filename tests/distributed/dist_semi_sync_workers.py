@@ -18,56 +18,71 @@ LOCAL_BATCH = 3
 
 
 class SemiSyncModel(nn.Module):
-    """An EmbeddingBagCollection under a nonlinear dense part, so that embeddings one step stale change the loss."""
+    """An EmbeddingBagCollection (or with sequences=True an EmbeddingCollection) under a nonlinear dense part, so
+    that embeddings one step stale change the loss."""
 
-    def __init__(self, lib) -> None:
+    def __init__(self, lib, sequences: bool = False) -> None:
         super().__init__()
-        self.ebc = lib.EmbeddingBagCollection(tables=[
-            lib.EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=4, feature_names=features)
-            for name, rows, features in TABLES], device=torch.device("cpu"))
-        self.dense = nn.Linear(4 * len(TABLES), 1)
+        self.sequences = sequences
+        if sequences:
+            self.emb = lib.EmbeddingCollection(tables=[
+                lib.EmbeddingConfig(name=name, num_embeddings=rows, embedding_dim=4, feature_names=features)
+                for name, rows, features in TABLES], device=torch.device("cpu"))
+            self.dense = nn.Linear(4, 1)
+        else:
+            self.emb = lib.EmbeddingBagCollection(tables=[
+                lib.EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=4, feature_names=features)
+                for name, rows, features in TABLES], device=torch.device("cpu"))
+            self.dense = nn.Linear(4 * len(TABLES), 1)
 
     def forward(self, batch) -> Tuple[torch.Tensor, torch.Tensor]:
-        pooled = self.ebc(batch.sparse_features).values()
-        loss = (torch.tanh(self.dense(pooled)).squeeze(1) - batch.labels).square().mean()
+        if self.sequences:  # one row per id
+            sequences = self.emb(batch.sparse_features)  # (by name, not iterated: TorchRec traces this forward)
+            rows = torch.cat([sequences[f].values() for _, _, features in TABLES for f in features])
+            loss = (torch.tanh(self.dense(rows)).squeeze(1) - 0.5).square().mean()
+        else:
+            pooled = self.emb(batch.sparse_features).values()
+            loss = (torch.tanh(self.dense(pooled)).squeeze(1) - batch.labels).square().mean()
         return loss, loss.detach()
 
+    def tables(self) -> nn.ModuleDict:
+        return self.emb.embeddings if self.sequences else self.emb.embedding_bags
 
-def unsharded_weights() -> Dict[str, torch.Tensor]:
+
+def unsharded_weights(sequences: bool) -> Dict[str, torch.Tensor]:
     """The starting weights of both libraries' models (tables by table name, dense by parameter name)."""
     torch.manual_seed(0)
-    model = SemiSyncModel(rtk)
-    weights = {name: model.ebc.embedding_bags[name].weight.detach().clone() for name, _, _ in TABLES}
+    model = SemiSyncModel(rtk, sequences)
+    weights = {name: model.tables()[name].weight.detach().clone() for name, _, _ in TABLES}
     weights.update({f"dense.{k}": v.detach().clone() for k, v in model.dense.state_dict().items()})
     return weights
 
 
-def build(lib, W: int, weights: Dict[str, torch.Tensor]):
+def build(lib, W: int, weights: Dict[str, torch.Tensor], sequences: bool):
     """A DMP of SemiSyncModel (t0 table-wise on the last rank, t1 row-wise; fused SGD in backward) starting from
     `weights`, and an SGD optimizer of its dense parameters."""
     if lib is rtk:
-        from rectoolkit.distributed import model_parallel, sharding_plan
-        from rectoolkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from rectoolkit.distributed import embedding, embeddingbag, model_parallel, sharding_plan
         optimizer_name = "exact_sgd"
     else:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from torchrec.distributed import model_parallel, sharding_plan
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed import embedding, embeddingbag, model_parallel, sharding_plan
         optimizer_name = EmbOptimType.EXACT_SGD
-    model = SemiSyncModel(lib)
+    sharder_class = embedding.EmbeddingCollectionSharder if sequences else embeddingbag.EmbeddingBagCollectionSharder
+    model = SemiSyncModel(lib, sequences)
     with torch.no_grad():
         for name, _, _ in TABLES:
-            model.ebc.embedding_bags[name].weight.copy_(weights[name])
+            model.tables()[name].weight.copy_(weights[name])
         model.dense.weight.copy_(weights["dense.weight"])
         model.dense.bias.copy_(weights["dense.bias"])
-    plan = sharding_plan.construct_module_sharding_plan(model.ebc, {
+    plan = sharding_plan.construct_module_sharding_plan(model.emb, {
         "t0": sharding_plan.table_wise(rank=W - 1, compute_kernel="fused"),
         "t1": sharding_plan.row_wise(compute_kernel="fused")}, world_size=W, device_type="cpu")
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": optimizer_name, "learning_rate": 0.5})
+    sharder = sharder_class(fused_params={"optimizer": optimizer_name, "learning_rate": 0.5})
     dmp = model_parallel.DistributedModelParallel(model, device=torch.device("cpu"),
-                                                  plan=model_parallel.ShardingPlan({"ebc": plan}), sharders=[sharder])
+                                                  plan=model_parallel.ShardingPlan({"emb": plan}), sharders=[sharder])
     if lib is not rtk:  # TorchRec's DMP initializes its shards afresh: give them the starting weights
-        load_torchrec_shards(dmp.module.ebc, weights)
+        load_torchrec_shards(dmp.module.emb, weights)
     optimizer = lib.optim.keyed.KeyedOptimizerWrapper(
         dict(lib.optim.optimizers.in_backward_optimizer_filter(dmp.named_parameters())),
         lambda params: torch.optim.SGD(params, lr=0.1))
@@ -138,8 +153,9 @@ def max_difference(ours: Dict, other: Dict) -> float:
     return max(float((a[0][1] - b[0][1]).abs().max()) for a, b in zip(ours.values(), other.values()))
 
 
-def semi_sync_vs_torchrec_worker(rank: int, W: int, settings: List[Tuple[int, bool, bool]], steps: int) -> None:
-    """For each (start_batch, stash_gradients, execute_all_batches): TorchRec's TrainPipelineSemiSync and
+def semi_sync_vs_torchrec_worker(rank: int, W: int, settings: List[Tuple[int, bool, bool, bool]], steps: int) -> None:
+    """For each (start_batch, stash_gradients, execute_all_batches, sequences), on an EmbeddingBagCollection (or
+    with sequences=True an EmbeddingCollection): TorchRec's TrainPipelineSemiSync and
     rectoolkit's train on the same batches: as many batches, the same loss at every step, the same weights at the
     end (each rank's TorchRec shards against rectoolkit's tables). Semi-sync from a start_batch before the last
     batch differs from the plain loop (the test can tell a pipeline that is not stale); from after it, it is the
@@ -150,12 +166,12 @@ def semi_sync_vs_torchrec_worker(rank: int, W: int, settings: List[Tuple[int, bo
     from rectoolkit.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync as OurSemiSync
 
     run_cpu_shims()
-    weights = unsharded_weights()
-    for start_batch, stash, execute_all in settings:
-        where = f"start_batch={start_batch} stash_gradients={stash} execute_all_batches={execute_all}"
+    for start_batch, stash, execute_all, sequences in settings:
+        weights = unsharded_weights(sequences)
+        where = f"sequences={sequences} start_batch={start_batch} stash_gradients={stash} execute_all_batches={execute_all}"
         results = {}
         for lib, pipeline_class in ((torchrec, TheirSemiSync), (rtk, OurSemiSync)):
-            dmp, optimizer = build(lib, W, weights)
+            dmp, optimizer = build(lib, W, weights, sequences)
             pipeline = pipeline_class(dmp, optimizer, torch.device("cpu"), start_batch=start_batch,
                                       stash_gradients=stash, execute_all_batches=execute_all)
             losses = train(pipeline, batches(lib, rank, steps))
@@ -165,7 +181,7 @@ def semi_sync_vs_torchrec_worker(rank: int, W: int, settings: List[Tuple[int, bo
         torch.testing.assert_close(torch.stack(our_losses), torch.stack(their_losses),
                                    msg=lambda m: f"rank {rank} {where} losses: {m}")
         assert_state_close(rank, where, ours, theirs)
-        dmp, optimizer = build(rtk, W, weights)
+        dmp, optimizer = build(rtk, W, weights, sequences)
         plain_losses = plain_loop(dmp, optimizer, batches(rtk, rank, steps))
         plain = local_slices(dmp)
         if start_batch < steps - 1:

@@ -1,11 +1,11 @@
 """TrainPipelineSemiSync (rectoolkit.distributed.train_pipeline.train_pipelines) against TorchRec 1.8's own, and
 against the plain loop where it must equal it.
 
-TorchRec's TrainPipelineSemiSync runs on CPU gloo once its stream calls are no-ops (dist_harness.
-run_cpu_shims); both libraries train the same model (fused SGD tables, table-wise and row-wise, under a nonlinear
-dense part) from the same weights on the same batches, on 1 and on 2 ranks: the same number of batches, losses
-and weights (to float tolerance: fbgemm's kernels against rectoolkit's), and different weights from the plain
-loop's. With start_batch past the last batch, every step looks its batch up on the updated tables: the plain loop
+TorchRec's TrainPipelineSemiSync runs on CPU gloo once its stream calls are no-ops (dist_harness.run_cpu_shims);
+both libraries train the same model (fused SGD tables, table-wise and row-wise, of an EmbeddingBagCollection or an
+EmbeddingCollection under a nonlinear dense part) from the same weights on the same batches, on 1 and on 2 ranks:
+the same number of batches, losses and weights (to float tolerance: fbgemm's kernels against rectoolkit's), and
+different weights from the plain loop's. With start_batch past the last batch, every step looks its batch up on the updated tables: the plain loop
 bit for bit, for bag and sequence collections and a data-parallel table.
 """
 
@@ -29,9 +29,11 @@ STEPS = 6
 @pytest.mark.timeout(180)
 def test_semi_sync_equals_torchrecs_in_one_process():
     pytest.importorskip("torchrec")
-    # (start_batch, stash_gradients, execute_all_batches); TorchRec's DMP needs a process group: a spawned worker
-    run_workers(semi_sync_vs_torchrec_worker, 1, [(0, False, True), (2, True, False), (0, True, True),
-                                                  (STEPS + 3, False, True)], STEPS)
+    # (start_batch, stash_gradients, execute_all_batches, sequences); TorchRec's DMP needs a process group: a
+    # spawned worker
+    run_workers(semi_sync_vs_torchrec_worker, 1, [(0, False, True, False), (2, True, False, False),
+                                                  (0, True, True, False), (STEPS + 3, False, True, False),
+                                                  (0, False, True, True), (2, True, False, True)], STEPS)
 
 
 @pytest.mark.torchrec
@@ -39,7 +41,7 @@ def test_semi_sync_equals_torchrecs_in_one_process():
 @pytest.mark.timeout(240)
 def test_semi_sync_equals_torchrecs_on_two_ranks():
     pytest.importorskip("torchrec")
-    run_workers(semi_sync_vs_torchrec_worker, 2, [(2, True, False)], STEPS)
+    run_workers(semi_sync_vs_torchrec_worker, 2, [(2, True, False, False), (0, False, True, True)], STEPS)
 
 
 def semi_sync(case: str, data, start_batch: int, **kwargs):
