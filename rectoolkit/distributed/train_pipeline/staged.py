@@ -16,7 +16,6 @@ order of the calls equals TorchRec 1.8's (tests/distributed/test_train_pipeline_
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
@@ -156,7 +155,7 @@ def _run_on_stream(stage: PipelineStage, inputs: Any, event: Optional[Any]) -> S
     """The stage's output for `inputs`; on a CUDA stream, after the previous stage's event, with its own event."""
     if not is_cuda_stream(stage.stream):
         return stage.runnable(inputs), None
-    with torch.cuda.stream(stage.stream) if stage.stream is not None else contextlib.nullcontext():
+    with torch.cuda.stream(stage.stream):
         if event is not None:
             event.wait(stage.stream)
             inputs.record_stream(stage.stream)
