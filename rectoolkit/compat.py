@@ -34,6 +34,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
     "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
+    "rectoolkit.distributed.train_pipeline.train_pipelines": "torchrec.distributed.train_pipeline.train_pipelines",
 }
 
 # real rectoolkit modules that sit at TorchRec's path
@@ -47,6 +48,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.model_parallel": "torchrec.distributed.model_parallel",
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.distributed.fp_embeddingbag": "torchrec.distributed.fp_embeddingbag",
+    "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",

@@ -9,7 +9,12 @@ from rectoolkit.distributed.state import gather_table, load_table
 from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-from rectoolkit.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineBase, TrainPipelineSparseDist
+from rectoolkit.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSemiSync,
+    TrainPipelineSparseDist,
+)
 
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .sharding_plan,
 # .quant_embedding, .quant_embeddingbag), imported on first use so that `rectoolkit.distributed.planner.Topology`
