@@ -20,6 +20,7 @@ imports, `__all__`), add it to PATH_MODULES, and add the path and its names to t
 PATH_MODULES = {
     "rectoolkit.modules.embedding_configs": "torchrec.modules.embedding_configs",
     "rectoolkit.distributed.types": "torchrec.distributed.types",
+    "rectoolkit.distributed.embedding_types": "torchrec.distributed.embedding_types",
     "rectoolkit.distributed.planner": "torchrec.distributed.planner",
     "rectoolkit.distributed.planner.types": "torchrec.distributed.planner.types",
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
@@ -33,6 +34,7 @@ PATH_MODULES = {
     "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
     "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
     "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
+    "rectoolkit.distributed.train_pipeline.train_pipelines": "torchrec.distributed.train_pipeline.train_pipelines",
 }
 
 # real rectoolkit modules that sit at TorchRec's path
@@ -47,6 +49,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.distributed.fp_embeddingbag": "torchrec.distributed.fp_embeddingbag",
     "rectoolkit.distributed.fbgemm_qcomm_codec": "torchrec.distributed.fbgemm_qcomm_codec",
+    "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",

@@ -9,13 +9,19 @@ from rectoolkit.distributed.state import gather_table, load_table
 from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-from rectoolkit.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineBase, TrainPipelineSparseDist
+from rectoolkit.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSemiSync,
+    TrainPipelineSparseDist,
+)
 
 # TorchRec's module paths (torchrec.distributed.types, .planner, .embeddingbag, .embedding, .shard, .sharding_plan,
-# .quant_embedding, .quant_embeddingbag, .fbgemm_qcomm_codec), imported on first use so that `rectoolkit.distributed.planner.Topology`
-# reads like TorchRec code without importing the planner (or the quantized modules) here.
-_TORCHREC_PATHS = ("types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard", "sharding_plan",
-                   "quant_embedding", "comm_ops", "quant_embeddingbag", "fbgemm_qcomm_codec")
+# .quant_embedding, .quant_embeddingbag, .fbgemm_qcomm_codec, ...), imported on first use so that
+# `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner (or the quantized
+# modules) here.
+_TORCHREC_PATHS = ("types", "embedding_types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard",
+                   "sharding_plan", "quant_embedding", "comm_ops", "quant_embeddingbag", "fbgemm_qcomm_codec")
 
 
 def __getattr__(name: str):

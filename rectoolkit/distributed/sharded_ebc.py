@@ -205,6 +205,19 @@ class ShardedCollection(nn.Module):
         """The next forward whose features are `ahead.features` (the same object) uses this input_dist."""
         self.__dict__["_input_dist_ahead"] = ahead
 
+    def use_output(self, features: KeyedJaggedTensor, output: Any) -> None:
+        """The next forward whose features are `features` (the same object) returns `output`, computed ahead (the
+        embeddings TrainPipelineSemiSync looked up one step early), instead of running the groups."""
+        self.__dict__["_output_ahead"] = (features, output)
+
+    def _run(self, features: KeyedJaggedTensor) -> Any:
+        """The output for `features`: the one given to `use_output` for them, else every group's, now."""
+        ahead = self.__dict__.pop("_output_ahead", None)
+        if ahead is not None and ahead[0] is features:
+            self.__dict__.pop("_input_dist_ahead", None)  # its ids were used by the lookup ahead
+            return ahead[1]
+        return self._run_groups(features)
+
     def _batch_and_received(self, features: KeyedJaggedTensor) -> Tuple[FeatureBatch, List[Any]]:
         """The split batch and each group's input_dist result: sent ahead when it was, else None (sent now)."""
         ahead = self.__dict__.pop("_input_dist_ahead", None)
@@ -293,7 +306,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
         """The pooled embeddings of this rank's samples, as TorchRec's awaitable: `.wait()` gives the KeyedTensor
         (already computed; using the awaitable as the KeyedTensor, e.g. `.values()`, works too)."""
-        return EmbeddingBagCollectionAwaitable(self._run_groups(features))
+        return EmbeddingBagCollectionAwaitable(self._run(features))
 
     def _outputs(self, features: KeyedJaggedTensor) -> KeyedTensor:
         weights = features.weights_or_none()

@@ -58,7 +58,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
         """{feature: JaggedTensor} of this rank's ids, as TorchRec's awaitable (`.wait()` gives the dict; `[name]`,
         `.items()` work on the awaitable too)."""
-        return EmbeddingCollectionAwaitable(self._run_groups(features))
+        return EmbeddingCollectionAwaitable(self._run(features))
 
     def _outputs(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         batch, received = self._batch_and_received(features)

@@ -49,6 +49,17 @@ def regroup_kts(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> Li
     return KeyedTensor.regroup(keyed_tensors, groups)
 
 
+def permute_multi_embedding(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> List[torch.Tensor]:
+    """TorchRec's other name for the same regrouping (there: fbgemm's permute_multi_embedding kernel; here the one
+    regroup, KeyedTensor.regroup): one tensor per group, a key may be in several groups.
+
+    >>> kt = KeyedTensor.from_tensor_list(["x", "y"], [torch.ones(2, 1), torch.zeros(2, 2)])
+    >>> [t.shape[1] for t in permute_multi_embedding([kt], [["y", "x"], ["x"]])]
+    [3, 1]
+    """
+    return regroup_kts(keyed_tensors, groups)
+
+
 def flatten_kjt_list(kjts: List[KeyedJaggedTensor]) -> Tuple[List[Optional[torch.Tensor]], List[List[str]]]:
     """Every KJT's pytree leaves, one after the other, and each KJT's keys.
 

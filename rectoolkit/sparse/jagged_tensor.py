@@ -291,7 +291,8 @@ def __getattr__(name: str):
         from rectoolkit.sparse import equality
 
         return getattr(equality, name)
-    if name in ("ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts", "flatten_kjt_list", "unflatten_kjt_list"):
+    if name in ("ComputeKJTToJTDict", "ComputeJTDictToKJT", "regroup_kts", "permute_multi_embedding",
+                "flatten_kjt_list", "unflatten_kjt_list"):
         from rectoolkit.sparse import conversions
 
         return getattr(conversions, name)

@@ -132,3 +132,11 @@ def load_torchrec_shards(dmp, weights: Dict[str, torch.Tensor]) -> None:
             for shard in value.local_shards():
                 (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 shard.tensor.copy_(weights[table][r0:r0 + nr, c0:c0 + nc])
+
+
+def run_cpu_shims() -> None:
+    """TorchRec 1.8's semi-sync and fused pipelines record streams and ask torch.cuda for the current stream even on
+    CPU; on a CPU-only torch those calls fail. On CPU they have nothing to do (one stream, no copies): make them
+    no-ops (in a spawned worker: they change torch for the whole process)."""
+    torch.Tensor.record_stream = lambda self, stream: None
+    torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()

@@ -10,12 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from rectoolkit.distributed import DistributedModelParallel, EvalPipelineSparseDist, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.distributed.train_pipeline import train_pipelines
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan, ShardingType
 from rectoolkit.train.data import Batch
 import rectoolkit as rtk
 from dist_dmp_workers import TinyModel, step_batches
-from dist_harness import make_batch
+from dist_harness import make_batch, run_cpu_shims
 from dist_workers import BATCH, bag_tables, plan_for, seq_tables
 
 PATH = "model.sparse.ebc"  # the collection inside WithLoss
@@ -96,17 +97,26 @@ def plain_loop(case: str, data: List[Batch], W: int, env=None, device: str = "cp
     return losses, dmp.state_dict()
 
 
-def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True,
-              device: str = "cpu"):
-    """The same through TrainPipelineSparseDist; also what it pipelined, how long it waited and how often a
-    forward ran its own input_dist (`sync_input_dists`, counted on the groups that send ids)."""
-    dmp, optimizer = build(case, W, env)
+def count_own_input_dists(dmp, case: str) -> Tuple[List[int], list]:
+    """Count the input_dists the forward runs itself, on the groups that send ids: (a list that grows by one per
+    call, those groups)."""
     sync_calls: List[int] = []
     routed = [g for g in dmp.sharded_modules[path_of(case)].groups.values()
               if g.sharding_type != ShardingType.DATA_PARALLEL]
     for group in routed:
         group.input_dist = lambda batch, original=group.input_dist: sync_calls.append(1) or original(batch)
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device(device), execute_all_batches=execute_all_batches)
+    return sync_calls, routed
+
+
+def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batches: bool = True,
+              device: str = "cpu", pipeline_class: str = "TrainPipelineSparseDist", **pipeline_kwargs):
+    """The same through TrainPipelineSparseDist (or another pipeline of train_pipelines, by name); also what it
+    pipelined, how long it waited and how often a forward ran its own input_dist (`sync_input_dists`, counted on
+    the groups that send ids)."""
+    dmp, optimizer = build(case, W, env)
+    sync_calls, routed = count_own_input_dists(dmp, case)
+    pipeline = getattr(train_pipelines, pipeline_class)(dmp, optimizer, torch.device(device),
+                                                        execute_all_batches=execute_all_batches, **pipeline_kwargs)
     losses, stops = [], 0
     feed = iter(data)
     while True:
@@ -125,10 +135,10 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
     return losses, dmp.state_dict(), info
 
 
-def check_pipelined(rank: int, case: str, info: Dict) -> None:
-    """The collection was pipelined: only the first step's forward sent its own ids; StopIteration at the end
-    and again after; the waits are counted."""
-    assert info["modules"] == [path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
+def check_pipelined(rank: int, case: str, info: Dict, path: str = "") -> None:
+    """The collection (at `path`, default: the case's) was pipelined: only the first step's forward sent its own
+    ids; StopIteration at the end and again after; the waits are counted."""
+    assert info["modules"] == [path or path_of(case)], f"rank {rank} {case}: pipelined {info['modules']}"
     assert info["sync_input_dists"] == info["routed_groups"], (
         f"rank {rank} {case}: forward ran its own input_dist {info['sync_input_dists']} times; only the first "
         f"step's {info['routed_groups']} groups should")
@@ -145,6 +155,16 @@ def assert_identical(rank: int, case: str, plain: Tuple[list, Dict], piped: Tupl
     for key, value in plain_state.items():
         assert torch.equal(value, piped_state[key]), (
             f"rank {rank} {case}: {key} differs by {(value - piped_state[key]).abs().max()} after {steps} steps")
+
+
+def pipeline_classes_worker(rank: int, W: int, runs: List[Tuple[str, str]], steps: int) -> None:
+    """Each (pipeline of train_pipelines, by name; plan): the plain loop's losses and weights bit for bit, the
+    collection pipelined, StopIteration at the end and again after."""
+    for pipeline_class, case in runs:
+        data = batches(rank, W, steps, case)
+        losses, state, info = pipelined(case, data, W, pipeline_class=pipeline_class)
+        check_pipelined(rank, f"{pipeline_class} {case}", info, path_of(case))
+        assert_identical(rank, f"{pipeline_class} {case}", plain_loop(case, data, W), (losses, state), steps)
 
 
 def pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
@@ -213,9 +233,11 @@ class _TorchRecModel(nn.Module):
 
 def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -> None:
     """How many batches TorchRec 1.8's TrainPipelineSparseDist trains on, for each count of batches and each
-    execute_all_batches; saved as {(execute_all_batches, batches): steps}."""
+    execute_all_batches; saved as {(execute_all_batches, batches): steps}; its TrainPipelineFusedSparseDist's
+    too, as {("fused", execute_all_batches, batches): steps}."""
     from torchrec.datasets.utils import Batch as TorchRecBatch
     from torchrec.distributed.model_parallel import DistributedModelParallel as TorchRecDMP
+    from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist as TorchRecFused
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist as TorchRecPipeline
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TorchRecKJT
 
@@ -223,20 +245,15 @@ def torchrec_steps_worker(rank: int, W: int, counts: List[int], out_file: str) -
         kjt = TorchRecKJT.from_lengths_sync(["f"], torch.tensor([i % 10, 1]), torch.tensor([1, 1]))
         return TorchRecBatch(dense_features=torch.zeros(2, 1), sparse_features=kjt, labels=torch.zeros(2))
 
+    run_cpu_shims()  # the fused pipeline's lookup asks torch.cuda for its stream
     steps = {}
-    for execute_all_batches in (True, False):
-        for count in counts:
-            dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
-            pipeline = TorchRecPipeline(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
-                                        execute_all_batches=execute_all_batches)
-            feed, trained = iter([batch(i) for i in range(count)]), 0
-            try:
-                while True:
-                    pipeline.progress(feed)
-                    trained += 1
-            except StopIteration:
-                pass
-            steps[(execute_all_batches, count)] = trained
+    for kind, pipeline_class in (((), TorchRecPipeline), (("fused",), TorchRecFused)):
+        for execute_all_batches in (True, False):
+            for count in counts:
+                dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+                pipeline = pipeline_class(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"),
+                                          execute_all_batches=execute_all_batches)
+                steps[(*kind, execute_all_batches, count)] = train_epochs(pipeline, [[batch(i) for i in range(count)]])[0]
     for execute_all_batches in (True, False):  # three epochs of 3 batches, each from a new iterator
         for reset in (False, True):
             dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))

@@ -85,9 +85,10 @@ def test_as_many_batches_are_trained_on_as_torchrecs_pipeline_trains_on(tmp_path
             pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"), execute_all_batches=execute_all)
             ours[key] = train_epochs(pipeline, [batches(0, 1, 3)] * 3, reset)
         else:
-            execute_all, count = key
-            ours[key] = len(pipelined("table_wise", batches(0, 1, count), 1, local_env(),
-                                      execute_all_batches=execute_all)[0])
+            *fused, execute_all, count = key
+            ours[key] = len(pipelined("table_wise", batches(0, 1, count), 1, local_env(), execute_all_batches=execute_all,
+                                      pipeline_class="TrainPipelineFusedSparseDist" if fused else
+                                      "TrainPipelineSparseDist")[0])
     assert ours == torchrec_steps
     # TorchRec 1.8: a new iterator is read after the batches in flight; without execute_all_batches the two
     # loaded ahead train first in the next epoch; reset() drops them

@@ -53,7 +53,6 @@ Every rank must call progress() equally often and give it the same number of bat
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 import weakref
@@ -65,11 +64,11 @@ import torch.distributed as dist
 from torch import nn
 
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
+from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow, path_to, tensors_of
 
 __all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
 
 ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
-FieldPath = Tuple[Any, ...]  # attribute names (str) / keys / indices from the batch to a collection's input
 
 
 class TrainPipeline:
@@ -155,7 +154,7 @@ class TrainPipelineBase(TrainPipeline):
             return
         current = torch.cuda.current_stream(self._device)
         current.wait_stream(self._memcpy_stream)
-        for tensor in _tensors_of(batch):
+        for tensor in tensors_of(batch):
             tensor.record_stream(current)
 
     # ------------------------------------------------------------------ one step
@@ -240,6 +239,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         self._sharded = dmp.sharded_modules
         self._env, self._ahead_env = dmp.env, _ahead_env(dmp.env)
         self._input_paths: Optional[Dict[str, FieldPath]] = None  # found on the first step
+        self._fed_elsewhere: List[str] = []  # sharded collections fed something else: not pipelined
+        # subclasses with TorchRec's default pipeline_postproc=True set it: such collections are then refused
+        self._pipeline_postproc = False
         self._ahead: List[Dict[str, Any]] = []  # per batch in self._batches: path -> InputDistAhead
         self._attached = True
         # one worker: the ahead collectives are started in one order, the same on every rank
@@ -257,7 +259,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         noting each in `into` (the batch's entry of self._ahead)."""
         self._wait_for_batch(batch)  # its ids must be on the device before they are sent
         for path, field_path in sorted(self._input_paths.items()):
-            into[path] = self._sharded[path].start_input_dist(_follow(batch, field_path), self._ahead_env)
+            into[path] = self._sharded[path].start_input_dist(follow(batch, field_path), self._ahead_env)
 
     def _work_ahead(self, sizes_arrived: Dict[str, Any], later: Optional[Tuple[Any, Dict[str, Any]]]) -> None:
         """Start the ids of the batch whose sizes have arrived (batch i+1: sent during step i-1), then the first
@@ -294,7 +296,14 @@ class TrainPipelineSparseDist(TrainPipelineBase):
             for hook in hooks:
                 hook.remove()
             self._input_paths = {path: field_path for path, features in received.items()
-                                 if (field_path := _path_to(batch, features)) is not None}
+                                 if (field_path := path_to(batch, features)) is not None}
+            self._fed_elsewhere = sorted(set(received) - set(self._input_paths))
+            if self._pipeline_postproc and self._fed_elsewhere:
+                raise NotImplementedError(
+                    f"{type(self).__name__}(pipeline_postproc=True): the sharded collections {self._fed_elsewhere} are "
+                    "fed a KJT the model computes, not a field of the batch; rectoolkit does not pipeline the modules "
+                    "that compute it (TorchRec's postprocs); pass pipeline_postproc=False to run those collections "
+                    "inside the forward, as TorchRec does then, or feed them a field of the batch")
             for later, into in zip(self._batches[1:], self._ahead[1:]):  # the sizes of batches 1 and 2
                 self._start_input_dist(later, into)
             self._work_ahead(self._ahead[1] if len(self._ahead) > 1 else {}, None)  # the ids of batch 1
@@ -338,12 +347,17 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         if self._input_paths is None:
             output = self._find_input_paths(batch)
         else:
+            self._before_work_ahead()
             self._start_work_ahead()  # the ids of batch i+1 and the sizes of batch i+2 travel during step i
             output = self._train_step(batch)
         self._batches.pop(0)
         self._ahead.pop(0)
         self._batch_count += 1
         return output
+
+    def _before_work_ahead(self) -> None:
+        """What a subclass runs in a pipelined step before the work ahead starts (TrainPipelineFusedSparseDist:
+        the lookup of batch i)."""
 
     def finish(self) -> None:
         """Stop here: wait for the input_dists in flight and drop the batches not trained on. For a loop that
@@ -470,50 +484,3 @@ def _refuse(name: str, value: Any, default: Any, why: str) -> None:
     if value != default:
         raise NotImplementedError(f"train pipeline: {name}={value!r} is not supported ({why}); leave it at "
                                   f"{default!r}")
-
-
-def _fields(batch: Any) -> List[Tuple[Any, Any]]:
-    """(name or key or index, value) of a batch's parts: a NamedTuple's or dataclass's fields, a dict's items,
-    a tuple's or list's entries, an object's attributes."""
-    if isinstance(batch, torch.Tensor) or batch is None:
-        return []
-    if hasattr(batch, "_fields"):
-        return [(name, getattr(batch, name)) for name in batch._fields]
-    if dataclasses.is_dataclass(batch):
-        return [(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)]
-    if isinstance(batch, dict):
-        return [((key,), value) for key, value in batch.items()]  # a tuple: a key, not an attribute name
-    if isinstance(batch, (tuple, list)):
-        return [((index,), value) for index, value in enumerate(batch)]
-    return list(getattr(batch, "__dict__", {}).items())
-
-
-def _path_to(batch: Any, target: Any, depth: int = 2) -> Optional[FieldPath]:
-    """How to reach `target` (the very object) from `batch`: () for the batch itself, else field names/keys."""
-    if target is None:
-        return None
-    if batch is target:
-        return ()
-    if depth == 0:
-        return None
-    for name, value in _fields(batch):
-        rest = _path_to(value, target, depth - 1)
-        if rest is not None:
-            return (name, *rest)
-    return None
-
-
-def _follow(batch: Any, path: FieldPath) -> Any:
-    for step in path:
-        batch = batch[step[0]] if isinstance(step, tuple) else getattr(batch, step)
-    return batch
-
-
-def _tensors_of(batch: Any) -> List[torch.Tensor]:
-    """Every tensor in a batch (fields, KJT values / lengths / weights), for record_stream."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if hasattr(batch, "values") and hasattr(batch, "lengths") and callable(batch.lengths):  # a KJT / JT
-        parts = [batch.values(), batch.lengths(), batch.weights_or_none()]
-        return [t for t in parts if isinstance(t, torch.Tensor)]
-    return [t for _, value in _fields(batch) for t in _tensors_of(value)]
