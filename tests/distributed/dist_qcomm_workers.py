@@ -63,22 +63,24 @@ def _pool(weight: torch.Tensor, jt) -> torch.Tensor:
     return F.embedding_bag(jt.values(), weight, offsets[:-1], mode="sum")
 
 
+def _expected_pooled(ebc, name: str, jt) -> torch.Tensor:
+    """What the sharded collection must give for one feature's bags `jt`, by the codec's rounding per sharding type."""
+    rows = TABLES[name][0]
+    weight = ebc.embedding_bags[name].weight.detach()
+    if name in ("t_tw", "t_cw"):
+        return fp16(_pool(weight, jt))
+    partials = []
+    for start, end in ((0, rows // 2), (rows // 2, rows)):  # the two row blocks (row_wise's cut, even rows)
+        block = torch.zeros_like(weight)
+        block[start:end] = weight[start:end]
+        partials.append(fp16(_pool(block, jt)))
+    summed = partials[0] + partials[1]
+    return summed if name == "t_rw" else fp16(summed)
+
+
 def _expected_output(ebc, batch) -> torch.Tensor:
-    """What the sharded collection must give for `batch`, by the codec's rounding per sharding type."""
-    columns = []
-    for name, (rows, _, _) in TABLES.items():
-        weight, jt = ebc.embedding_bags[name].weight.detach(), batch[f"f_{name}"]
-        if name in ("t_tw", "t_cw"):
-            columns.append(fp16(_pool(weight, jt)))
-            continue
-        partials = []
-        for start, end in ((0, rows // 2), (rows // 2, rows)):  # the two row blocks (row_wise's cut, even rows)
-            block = torch.zeros_like(weight)
-            block[start:end] = weight[start:end]
-            partials.append(fp16(_pool(block, jt)))
-        summed = partials[0] + partials[1]
-        columns.append(summed if name == "t_rw" else fp16(summed))
-    return torch.cat(columns, dim=1)
+    """What the sharded collection must give for `batch`: every feature's rounded pooled rows, side by side."""
+    return torch.cat([_expected_pooled(ebc, name, batch[f"f_{name}"]) for name in TABLES], dim=1)
 
 
 def _expected_tables(ebc, batch, upstream: torch.Tensor, W: int) -> Dict[str, torch.Tensor]:
@@ -190,3 +192,63 @@ def qcomm_dmp_worker(rank: int, W: int) -> None:
                 for name in ("input_dist", "output_dist", "output_dist_backward")}
     for name, matrix in estimate.items():
         assert (measured[name] == matrix).all(), f"{name}: measured {measured[name]} != estimate {matrix}"
+
+
+# a batch size per feature (VBE): t_tw and t_rw once per user (2 users of BATCH samples), the others per sample
+USER_TABLES = ("t_tw", "t_rw")
+USERS = 2
+INVERSE = torch.tensor([0, 0, 1, 1, 1])  # sample -> its user
+
+
+def _vbe_batch(seed: int):
+    """(VBE KJT of one rank, {table: its feature's bags as a JaggedTensor at the feature's own batch size})."""
+    g = torch.Generator().manual_seed(seed)
+    keys, lengths, values, bags = [], [], [], {}
+    for name, (rows, _, _) in TABLES.items():
+        count = USERS if name in USER_TABLES else BATCH
+        L = torch.randint(1, 4, (count,), generator=g)
+        v = torch.randint(0, rows, (int(L.sum()),), generator=g)
+        keys.append(f"f_{name}")
+        lengths.append(L)
+        values.append(v)
+        bags[name] = rtk.JaggedTensor(values=v, lengths=L)
+    inverse = torch.stack([INVERSE if name in USER_TABLES else torch.arange(BATCH) for name in TABLES])
+    kjt = rtk.KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
+                                stride_per_key_per_rank=[[USERS if n in USER_TABLES else BATCH] for n in TABLES],
+                                inverse_indices=(keys, inverse))
+    return kjt, bags
+
+
+def qcomm_vbe_worker(rank: int, W: int) -> None:
+    """The registry on a batch with a batch size per feature: the user features' pooled rows cross the wire once per
+    user (rounded there), then are expanded to the samples; their gradient is summed over each user's samples
+    before it crosses back as bf16, so a table steps by the bf16 of that sum. Output bytes half of float32's."""
+    registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.FP16,
+                                                      backward_precision=CommType.BF16))
+    batches = [_vbe_batch(300 + r) for r in range(W)]
+    width = sum(dim for _, dim, _ in TABLES.values())
+    upstream = torch.randint(1, 2 ** 10, (W * BATCH, width), generator=torch.Generator().manual_seed(5)) / 2 ** 10
+    reference = _collection()
+    expand = {name: INVERSE if name in USER_TABLES else torch.arange(BATCH) for name in TABLES}
+
+    out, tables, env, _ = _run(rank, W, registry, [kjt for kjt, _ in batches], upstream)
+    bags = batches[rank][1]
+    expected = torch.cat([_expected_pooled(reference, name, bags[name])[expand[name]] for name in TABLES], dim=1)
+    assert torch.equal(out, expected), f"rank {rank}: VBE output differs by {(out - expected).abs().max()}"
+
+    col = 0
+    for name, (_, dim, _) in TABLES.items():
+        weight = reference.embedding_bags[name].weight.detach().clone().requires_grad_(True)
+        for r, (_, rank_bags) in enumerate(batches):
+            grad = upstream[r * BATCH:(r + 1) * BATCH, col:col + dim] / W
+            compact = torch.zeros(len(rank_bags[name].lengths()), dim).index_add_(0, expand[name], grad)
+            (_pool(weight, rank_bags[name]) * bf16(compact)).sum().backward()
+        want = weight.detach() - LR * weight.grad
+        assert torch.equal(tables[name], want), f"rank {rank}, {name}: VBE step differs by {(tables[name] - want).abs().max()}"
+        col += dim
+
+    _, _, env32, _ = _run(rank, W, None, [kjt for kjt, _ in batches], upstream)
+    measured, measured32 = env.gathered_bytes(), env32.gathered_bytes()
+    for name in ("output_dist", "output_dist_backward"):
+        assert measured32[name].sum() > 0 and (2 * measured[name] == measured32[name]).all(), \
+            f"VBE {name}: {measured[name]} is not half of float32's {measured32[name]}"

@@ -16,7 +16,7 @@ from rectoolkit.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagC
 from rectoolkit.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 from rectoolkit.plan.traffic import step_traffic
 from dist_harness import row_wise, run_workers, table_wise
-from dist_qcomm_workers import qcomm_dmp_worker, qcomm_worker
+from dist_qcomm_workers import qcomm_dmp_worker, qcomm_vbe_worker, qcomm_worker
 
 FP16_BF16 = QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16)
 
@@ -187,3 +187,9 @@ def test_two_ranks_fp16_forward_bf16_backward_round_as_the_codec():
 @pytest.mark.timeout(180)
 def test_two_ranks_dmp_takes_each_collections_registry_from_its_sharder():
     run_workers(qcomm_dmp_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_two_ranks_variable_batch_rounds_the_compact_rows_on_the_wire():
+    run_workers(qcomm_vbe_worker, 2)
