@@ -44,7 +44,7 @@ from rectoolkit.modules.configs import PoolingType
 from rectoolkit.plan.serialization import plan_from_dict, plan_to_dict
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
-from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.cost import CostModel, step_at_load
 from rectoolkit.planner.enumerate import row_blocks
 from rectoolkit.planner.measure import estimate_plan
 from rectoolkit.planner.profile import CalibrationProfile
@@ -421,10 +421,12 @@ def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
             estimate = estimate_plan(cost_model, plan_from_dict(run_["plans"][row["plan"]]), planner_tables)
             # the step estimate where the cost model has one, else the slowest rank's sum
             row["est_step_ms"] = float(np.max(estimate.get("est_step_ms", estimate["est_time_ms"])))
-            quiet = row["est_step_ms"] / topology.load_factor
+            quiet = float(estimate["est_quiet_ms"][0]) if "est_quiet_ms" in estimate \
+                else row["est_step_ms"] / topology.load_factor
+            share = float(estimate["est_load_share"][0]) if "est_load_share" in estimate else 1.0
             for when, column in (("before", "est_now_ms"), ("during", "est_during_ms")):
                 if f"load_probe_{when}" in info and column in row:
-                    row[column] = quiet * info[f"load_probe_{when}"]["factor"]
+                    row[column] = step_at_load(quiet, share, info[f"load_probe_{when}"]["factor"])
         summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
         run_["summary"] = {**run_["summary"], **summary}
     return runs

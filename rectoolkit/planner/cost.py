@@ -140,6 +140,21 @@ class GroupTime:
                 + self.comm_bwd_ms)
 
 
+def step_at_load(quiet_ms: float, load_share: float, load_factor: float) -> float:
+    """A step's time at a machine load: quiet_ms x (1 + (load_factor - 1) x load_share).
+
+    `load_factor` is the load probe's (rectoolkit.planner.load): how much longer a step takes now whose local ranks
+    are all busy. `load_share` (StepTime.load_share) is how much of that a plan gets: the other local ranks' busy
+    share beside its busiest rank. Other work slows a rank by competing for the cores; the less its peers on the host
+    keep busy, the more of a core is left for it (under one busy loop on the 2-core machine, the plan with every table
+    on rank 0 ran 1.4-1.5x its quiet estimate where the balanced plans ran 2.0-2.2x).
+
+        >>> step_at_load(10.0, 1.0, 2.0), step_at_load(10.0, 0.25, 2.0), step_at_load(10.0, 0.25, 1.0)
+        (20.0, 12.5, 10.0)
+    """
+    return quiet_ms * (1.0 + (load_factor - 1.0) * load_share)
+
+
 @dataclass
 class StepTime:
     """The step estimate: a fixed cost per step plus the groups one after another (each waits for its slowest
@@ -148,6 +163,7 @@ class StepTime:
     step_fixed_ms: float
     groups: List[GroupTime]
     load_factor: float = 1.0  # Topology.load_factor: the machine's current slowdown from other work
+    load_share: float = 1.0  # of the load factor, the share this plan gets (step_at_load; CostModel.load_share)
 
     @property
     def quiet_ms(self) -> float:
@@ -156,8 +172,8 @@ class StepTime:
 
     @property
     def load_ms(self) -> float:
-        """What the machine's load adds: (load_factor - 1) x quiet_ms."""
-        return (self.load_factor - 1.0) * self.quiet_ms
+        """What the machine's load adds: step_at_load(quiet_ms, load_share, load_factor) - quiet_ms."""
+        return step_at_load(self.quiet_ms, self.load_share, self.load_factor) - self.quiet_ms
 
     @property
     def total_ms(self) -> float:
@@ -414,6 +430,7 @@ class CostModel:
         traffic = self.traffic(plan, tables, batch_sizes, count_ids)
         step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
                                                for path, kind in _groups(plan)], topo.load_factor)
+        step.load_share = self.load_share(fwd + bwd, step.quiet_ms)
         return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
 
     def _plan_shard_costs(self, entries, tables: Sequence[PlannerTable]) -> Tuple[np.ndarray, "ShardCosts"]:
@@ -467,6 +484,24 @@ class CostModel:
         latency = sum(count * self.profile.collective(kind).alpha_ms for kind, count in calls.items())
         return GroupTime(path, sharding_type, self.profile.group_fixed_ms(sharding_type), latency,
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
+
+    def load_share(self, work_ms: np.ndarray, quiet_ms: float) -> float:
+        """Of the machine's load factor, the share a plan gets (step_at_load): on the host of the busiest rank, the
+        mean busy share of its other local ranks over the quiet step, a rank's busy share being 1 - (the busiest
+        rank's lookup work - its own) / quiet_ms. Balanced ranks give 1 (the load probe's own case), a plan that
+        leaves the other local ranks mostly waiting gives little. One rank per host: 1.
+
+        >>> model = CostModel(Topology(world_size=2, compute_device="cpu"))
+        >>> model.load_share(np.array([6.0, 6.0]), 10.0), model.load_share(np.array([7.5, 0.0]), 10.0)
+        (1.0, 0.25)
+        """
+        L = self.topology.local_world_size
+        if L == 1 or quiet_ms <= 0:
+            return 1.0
+        per_host = np.asarray(work_ms, dtype=float).reshape(-1, L)
+        ranks = per_host[int(np.argmax(per_host.max(axis=1)))]
+        busy = np.clip(1.0 - (ranks.max() - ranks) / quiet_ms, 0.0, 1.0)
+        return float((busy.sum() - busy.max()) / (L - 1))
 
     def _phase_ms(self, compute_ms: np.ndarray) -> float:
         """A compute phase between two collectives, on the host that takes longest. Its L local ranks share cores

@@ -57,7 +57,7 @@ from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
-from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.cost import CostModel, step_at_load
 from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, measure_load
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
@@ -80,7 +80,8 @@ def estimate_plan(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[Pl
     This is the one place that reads the cost model, so a new cost model changes only this function.
     """
     cost = cost_model.evaluate(plan, tables)
-    out = {"est_step_ms": np.full(len(cost.time_ms), cost.step_time_ms),
+    W = len(cost.time_ms)
+    out = {"est_step_ms": np.full(W, cost.step_time_ms),
            "est_time_ms": cost.time_ms, "est_lookup_fwd_ms": cost.lookup_fwd_ms,
            "est_lookup_bwd_ms": cost.lookup_bwd_ms, "est_comm_ms": sum(cost.comm_ms.values())}
     for name, ms in cost.comm_ms.items():
@@ -89,6 +90,9 @@ def estimate_plan(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[Pl
     out["est_memory_weights_bytes"] = cost.memory["weights"]
     out["est_memory_optimizer_bytes"] = cost.memory["optimizer"]
     out["est_bytes_sent"] = _off_diagonal_row_sums(cost.traffic)
+    if cost.step is not None:  # the quiet step and the share of a machine load it gets (cost.step_at_load)
+        out["est_quiet_ms"] = np.full(W, cost.step.quiet_ms)
+        out["est_load_share"] = np.full(W, cost.step.load_share)
     return out
 
 
@@ -106,8 +110,9 @@ class PlanMeasurements:
     """What `measure_plans` measured, as DataFrames.
 
     plans: one row per plan: est_step_ms (the cost model's step estimate, CostModel.evaluate().step_time_ms, at the
-        topology's load_factor), est_now_ms (the quiet estimate times the load factor the run probed before its
-        first timed step: rectoolkit.planner.load, info["load_probe_before"]), est_during_ms (the same with the
+        topology's load_factor), est_load_share (the share of a machine load the plan gets: cost.step_at_load),
+        est_now_ms (the quiet estimate at the load factor the run probed before its first timed step:
+        rectoolkit.planner.load, info["load_probe_before"]), est_during_ms (the same with the
         load probed between the plans' blocks, info["load_probe_during"]), step_ms (median over timed steps of
         the slowest rank's wall time), step_ms_min, cpu_ms (median over steps of the busiest rank's CPU time),
         measured_over_estimated, measured_over_now, measured_over_during, bytes_exact and memory_exact (measured == estimated, every
@@ -512,10 +517,13 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
             rank_rows.append(row)
         slowest = steps[steps.plan == name].groupby("step")[["wall_ms", "cpu_ms"]].max()
         est_step = float(est["est_step_ms"][0])
-        quiet = est_step / info["topology"]["load_factor"]
-        est_now, est_during = (quiet * info[f"load_probe_{when}"]["factor"] for when in ("before", "during"))
+        quiet = float(est["est_quiet_ms"][0]) if "est_quiet_ms" in est else est_step / info["topology"]["load_factor"]
+        share = float(est["est_load_share"][0]) if "est_load_share" in est else 1.0
+        est_now, est_during = (step_at_load(quiet, share, info[f"load_probe_{when}"]["factor"])
+                               for when in ("before", "during"))
         step_ms = float(slowest.wall_ms.median())
-        plan_rows.append(dict(plan=name, est_step_ms=est_step, est_now_ms=est_now, est_during_ms=est_during,
+        plan_rows.append(dict(plan=name, est_step_ms=est_step, est_load_share=share, est_now_ms=est_now,
+                              est_during_ms=est_during,
                               step_ms=step_ms, step_ms_min=float(slowest.wall_ms.min()),
                               cpu_ms=float(slowest.cpu_ms.median()),
                               measured_over_estimated=step_ms / est_step if est_step > 0 else np.nan,

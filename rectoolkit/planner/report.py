@@ -172,8 +172,9 @@ def explain_step(result: PlanningResult) -> str:
     cost = result.cost_model.evaluate(result.plan, result.tables)
     lines = [f"Estimated step: {cost.step_time_ms:.3f} ms = fixed per step {cost.step.step_fixed_ms:.3f} ms"
              + "".join(f" + {g.sharding_type} group {g.total_ms:.3f} ms" for g in cost.step.groups)
-             + (f" + machine load {cost.step.load_ms:.3f} ms (x{cost.step.load_factor:.2f} the quiet "
-                f"{cost.step.quiet_ms:.3f} ms: Topology.load_factor)" if cost.step.load_factor != 1.0 else "")]
+             + (f" + machine load {cost.step.load_ms:.3f} ms (the quiet {cost.step.quiet_ms:.3f} ms x "
+                f"(Topology.load_factor {cost.step.load_factor:.2f} - 1) x this plan's share {cost.step.load_share:.2f}: "
+                "the other local ranks' busy share)" if cost.step.load_factor != 1.0 else "")]
     for g in cost.step.groups:
         lines.append(f"  {g.module_path or '(root)'} {g.sharding_type}: fixed {g.fixed_ms:.3f} + collective latency "
                      f"{g.latency_ms:.3f} + lookups {g.lookup_fwd_ms:.3f} fwd / {g.lookup_bwd_ms:.3f} bwd+update + "

@@ -43,6 +43,33 @@ def test_the_load_factor_multiplies_the_step_estimate_and_shows_as_its_own_part(
     assert "machine load (x" not in " ".join(quiet_planner.report().step.sharding_type)
 
 
+def test_a_plan_whose_other_rank_mostly_waits_gets_less_of_the_load():
+    """Under load, a rank competes for the cores with the work beside it: the probe's factor is for ranks all busy;
+    with every table on rank 0, rank 1 is busy only for the fixed work, so only that share of the factor is added."""
+    topology = Topology(world_size=2, compute_device="cpu", load_factor=2.0)
+    tables = collect_tables(TABLES, 512)
+    model = CostModel(topology, tables=tables)
+    on_rank0 = rtk.ShardingPlan({"": {t.name: rtk.ParameterSharding("table_wise", ranks=[0], shards=[
+        rtk.ShardMetadata.on_rank(0, 0, 0, t.num_embeddings, t.embedding_dim)]) for t in TABLES}})
+    cost = model.evaluate(on_rank0, tables)
+    work = cost.lookup_fwd_ms + cost.lookup_bwd_ms
+    assert work[1] == 0.0 and work[0] > 0.0
+    quiet = cost.step.quiet_ms
+    rank1_busy = 1.0 - work[0] / quiet  # the share of the quiet step rank 1 works (its fixed costs)
+    assert 0.0 < rank1_busy < 1.0
+    assert cost.step.load_share == pytest.approx(rank1_busy)
+    assert cost.step_time_ms == pytest.approx(quiet * (1.0 + 1.0 * rank1_busy))
+    assert cost.step_time_ms < 2.0 * quiet
+    twins = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000, embedding_dim=16, feature_names=[f"f{i}"])
+             for i in range(2)]
+    one_each = rtk.ShardingPlan({"": {t.name: rtk.ParameterSharding("table_wise", ranks=[i], shards=[
+        rtk.ShardMetadata.on_rank(i, 0, 0, 1000, 16)]) for i, t in enumerate(twins)}})
+    balanced = CostModel(topology, tables=collect_tables(twins, 512)).evaluate(one_each, collect_tables(twins, 512))
+    assert balanced.step.load_share == 1.0 and balanced.step_time_ms == pytest.approx(2.0 * balanced.step.quiet_ms)
+    alone = CostModel(dataclasses.replace(topology, load_factor=1.0), tables=tables).evaluate(on_rank0, tables)
+    assert alone.step_time_ms == pytest.approx(quiet)  # no load, nothing added whatever the share
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, True, float("nan"), float("inf"), "2"])
 def test_a_load_factor_not_a_positive_number_is_refused(bad):
     with pytest.raises(ValueError, match="load_factor must be a positive number.*probe_load"):
