@@ -50,6 +50,8 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.fp_embeddingbag": "torchrec.distributed.fp_embeddingbag",
     "rectoolkit.distributed.fbgemm_qcomm_codec": "torchrec.distributed.fbgemm_qcomm_codec",
     "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
+    "rectoolkit.distributed.train_pipeline.gradient_accumulation":
+        "torchrec.distributed.train_pipeline.gradient_accumulation",
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",
