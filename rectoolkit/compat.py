@@ -84,4 +84,5 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.auprc": "torchrec.metrics.auprc",
     "rectoolkit.metrics.throughput": "torchrec.metrics.throughput",
     "rectoolkit.metrics.ne_positive": "torchrec.metrics.ne_positive",
+    "rectoolkit.metrics.rauc": "torchrec.metrics.rauc",
 }

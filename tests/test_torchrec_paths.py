@@ -89,6 +89,7 @@ PATHS = {
     "metrics.auprc": ["AUPRCMetric"],
     "metrics.throughput": ["ThroughputMetric"],
     "metrics.ne_positive": ["NEPositiveMetric"],
+    "metrics.rauc": ["RAUCMetric"],
     "metrics.metrics_config": ["ThroughputDef", "MetricsConfig", "RecMetricEnum"],
 }
 

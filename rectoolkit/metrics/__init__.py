@@ -1,5 +1,5 @@
 """Training metrics at TorchRec's paths (`torchrec.metrics`): windowed and lifetime NE, NE of the positives, calibration, CTR, MSE, MAE,
-accuracy, precision, recall, weighted average, window AUC and AUPRC per task, reduced across ranks, and
+accuracy, precision, recall, weighted average, window AUC, AUPRC and RAUC per task, reduced across ranks, and
 throughput; `RecMetricModule` holds a job's metrics."""
 
 from rectoolkit.metrics.accuracy import AccuracyMetric

@@ -38,6 +38,7 @@ from rectoolkit.metrics.ne import NEMetric
 from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
+from rectoolkit.metrics.rauc import RAUCMetric
 from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.throughput import ThroughputMetric
@@ -56,6 +57,7 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.PRECISION: PrecisionMetric,
     RecMetricEnum.RECALL: RecallMetric,
     RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
+    RecMetricEnum.RAUC: RAUCMetric,
 }
 
 

@@ -36,6 +36,7 @@ class RecMetricEnum(Enum):
     PRECISION = "precision"
     RECALL = "recall"
     WEIGHTED_AVG = "weighted_avg"
+    RAUC = "rauc"
 
     def __str__(self) -> str:
         return self.value

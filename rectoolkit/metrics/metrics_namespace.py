@@ -11,7 +11,7 @@ reads `RecMetricModule.compute()` by key needs no hand-written strings.
 
 The enums hold the names of the metrics rectoolkit computes (NE with logloss, NE of the positives, AUC, AUPRC, calibration, CTR, MSE
 with RMSE and R squared, MAE, accuracy, precision, recall, weighted average, throughput with its example
-counts), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
+counts, RAUC), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class MetricNamespaceBase(StrValueMixin, Enum):
 # every metric here names its namespace too; NE, MSE and throughput report more values under theirs
 _METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc", "MAE": "mae",
             "AUPRC": "auprc", "ACCURACY": "accuracy", "PRECISION": "precision", "RECALL": "recall",
-            "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive"}
+            "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive",
+            "RAUC": "rauc"}
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
                                            "R_SQUARED": "r_squared", "TOTAL_EXAMPLES": "total_examples",

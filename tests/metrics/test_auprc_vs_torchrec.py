@@ -1,6 +1,8 @@
 """AUPRCMetric against TorchRec 1.8's on the same batches (window and lifetime values after every step, through
 local_compute and reset), against hand-worked areas, and across 2 gloo ranks."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -11,16 +13,15 @@ from tests.metrics.test_more_metrics_vs_torchrec import BATCH, TASKS, batches
 WINDOW = 20  # smaller than the stream: the window drops whole batches and cuts one mid-way
 
 
-def make(library, mode, window_size=WINDOW, world_size=1, rank=0, **extra):
-    if library == "torchrec":
-        from torchrec.metrics import metrics_config
-        from torchrec.metrics.auprc import AUPRCMetric as cls
-    else:
-        from rectoolkit.metrics import metrics_config
-        cls = AUPRCMetric
-    return cls(world_size=world_size, my_rank=rank, batch_size=BATCH,
-               tasks=[metrics_config.RecTaskInfo(name=t) for t in TASKS],
-               compute_mode=getattr(metrics_config.RecComputeMode, mode), window_size=window_size, **extra)
+def make(library, mode, window_size=WINDOW, world_size=1, rank=0, *, module="auprc", class_name="AUPRCMetric",
+         **extra):
+    """The metric `class_name` of torchrec.metrics.{module} or rectoolkit's, over TASKS."""
+    package = importlib.import_module(f"{library}.metrics.{module}")
+    config = importlib.import_module(f"{library}.metrics.metrics_config")
+    return getattr(package, class_name)(world_size=world_size, my_rank=rank, batch_size=BATCH,
+                                        tasks=[config.RecTaskInfo(name=t) for t in TASKS],
+                                        compute_mode=getattr(config.RecComputeMode, mode), window_size=window_size,
+                                        **extra)
 
 
 def assert_same_values(got, expected):
@@ -53,9 +54,8 @@ def test_values_after_every_step_equal_torchrecs(mode, ties):
     assert list(ours.state_dict()) == list(theirs.state_dict()) == []
 
 
-@pytest.mark.torchrec
-def test_generate_metric_module_builds_it_as_torchrec():
-    pytest.importorskip("torchrec")
+def generated_modules(enum_name, stream):
+    """TorchRec's and rectoolkit's generate_metric_module for one metric over TASKS, fed the same model outputs."""
     from torchrec.metrics import metric_module as theirs_module
     from torchrec.metrics import metrics_config as theirs_config
 
@@ -67,16 +67,24 @@ def test_generate_metric_module_builds_it_as_torchrec():
         tasks = [package.RecTaskInfo(name=t, label_name=f"y_{t}", prediction_name=f"p_{t}", weight_name=f"w_{t}")
                  for t in TASKS]
         config = package.MetricsConfig(rec_tasks=tasks, rec_metrics={
-            package.RecMetricEnum.AUPRC: package.RecMetricDef(rec_task_indices=[0, 1], window_size=WINDOW)})
+            getattr(package.RecMetricEnum, enum_name): package.RecMetricDef(rec_task_indices=[0, 1],
+                                                                            window_size=WINDOW)})
         modules.append(library.generate_metric_module(library.RecMetricModule, config, batch_size=BATCH,
                                                       world_size=1, my_rank=0, state_metrics_mapping={},
                                                       device=torch.device("cpu")))
-    for predictions, labels, weights in batches(count=5):
+    for predictions, labels, weights in stream:
         out = {f"{kind}_{t}": source[t] for t in TASKS
                for kind, source in (("p", predictions), ("y", labels), ("w", weights))}
         for module in modules:
             module.update(out)
-    assert_same_values(dict(modules[1].compute()), dict(modules[0].compute()))
+    return modules
+
+
+@pytest.mark.torchrec
+def test_generate_metric_module_builds_it_as_torchrec():
+    pytest.importorskip("torchrec")
+    theirs, ours = generated_modules("AUPRC", batches(count=5))
+    assert_same_values(dict(ours.compute()), dict(theirs.compute()))
 
 
 def test_hand_worked_areas():
