@@ -33,7 +33,7 @@ def count_inversions(sequence: torch.Tensor) -> int:
     """The pairs i < j with sequence[i] > sequence[j], by a merge sort whose levels run as batched tensor ops.
 
         >>> count_inversions(torch.tensor([3.0, 1.0, 2.0, 2.0]))
-        2
+        3
     """
     length = 1
     while length < sequence.numel():
