@@ -85,4 +85,6 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.throughput": "torchrec.metrics.throughput",
     "rectoolkit.metrics.ne_positive": "torchrec.metrics.ne_positive",
     "rectoolkit.metrics.rauc": "torchrec.metrics.rauc",
+    "rectoolkit.metrics.gauc": "torchrec.metrics.gauc",
+    "rectoolkit.metrics.ndcg": "torchrec.metrics.ndcg",
 }

@@ -90,6 +90,8 @@ PATHS = {
     "metrics.throughput": ["ThroughputMetric"],
     "metrics.ne_positive": ["NEPositiveMetric"],
     "metrics.rauc": ["RAUCMetric"],
+    "metrics.gauc": ["GAUCMetric"],
+    "metrics.ndcg": ["NDCGMetric"],
     "metrics.metrics_config": ["ThroughputDef", "MetricsConfig", "RecMetricEnum"],
 }
 

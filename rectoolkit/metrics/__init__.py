@@ -1,5 +1,5 @@
 """Training metrics at TorchRec's paths (`torchrec.metrics`): windowed and lifetime NE, NE of the positives, calibration, CTR, MSE, MAE,
-accuracy, precision, recall, weighted average, window AUC, AUPRC and RAUC per task, reduced across ranks, and
+accuracy, precision, recall, weighted average, window AUC, AUPRC and RAUC, session GAUC and NDCG per task, reduced across ranks, and
 throughput; `RecMetricModule` holds a job's metrics."""
 
 from rectoolkit.metrics.accuracy import AccuracyMetric
@@ -7,11 +7,13 @@ from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.auprc import AUPRCMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
+from rectoolkit.metrics.gauc import GAUCMetric
 from rectoolkit.metrics import deferrable_metrics, metrics_namespace  # noqa: F401  (TorchRec's paths, for attribute access)
 from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.metric_module import RecMetricModule, generate_metric_module
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecComputeMode, RecMetricDef, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mse import MSEMetric
+from rectoolkit.metrics.ndcg import NDCGMetric
 from rectoolkit.metrics.ne import NEMetric
 from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
@@ -19,7 +21,7 @@ from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetr
 from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
-__all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "MAEMetric", "MSEMetric", "MetricsConfig",
-           "NEMetric", "NEPositiveMetric", "PrecisionMetric", "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum",
-           "RecMetricException", "RecMetricList", "RecMetricModule", "RecTaskInfo", "RecallMetric",
-           "WeightedAvgMetric", "generate_metric_module"]
+__all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "GAUCMetric", "MAEMetric",
+           "MSEMetric", "MetricsConfig", "NDCGMetric", "NEMetric", "NEPositiveMetric", "PrecisionMetric",
+           "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum", "RecMetricException", "RecMetricList",
+           "RecMetricModule", "RecTaskInfo", "RecallMetric", "WeightedAvgMetric", "generate_metric_module"]

@@ -33,6 +33,7 @@ from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
 from rectoolkit.metrics.mae import MAEMetric
+from rectoolkit.metrics.ndcg import NDCGMetric, session_ids_to_tensor
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
 from rectoolkit.metrics.ne_positive import NEPositiveMetric
@@ -40,7 +41,7 @@ from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
 from rectoolkit.metrics.rauc import RAUCMetric
 from rectoolkit.metrics.recall import RecallMetric
-from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
+from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.throughput import ThroughputMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
@@ -58,6 +59,7 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.RECALL: RecallMetric,
     RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
     RecMetricEnum.RAUC: RAUCMetric,
+    RecMetricEnum.NDCG: NDCGMetric,
 }
 
 
@@ -91,8 +93,11 @@ class RecMetricModule(nn.Module):
         self.compute_count = 0
         self._register_load_state_dict_pre_hook(self.load_state_dict_hook)
 
-    def update(self, model_out: Dict[str, torch.Tensor]) -> None:
-        """Feed one batch: model_out holds each task's label, prediction and weight under its RecTaskInfo names."""
+    def update(self, model_out: Dict[str, Any], **kwargs: Any) -> None:
+        """Feed one batch: model_out holds each task's label, prediction and weight under its RecTaskInfo names,
+        and the metrics' required inputs (get_required_inputs(), e.g. NDCG's session ids) under theirs, which
+        the metrics get as `required_inputs`; the other keywords reach every metric's update (GAUC's
+        `num_candidates`), as in TorchRec."""
         if len(self.rec_metrics) and self.rec_tasks:
             labels, predictions, weights = {}, {}, {}
             for task in self.rec_tasks:
@@ -102,7 +107,10 @@ class RecMetricModule(nn.Module):
                         raise ValueError(f"RecMetricModule: task {task.name!r} reads {name!r} but the model output "
                                          f"has only {sorted(model_out)}; set the RecTaskInfo's names to these keys")
                     out[task.name] = model_out[name].squeeze()
-            self.rec_metrics.update(predictions=predictions, labels=labels, weights=weights)
+            required = self.get_required_inputs()
+            if required:
+                kwargs["required_inputs"] = {name: _required_input(model_out, name, required) for name in required}
+            self.rec_metrics.update(predictions=predictions, labels=labels, weights=weights, **kwargs)
         if self.throughput_metric is not None:
             self.throughput_metric.update()
         self.trained_batches += 1
@@ -171,6 +179,17 @@ class RecMetricModule(nn.Module):
     def load_state_dict_hook(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
         """Drops a legacy ``<prefix>_trained_batches`` key before loading, as TorchRec's pre-hook."""
         state_dict.pop(f"{prefix}_trained_batches", None)
+
+
+def _required_input(model_out: Dict[str, Any], name: str, required: List[str]) -> torch.Tensor:
+    """One required input from the model output, squeezed as TorchRec's; a list (of session names, say) becomes
+    session numbers as TorchRec's session_ids_to_tensor (TorchRec: only when a task's name starts with "ndcg")."""
+    if name not in model_out:
+        raise MissingRequiredInputError(f"RecMetricModule.update: the metrics read {name!r} from the model output "
+                                        f"(required inputs {required}) but it has only {sorted(model_out)}; add "
+                                        f"{name!r} to the model output")
+    value = model_out[name]
+    return session_ids_to_tensor(value) if isinstance(value, list) else value.squeeze()
 
 
 def _tasks_of(config: MetricsConfig, metric: RecMetricEnum) -> List[RecTaskInfo]:

@@ -22,7 +22,8 @@ _DEFAULT_THROUGHPUT_WARMUP_STEPS = 100
 
 
 class RecMetricEnum(Enum):
-    """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here)."""
+    """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here).
+    GAUCMetric has no member, as in TorchRec 1.8: build it directly and put it in a RecMetricList."""
 
     NE = "ne"
     NE_POSITIVE = "ne_positive"
@@ -37,6 +38,7 @@ class RecMetricEnum(Enum):
     RECALL = "recall"
     WEIGHTED_AVG = "weighted_avg"
     RAUC = "rauc"
+    NDCG = "ndcg"
 
     def __str__(self) -> str:
         return self.value
@@ -55,9 +57,10 @@ class RecComputeMode(Enum):
 class RecTaskInfo:
     """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight.
 
-    TorchRec's other fields are accepted: `session_metric_def`, `is_negative_task`, `tensor_name` and `weighted`
-    are read only by TorchRec's session, NDCG and tensor-weighted-average metrics, none of which rectoolkit has;
-    the metrics here do not read them in TorchRec either.
+    TorchRec's other fields are accepted: NDCGMetric reads `is_negative_task` (it ranks 1 - prediction by
+    1 - label), as TorchRec's; `session_metric_def`, `tensor_name` and `weighted` are read only by TorchRec's
+    session-level and tensor-weighted-average metrics, which rectoolkit does not have; the other metrics here do
+    not read any of them in TorchRec either.
     """
 
     name: str = "DefaultTask"

@@ -11,7 +11,7 @@ reads `RecMetricModule.compute()` by key needs no hand-written strings.
 
 The enums hold the names of the metrics rectoolkit computes (NE with logloss, NE of the positives, AUC, AUPRC, calibration, CTR, MSE
 with RMSE and R squared, MAE, accuracy, precision, recall, weighted average, throughput with its example
-counts, RAUC), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
+counts, RAUC, GAUC with its session count, NDCG), with TorchRec's values; TorchRec's other members name metrics rectoolkit does not have.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ class MetricNamespaceBase(StrValueMixin, Enum):
     pass
 
 
-# every metric here names its namespace too; NE, MSE and throughput report more values under theirs
+# every metric here names its namespace too; NE, MSE, GAUC and throughput report more values under theirs
 _METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse", "AUC": "auc", "MAE": "mae",
             "AUPRC": "auprc", "ACCURACY": "accuracy", "PRECISION": "precision", "RECALL": "recall",
             "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive",
-            "RAUC": "rauc"}
+            "RAUC": "rauc", "GAUC": "gauc", "NDCG": "ndcg"}
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
                                            "R_SQUARED": "r_squared", "TOTAL_EXAMPLES": "total_examples",
+                                           "GAUC_NUM_SAMPLES": "gauc_num_samples",
                                            "ATTEMPT_EXAMPLES": "attempt_examples", "BATCH_SIZE": "batch_size"},
                             module=__name__)
 

@@ -23,7 +23,7 @@ def _sum_state_metric(metric: RecMetric) -> SumStateMetric:
     if not isinstance(metric, SumStateMetric):
         raise NotImplementedError(f"RecMetricModule: pre-compute states of {type(metric).__name__} are not "
                                   "implemented (only the sum-state metrics: NE, NE positive, CTR, calibration, MSE, MAE, "
-                                  "accuracy, precision, recall, weighted average)")
+                                  "accuracy, precision, recall, weighted average, GAUC, NDCG)")
     return metric
 
 

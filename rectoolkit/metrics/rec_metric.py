@@ -3,7 +3,10 @@
 A metric keeps, per task, a *lifetime* state (everything since the last reset) and a *window* state (the
 last ceil(window_size / world_size) samples of this rank). `update(predictions=..., labels=..., weights=...)`
 folds one batch in; `compute()` reduces the states across ranks and returns TorchRec's keys,
-`"{namespace}-{task}|{lifetime,window}_{name}"`, e.g. `"ne-click|window_ne"`.
+`"{namespace}-{task}|{lifetime,window}_{name}"`, e.g. `"ne-click|window_ne"`. A few metrics read more per
+batch, as update() keywords that every metric receives and only they read: NDCG a session id per sample in
+`required_inputs={"session_id": ids}` (a model output RecMetricModule looks up: `get_required_inputs()`), GAUC
+the session sizes in `num_candidates=`.
 
 Most metrics are ratios of sums (NE, calibration, CTR, MSE): their state is a vector of weighted sums, the
 window is the sum of the last batches' vectors (`WindowBuffer`, evicting whole batches as TorchRec does), and
@@ -43,6 +46,14 @@ _PASSED_BY_TORCHREC = ("enable_pt2_compile", "should_clone_update_inputs", "batc
 
 class RecMetricException(Exception):
     """A metric was fed or configured wrongly (TorchRec's exception type)."""
+
+
+class MissingRequiredInputError(RecMetricException, KeyError):
+    """An input a metric reads beyond labels, predictions and weights (a session id, `num_candidates`) was not
+    given. A KeyError too, as TorchRec's RecMetricModule raises for a required input the model output lacks."""
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
 
 
 class WindowBuffer:
@@ -190,7 +201,8 @@ class RecMetric(nn.Module):
         raise NotImplementedError
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
-                     weights: torch.Tensor) -> None:
+                     weights: torch.Tensor, **inputs: Any) -> None:
+        """Fold one task's batch in ([batch] float64 tensors; `inputs`: what `_batch_inputs` read)."""
         raise NotImplementedError
 
     def _local_states(self) -> Any:
@@ -205,18 +217,25 @@ class RecMetric(nn.Module):
 
     # ------------------------------------------------------------------ TorchRec's interface
     def get_required_inputs(self) -> Set[str]:
-        """Model outputs this metric reads beyond labels, predictions and weights: none for the metrics here."""
+        """Model outputs this metric reads beyond labels, predictions and weights (NDCG: its session key);
+        RecMetricModule.update passes them in `required_inputs`."""
         return set()
+
+    def _batch_inputs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """What this metric reads from update()'s other keywords (`required_inputs`, GAUC's `num_candidates`),
+        by the name `_update_task` takes it under; none for most metrics."""
+        return {}
 
     def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput],
                **kwargs: Any) -> None:
-        """Fold one batch in; weights None means 1 for every sample."""
-        if kwargs:
-            raise ValueError(f"{type(self).__name__}.update: unexpected arguments {sorted(kwargs)}; "
-                             "pass predictions, labels and weights only")
+        """Fold one batch in; weights None means 1 for every sample. As in TorchRec, the other keywords
+        (`required_inputs={name: tensor}`, `num_candidates=...`) reach every metric, and a metric reads only its
+        own (one RecMetricModule.update feeds them all)."""
+        kwargs.pop("_log_tensors", None)  # TorchRec's RecMetricList passes it; it only logs
         if self._synced_states is not None:
             raise RecMetricException(f"{type(self).__name__}.update: the metric is synced; call unsync() before "
                                      "feeding more batches")
+        extra_inputs = self._batch_inputs(kwargs)
         with torch.no_grad():
             for index, task in enumerate(self._tasks):
                 inputs = [_task_input(value, task, index, len(self._tasks), what)
@@ -233,7 +252,8 @@ class RecMetric(nn.Module):
                     raise ValueError(f"{type(self).__name__}: task {task.name!r} has {task_predictions.numel()} "
                                      f"predictions but {task_weights.numel()} weights")
                 self._update_task(index, task_predictions.detach().double().cpu(),
-                                  task_labels.detach().double().cpu(), task_weights.detach().double().cpu())
+                                  task_labels.detach().double().cpu(), task_weights.detach().double().cpu(),
+                                  **extra_inputs)
 
     def compute(self) -> Dict[str, torch.Tensor]:
         """The metrics over all ranks' updates (a collective: every rank calls it); {} on ranks other than 0
@@ -355,8 +375,11 @@ class SumStateMetric(RecMetric):
         self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
         self._synced_states = None
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors)."""
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **inputs: Any) -> Optional[torch.Tensor]:
+        """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors, and
+        what `_batch_inputs` read); None when the batch adds nothing, not even to the window (NDCG without a
+        session)."""
         raise NotImplementedError
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -364,8 +387,10 @@ class SumStateMetric(RecMetric):
         raise NotImplementedError
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
-                     weights: torch.Tensor) -> None:
-        batch = self._batch_states(predictions, labels, weights)
+                     weights: torch.Tensor, **inputs: Any) -> None:
+        batch = self._batch_states(predictions, labels, weights, **inputs)
+        if batch is None:
+            return
         self._lifetime[task_index] += batch
         self._windows[task_index].add(batch, predictions.numel())
 
@@ -404,10 +429,11 @@ class RecMetricList(nn.Module):
     def __getitem__(self, index: int) -> nn.Module:
         return self.rec_metrics[index]
 
-    def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput]) -> None:
-        """Feed one batch to every metric."""
+    def update(self, *, predictions: RecModelOutput, labels: RecModelOutput, weights: Optional[RecModelOutput],
+               **kwargs: Any) -> None:
+        """Feed one batch to every metric, with the same other keywords (`required_inputs`, `num_candidates`)."""
         for metric in self.rec_metrics:
-            metric.update(predictions=predictions, labels=labels, weights=weights)
+            metric.update(predictions=predictions, labels=labels, weights=weights, **kwargs)
 
     def get_required_inputs(self) -> Optional[List[str]]:
         """The extra model outputs the metrics read (TorchRec's: None when there are none)."""
@@ -438,5 +464,5 @@ class RecMetricList(nn.Module):
             metric.reset()
 
 
-__all__ = ["MAX_BUFFER_COUNT", "RecMetric", "RecMetricException", "RecMetricList", "SumStateMetric", "WindowBuffer",
-           "metric_key"]
+__all__ = ["MAX_BUFFER_COUNT", "MissingRequiredInputError", "RecMetric", "RecMetricException", "RecMetricList",
+           "SumStateMetric", "WindowBuffer", "metric_key"]

@@ -1,5 +1,5 @@
 """MAE, accuracy, precision, recall, weighted-average and NE-positive metrics against TorchRec 1.8's classes on the same
-batches (keys, values, state_dict), against hand-worked numbers, and across 2 gloo ranks."""
+batches (keys, values, state_dict), against hand-worked numbers, and across 2 gloo ranks (with GAUC and NDCG)."""
 
 import importlib
 import math
@@ -188,9 +188,12 @@ def _metrics(world_size, rank):
 
 
 def _two_rank_worker(rank, world_size, stream, expected):
+    from tests.metrics.test_gauc_ndcg_vs_torchrec import feed_session_metrics
+
     got = {}
     for metric in _metrics(world_size, rank):
         got.update(feed(metric, stream[rank::world_size]))
+    got.update(feed_session_metrics(stream[rank::world_size], world_size, rank))  # GAUC, NDCG
     assert list(got) == list(expected)
     for key, value in expected.items():
         torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-12, msg=f"rank {rank} {key}")
@@ -205,9 +208,14 @@ def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
     # rank r gets batches r, r + 2, ...; the global window (32 samples) is the last 4 batches in one process and
     # the last 2 of each rank, so windowed and lifetime values differ and both must match (WeightedAvgMetric's
     # window of 32 updates holds them all)
+    from tests.metrics.test_gauc_ndcg_vs_torchrec import feed_session_metrics
+
     expected = {}
     for metric in _metrics(1, 0):
         expected.update(feed(metric, stream))
-    assert len(expected) == 2 * 2 * len(RANK_CASES)
+    expected.update(feed_session_metrics(stream))
+    assert len(expected) == 2 * 2 * len(RANK_CASES) + 2 * 4 + 2 * 2  # GAUC: 4 keys a task, NDCG: 2
     assert float(expected["mae-click|lifetime_mae"]) != float(expected["mae-click|window_mae"])
+    assert float(expected["gauc-click|lifetime_gauc"]) != float(expected["gauc-click|window_gauc"])
+    assert float(expected["ndcg-like|lifetime_ndcg"]) != float(expected["ndcg-like|window_ndcg"])
     run_workers(_two_rank_worker, 2, stream, expected)
