@@ -192,18 +192,17 @@ def test_stop_returns_at_once_while_the_iterator_blocks_and_the_thread_ends_afte
 
 
 def test_stop_with_a_batch_buffered_hands_it_out_then_none_without_hanging():
-    # (TorchRec's get_next_batch() clears its "filled" event after handing out that batch, so its next call waits
-    # for a thread that has ended)
+    # (TorchRec's hangs here: its get_next_batch() clears its "filled" event after handing out that batch, and its
+    # thread, ended, never sets it again)
     source = Counted(5)
     loader = DataLoadingThread(torch.device("cpu"), source, False)
     loader.start()
     wait_until(lambda: loader._buffered is not None)
     loader.stop()
+    wait_until(lambda: not loader.is_alive())
     assert within(loader.get_next_batch).tolist() == [0]
     assert within(loader.get_next_batch) is None
     assert within(loader.get_next_batch) is None
-    loader.join(TIMEOUT_S)
-    assert not loader.is_alive()
 
 
 def test_an_error_in_the_copy_is_raised_to_the_caller():
