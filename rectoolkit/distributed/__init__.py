@@ -10,7 +10,10 @@ from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, 
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.distributed.train_pipeline import (
+    DataLoadingThread,
     EvalPipelineSparseDist,
+    PrefetchTrainPipelineSparseDist,
+    TrainPipeline,
     TrainPipelineBase,
     TrainPipelineSemiSync,
     TrainPipelineSparseDist,

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from rectoolkit.distributed.train_pipeline.pipeline_context import In, Out
 from rectoolkit.distributed.train_pipeline.sparse_dist import ModelForward, TrainPipelineSparseDist, _refuse
 
 __all__ = ["PrefetchTrainPipelineSparseDist", "TrainPipelineFusedSparseDist"]
@@ -31,7 +32,7 @@ __all__ = ["PrefetchTrainPipelineSparseDist", "TrainPipelineFusedSparseDist"]
 EMB_LOOKUP_STREAMS = ("new", "current", "data_dist")
 
 
-class TrainPipelineFusedSparseDist(TrainPipelineSparseDist):
+class TrainPipelineFusedSparseDist(TrainPipelineSparseDist[In, Out]):
     """TorchRec's TrainPipelineFusedSparseDist: the lookup and output_dist of batch i start the step, before
     zero_grad; the numbers are the plain loop's.
 
@@ -87,7 +88,7 @@ class TrainPipelineFusedSparseDist(TrainPipelineSparseDist):
             module.use_output(input_dist.features, module(input_dist.features).wait())
 
 
-class PrefetchTrainPipelineSparseDist(TrainPipelineSparseDist):
+class PrefetchTrainPipelineSparseDist(TrainPipelineSparseDist[In, Out]):
     """TorchRec's PrefetchTrainPipelineSparseDist: TrainPipelineSparseDist plus a cache prefetch of batch i+1,
     which has nothing to do here (rectoolkit's kernels keep no cache; see the module docstring). The numbers are
     the plain loop's.

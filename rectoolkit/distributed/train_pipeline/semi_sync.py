@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from rectoolkit.distributed.train_pipeline.pipeline_context import In, Out
 from rectoolkit.distributed.train_pipeline.sparse_dist import ModelForward, TrainPipelineSparseDist
 from rectoolkit.sparse import JaggedTensor, KeyedTensor
 
@@ -38,7 +39,7 @@ __all__ = ["TrainPipelineSemiSync"]
 LookedUp = Dict[str, Tuple[Any, List[torch.Tensor], List[torch.Tensor], Any]]
 
 
-class TrainPipelineSemiSync(TrainPipelineSparseDist):
+class TrainPipelineSemiSync(TrainPipelineSparseDist[In, Out]):
     """TorchRec's TrainPipelineSemiSync (torchrec.distributed.train_pipeline.train_pipelines): from batch
     `start_batch` on, the embeddings of batch i+1 are looked up on the tables before batch i updates them.
 

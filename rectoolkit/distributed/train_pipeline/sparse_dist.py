@@ -57,21 +57,23 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
-from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow, path_to, tensors_of
+from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow, path_to
+from rectoolkit.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
+from rectoolkit.distributed.train_pipeline.utils import wait_for_copy
 
 __all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
 
 ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
 
 
-class TrainPipeline:
+class TrainPipeline(Generic[In, Out]):
     """The interface: `progress(dataloader_iter)` trains on one batch and returns the model's output; it raises
     StopIteration once the batches have run out."""
 
@@ -81,12 +83,13 @@ class TrainPipeline:
     def reset(self) -> None:
         """Drop what the pipeline holds (TorchRec's: nothing here)."""
 
-    def sync_embeddings(self, model: nn.Module, interval_batches: Optional[int], context: Any = None) -> None:
+    def sync_embeddings(self, model: nn.Module, interval_batches: Optional[int],
+                        context: Optional[TrainPipelineContext] = None) -> None:
         """TorchRec syncs the replicas of its 2D-parallel DMPCollection here and does nothing for any other model;
         rectoolkit has no DMPCollection, so there is nothing to sync."""
 
 
-class TrainPipelineBase(TrainPipeline):
+class TrainPipelineBase(TrainPipeline[In, Out]):
     """TorchRec's TrainPipelineBase: batch i+1 is loaded and copied to the device (a side stream on CUDA) while
     batch i trains; nothing else overlaps. Works for any model returning `(loss, output)`.
 
@@ -150,12 +153,7 @@ class TrainPipelineBase(TrainPipeline):
 
     def _wait_for_batch(self, batch: Any) -> None:
         """On CUDA: the compute stream waits for the copy, and the copied tensors are marked as used there."""
-        if self._memcpy_stream is None:
-            return
-        current = torch.cuda.current_stream(self._device)
-        current.wait_stream(self._memcpy_stream)
-        for tensor in tensors_of(batch):
-            tensor.record_stream(current)
+        wait_for_copy(batch, self._memcpy_stream, self._device)
 
     # ------------------------------------------------------------------ one step
     def _train_step(self, batch: Any, after_forward: Callable[[], None] = lambda: None) -> Any:
@@ -190,7 +188,7 @@ class TrainPipelineBase(TrainPipeline):
         self._dataloader_iter, self._exhausted = None, False
 
 
-class TrainPipelineSparseDist(TrainPipelineBase):
+class TrainPipelineSparseDist(TrainPipelineBase[In, Out]):
     """TorchRec's TrainPipelineSparseDist: the input_dist of batch i+1 runs while batch i trains.
 
     Args (TorchRec's):
@@ -208,7 +206,9 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         background_input_dist (rectoolkit's): True (default): the next batches' input_dist work (split, route,
             start the all-to-alls) runs on a thread of the pipeline's own while this batch trains; False: on the
             calling thread, before this batch's forward. The numbers are the same either way.
-    apply_jit, context_type, pipeline_postproc, enqueue_batch_after_forward, enable_inplace_copy_batch,
+    context_type: TorchRec's default, TrainPipelineContext (or None), only: rectoolkit's pipeline keeps its own
+    record of a batch in flight, so a context class of another type would never be used (NotImplementedError).
+    apply_jit, pipeline_postproc, enqueue_batch_after_forward, enable_inplace_copy_batch,
     free_features_storage_early and clear_data_dist_inputs are accepted at their defaults only (a
     NotImplementedError otherwise).
 
@@ -216,13 +216,18 @@ class TrainPipelineSparseDist(TrainPipelineBase):
     """
 
     def __init__(self, model: nn.Module, optimizer: Any, device: torch.device, execute_all_batches: bool = True,
-                 apply_jit: bool = False, context_type: Any = None, pipeline_postproc: bool = False,
+                 apply_jit: bool = False, context_type: Optional[type] = TrainPipelineContext,
+                 pipeline_postproc: bool = False,
                  custom_model_fwd: Optional[ModelForward] = None,
                  dmp_collection_sync_interval_batches: Optional[int] = 1, enqueue_batch_after_forward: bool = False,
                  enable_inplace_copy_batch: bool = False, free_features_storage_early: bool = False,
                  clear_data_dist_inputs: bool = False, background_input_dist: bool = True) -> None:
         _refuse("apply_jit", apply_jit, False, "the model runs eagerly")
-        _refuse("context_type", context_type, None, "rectoolkit's pipeline keeps no context objects")
+        if context_type not in (TrainPipelineContext, None):
+            raise NotImplementedError(
+                f"train pipeline: context_type={getattr(context_type, '__name__', context_type)} is not supported "
+                "(rectoolkit's pipeline keeps its own record of a batch in flight, not context objects); leave it at "
+                "TrainPipelineContext")
         _refuse("pipeline_postproc", pipeline_postproc, False, "only sharded collections' input_dist is pipelined")
         _refuse("enqueue_batch_after_forward", enqueue_batch_after_forward, False,
                 "the next batch is loaded before the forward")
@@ -407,7 +412,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
                 ahead.wait()
 
 
-class EvalPipelineSparseDist(TrainPipelineSparseDist):
+class EvalPipelineSparseDist(TrainPipelineSparseDist[In, Out]):
     """TorchRec's EvalPipelineSparseDist: the same pipeline for evaluation. Each `progress()` runs the forward of
     batch i (the model returns `(loss, output)`; `output` is returned) while the input_dist of the next batches
     runs ahead; no backward, no optimizer step, every batch evaluated (execute_all_batches), StopIteration at the

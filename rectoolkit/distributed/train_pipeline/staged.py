@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 
-from rectoolkit.distributed.train_pipeline.pipeline_stage import PipelineStage, is_cuda_stream
+from rectoolkit.distributed.train_pipeline.pipeline_context import In
+from rectoolkit.distributed.train_pipeline.pipeline_stage import PipelineStage, StageOut, is_cuda_stream
 from rectoolkit.distributed.train_pipeline.sparse_dist import TrainPipeline
 
 __all__ = ["StagedTrainPipeline"]
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 StageOutput = Tuple[Any, Optional[Any]]  # (what the stage returned, the CUDA event after it, or None)
 
 
-class StagedTrainPipeline(TrainPipeline):
+class StagedTrainPipeline(TrainPipeline[In, Optional[StageOut]]):
     """TorchRec's StagedTrainPipeline: the stages of successive batches run together; `progress()` returns the
     last stage's output for the oldest batch (None once every batch has come out).
 

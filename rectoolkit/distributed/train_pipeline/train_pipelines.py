@@ -1,7 +1,8 @@
 """TorchRec's path torchrec.distributed.train_pipeline.train_pipelines: the pipelines, re-exported from the
-modules that hold them (sparse_dist, semi_sync, fused, staged)."""
+modules that hold them (sparse_dist, semi_sync, fused, staged, pt2)."""
 
 from rectoolkit.distributed.train_pipeline.fused import PrefetchTrainPipelineSparseDist, TrainPipelineFusedSparseDist
+from rectoolkit.distributed.train_pipeline.pt2 import TorchCompileConfig, TrainPipelinePT2
 from rectoolkit.distributed.train_pipeline.semi_sync import TrainPipelineSemiSync
 from rectoolkit.distributed.train_pipeline.staged import StagedTrainPipeline
 from rectoolkit.distributed.train_pipeline.sparse_dist import (
@@ -11,5 +12,6 @@ from rectoolkit.distributed.train_pipeline.sparse_dist import (
     TrainPipelineSparseDist,
 )
 
-__all__ = ["EvalPipelineSparseDist", "PrefetchTrainPipelineSparseDist", "StagedTrainPipeline", "TrainPipeline",
-           "TrainPipelineBase", "TrainPipelineFusedSparseDist", "TrainPipelineSemiSync", "TrainPipelineSparseDist"]
+__all__ = ["EvalPipelineSparseDist", "PrefetchTrainPipelineSparseDist", "StagedTrainPipeline", "TorchCompileConfig",
+           "TrainPipeline", "TrainPipelineBase", "TrainPipelineFusedSparseDist", "TrainPipelinePT2",
+           "TrainPipelineSemiSync", "TrainPipelineSparseDist"]
