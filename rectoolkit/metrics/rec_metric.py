@@ -44,6 +44,11 @@ RecModelOutput = Union[torch.Tensor, Dict[str, torch.Tensor]]
 _PASSED_BY_TORCHREC = ("enable_pt2_compile", "should_clone_update_inputs", "batch_size_stages")
 
 
+# The keywords update() passes on beside predictions, labels and weights: every metric gets them all (one
+# RecMetricModule.update feeds every metric) and reads its own; any other keyword is a mistake and refused.
+UPDATE_KEYWORDS = frozenset({"required_inputs", "num_candidates"})
+
+
 class RecMetricException(Exception):
     """A metric was fed or configured wrongly (TorchRec's exception type)."""
 
@@ -230,8 +235,12 @@ class RecMetric(nn.Module):
                **kwargs: Any) -> None:
         """Fold one batch in; weights None means 1 for every sample. As in TorchRec, the other keywords
         (`required_inputs={name: tensor}`, `num_candidates=...`) reach every metric, and a metric reads only its
-        own (one RecMetricModule.update feeds them all)."""
+        own (one RecMetricModule.update feeds them all); a keyword no metric reads (a misspelling) is refused."""
         kwargs.pop("_log_tensors", None)  # TorchRec's RecMetricList passes it; it only logs
+        unknown = sorted(set(kwargs) - UPDATE_KEYWORDS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.update got unexpected keywords {unknown}: the metrics read "
+                            f"{sorted(UPDATE_KEYWORDS)} besides predictions, labels and weights")
         if self._synced_states is not None:
             raise RecMetricException(f"{type(self).__name__}.update: the metric is synced; call unsync() before "
                                      "feeding more batches")

@@ -333,6 +333,10 @@ def test_missing_or_wrong_required_inputs_are_refused_by_name():
         ndcg.update(**batch, required_inputs={"query_id": session_ids[:7]})
     with pytest.raises(ValueError, match=r"has shape \(2, 8\) .*with equal rows"):
         ndcg.update(**batch, required_inputs={"query_id": torch.stack([session_ids, session_ids + 1])})
+    with pytest.raises(TypeError, match=r"unexpected keywords \['num_candidate'\]"):  # misspelt: not ignored
+        gauc.update(**batch, num_candidate=torch.tensor([4, 4]))
+    with pytest.raises(TypeError, match=r"unexpected keywords \['required_input'\]"):
+        RecMetricList([ndcg]).update(**batch, required_input={"query_id": session_ids})
     for k in (0, -2, 1.5):
         with pytest.raises(ValueError, match=rf"k={k} must be a positive int"):
             make("rectoolkit", "NDCGMetric", "FUSED_TASKS_COMPUTATION", k=k)
