@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import sys
 
 import torch
-import torch.distributed as dist
 
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv
@@ -60,47 +56,30 @@ def batch(rank: int, weighted: bool):
     return rtk.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths, weights=weights)
 
 
-def finish_worker() -> None:
-    """Wait for the peer, tear gloo down, and exit without interpreter teardown (where gloo threads can abort)."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def sharded_inference_worker(rank: int, world_size: int, init_file: str, result_file: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        results = []
-        env = ShardingEnv.from_process_group()
-        for dtype in (torch.int8, torch.quint4x2, "mixed"):
-            for weighted in (False, True):
-                torch.manual_seed(0)
-                ebc = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
-                qebc = quantize(QuantEmbeddingBagCollection, ebc, dtype, MIXED_BAGS)
-                # the expected answer: a float collection holding the dequantized tables (column-wise shards keep
-                # each row's scale and bias, so they dequantize to the very columns of the whole rows)
-                deq = {t.name: dequantize_rowwise(qebc.embedding_bags[t.name].weight, t.data_type, t.embedding_dim)
-                       for t in qebc.embedding_bag_configs()}
-                expected_module = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
-                expected_module.load_state_dict({f"embedding_bags.{k}.weight": v for k, v in deq.items()})
-                sharded = shard_quant_embedding_bag_collection(qebc, plan(world_size), env)
-                local = sharded(batch(rank, weighted)).values()
-                mine = expected_module(batch(rank, weighted)).values()
-                unsharded = qebc(batch(rank, weighted)).values()
-                results.append({"rank": rank, "dtype": str(dtype), "weighted": weighted,
-                                "max_diff": float((local - mine).detach().abs().max()),
-                                "max_diff_vs_unsharded": float((local - unsharded).detach().abs().max()),
-                                "quantized_bytes": sharded.quantized_bytes})
-        with open(f"{result_file}.{rank}", "w") as f:
-            json.dump(results, f)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    finish_worker()
+def sharded_inference_worker(rank: int, world_size: int, result_file: str) -> None:
+    results = []
+    env = ShardingEnv.from_process_group()
+    for dtype in (torch.int8, torch.quint4x2, "mixed"):
+        for weighted in (False, True):
+            torch.manual_seed(0)
+            ebc = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
+            qebc = quantize(QuantEmbeddingBagCollection, ebc, dtype, MIXED_BAGS)
+            # the expected answer: a float collection holding the dequantized tables (column-wise shards keep
+            # each row's scale and bias, so they dequantize to the very columns of the whole rows)
+            deq = {t.name: dequantize_rowwise(qebc.embedding_bags[t.name].weight, t.data_type, t.embedding_dim)
+                   for t in qebc.embedding_bag_configs()}
+            expected_module = rtk.EmbeddingBagCollection(tables(), is_weighted=weighted)
+            expected_module.load_state_dict({f"embedding_bags.{k}.weight": v for k, v in deq.items()})
+            sharded = shard_quant_embedding_bag_collection(qebc, plan(world_size), env)
+            local = sharded(batch(rank, weighted)).values()
+            mine = expected_module(batch(rank, weighted)).values()
+            unsharded = qebc(batch(rank, weighted)).values()
+            results.append({"rank": rank, "dtype": str(dtype), "weighted": weighted,
+                            "max_diff": float((local - mine).detach().abs().max()),
+                            "max_diff_vs_unsharded": float((local - unsharded).detach().abs().max()),
+                            "quantized_bytes": sharded.quantized_bytes})
+    with open(f"{result_file}.{rank}", "w") as f:
+        json.dump(results, f)
 
 
 # ------------------------------------------------------------------------------------------------ sequences, fx

@@ -8,7 +8,6 @@ import os
 import sys
 
 import pytest
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "distributed"))
@@ -20,8 +19,7 @@ from quant_dist_workers import sharded_inference_worker, sharded_quant_ec_worker
 @pytest.mark.timeout(180)
 def test_sharded_quantized_ebc_equals_unsharded(tmp_path):
     result_file = str(tmp_path / "results")
-    mp.start_processes(sharded_inference_worker, args=(2, str(tmp_path / "rendezvous"), result_file), nprocs=2,
-                       join=True, start_method="spawn")
+    run_workers(sharded_inference_worker, 2, result_file)
     rows = [r for rank in range(2) for r in json.load(open(f"{result_file}.{rank}"))]
     assert len(rows) == 12
     for row in rows:
