@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -35,7 +36,7 @@ CANDIDATE_INSTANCE = 4096  # tables x ranks up to which one search per sharding 
 CANDIDATE_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                    ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL)
 _TORCHREC_ONLY_ARGS = ("enumerator", "storage_reservation", "proposer", "partitioner", "performance_model",
-                       "callbacks", "timeout_seconds", "heuristical_storage_reservation_percentage")
+                       "callbacks", "heuristical_storage_reservation_percentage")
 
 
 class PlannerError(ValueError):
@@ -75,6 +76,7 @@ class PlanningResult:
     candidates: List[CandidatePlan] = field(default_factory=list)  # cheapest estimate first; the chosen is marked
     chosen: str = "search"  # the label of the candidate returned
     measurements: Any = None  # measure_top_k's DataFrame (rectoolkit.planner.measure), when it ran
+    timed_out: bool = False  # timeout_seconds ran out: the search stopped early (see EmbeddingShardingPlanner)
 
 
 @contextlib.contextmanager
@@ -114,8 +116,12 @@ class EmbeddingShardingPlanner:
             FixedPercentage / FixedAbsolute / HeuristicalStorageReservation); default none (TorchRec's default
             planner keeps 15% of HBM: pass HeuristicalStorageReservation(0.15) for its plans near capacity).
             heuristical_storage_reservation_percentage=p is HeuristicalStorageReservation(p).
-        TorchRec's other planner components (enumerator, proposer, partitioner, performance_model, callbacks,
-        timeout_seconds) are refused with NotImplementedError unless None: this planner has its own.
+        timeout_seconds: as TorchRec's, a time limit (seconds > 0) on the search: once it runs out, plan() stops
+            improving (no more local-search rounds, restarts or whole-plan candidates) and returns the best plan so
+            far; the first greedy placement always completes. `planner.last.timed_out` says whether it ran out
+            (and it is logged, logger "rectoolkit.planner"). measure_top_k's runs are not bounded by it.
+        TorchRec's other planner components (enumerator, proposer, partitioner, performance_model, callbacks)
+        are refused with NotImplementedError unless None: this planner has its own.
 
     With a calibration profile on the topology (Topology.calibrate(), or Topology(profile=path)) and the "time"
     objective, the search runs once freely and once per sharding type (each table limited to that type where it
@@ -129,7 +135,8 @@ class EmbeddingShardingPlanner:
                  constraints: Optional[Mapping[str, ParameterConstraints]] = None, *, objective: str = "time",
                  optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD, stats: Optional[WorkloadStats] = None,
                  dense_bytes_per_rank: Optional[float] = None, local_search: bool = True, debug: bool = False,
-                 measure_top_k: int = 0, measure_steps: int = 10, **torchrec_args: Any) -> None:
+                 measure_top_k: int = 0, measure_steps: int = 10, timeout_seconds: Optional[float] = None,
+                 **torchrec_args: Any) -> None:
         unknown = set(torchrec_args) - set(_TORCHREC_ONLY_ARGS)
         if unknown:
             raise TypeError(f"EmbeddingShardingPlanner got unexpected arguments {sorted(unknown)}")
@@ -164,6 +171,11 @@ class EmbeddingShardingPlanner:
             raise ValueError(f"measure_top_k measures step time; it needs objective='time', not {objective!r}")
         self.measure_top_k = measure_top_k
         self.measure_steps = measure_steps
+        if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or
+                                            not isinstance(timeout_seconds, (int, float)) or not timeout_seconds > 0):
+            raise ValueError(f"timeout_seconds must be a number of seconds > 0 (or None: no limit), got "
+                             f"{timeout_seconds!r}")
+        self.timeout_seconds = timeout_seconds
         self.last: Optional[PlanningResult] = None
 
     # ---- planning ---------------------------------------------------------------------------------------
@@ -192,6 +204,7 @@ class EmbeddingShardingPlanner:
             self.topology, self.dense_bytes_per_rank = saved
 
     def _plan(self, module: Any, sharders: Optional[Sequence[Any]]) -> ShardingPlan:
+        deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
         tables = at_wrapper_paths(collect_tables(module, self.batch_size, self.constraints, self.stats), module, sharders)
         if sharders is not None:
             tables = apply_sharders(tables, sharders, self.topology.compute_device)
@@ -213,14 +226,18 @@ class EmbeddingShardingPlanner:
         hbm_base = dense if self.topology.uses_hbm else 0.0
         ddr_base = 0.0 if self.topology.uses_hbm else dense
         allowed = [t.constraints.ranks if t.constraints is not None else None for t in tables]
-        searcher = Searcher(self.topology, options, self.objective, hbm_base, ddr_base, allowed, fill)
+        searcher = Searcher(self.topology, options, self.objective, hbm_base, ddr_base, allowed, fill, deadline)
         assignments, unplaced, state = searcher.run(local_search=self.local_search)
         if unplaced:
             raise _no_fit_error(tables, options, unplaced, assignments, searcher, self)
         plan = build_plan(tables, assignments, self.topology)
         result = PlanningResult(tables, options, assignments, state, searcher, cost_model, plan, self.objective)
         if self.objective == "time" and (self.topology.profile is not None or self.measure_top_k):
-            result = self._choose_candidate(result, hbm_base, ddr_base, allowed, fill)
+            result = self._choose_candidate(result, hbm_base, ddr_base, allowed, fill, deadline)
+        result.timed_out = searcher.timed_out or (deadline is not None and time.monotonic() > deadline)
+        if result.timed_out:
+            _LOG.info("planning exceeded timeout_seconds=%s: returned the best plan found by then",
+                      self.timeout_seconds)
         self.last = result
         if self.debug:
             _LOG.info("%s", self.explain())
@@ -228,15 +245,19 @@ class EmbeddingShardingPlanner:
             printer.log_plan(self)
         return result.plan
 
-    def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill) -> PlanningResult:
+    def _choose_candidate(self, result: PlanningResult, hbm_base: float, ddr_base: float, allowed, fill,
+                          deadline: Optional[float] = None) -> PlanningResult:
         """Price whole candidate plans by the step estimate (and run the best measure_top_k); keep the fastest."""
         found = {"search": (result.assignments, result.state, result.searcher)}
         if len(result.tables) * self.topology.world_size <= CANDIDATE_INSTANCE or self.measure_top_k:
             for kind in CANDIDATE_TYPES:
+                if deadline is not None and time.monotonic() > deadline:
+                    break  # timeout_seconds: the candidates searched so far are priced
                 limited = [[o for o in opts if o.sharding_type == kind] or list(opts) for opts in result.options]
                 if all(len(a) == len(b) for a, b in zip(limited, result.options)):
                     continue  # no table allows this type alone, or every table already has only it
-                searcher = Searcher(self.topology, limited, self.objective, hbm_base, ddr_base, allowed, fill)
+                searcher = Searcher(self.topology, limited, self.objective, hbm_base, ddr_base, allowed, fill,
+                                    deadline)
                 assignments, unplaced, state = searcher.run(local_search=self.local_search)
                 if not unplaced:
                     found[f"{kind.value} where allowed"] = (assignments, state, searcher)

@@ -188,6 +188,8 @@ def explain_step(result: PlanningResult) -> str:
             measured = f", measured {c.measured_step_ms:.3f} ms" if c.measured_step_ms is not None else ""
             mark = "  <- chosen" if c.label == result.chosen else ""
             lines.append(f"  {c.label}: {c.estimated_step_ms:.3f} ms{measured}{mark}")
+    if result.timed_out:
+        lines.append("The search ran out of timeout_seconds and stopped early: this is the best plan found by then.")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ moved per step; placement then by time). Deterministic: no randomness, ties go t
 
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,8 +43,11 @@ class Searcher:
 
     def __init__(self, topology: Topology, options: Sequence[Sequence[ShardingOption]], objective: str = "time",
                  hbm_base: float = 0.0, ddr_base: float = 0.0,
-                 allowed_ranks: Optional[Sequence[Optional[Sequence[int]]]] = None, fill=None) -> None:
-        """fill(list of options) attaches costs (CostModel.fill_many); needed when options come without them."""
+                 allowed_ranks: Optional[Sequence[Optional[Sequence[int]]]] = None, fill=None,
+                 deadline: Optional[float] = None) -> None:
+        """fill(list of options) attaches costs (CostModel.fill_many); needed when options come without them.
+        deadline (time.monotonic()): past it, no more local-search rounds or restarts (`timed_out` says so); the
+        greedy placement always completes, so a plan always comes back."""
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
         self.topology = topology
@@ -53,6 +57,8 @@ class Searcher:
         self.W, self.L, self.H = topology.world_size, topology.local_world_size, topology.num_hosts
         self.allowed_ranks = list(allowed_ranks) if allowed_ranks is not None else [None] * len(options)
         self.fill = fill
+        self.deadline = deadline
+        self.timed_out = False
         self._by_total_time_cache: Dict[int, List[ShardingOption]] = {}  # table -> options, cheapest total first
         self._masks = []
         for allowed in self.allowed_ranks:
@@ -239,6 +245,8 @@ class Searcher:
             max_rounds = min(50 + 2 * len(assignments), 400)
         loads = TableLoads(state, assignments, len(self.options))
         for _ in range(max_rounds):
+            if self.past_deadline():
+                break
             current = measure(state.time)
             slowest = int(np.argmax(state.time))
             on_rank = loads.tables_on(slowest, max(candidates_per_round, SWAP_CANDIDATES))
@@ -345,11 +353,19 @@ class Searcher:
         if not local_search or self.objective != "time":
             return assignments, unplaced, state
         for order, bound in self._restarts():
+            if self.past_deadline():
+                break
             other = self._run_once(local_search, order, bound)
             if len(other[1]) < len(unplaced) or (len(other[1]) == len(unplaced) and not other[1]
                                                  and less(measure(other[2].time), measure(state.time))):
                 assignments, unplaced, state = other
         return assignments, unplaced, state
+
+    def past_deadline(self) -> bool:
+        """True (and `timed_out` set) once the planner's timeout_seconds has run out."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.timed_out = True
+        return self.timed_out
 
     def _restarts(self) -> List[Tuple[List[int], bool]]:
         """(order, use the bound) of the restarts worth their time at this size (tables x ranks): below

@@ -344,3 +344,51 @@ def test_row_routed_groups_pay_the_routing_cost_per_id():
     assert rw_routed - rw_plain == pytest.approx(4 * 0.02)
     assert routed.shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None) == \
         plain.shard_lookup_ms(tables[0], 100, 8, "table_wise", "fused", None)
+
+
+def _forty_tables(seed=3):
+    import random
+
+    from rectoolkit.planner.stats import WorkloadStats
+
+    rng = random.Random(seed)
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=int(10 ** rng.uniform(3, 6)),
+                                 embedding_dim=rng.choice([16, 32, 64, 128]), feature_names=[f"f{i}"]) for i in range(40)]
+    return tables, WorkloadStats({f"f{i}": rng.choice([1.0, 5.0, 20.0, 50.0]) for i in range(40)})
+
+
+@pytest.mark.parametrize("profile", [None, PROFILE], ids=["no profile", "profile"])
+def test_timeout_seconds_stops_the_search_at_the_greedy_plan_and_says_so(profile, caplog):
+    import logging
+
+    from rectoolkit.planner.planner import EmbeddingShardingPlanner
+
+    tables, stats = _forty_tables()
+    topo = Topology(world_size=8, local_world_size=4, compute_device="cuda", batch_size=512, profile=profile)
+
+    def planned(**kwargs):
+        planner = EmbeddingShardingPlanner(topo, stats=stats, **kwargs)
+        return planner, repr(planner.plan(tables).plan)
+
+    full, full_plan = planned()
+    greedy, greedy_plan = planned(local_search=False)
+    if greedy.last.candidates:  # with a profile: the greedy search's own plan, before whole plans are compared
+        greedy_plan = repr(next(c.plan for c in greedy.last.candidates if c.label == "search").plan)
+    assert full_plan != greedy_plan  # the local search (and the candidates) improve on this instance
+    with caplog.at_level(logging.INFO, logger="rectoolkit.planner"):
+        limited, limited_plan = planned(timeout_seconds=1e-9)  # runs out before the first local-search round
+    assert limited.last.timed_out and not full.last.timed_out
+    assert limited_plan == greedy_plan and not limited.last.candidates  # no restarts, rounds or candidate searches
+    assert "exceeded timeout_seconds=1e-09" in caplog.text and "ran out of timeout_seconds" in limited.explain()
+    roomy, roomy_plan = planned(timeout_seconds=3600)
+    assert roomy_plan == full_plan and not roomy.last.timed_out
+    if profile is not None:
+        assert len(full.last.candidates) > 1  # with a profile, whole plans are compared: skipped when out of time
+
+
+@pytest.mark.parametrize("bad", [0, -1.5, "10", True, float("nan")])
+def test_timeout_seconds_must_be_positive_seconds(bad):
+    from rectoolkit.planner.planner import EmbeddingShardingPlanner
+
+    with pytest.raises(ValueError, match=rf"timeout_seconds must be a number of seconds > 0.*got {bad!r}"):
+        EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu"), timeout_seconds=bad)
