@@ -1,4 +1,5 @@
-"""One rank of the kill-during-save test (run as a script by test_checkpoint_faults.py, one process per rank).
+"""One rank of the kill-during-save test (test_checkpoint_faults.py starts one process per rank at `logged_main`,
+forked from the test harness's forkserver; by hand, as a script):
 
     python ckpt_kill_worker.py RANK WORLD_SIZE INIT_FILE CHECKPOINT_DIR KILL_AT OUT_FILE
 
@@ -89,6 +90,14 @@ def main(rank: int, world_size: int, init_file: str, checkpoint_dir: str, kill_a
         with open(out_file, "w") as f:
             json.dump(counts, f)
     finish_worker()
+
+
+def logged_main(log_file: str, *args) -> None:
+    """main(*args) with this process's stdout and stderr (Python's and the C library's) going to log_file."""
+    with open(log_file, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    main(*args)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import multiprocessing
 import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,11 +30,10 @@ from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
 from dist_fault_workers import corrupted_rank_file_worker, failing_load_worker, failing_save_worker
+from ckpt_kill_worker import logged_main
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
 
-WORKER = Path(__file__).with_name("ckpt_kill_worker.py")
-REPO = Path(rectoolkit.__file__).resolve().parents[1]
 
 
 def local_model(seed: int, kind: str = "row_wise", model: torch.nn.Module = None):
@@ -59,33 +56,29 @@ def states_equal(a, b) -> bool:
 
 # ------------------------------------------------------------------------------------------------ kill -9 during save
 def run_ranks(case_dir: Path, checkpoint_dir: Path, kill_at: dict, timeout_s: float):
-    """Start one process per rank; kill_at[rank]: 0 count, n > 0 SIGKILL at traced line n, -1 untraced.
-    Returns (return codes, line counts). When a victim dies, the other ranks are killed too, as a launcher would."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    """Start one process per rank (forked from the harness's forkserver: torch and rectoolkit already imported);
+    kill_at[rank]: 0 count, n > 0 SIGKILL at traced line n, -1 untraced. Returns (return codes, line counts).
+    When a victim dies, the other ranks are killed too, as a launcher would."""
     init_file = case_dir / "rendezvous"
-    procs, logs = [], []
-    for rank in range(2):
-        log = open(case_dir / f"rank{rank}.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(init_file), str(checkpoint_dir), str(kill_at[rank]),
-             str(case_dir / f"count{rank}")], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    context = multiprocessing.get_context("forkserver")
+    procs = [context.Process(target=logged_main, args=(str(case_dir / f"rank{rank}.log"), rank, 2, str(init_file),
+                                                       str(checkpoint_dir), kill_at[rank], str(case_dir / f"count{rank}")))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
     try:
         victims = [r for r in range(2) if kill_at[r] > 0]
         for rank in victims or range(2):
-            procs[rank].wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"ranks did not finish within {timeout_s} s; logs in {case_dir}:\n"
-                    + "\n".join((case_dir / f"rank{r}.log").read_text()[-2000:] for r in range(2)))
+            procs[rank].join(timeout=timeout_s)
+            if procs[rank].exitcode is None:
+                pytest.fail(f"ranks did not finish within {timeout_s} s; logs in {case_dir}:\n"
+                            + "\n".join((case_dir / f"rank{r}.log").read_text()[-2000:] for r in range(2)))
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        for log in logs:
-            log.close()
-    codes = [p.returncode for p in procs]
+            if p.exitcode is None:
+                p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
     counts = [json.loads((case_dir / f"count{r}").read_text()) if (case_dir / f"count{r}").exists() else None
               for r in range(2)]
     return codes, counts
