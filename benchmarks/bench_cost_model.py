@@ -46,7 +46,7 @@ from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, Sha
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
 from rectoolkit.planner.cost import CostModel, step_at_load
 from rectoolkit.planner.enumerate import row_blocks
-from rectoolkit.planner.measure import estimate_plan
+from rectoolkit.planner.measure import estimate_plan, probe_factors
 from rectoolkit.planner.profile import CalibrationProfile
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import collect_tables
@@ -249,6 +249,8 @@ def summarize(frame) -> Dict[str, Any]:
         now = frame.est_now_ms.to_numpy(float)
         out["median_abs_error_now"] = float(np.median(np.abs(measured / now - 1)))
         out["median_abs_error_now_core"] = float(np.median(np.abs(measured[core] / now[core] - 1)))
+        out["spearman_now_all"] = spearman(now, measured)
+        out["spearman_now_core"] = spearman(now[core], measured[core])
         during = frame.est_during_ms.to_numpy(float)
         out["median_abs_error_during"] = float(np.median(np.abs(measured / during - 1)))
     return out
@@ -273,6 +275,8 @@ def run(args) -> List[Dict[str, Any]]:
                            load_after=result.info["load_average_after"][0],
                            load_factor=result.info["load_probe_before"]["factor"],
                            load_factor_during=result.info["load_probe_during"]["factor"],
+                           load_factor_alone=probe_factors(result.info["load_probe_before"])[1],
+                           load_factor_alone_during=probe_factors(result.info["load_probe_during"])[1],
                            bytes_exact=bool(result.plans.bytes_exact.all()),
                            memory_exact=bool(result.plans.memory_exact.all()), missing=missing)
             print(f"\n{name} repeat {repeat}: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
@@ -296,17 +300,17 @@ def report(runs: List[Dict[str, Any]]) -> str:
         f"rectoolkit.planner.measure_plans: {first['warmup']} warm-up steps, {first['rounds']} alternating rounds of "
         f"{first['steps']} timed steps per plan "
         f"(measured = median of the slowest rank's wall time per step; estimated = the cost model's step "
-        f"estimate, est_step_ms, on a quiet machine; 'now' = est_now_ms, the same times the load factor the run probed "
+        f"estimate, est_step_ms, on a quiet machine; 'now' = est_now_ms, the same at the load the run probed "
         f"before its first timed step, rectoolkit.planner.load; 'during' = the same with the load probed between the "
         f"plans' blocks, which tells a wrong model from a load that moved). Topology calibrated afresh for each repeat (Topology.calibrate). torch {torch.__version__}, "
         f"{platform.machine()}, {os.cpu_count()} cores. 'core' = without data_parallel and rank0; 'vs CPU ms', "
         f"'CPU/est' = the same figures against the busiest rank's process CPU time per step, which machine load "
         f"inflates less than wall time; 'exact' = bytes and memory measured == estimated on every rank of every plan.",
         "",
-        "| workload | repeat | load avg | load factor before / during | Spearman all | Spearman core "
-        "| median \\|meas/now - 1\\| (core) | median \\|meas/during - 1\\| | median \\|meas/est - 1\\| | fit a (ms) | fit b | R^2 | fastest plan | planner / fastest "
+        "| workload | repeat | load avg | load factor before / during (one rank working) | Spearman all | Spearman core "
+        "| Spearman all / core at now | median \\|meas/now - 1\\| (core) | median \\|meas/during - 1\\| | median \\|meas/est - 1\\| | fit a (ms) | fit b | R^2 | fastest plan | planner / fastest "
         "| planner / TorchRec | Spearman all / core vs CPU ms | median \\|CPU/est - 1\\| | bytes, memory exact |",
-        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+        "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
         "| --- |",
     ]
     for run_ in runs:
@@ -314,11 +318,14 @@ def report(runs: List[Dict[str, Any]]) -> str:
         torchrec = f"{s['planner_vs_torchrec']:.2f}x" if "planner_vs_torchrec" in s else s["missing"].get("torchrec", "-")
         exact = "yes" if s["bytes_exact"] and s["memory_exact"] else f"bytes {s['bytes_exact']}, memory {s['memory_exact']}"
         factor = f"{s['load_factor']:.2f} / {s['load_factor_during']:.2f}" if "load_factor" in s else "-"
+        if "load_factor_alone" in s:
+            factor += f" ({s['load_factor_alone']:.2f} / {s['load_factor_alone_during']:.2f} alone)"
+        at_now = (f"{s['spearman_now_all']:.2f} / {s['spearman_now_core']:.2f}" if "spearman_now_all" in s else "-")
         now = (f"{100 * s['median_abs_error_now']:.0f}% ({100 * s['median_abs_error_now_core']:.0f}%)"
                if "median_abs_error_now" in s else "-")
         during = f"{100 * s['median_abs_error_during']:.0f}%" if "median_abs_error_during" in s else "-"
         lines.append(f"| {s['workload']} | {s['repeat']} | {s['load_before']:.1f} -> {s['load_after']:.1f} "
-                     f"| {factor} | {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {now} | {during} "
+                     f"| {factor} | {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {at_now} | {now} | {during} "
                      f"| {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
@@ -426,7 +433,7 @@ def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
             share = float(estimate["est_load_share"][0]) if "est_load_share" in estimate else 1.0
             for when, column in (("before", "est_now_ms"), ("during", "est_during_ms")):
                 if f"load_probe_{when}" in info and column in row:
-                    row[column] = step_at_load(quiet, share, info[f"load_probe_{when}"]["factor"])
+                    row[column] = step_at_load(quiet, share, *probe_factors(info[f"load_probe_{when}"]))
         summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
         run_["summary"] = {**run_["summary"], **summary}
     return runs
@@ -443,6 +450,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--name", default="cost_model",
+                        help="write benchmarks/results/NAME.md and NAME_raw.json (default cost_model)")
     parser.add_argument("--reestimate", type=Path, metavar="RAW_JSON",
                         help="run nothing: recompute the estimates of a raw file's plans with the current cost model "
                              "and print the comparison against its measurements (the planner's plan stays the "
@@ -462,8 +471,8 @@ def main() -> None:
     if not args.no_write:
         results = HERE / "results"
         results.mkdir(exist_ok=True)
-        (results / "cost_model.md").write_text("# bench_cost_model\n\n" + table + "\n")
-        (results / "cost_model_raw.json").write_text(json.dumps({"runs": runs}, default=str))
+        (results / f"{args.name}.md").write_text("# bench_cost_model\n\n" + table + "\n")
+        (results / f"{args.name}_raw.json").write_text(json.dumps({"runs": runs}, default=str))
 
 
 if __name__ == "__main__":

@@ -140,19 +140,23 @@ class GroupTime:
                 + self.comm_bwd_ms)
 
 
-def step_at_load(quiet_ms: float, load_share: float, load_factor: float) -> float:
-    """A step's time at a machine load: quiet_ms x (1 + (load_factor - 1) x load_share).
+def step_at_load(quiet_ms: float, load_share: float, load_factor: float, load_factor_alone: float = 1.0) -> float:
+    """A step's time at a machine load: quiet_ms x (load_factor_alone + (load_factor - load_factor_alone) x load_share).
 
-    `load_factor` is the load probe's (rectoolkit.planner.load): how much longer a step takes now whose local ranks
-    are all busy. `load_share` (StepTime.load_share) is how much of that a plan gets: the other local ranks' busy
-    share beside its busiest rank. Other work slows a rank by competing for the cores; the less its peers on the host
-    keep busy, the more of a core is left for it (under one busy loop on the 2-core machine, the plan with every table
-    on rank 0 ran 1.4-1.5x its quiet estimate where the balanced plans ran 2.0-2.2x).
+    `load_factor` and `load_factor_alone` are the load probe's (rectoolkit.planner.load): how much longer a step takes
+    now whose local ranks are all busy, and one whose rank 0 works while the others only wait in the collectives.
+    `load_share` (StepTime.load_share) places a plan between the two: the other local ranks' busy share beside its
+    busiest rank. Other work slows a rank by competing for the cores; the less its peers on the host keep busy, the
+    more of a core is left for it (under one busy loop on the 2-core machine the probe's factors were 2.1 and
+    1.2-1.3; the plan with every table on rank 0 ran 1.4-1.5x its quiet estimate where the balanced plans ran
+    2.0-2.2x). With load_factor_alone 1.0 (a Topology given only load_factor) a plan with idle peers is priced quiet.
 
-        >>> step_at_load(10.0, 1.0, 2.0), step_at_load(10.0, 0.25, 2.0), step_at_load(10.0, 0.25, 1.0)
-        (20.0, 12.5, 10.0)
+        >>> step_at_load(10.0, 1.0, 2.0), step_at_load(10.0, 0.25, 2.0), step_at_load(10.0, 0.25, 2.0, 1.2)
+        (20.0, 12.5, 14.0)
+        >>> step_at_load(10.0, 0.0, 2.0, 1.2), step_at_load(10.0, 0.25, 1.0)
+        (12.0, 10.0)
     """
-    return quiet_ms * (1.0 + (load_factor - 1.0) * load_share)
+    return quiet_ms * (load_factor_alone + (load_factor - load_factor_alone) * load_share)
 
 
 @dataclass
@@ -164,6 +168,7 @@ class StepTime:
     groups: List[GroupTime]
     load_factor: float = 1.0  # Topology.load_factor: the machine's current slowdown from other work
     load_share: float = 1.0  # of the load factor, the share this plan gets (step_at_load; CostModel.load_share)
+    load_factor_alone: float = 1.0  # Topology.load_factor_alone: the slowdown when the other ranks only wait
 
     @property
     def quiet_ms(self) -> float:
@@ -172,8 +177,9 @@ class StepTime:
 
     @property
     def load_ms(self) -> float:
-        """What the machine's load adds: step_at_load(quiet_ms, load_share, load_factor) - quiet_ms."""
-        return step_at_load(self.quiet_ms, self.load_share, self.load_factor) - self.quiet_ms
+        """What the machine's load adds: step_at_load(quiet_ms, load_share, load_factor, load_factor_alone) -
+        quiet_ms."""
+        return step_at_load(self.quiet_ms, self.load_share, self.load_factor, self.load_factor_alone) - self.quiet_ms
 
     @property
     def total_ms(self) -> float:
@@ -431,6 +437,7 @@ class CostModel:
         step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
                                                for path, kind in _groups(plan)], topo.load_factor)
         step.load_share = self.load_share(fwd + bwd, step.quiet_ms)
+        step.load_factor_alone = topo.load_factor_alone
         return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
 
     def _plan_shard_costs(self, entries, tables: Sequence[PlannerTable]) -> Tuple[np.ndarray, "ShardCosts"]:

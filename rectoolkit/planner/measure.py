@@ -309,6 +309,7 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
     ctx.report(stage="warm", plans=len(runners))
     load_before = measure_load()  # before any timed step: the machine's slowdown the estimates are scaled by
     during = SyntheticStep()  # a few synthetic steps after every plan's block: the load while the plans ran
+    during_alone = SyntheticStep(alone=True)  # and as many with rank 0 working alone (LoadProbe.factor_alone)
     step_index = 0
     for round_index in range(spec.rounds):
         order = runners if round_index % 2 == 0 else runners[::-1]
@@ -323,10 +324,11 @@ def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
                 runner.phase_step(batches[step_index % len(batches)], round_index, step_index)
                 step_index += 1
             during.run(PROBE_STEPS_BETWEEN_BLOCKS)
+            during_alone.run(PROBE_STEPS_BETWEEN_BLOCKS)
         ctx.report(stage="round", round=round_index)
     return {"plans": {runner.name: {"steps": runner.steps, "phases": runner.phases, **counted[runner.name]}
                       for runner in runners},
-            "load": {"before": load_before.to_dict(), "during": during.probe().to_dict()}}
+            "load": {"before": load_before.to_dict(), "during": during.probe(alone=during_alone).to_dict()}}
 
 
 # ------------------------------------------------------------------------------------------ the caller side
@@ -405,6 +407,13 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
     return _frames(named, [result["plans"] for result in per_rank], estimates, exact, expected, info)
 
 
+def probe_factors(probe: Mapping[str, Any]) -> Tuple[float, float]:
+    """(factor, factor_alone) of a LoadProbe's dict (a probe saved before factor_alone existed: 1.0 for it, the cost
+    model's assumption then)."""
+    alone = probe.get("factor_alone")
+    return float(probe["factor"]), 1.0 if alone is None else float(alone)
+
+
 def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
     return measure_load(steps, min_seconds=min_seconds).to_dict()
 
@@ -414,8 +423,8 @@ def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float
     """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up). From
     a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
 
-        probe = probe_load(2)                                             # doctest: +SKIP
-        topology = dataclasses.replace(topology, load_factor=probe.factor)  # doctest: +SKIP
+        probe = probe_load(2)                 # doctest: +SKIP
+        topology = topology.at_load(probe)    # doctest: +SKIP
     """
     from rectoolkit.launch import launch
 
@@ -519,7 +528,7 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
         est_step = float(est["est_step_ms"][0])
         quiet = float(est["est_quiet_ms"][0]) if "est_quiet_ms" in est else est_step / info["topology"]["load_factor"]
         share = float(est["est_load_share"][0]) if "est_load_share" in est else 1.0
-        est_now, est_during = (step_at_load(quiet, share, info[f"load_probe_{when}"]["factor"])
+        est_now, est_during = (step_at_load(quiet, share, *probe_factors(info[f"load_probe_{when}"]))
                                for when in ("before", "during"))
         step_ms = float(slowest.wall_ms.median())
         plan_rows.append(dict(plan=name, est_step_ms=est_step, est_load_share=share, est_now_ms=est_now,

@@ -13,8 +13,8 @@ Columns (stable; widgets and figures read them):
   runner_up, runner_up_ms, reason - one row per table (runner-up columns are None for plans made elsewhere).
 * ``step``: the step estimate by group: module, sharding_type, fixed_ms, latency_ms, lookup_fwd_ms, comm_fwd_ms,
   lookup_bwd_ms, comm_bwd_ms, total_ms - one row per sharding-type group, a first row "per step" for the fixed
-  cost of a step and, when Topology.load_factor is above 1, a last row "machine load (xF)" for what other work
-  on the machine adds (rectoolkit.planner.cost.StepTime; the sum of total_ms is summary["step_time_ms"]).
+  cost of a step and, when Topology.load_factor or load_factor_alone is not 1, a last row "machine load (xF, xA
+  alone)" for what other work on the machine adds (rectoolkit.planner.cost.StepTime; the sum of total_ms is summary["step_time_ms"]).
 * ``candidates``: label, estimated_step_ms, measured_step_ms, chosen - the whole plans the planner priced (and
   ran, with measure_top_k); empty unless it compared candidates.
 * ``summary``: dict with step_time_ms, max_time_ms (the slowest rank's own sums), slowest_rank, total_bytes,
@@ -153,8 +153,9 @@ def step_frame(cost) -> pd.DataFrame:
     rows += [dict(module=g.module_path, sharding_type=g.sharding_type, fixed_ms=g.fixed_ms, latency_ms=g.latency_ms,
                   lookup_fwd_ms=g.lookup_fwd_ms, comm_fwd_ms=g.comm_fwd_ms, lookup_bwd_ms=g.lookup_bwd_ms,
                   comm_bwd_ms=g.comm_bwd_ms, total_ms=g.total_ms) for g in cost.step.groups]
-    if cost.step.load_factor != 1.0:
-        rows.append(dict(module="", sharding_type=f"machine load (x{cost.step.load_factor:.2f})", fixed_ms=0.0,
+    if cost.step.load_factor != 1.0 or cost.step.load_factor_alone != 1.0:
+        rows.append(dict(module="", sharding_type=f"machine load (x{cost.step.load_factor:.2f}, "
+                                                  f"x{cost.step.load_factor_alone:.2f} alone)", fixed_ms=0.0,
                          latency_ms=0.0, lookup_fwd_ms=0.0, comm_fwd_ms=0.0, lookup_bwd_ms=0.0, comm_bwd_ms=0.0,
                          total_ms=cost.step.load_ms))
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
@@ -173,8 +174,10 @@ def explain_step(result: PlanningResult) -> str:
     lines = [f"Estimated step: {cost.step_time_ms:.3f} ms = fixed per step {cost.step.step_fixed_ms:.3f} ms"
              + "".join(f" + {g.sharding_type} group {g.total_ms:.3f} ms" for g in cost.step.groups)
              + (f" + machine load {cost.step.load_ms:.3f} ms (the quiet {cost.step.quiet_ms:.3f} ms x "
-                f"(Topology.load_factor {cost.step.load_factor:.2f} - 1) x this plan's share {cost.step.load_share:.2f}: "
-                "the other local ranks' busy share)" if cost.step.load_factor != 1.0 else "")]
+                f"(A + (F - A) x S - 1), F = Topology.load_factor {cost.step.load_factor:.2f}, A = load_factor_alone "
+                f"{cost.step.load_factor_alone:.2f}, S = this plan's share {cost.step.load_share:.2f}: the other "
+                "local ranks' busy share)" if cost.step.load_factor != 1.0 or cost.step.load_factor_alone != 1.0
+                else "")]
     for g in cost.step.groups:
         lines.append(f"  {g.module_path or '(root)'} {g.sharding_type}: fixed {g.fixed_ms:.3f} + collective latency "
                      f"{g.latency_ms:.3f} + lookups {g.lookup_fwd_ms:.3f} fwd / {g.lookup_bwd_ms:.3f} bwd+update + "

@@ -55,8 +55,10 @@ class Topology:
             this many local ranks compute at once); None: every rank has its own.
         load_factor: how much longer steps take now than the ranks' work, because other work shares the cores
             (rectoolkit.planner.load; `rectoolkit.planner.probe_load(world_size).factor`); the step estimate is multiplied by it
-            (1.0: the estimate as calibrated). It moves every plan alike, so it never changes which plan is
-            fastest, only the times shown.
+            (1.0: the estimate as calibrated). It never changes which plan is fastest, only the times shown.
+        load_factor_alone: the same with one rank working and the other local ranks waiting
+            (`probe.factor_alone`); a plan whose ranks are unequally busy is priced between the two
+            (cost.step_at_load). Default 1.0: such a plan gets none of the load. `topology.at_load(probe)` sets both.
     """
 
     world_size: int
@@ -75,6 +77,7 @@ class Topology:
     profile: Union[None, str, Path, CalibrationProfile] = None
     cores_per_host: Optional[int] = None
     load_factor: float = 1.0
+    load_factor_alone: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size <= 0:
@@ -103,13 +106,31 @@ class Topology:
         self.profile = load_profile(self.profile)
         if self.cores_per_host is not None and (not isinstance(self.cores_per_host, int) or self.cores_per_host <= 0):
             raise ValueError(f"Topology: cores_per_host must be a positive int or None, got {self.cores_per_host!r}")
-        if isinstance(self.load_factor, bool) or not isinstance(self.load_factor, (int, float)) \
-                or not 0.0 < self.load_factor < float("inf"):
-            raise ValueError(f"Topology: load_factor must be a positive number (1.0: the estimate as calibrated; "
-                             f"rectoolkit.planner.probe_load measures it), got {self.load_factor!r}")
-        self.load_factor = float(self.load_factor)
+        for name in ("load_factor", "load_factor_alone"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
+                raise ValueError(f"Topology: {name} must be a positive number (1.0: the estimate as calibrated; "
+                                 f"rectoolkit.planner.probe_load measures it), got {value!r}")
+            setattr(self, name, float(value))
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")
+
+    def at_load(self, probe) -> "Topology":
+        """This topology with the load a LoadProbe measured (rectoolkit.planner.probe_load, or the probe's dict):
+        load_factor = probe.factor, load_factor_alone = probe.factor_alone (1.0 where the probe has none).
+
+            >>> from rectoolkit.planner.load import LoadProbe
+            >>> probe = LoadProbe(2.0, 8.0, 20.0, 10.0, 40, 2, (1.0, 1.0, 1.0), 2, factor_alone=1.25)
+            >>> topology = Topology(world_size=2, compute_device="cpu").at_load(probe)
+            >>> topology.load_factor, topology.load_factor_alone
+            (2.0, 1.25)
+        """
+        fields = probe if isinstance(probe, dict) else getattr(probe, "__dict__", None)
+        if not isinstance(fields, dict) or "factor" not in fields:
+            raise TypeError(f"Topology.at_load: expected a LoadProbe (rectoolkit.planner.probe_load) or its dict, got "
+                            f"{type(probe).__name__}")
+        alone = fields.get("factor_alone")
+        return replace(self, load_factor=fields["factor"], load_factor_alone=1.0 if alone is None else alone)
 
     @property
     def num_hosts(self) -> int:

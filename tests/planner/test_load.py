@@ -37,7 +37,7 @@ def test_the_load_factor_multiplies_the_step_estimate_and_shows_as_its_own_part(
     quiet_planner.plan(TABLES)
     report = busy_planner.report()
     last = report.step.iloc[-1]
-    assert last.sharding_type == "machine load (x1.50)" and last.total_ms == pytest.approx(0.5 * quiet.step_time_ms)
+    assert last.sharding_type == "machine load (x1.50, x1.00 alone)" and last.total_ms == pytest.approx(0.5 * quiet.step_time_ms)
     assert report.step.total_ms.sum() == pytest.approx(report.summary["step_time_ms"])
     assert "machine load" in busy_planner.explain() and "machine load" not in quiet_planner.explain()
     assert "machine load (x" not in " ".join(quiet_planner.report().step.sharding_type)
@@ -70,10 +70,38 @@ def test_a_plan_whose_other_rank_mostly_waits_gets_less_of_the_load():
     assert alone.step_time_ms == pytest.approx(quiet)  # no load, nothing added whatever the share
 
 
+def test_with_the_factor_alone_a_plan_whose_other_rank_waits_is_priced_between_the_two_factors():
+    """load_factor_alone is the probe's slowdown with one rank working: a plan gets it plus the share of the
+    difference its other ranks' busy share gives (cost.step_at_load)."""
+    probe = LoadProbe(factor=2.0, quiet_ms=8.0, median_ms=20.0, reference_ms=10.0, steps=40, world_size=2,
+                      load_average=(1.0, 1.0, 1.0), cores=2, factor_alone=1.3)
+    topology = Topology(world_size=2, compute_device="cpu").at_load(probe)
+    assert (topology.load_factor, topology.load_factor_alone) == (2.0, 1.3)
+    assert Topology(world_size=2, compute_device="cpu").at_load(probe.to_dict()) == topology
+    old_probe = {**probe.to_dict(), "factor_alone": None}  # a probe saved before the factor alone was measured
+    assert Topology(world_size=2, compute_device="cpu").at_load(old_probe).load_factor_alone == 1.0
+    tables = collect_tables(TABLES, 512)
+    on_rank0 = rtk.ShardingPlan({"": {t.name: rtk.ParameterSharding("table_wise", ranks=[0], shards=[
+        rtk.ShardMetadata.on_rank(0, 0, 0, t.num_embeddings, t.embedding_dim)]) for t in TABLES}})
+    cost = CostModel(topology, tables=tables).evaluate(on_rank0, tables)
+    share, quiet = cost.step.load_share, cost.step.quiet_ms
+    assert 0.0 < share < 1.0
+    assert cost.step_time_ms == pytest.approx(quiet * (1.3 + 0.7 * share))
+    assert 1.3 * quiet < cost.step_time_ms < 2.0 * quiet
+    assert cost.step.load_ms == pytest.approx(cost.step_time_ms - quiet)
+    planner = EmbeddingShardingPlanner(topology)
+    planner.plan(TABLES)
+    assert planner.report().step.iloc[-1].sharding_type == "machine load (x2.00, x1.30 alone)"
+    assert "A = load_factor_alone 1.30" in planner.explain()
+    with pytest.raises(TypeError, match="Topology.at_load: expected a LoadProbe"):
+        topology.at_load(2.0)
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, True, float("nan"), float("inf"), "2"])
-def test_a_load_factor_not_a_positive_number_is_refused(bad):
-    with pytest.raises(ValueError, match="load_factor must be a positive number.*probe_load"):
-        Topology(world_size=2, compute_device="cpu", load_factor=bad)
+@pytest.mark.parametrize("field", ["load_factor", "load_factor_alone"])
+def test_a_load_factor_not_a_positive_number_is_refused(field, bad):
+    with pytest.raises(ValueError, match=f"{field} must be a positive number.*probe_load"):
+        Topology(world_size=2, compute_device="cpu", **{field: bad})
 
 
 def test_the_probe_describes_itself():
@@ -81,6 +109,8 @@ def test_the_probe_describes_itself():
                       load_average=(3.0, 2.0, 1.0), cores=2)
     assert probe.to_dict()["factor"] == 2.0 and probe.to_dict()["load_average"] == [3.0, 2.0, 1.0]
     assert "load factor 2.00" in str(probe) and "10.0 ms wall for 5.0 ms of work" in str(probe)
+    assert "one rank working" not in str(probe)
+    assert "load factor 2.00, 1.40 with one rank working" in str(dataclasses.replace(probe, factor_alone=1.4))
 
 
 class _SlowPeer(SyntheticStep):
@@ -103,8 +133,13 @@ def _probe_with_a_slow_peer(ctx) -> dict:
     slow = _SlowPeer()
     slow.run(5)
     reference = quiet.probe().median_ms
+    one_working = SyntheticStep(alone=True)
+    one_working.run(5)
     return {"quiet": quiet.probe().to_dict(), "slow": slow.probe(reference).to_dict(),
-            "slow_alone": slow.probe().to_dict(), "reference": reference}
+            "slow_alone": slow.probe().to_dict(), "reference": reference,
+            "both": quiet.probe(alone=one_working).to_dict(),
+            "my_cpu_ms": sorted(cpu for _, cpu in quiet.rows)[2],
+            "my_cpu_ms_one_working": sorted(cpu for _, cpu in one_working.rows)[2]}
 
 
 @pytest.mark.multiprocess
@@ -116,7 +151,14 @@ def test_the_probe_prices_a_rank_that_waits_for_a_descheduled_peer():
 
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         probe_load(0)
-    result = launch(_probe_with_a_slow_peer, 2, num_threads=1, backend="gloo", timeout_s=240, echo_output=False)[0]
+    results = launch(_probe_with_a_slow_peer, 2, num_threads=1, backend="gloo", timeout_s=240, echo_output=False)
+    result = results[0]
+    # with one rank working, rank 0 does the whole step's lookups and rank 1 none: its CPU time is the collectives'
+    rank0, rank1 = results
+    assert rank1["my_cpu_ms_one_working"] < 0.25 * rank0["my_cpu_ms_one_working"]
+    assert rank0["my_cpu_ms_one_working"] > 0.5 * rank0["my_cpu_ms"]
+    both = result["both"]
+    assert both["factor"] == pytest.approx(result["quiet"]["factor"]) and both["factor_alone"] > 0.5
     quiet, slow, alone = result["quiet"], result["slow"], result["slow_alone"]
     assert quiet["steps"] == slow["steps"] == 5 and quiet["world_size"] == slow["world_size"] == 2
     assert slow["median_ms"] >= SLEEP_MS  # every step of the slowest rank holds the sleep
@@ -135,3 +177,4 @@ def test_probe_load_runs_its_own_workers_and_divides_wall_by_work():
     assert 0 < probe.quiet_ms <= probe.reference_ms  # the median CPU time is at least the quietest step's
     assert probe.reference_ms <= probe.median_ms  # a rank's CPU time never exceeds its wall time
     assert probe.factor == pytest.approx(probe.median_ms / probe.reference_ms, rel=1e-2) and probe.factor >= 1.0
+    assert probe.factor_alone is not None and probe.factor_alone > 0.5  # measured: 5 steps with rank 0 working alone
