@@ -529,8 +529,11 @@ class PlanExplorer(w.VBox):
         columns = [c for c in ("plan", "est_step_ms", "est_now_ms", "step_ms", "cpu_ms") if c in self.measurements.plans]
         table = html_table(self.measurements.plans, columns)
         probe = info.get("load_probe_before")
-        load = (f"; load factor {probe['factor']:.2f}: a synthetic step took that many times its work in wall time "
-                "(est_now_ms = est_step_ms x that: other work shares the cores)" if probe else "")
+        alone = probe.get("factor_alone") if probe else None
+        load = (f"; load factor {probe['factor']:.2f}: a synthetic step took that many times its work in wall time"
+                + (f", {alone:.2f} with one rank working" if alone is not None else "")
+                + " (est_now_ms = est_step_ms at that load, between the two by how busy the plan keeps the other "
+                "ranks: other work shares the cores)" if probe else "")
         self.measure_note.value = (f"{table}<small>{info['world_size']} ranks, batch {info['batch_size']} per rank, "
                                    f"load average {info['load_average_before'][0]} before the run{load}</small>"
                                    f"<br>{terms}")

@@ -43,4 +43,6 @@ def test_measure_runs_current_and_pinned_plans(tmp_path):
     assert "current" in explorer.measure_note.value and "pinned" in explorer.measure_note.value
     factor = result.info["load_probe_before"]["factor"]
     assert f"load factor {factor:.2f}: a synthetic step" in explorer.measure_note.value
+    alone = result.info["load_probe_before"]["factor_alone"]
+    assert f"{alone:.2f} with one rank working" in explorer.measure_note.value
     assert "est_now_ms" in explorer.measure_note.value
