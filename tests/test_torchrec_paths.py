@@ -45,7 +45,7 @@ PATHS = {
     "distributed.train_pipeline.train_pipelines": ["TrainPipelineSparseDist", "TrainPipelineBase", "TrainPipeline",
                                                    "EvalPipelineSparseDist", "TrainPipelineSemiSync",
                                                    "TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist",
-                                                   "StagedTrainPipeline"],
+                                                   "StagedTrainPipeline", "TrainPipelineSparseDistCompAutograd"],
     "distributed.train_pipeline.pipeline_stage": ["PipelineStage", "SparseDataDistUtil", "StageOut"],
     "distributed.train_pipeline.gradient_accumulation": ["GradientAccumulationConfig",
                                                          "GradientAccumulationWrapper"],

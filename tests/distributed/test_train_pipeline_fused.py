@@ -39,7 +39,9 @@ CLASSES = ["TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist"]
 @pytest.mark.timeout(240)
 def test_the_pipelines_equal_the_plain_loop_on_two_ranks():
     run_workers(pipeline_classes_worker, 2, [("TrainPipelineFusedSparseDist", "row_wise"),
-                                             ("PrefetchTrainPipelineSparseDist", "sequence_row_wise")], STEPS)
+                                             ("PrefetchTrainPipelineSparseDist", "sequence_row_wise"),
+                                             ("TrainPipelineSparseDistCompAutograd", "mixed_a",
+                                              {"compiled_autograd_options": {"backend": "eager"}})], STEPS)
 
 
 @pytest.mark.parametrize("pipeline_class", CLASSES)

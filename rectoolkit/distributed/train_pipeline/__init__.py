@@ -4,7 +4,8 @@ TrainPipelineSemiSync their embedding lookup, run ahead of this batch's step.
 One module per pipeline: sparse_dist (TrainPipeline, TrainPipelineBase, TrainPipelineSparseDist,
 EvalPipelineSparseDist), semi_sync (TrainPipelineSemiSync), fused (TrainPipelineFusedSparseDist,
 PrefetchTrainPipelineSparseDist), staged (StagedTrainPipeline), pt2 (TrainPipelinePT2, TorchCompileConfig),
-pipeline_stage (PipelineStage, SparseDataDistUtil, StageOut); gradient_accumulation (GradientAccumulationConfig,
+compiled_autograd (TrainPipelineSparseDistCompAutograd), pipeline_stage (PipelineStage,
+SparseDataDistUtil, StageOut); gradient_accumulation (GradientAccumulationConfig,
 GradientAccumulationWrapper); utils (DataLoadingThread); pipeline_context (In, Out, TrainPipelineContext);
 train_pipelines is TorchRec's module path to the pipelines.
 """
@@ -26,10 +27,12 @@ from rectoolkit.distributed.train_pipeline.train_pipelines import (
     TrainPipelinePT2,
     TrainPipelineSemiSync,
     TrainPipelineSparseDist,
+    TrainPipelineSparseDistCompAutograd,
 )
 from rectoolkit.distributed.train_pipeline.utils import DataLoadingThread
 
 __all__ = ["DataLoadingThread", "EvalPipelineSparseDist", "GradientAccumulationConfig", "GradientAccumulationWrapper",
            "In", "Out", "PipelineStage", "PrefetchTrainPipelineSparseDist", "SparseDataDistUtil", "StageOut",
            "StagedTrainPipeline", "TorchCompileConfig", "TrainPipeline", "TrainPipelineBase", "TrainPipelineContext",
-           "TrainPipelineFusedSparseDist", "TrainPipelinePT2", "TrainPipelineSemiSync", "TrainPipelineSparseDist"]
+           "TrainPipelineFusedSparseDist", "TrainPipelinePT2", "TrainPipelineSemiSync", "TrainPipelineSparseDist",
+           "TrainPipelineSparseDistCompAutograd"]

@@ -1,6 +1,7 @@
 """TorchRec's path torchrec.distributed.train_pipeline.train_pipelines: the pipelines, re-exported from the
-modules that hold them (sparse_dist, semi_sync, fused, staged, pt2)."""
+modules that hold them (sparse_dist, semi_sync, fused, staged, pt2, compiled_autograd)."""
 
+from rectoolkit.distributed.train_pipeline.compiled_autograd import TrainPipelineSparseDistCompAutograd
 from rectoolkit.distributed.train_pipeline.fused import PrefetchTrainPipelineSparseDist, TrainPipelineFusedSparseDist
 from rectoolkit.distributed.train_pipeline.pt2 import TorchCompileConfig, TrainPipelinePT2
 from rectoolkit.distributed.train_pipeline.semi_sync import TrainPipelineSemiSync
@@ -14,4 +15,4 @@ from rectoolkit.distributed.train_pipeline.sparse_dist import (
 
 __all__ = ["EvalPipelineSparseDist", "PrefetchTrainPipelineSparseDist", "StagedTrainPipeline", "TorchCompileConfig",
            "TrainPipeline", "TrainPipelineBase", "TrainPipelineFusedSparseDist", "TrainPipelinePT2",
-           "TrainPipelineSemiSync", "TrainPipelineSparseDist"]
+           "TrainPipelineSemiSync", "TrainPipelineSparseDist", "TrainPipelineSparseDistCompAutograd"]
