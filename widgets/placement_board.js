@@ -153,6 +153,13 @@ function renderBoard(model, el, state) {
   el.appendChild(root);
 }
 
+// Counted among the page's rectoolkit models that have initialized (see plotly_view.js: the first plotly.js load
+// waits for them).
+function initialize({ model }) {
+  const counts = (globalThis.__rtkInitialized ??= new WeakMap());
+  if (model.widget_manager) counts.set(model.widget_manager, (counts.get(model.widget_manager) || 0) + 1);
+}
+
 function render({ model, el }) {
   const state = { selected: null };
   const redraw = () => renderBoard(model, el, state);
@@ -167,4 +174,4 @@ function render({ model, el }) {
   };
 }
 
-export default { render };
+export default { initialize, render };

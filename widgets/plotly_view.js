@@ -86,10 +86,45 @@ async function plotlyFromLabOrKernel(model) {
   return plotly;
 }
 
+// anywidget gives each model 2 s from its creation to import its module and initialize; a model that misses it is
+// rejected ("[anywidget] Failed to initialize model.") and the kernel's later messages to it are dropped. Compiling
+// plotly.js is one main-thread task of 1-3 s on a busy machine: started while other models of the page are still
+// importing their modules, it makes them miss that. So the page's first plotly load waits until every rectoolkit
+// model its widget manager holds has initialized (each counts itself: countInitialized), for at most INIT_WAIT_MS.
+const INIT_WAIT_MS = 2000;
+const INIT_POLL_MS = 25;
+
+function countInitialized(model) {
+  const counts = (globalThis.__rtkInitialized ??= new WeakMap());  // widget manager -> rectoolkit models initialized
+  if (model.widget_manager) counts.set(model.widget_manager, (counts.get(model.widget_manager) || 0) + 1);
+}
+
+// How many rectoolkit models of this widget manager have not initialized yet (0 where the manager does not list its
+// models: @jupyter-widgets/base keeps them in `_models`, model id -> Promise of the model).
+async function modelsInitializing(manager) {
+  const promises = manager && manager._models;
+  if (!promises) return 0;
+  const models = await Promise.all(Object.values(promises).map((p) => Promise.resolve(p).catch(() => null)));
+  const ours = models.filter((m) => m && String(m.get("_anywidget_id") || "").startsWith("rectoolkit.")).length;
+  return ours - ((globalThis.__rtkInitialized && globalThis.__rtkInitialized.get(manager)) || 0);
+}
+
+async function afterModelsInitialized(model) {
+  const started = performance.now();
+  let waiting = await modelsInitializing(model.widget_manager);
+  while (waiting > 0 && performance.now() - started < INIT_WAIT_MS) {
+    await new Promise((resolve) => setTimeout(resolve, INIT_POLL_MS));
+    waiting = await modelsInitializing(model.widget_manager);
+  }
+  await new Promise((resolve) => setTimeout(resolve, 0));  // a model is ready just after its initialize returns
+  // for the browser tests: how many were still initializing when plotly.js was loaded, and after how long
+  globalThis.__rtkPlotlyLoadWait = { waiting, ms: performance.now() - started };
+}
+
 function loadPlotly(model) {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   if (!globalThis.__rtkPlotlyLoading) {  // once per page, whichever view draws first
-    const loading = plotlyFromLabOrKernel(model);
+    const loading = afterModelsInitialized(model).then(() => plotlyFromLabOrKernel(model));
     loading.catch(() => { globalThis.__rtkPlotlyLoading = null; });  // the next drawing tries again
     globalThis.__rtkPlotlyLoading = loading;
   }
@@ -101,6 +136,7 @@ function loadPlotly(model) {
 // (a 5 MB compile) only when a view draws.
 function initialize({ model }) {
   if (!window.Plotly && !hasJupyterLabPlotly()) plotlySource(model);
+  countInitialized(model);
 }
 
 function render({ model, el }) {

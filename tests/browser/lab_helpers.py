@@ -56,6 +56,14 @@ def assert_no_widget_errors(page) -> None:
         assert bad not in text, f"the notebook shows {bad!r}"
 
 
+def assert_plotly_loaded_after_models_initialized(page) -> None:
+    """The page's first plotly.js load (a main-thread task of seconds) waited until every rectoolkit model of the
+    notebook had initialized: anywidget rejects a model that takes over 2 s (widgets/plotly_view.js)."""
+    wait = page.evaluate("() => window.__rtkPlotlyLoadWait")
+    assert wait is not None, "plotly.js was loaded without waiting for the page's models"
+    assert wait["waiting"] <= 0, f"plotly.js was loaded with {wait['waiting']} rectoolkit models still initializing"
+
+
 def run_new_cell(page, code: str, timeout_ms: int = 120_000) -> str:
     """Add a cell below the last one, type `code` (keep it free of brackets and quotes: the editor closes them
     itself), run it and return the text of its output."""

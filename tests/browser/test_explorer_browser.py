@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from lab_helpers import assert_no_widget_errors, open_notebook, run_all, wait_until_idle
+from lab_helpers import (assert_no_widget_errors, assert_plotly_loaded_after_models_initialized, open_notebook, run_all,
+                         wait_until_idle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -28,6 +29,7 @@ def test_explorer_renders_and_replans(page, lab_server, artifacts):
     expect(placement.locator(".gtitle")).to_contain_text("Shard placement")
     assert page.evaluate("() => window.__rtkPlotlyFrom") == "kernel"
     assert_no_widget_errors(page)
+    assert_plotly_loaded_after_models_initialized(page)
     page.wait_for_timeout(500)  # let plotly finish its transitions before the pictures
     explorer = out.locator(".rtk-explorer")
     explorer.screenshot(path=str(artifacts / "explorer_8_ranks.png"))

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from lab_helpers import assert_no_widget_errors, open_notebook, run_all, run_new_cell, wait_until_idle
+from lab_helpers import (assert_no_widget_errors, assert_plotly_loaded_after_models_initialized, open_notebook, run_all,
+                         run_new_cell, wait_until_idle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
@@ -34,6 +35,7 @@ def test_run_panel_starts_visibly_and_compares_side_by_side(page, lab_server, ar
     out = page.locator(".jp-OutputArea-output")
     charts = out.locator(".js-plotly-plot")
     expect(charts).to_have_count(3, timeout=60_000)  # the curves, then bytes and memory (estimates only)
+    assert_plotly_loaded_after_models_initialized(page)
 
     out.get_by_role("button", name="Start").click()
     expect(out.locator(".rtk-starting")).to_contain_text("starting 2 workers", timeout=30_000)
