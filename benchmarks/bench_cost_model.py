@@ -46,7 +46,8 @@ from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, Sha
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
 from rectoolkit.planner.cost import CostModel, step_at_load
 from rectoolkit.planner.enumerate import row_blocks
-from rectoolkit.planner.measure import estimate_plan, probe_factors
+from rectoolkit.planner.load import load_factors
+from rectoolkit.planner.measure import estimate_plan
 from rectoolkit.planner.profile import CalibrationProfile
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import collect_tables
@@ -275,8 +276,8 @@ def run(args) -> List[Dict[str, Any]]:
                            load_after=result.info["load_average_after"][0],
                            load_factor=result.info["load_probe_before"]["factor"],
                            load_factor_during=result.info["load_probe_during"]["factor"],
-                           load_factor_alone=probe_factors(result.info["load_probe_before"])[1],
-                           load_factor_alone_during=probe_factors(result.info["load_probe_during"])[1],
+                           load_factor_alone=load_factors(result.info["load_probe_before"])[1],
+                           load_factor_alone_during=load_factors(result.info["load_probe_during"])[1],
                            bytes_exact=bool(result.plans.bytes_exact.all()),
                            memory_exact=bool(result.plans.memory_exact.all()), missing=missing)
             print(f"\n{name} repeat {repeat}: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
@@ -433,7 +434,7 @@ def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
             share = float(estimate["est_load_share"][0]) if "est_load_share" in estimate else 1.0
             for when, column in (("before", "est_now_ms"), ("during", "est_during_ms")):
                 if f"load_probe_{when}" in info and column in row:
-                    row[column] = step_at_load(quiet, share, *probe_factors(info[f"load_probe_{when}"]))
+                    row[column] = step_at_load(quiet, share, *load_factors(info[f"load_probe_{when}"]))
         summary = summarize(pd.DataFrame(run_["measurements"]["plans"]))
         run_["summary"] = {**run_["summary"], **summary}
     return runs

@@ -77,6 +77,20 @@ class LoadProbe:
         return fields
 
 
+def load_factors(probe: Any) -> Tuple[float, float]:
+    """(factor, factor_alone) of a LoadProbe or its dict; a probe measured before factor_alone existed has 1.0 for
+    it, the cost model's assumption then.
+
+    >>> load_factors({"factor": 2.0}), load_factors({"factor": 2.0, "factor_alone": 1.3})
+    ((2.0, 1.0), (2.0, 1.3))
+    """
+    fields = probe if isinstance(probe, dict) else getattr(probe, "__dict__", None)
+    if not isinstance(fields, dict) or "factor" not in fields:
+        raise TypeError(f"expected a LoadProbe (rectoolkit.planner.probe_load) or its dict, got {type(probe).__name__}")
+    alone = fields.get("factor_alone")
+    return float(fields["factor"]), 1.0 if alone is None else float(alone)
+
+
 class SyntheticStep:
     """The probe's step on this rank (every rank of the group runs it together): PROBE_SEGMENTS pooled
     lookups of PROBE_IDS rows from a 16 MiB table, a one-number all-reduce after each. `run` times some of them; `probe`
@@ -89,7 +103,8 @@ class SyntheticStep:
         generator = torch.Generator().manual_seed(0)
         self.group = group
         self.works = not alone or dist.get_rank(group) == 0
-        self.table = torch.rand(PROBE_ROWS, PROBE_DIM, generator=generator)
+        # a rank that only joins the all-reduces holds no table (its 16 MiB would crowd the working rank's caches)
+        self.table = torch.rand(PROBE_ROWS if self.works else 0, PROBE_DIM, generator=generator)
         self.ids = torch.randint(0, PROBE_ROWS, (PROBE_SEGMENTS, PROBE_IDS), generator=generator)
         self.offsets = torch.arange(0, PROBE_IDS, PROBE_IDS // PROBE_BAGS)  # pooled bags, as a lookup makes
         self.flag = torch.zeros(1)

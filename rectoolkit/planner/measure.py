@@ -58,7 +58,7 @@ from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel, step_at_load
-from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, measure_load
+from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, load_factors, measure_load
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
@@ -407,13 +407,6 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
     return _frames(named, [result["plans"] for result in per_rank], estimates, exact, expected, info)
 
 
-def probe_factors(probe: Mapping[str, Any]) -> Tuple[float, float]:
-    """(factor, factor_alone) of a LoadProbe's dict (a probe saved before factor_alone existed: 1.0 for it, the cost
-    model's assumption then)."""
-    alone = probe.get("factor_alone")
-    return float(probe["factor"]), 1.0 if alone is None else float(alone)
-
-
 def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
     return measure_load(steps, min_seconds=min_seconds).to_dict()
 
@@ -528,7 +521,7 @@ def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]
         est_step = float(est["est_step_ms"][0])
         quiet = float(est["est_quiet_ms"][0]) if "est_quiet_ms" in est else est_step / info["topology"]["load_factor"]
         share = float(est["est_load_share"][0]) if "est_load_share" in est else 1.0
-        est_now, est_during = (step_at_load(quiet, share, *probe_factors(info[f"load_probe_{when}"]))
+        est_now, est_during = (step_at_load(quiet, share, *load_factors(info[f"load_probe_{when}"]))
                                for when in ("before", "during"))
         step_ms = float(slowest.wall_ms.median())
         plan_rows.append(dict(plan=name, est_step_ms=est_step, est_load_share=share, est_now_ms=est_now,

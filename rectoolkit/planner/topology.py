@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from rectoolkit.planner.load import load_factors
 from rectoolkit.planner.profile import CalibrationProfile, load_profile
 
 GIB = 1024 ** 3
@@ -125,12 +126,11 @@ class Topology:
             >>> topology.load_factor, topology.load_factor_alone
             (2.0, 1.25)
         """
-        fields = probe if isinstance(probe, dict) else getattr(probe, "__dict__", None)
-        if not isinstance(fields, dict) or "factor" not in fields:
-            raise TypeError(f"Topology.at_load: expected a LoadProbe (rectoolkit.planner.probe_load) or its dict, got "
-                            f"{type(probe).__name__}")
-        alone = fields.get("factor_alone")
-        return replace(self, load_factor=fields["factor"], load_factor_alone=1.0 if alone is None else alone)
+        try:
+            factor, alone = load_factors(probe)
+        except TypeError as error:
+            raise TypeError(f"Topology.at_load: {error}") from None
+        return replace(self, load_factor=factor, load_factor_alone=alone)
 
     @property
     def num_hosts(self) -> int:

@@ -89,14 +89,5 @@ class TrainPipelineSparseDistCompAutograd(TrainPipelineSparseDist[In, Out]):
             return contextlib.nullcontext()
         return torch._dynamo.compiled_autograd._enable(torch.compile(**self.compiled_autograd_options))
 
-    def _train_step(self, batch: Any, after_forward=lambda: None) -> Any:
-        if self._model.training:
-            self._optimizer.zero_grad()
-        with self.get_compiled_autograd_ctx():
-            losses, output = self._model_fwd(batch)
-        after_forward()
-        if self._model.training:
-            with self.get_compiled_autograd_ctx():
-                torch.sum(losses, dim=0).backward()
-            self._optimizer.step()
-        return output
+    def _autograd_context(self) -> ContextManager:
+        return self.get_compiled_autograd_ctx()

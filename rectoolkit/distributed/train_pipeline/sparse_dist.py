@@ -53,11 +53,12 @@ Every rank must call progress() equally often and give it the same number of bat
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Generic, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -157,16 +158,23 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
 
     # ------------------------------------------------------------------ one step
     def _train_step(self, batch: Any, after_forward: Callable[[], None] = lambda: None) -> Any:
-        """zero_grad, forward, backward, optimizer step (zero_grad, backward and step in training mode only);
-        `after_forward` runs between forward and backward."""
+        """zero_grad, forward, backward, optimizer step (zero_grad, backward and step in training mode only), the
+        forward and the backward each under `_autograd_context()`; `after_forward` runs between them."""
         if self._model.training:
             self._optimizer.zero_grad()
-        losses, output = self._model_fwd(batch)
+        with self._autograd_context():
+            losses, output = self._model_fwd(batch)
         after_forward()
         if self._model.training:
-            torch.sum(losses, dim=0).backward()
+            with self._autograd_context():
+                torch.sum(losses, dim=0).backward()
             self._optimizer.step()
         return output
+
+    def _autograd_context(self) -> ContextManager:
+        """What the forward and the backward each run under: nothing here (TrainPipelineSparseDistCompAutograd:
+        compiled autograd)."""
+        return contextlib.nullcontext()
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """Train on the next batch and return the model's output; StopIteration when there is none."""
