@@ -41,7 +41,7 @@ lab: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check rectoolkit tests benchmarks
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 	$(PY) -m pytest -q --doctest-modules rectoolkit
 	RECTOOLKIT_DISABLE_FBGEMM=1 $(PY) -m pytest -q -m "not multiprocess and not browser and not notebooks" \
 		tests/sparse tests/kernels tests/modules tests/quant tests/planner tests/plan
