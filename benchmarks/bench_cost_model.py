@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py --quick      # fewer steps and rounds, one repeat
     .venv/bin/python benchmarks/bench_cost_model.py --repeats 3 --workloads issue8
     .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/cost_model_raw.json
+    .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/*_raw.json --profile a.json --profile b.json
 
 Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
 grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
@@ -408,14 +409,14 @@ def stored_topology(fields: Dict[str, Any]) -> Topology:
     return Topology(profile=CalibrationProfile.from_dict(profile) if profile is not None else None, **fields)
 
 
-def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
+def reestimate(path: Path, recalibrate: bool = False, topology: Optional[Topology] = None) -> List[Dict[str, Any]]:
     """The runs stored in a raw file, with every plan's estimate recomputed by the cost model as it is now: check a
     new model against measurements already taken, without running. Each run is priced with the calibration it ran
     with (its stored profile), so the comparison shows the model's change alone; `recalibrate`: with one fresh
-    calibration of this machine instead (make_topology). est_now_ms / est_during_ms are the new estimate at the
-    load factors the run probed."""
+    calibration of this machine instead (make_topology); `topology`: with that one. est_now_ms / est_during_ms are
+    the new estimate at the load factors the run probed."""
     runs = json.loads(Path(path).read_text())["runs"]
-    fresh = make_topology(WORLD_SIZE) if recalibrate else None
+    fresh = topology if topology is not None else (make_topology(WORLD_SIZE) if recalibrate else None)
     for run_ in runs:
         tables = [rtk.EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"],
                                          embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
@@ -440,6 +441,45 @@ def reestimate(path: Path, recalibrate: bool = False) -> List[Dict[str, Any]]:
     return runs
 
 
+def profile_topology(path: Path) -> Topology:
+    """The Topology make_topology would give, with a saved profile (`python -m rectoolkit.planner.calibrate --out`)
+    in place of a fresh calibration."""
+    profile = CalibrationProfile.load(path)
+    cores = profile.machine.get("cores")
+    return Topology(profile=profile, world_size=WORLD_SIZE, compute_device="cpu", local_world_size=WORLD_SIZE,
+                    **({"cores_per_host": cores} if isinstance(cores, int) else {}))
+
+
+def profiles_on_stored_runs(raw_paths: List[Path], profile_paths: List[Path]) -> str:
+    """How well each saved profile prices every run stored in `raw_paths`, at each run's probed load (est_now_ms):
+    one line per profile over all runs (core Spearman: median, lowest and how many below 0.8; median
+    |measured / est_now - 1|: median and largest; the measured time of the core plan the profile prices fastest over
+    the measured-fastest plan: median, largest and how many above 1.05x), then each run's core Spearman in order.
+    Calibrations of one machine a few minutes apart, compared on the same measurements, show how much the
+    calibration moves the estimates (no plan is run)."""
+    lines = [f"Saved profiles priced on the {sum(len(json.loads(Path(p).read_text())['runs']) for p in raw_paths)} "
+             f"runs stored in {', '.join(Path(p).name for p in raw_paths)} (estimates at each run's probed load):", ""]
+    for profile_path in profile_paths:
+        topology = profile_topology(profile_path)
+        rows = []
+        for raw in raw_paths:
+            for run_ in reestimate(raw, topology=topology):
+                plans = run_["measurements"]["plans"]
+                now = np.array([p["est_now_ms"] for p in plans])
+                measured = np.array([p["step_ms"] for p in plans])
+                core = np.array([p["plan"] not in UNWEIGHED for p in plans])
+                pick = measured[core][np.argmin(now[core])] / measured.min()
+                rows.append((spearman(now[core], measured[core]), float(np.median(np.abs(measured / now - 1))), pick))
+        core_rho, error, pick = (np.array(column) for column in zip(*rows))
+        lines += [f"- {Path(profile_path).name}: core Spearman median {np.median(core_rho):.2f}, lowest "
+                  f"{core_rho.min():.2f}, below 0.8 in {int((core_rho < 0.8).sum())}/{len(rows)}; median |meas/now - 1| "
+                  f"median {np.median(error):.0%}, largest {error.max():.0%}; the core plan it prices fastest measured "
+                  f"{np.median(pick):.3f}x the fastest (median), {pick.max():.3f}x at most, above 1.05x in "
+                  f"{int((pick > 1.05).sum())}/{len(rows)}",
+                  "  per run, core Spearman: " + " ".join(f"{x:.2f}" for x in core_rho)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -453,14 +493,25 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--name", default="cost_model",
                         help="write benchmarks/results/NAME.md and NAME_raw.json (default cost_model)")
-    parser.add_argument("--reestimate", type=Path, metavar="RAW_JSON",
-                        help="run nothing: recompute the estimates of a raw file's plans with the current cost model "
-                             "and print the comparison against its measurements (the planner's plan stays the "
+    parser.add_argument("--reestimate", type=Path, nargs="+", metavar="RAW_JSON",
+                        help="run nothing: recompute the estimates of raw files' plans with the current cost model "
+                             "and print the comparison against their measurements (the planner's plan stays the "
                              "one that was measured), with the calibration each run measured with")
     parser.add_argument("--recalibrate", action="store_true",
                         help="with --reestimate: price with a fresh calibration of this machine instead")
+    parser.add_argument("--profile", type=Path, action="append", metavar="PROFILE_JSON",
+                        help="with --reestimate: price every stored run with this saved profile instead and print one "
+                             "summary line per profile (repeat the option to compare calibrations)")
     args = parser.parse_args()
-    if args.reestimate is not None:
+    if args.reestimate and args.profile:
+        print(profiles_on_stored_runs(args.reestimate, args.profile))
+        return
+    if args.profile:
+        parser.error("--profile prices stored runs: give them with --reestimate RAW_JSON [RAW_JSON ...]")
+    if args.reestimate:
+        if len(args.reestimate) > 1:
+            parser.error("--reestimate without --profile prints one raw file's full comparison: give one file")
+        args.reestimate = args.reestimate[0]
         print(f"Estimates recomputed now on the measurements of {args.reestimate}:\n")
         print(report(reestimate(args.reestimate, recalibrate=args.recalibrate)))
         return

@@ -268,7 +268,8 @@ class CostModel:
         # a dense gradient: zeroed, accumulated and applied over the whole shard
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         # the engine's work per id (in proportion to the row bytes), plus row-block routing in the routed groups
-        routed = column([t.value in ROW_ROUTED for t in sharding_types], bool)
+        # routing buckets each id once for the whole row (grid: every column piece of a row block pays its share)
+        routed = column([t.value in ROW_ROUTED for t in sharding_types], bool) * cols / column([t.dim for t in tables])
         engine_id_ms = self.profile.id_cost_ms(routed, row_bytes)
         shard_ms = column([self.profile.shard_fixed_ms(t.value) for t in sharding_types])
         forward = forward + np.where(rows > 0, shard_ms + ids * engine_id_ms, 0.0)

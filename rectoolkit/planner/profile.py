@@ -24,7 +24,8 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
   replica: a lookup of its own batch and a whole-table update).
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
   id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every
-  id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block.
+  id of a row-routed group (row_wise, table_row_wise, grid_shard), which buckets ids by row block, once per id for
+  its whole row (a grid shard holding part of the columns pays that part).
 - sharing: local ranks share a host's cores and memory; when they all work at once they get `memory_parallelism`
   times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing); measured on the
   sharded engine (one table on rank 0 against one on every rank).
@@ -183,7 +184,9 @@ class CalibrationProfile:
         """ms per id a shard receives, beyond what its lookup terms price (fwd + bwd): the engine's work per id, in
         proportion to the shard's row bytes (a number or an array; default the width it was measured at: a
         column-wise shard of half the width measures about half of it), plus row-block routing, which handles ids
-        only, where `routed` (a bool or a bool array: the shard's group buckets ids by row block, ROW_ROUTED).
+        only, where `routed` (a bool or a bool array: the shard's group buckets ids by row block, ROW_ROUTED; or the
+        share of the row a shard of such a group holds, a number or an array: routing is paid once per id for the
+        whole row, so a grid shard of half the columns pays half).
 
         >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1.0),), 1.0,
         ...                        id_ms=0.002, routing_id_ms=0.001)

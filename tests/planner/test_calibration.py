@@ -83,7 +83,7 @@ def test_table_wise_step_time_by_hand():
     assert cost.time_ms[1] == pytest.approx(forward + engine + backward + comm_forward + comm_backward, rel=1e-9)
 
 
-def test_the_engine_cost_per_id_follows_the_row_bytes_and_routing_does_not():
+def test_the_engine_cost_per_id_follows_the_row_bytes_and_routing_the_share_of_the_row():
     import dataclasses
 
     wide = EmbeddingBagConfig(name="w", num_embeddings=100, embedding_dim=64, feature_names=["f"])
@@ -101,9 +101,12 @@ def test_the_engine_cost_per_id_follows_the_row_bytes_and_routing_does_not():
     assert engine(100, 64, "table_wise") == pytest.approx(8 * 0.01)
     # a column-wise shard half as wide receives the same 8 ids and pays half per id
     assert engine(100, 32, "column_wise") == pytest.approx(8 * 0.01 / 2)
-    # a row-wise shard of half the rows gets 4 ids, the engine's share at full width and routing, which is per id only
+    # a row-wise shard of half the rows gets 4 ids, the engine's share at full width and routing
     assert engine(50, 64, "row_wise") == pytest.approx(4 * (0.01 + 0.02))
-    assert engine(50, 32, "row_wise") == pytest.approx(4 * (0.01 / 2 + 0.02))
+    # routing buckets an id once for its whole row: a grid shard holding half the columns pays half of it, so the two
+    # column pieces of a row block together pay what the row-wise shard pays
+    assert engine(50, 32, "grid_shard") == pytest.approx(4 * (0.01 / 2 + 0.02 / 2))
+    assert 2 * engine(50, 32, "grid_shard") == pytest.approx(engine(50, 64, "row_wise"))
     # a profile measured at another width scales from that width
     model = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=4,
                                profile=dataclasses.replace(profile, id_row_bytes=128.0)), "sgd")
