@@ -20,9 +20,11 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
    each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
    tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
-   and per row-routed shard; a 16 MiB table of 64-wide rows, table-wise and row-wise, at 2, 5, 10 and 20 ids
-   per bag on two collections built apart -> the engine's work per id beyond what 2. prices (the least-squares
-   slope through all eight steps: one built collection can sit 10-20% off another), row-block routing per id;
+   and per row-routed shard; a 16 MiB table of 64-wide rows, table-wise, at 2, 5, 10 and 20 ids per bag on two
+   collections built apart -> the engine's work per id beyond what 2. prices (the least-squares slope through
+   all eight steps: one built collection can sit 10-20% off another); the same table's input_dist alone,
+   table-wise and row-wise at 2, 20, 50 and 100 ids per bag -> row-block routing per id (the row-wise slope per id
+   received over table-wise's; an input_dist is short, so it takes many ids for the rise to stand out);
    the same table under a heavy batch, on rank 0 and one per rank -> how well local ranks run at once;
 4. on gloo, rectoolkit.planner.load's synthetic step -> the machine's load factor while it calibrated
    (`machine["load_probe"]`, a record: the terms above are fastest repeats and CPU times, which load moves little).
@@ -56,6 +58,7 @@ import torch.distributed as dist
 
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS,
+                                                INPUT_POOLINGS,
                                                 HEAVY_POOLING, LOOKUP_DIMS, LOOKUP_IDS_PER_BAG, LOOKUP_SAMPLES,
                                                 MIN_MS_PER_BYTE, READ_BATCH, READ_DIM, READ_POOLING, READ_TABLE_BYTES,
                                                 ZIPF_ALPHA, CalibrationError, fit_profile, lookup_slopes,
@@ -322,6 +325,14 @@ def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: tor
     return lambda: sharded(kjt).values().sum().backward()
 
 
+def _input_dist_call(sharded, ids: torch.Tensor, lengths: torch.Tensor):
+    """The input_dist alone of `sharded` (one table, feature "f_t0") on these ids and lengths."""
+    from rectoolkit.sparse import KeyedJaggedTensor
+
+    kjt = KeyedJaggedTensor.from_lengths_sync(["f_t0"], ids.to(_device()), lengths.to(_device()))
+    return lambda: sharded.start_input_dist(kjt).wait()
+
+
 def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
     """Fastest step (sharded EBC forward + backward + fused SGD) of each plan below, slowest rank, in ms (this
     thread's CPU time: the groups' Python and kernel work; their collectives' latency is priced by alpha), all
@@ -343,17 +354,22 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
             calls[f"{label}{count}_batch"] = _sharded_step(env, plan, rows, READ_DIM, torch.arange(READ_BATCH) % rows,
                                                            torch.ones(READ_BATCH, dtype=torch.int32))
     # the engine under real batches: a 16 MiB table table-wise on rank 0 ("tw"), then row-wise ("rw": row-block
-    # routing), at ENGINE_POOLINGS ids per bag on ENGINE_INSTANCES collections built apart, each with its own ids
-    # ("tw_p20_1": 20 ids per bag, the second collection); the rise per id is the engine's slope (engine_slope)
+    # routing), at ENGINE_POOLINGS ids per bag on ENGINE_INSTANCES collections built apart, each with its own ids:
+    # table-wise its step ("tw_p20_1": 20 ids per bag, the second collection; the rise per id is the engine's slope,
+    # engine_slope) and both their input_dist alone ("rw_in_p20_1"; routing_id_term)
     rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
     plans = {"tw": {"t0": _tiny_parameter_sharding("table_wise", rows, READ_DIM, 1)},
              "rw": {"t0": _tiny_parameter_sharding("row_wise", rows, READ_DIM, env.world_size)}}
     for name, plan in plans.items():
         for instance in range(ENGINE_INSTANCES):
             sharded = _sharded_collection(env, plan, rows, READ_DIM)
-            for pooling in ENGINE_POOLINGS:
+            for pooling in sorted(set(ENGINE_POOLINGS) | set(INPUT_POOLINGS)):
                 batch = _lookup_batch(rows, seed=rank + 1000 * instance, pooling=pooling)
-                calls[f"{name}_p{pooling}_{instance}"] = _step_call(sharded, plan, batch.values(), batch.lengths())
+                if pooling in INPUT_POOLINGS:
+                    calls[f"{name}_in_p{pooling}_{instance}"] = _input_dist_call(sharded, batch.values(),
+                                                                                batch.lengths())
+                if name == "tw" and pooling in ENGINE_POOLINGS:
+                    calls[f"{name}_p{pooling}_{instance}"] = _step_call(sharded, plan, batch.values(), batch.lengths())
     # a heavy batch on rank 0's table, then on one such table on each rank (local ranks sharing a host)
     each = {f"t{r}": ParameterSharding("table_wise", ranks=[r], shards=[ShardMetadata.on_rank(r, 0, 0, rows, READ_DIM)])
             for r in range(env.world_size)}

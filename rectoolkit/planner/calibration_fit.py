@@ -3,9 +3,9 @@
 The calibration's workers only time things; this module turns those timings into the profile's terms. Each fit
 reads one measurement: fit_collectives the collectives' (bytes, ms) samples (one alpha-beta pair per kind);
 lookup_slopes and monotone_curve the single-table lookups (read speed curve, per-id and per-output-byte costs);
-fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group); engine_slope, id_term and
-routing_id_term the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work and row-block routing
-per id); shard_terms the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy
+fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group); engine_slope and id_term
+the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work per id), input_slope and routing_id_term
+its input_dist alone, table-wise and row-wise (row-block routing per id); shard_terms the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy
 steps (how many local ranks run at once). fit_profile puts them together. The grid below (sizes, widths, batches)
 is what the calibration measures at and what the fits assume.
 """
@@ -35,6 +35,9 @@ HEAVY_POOLING = 100  # the engine's heavy batch: enough work that local ranks' s
 # collection's step can sit 10-20% off another's, more than the slope's whole rise over two points)
 ENGINE_POOLINGS = (LIGHT_POOLING, 5, 10, READ_POOLING)
 ENGINE_INSTANCES = 2
+# the input_dist alone (routing_id_term): it costs about 1.5 ms at any batch, with 0.3-0.5 ms of noise between
+# calls, so its rise is measured over many more ids than a step's
+INPUT_POOLINGS = (LIGHT_POOLING, 20, 50, HEAVY_POOLING)
 LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
 LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
 MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
@@ -113,12 +116,22 @@ def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float) 
                for terms in (profile.forward, profile.backward("sgd")))
 
 
+def _points(step_ms: Mapping[str, float], prefix: str, ids_per_bag: Callable[[int], float]) -> List[Tuple[float, float]]:
+    """(ids, ms) of the timings keyed "<prefix><ids per bag>_<instance>"; at least two batch sizes."""
+    points = [(ids_per_bag(int(key[len(prefix):].split("_")[0])), ms) for key, ms in step_ms.items()
+              if key.startswith(prefix)]
+    if len({ids for ids, _ in points}) < 2:
+        raise ValueError(f"calibration: the {prefix!r} timings need two batch sizes at least, got "
+                         f"{sorted(k for k in step_ms if k.startswith(prefix))}")
+    return points
+
+
 def engine_slope(step_ms: Mapping[str, float], name: str, ids_per_bag: Callable[[int], float],
                  profile: CalibrationProfile) -> float:
-    """ms per id of the engine's `name` steps ("tw" or "rw") beyond what the profile's lookup terms price: the
-    least-squares slope of (step - lookups) over the ids a rank looks up, through every ENGINE_POOLINGS x
-    ENGINE_INSTANCES step measured (keys "<name>_p<ids per bag>_<instance>"). `ids_per_bag(p)`: the ids the
-    slowest rank looks up at p ids per bag.
+    """ms per id of the engine's `name` steps ("tw") beyond what the profile's lookup terms price: the least-squares
+    slope of (step - lookups) over the ids a rank looks up, through every ENGINE_POOLINGS x ENGINE_INSTANCES step
+    measured (keys "<name>_p<ids per bag>_<instance>"). `ids_per_bag(p)`: the ids the slowest rank looks up at p
+    ids per bag.
 
     >>> from rectoolkit.planner.profile import AlphaBeta
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6)
@@ -126,14 +139,21 @@ def engine_slope(step_ms: Mapping[str, float], name: str, ids_per_bag: Callable[
     >>> round(engine_slope(steps, "tw", lambda pooling: 100.0 * pooling, p), 7)  # less the lookups' 7.7e-7 per id
     0.0010548
     """
-    points = [(ids_per_bag(int(key.split("_p")[1].split("_")[0])), ms) for key, ms in step_ms.items()
-              if key.startswith(f"{name}_p")]
-    if len({ids for ids, _ in points}) < 2:
-        raise ValueError(f"calibration: the engine's {name!r} steps need two batch sizes at least, got "
-                         f"{sorted(k for k in step_ms if k.startswith(name + '_p'))}")
+    points = _points(step_ms, f"{name}_p", ids_per_bag)
     ids = np.array([i for i, _ in points])
     rest = np.array([ms - _engine_lookups_ms(profile, i, 0.0) for i, ms in points])
     return float(np.polyfit(ids, rest, 1)[0])
+
+
+def input_slope(step_ms: Mapping[str, float], name: str, ids_per_bag: Callable[[int], float]) -> float:
+    """ms per id of the `name` collection's input_dist alone ("tw" or "rw"): the least-squares slope of its timings
+    (keys "<name>_in_p<ids per bag>_<instance>") over the ids the slowest rank receives at p ids per bag.
+
+    >>> round(input_slope({"rw_in_p2_0": 1.0, "rw_in_p20_0": 2.8}, "rw", lambda pooling: 100.0 * pooling), 6)
+    0.001
+    """
+    ids, ms = np.array(_points(step_ms, f"{name}_in_p", ids_per_bag)).T
+    return float(np.polyfit(ids, ms, 1)[0])
 
 
 def id_term(step_ms: Mapping[str, float], world_size: int, profile: CalibrationProfile) -> float:
@@ -151,17 +171,22 @@ def id_term(step_ms: Mapping[str, float], world_size: int, profile: CalibrationP
     return max(engine_slope(step_ms, "tw", lambda pooling: world_size * READ_BATCH * pooling, profile), 0.0)
 
 
-def routing_id_term(step_ms: Mapping[str, float], world_size: int, profile: CalibrationProfile) -> float:
-    """ms per id that row-block routing (row-wise, table-row-wise, grid) adds per id a shard receives: the same
-    slope row-wise, where each rank receives 1/world_size of the ids and looks them up, less the engine's per-id
-    work.
+def routing_id_term(step_ms: Mapping[str, float], world_size: int) -> float:
+    """ms per id a shard receives that row-block routing (row-wise, table-row-wise, grid) adds: the 16 MiB table's
+    input_dist alone, row-wise (each rank buckets its ids by row block and receives 1/world_size of all of them)
+    against table-wise (rank 0 receives them all), each a slope per id received (input_slope). The input_dist is
+    where the routing runs and the one phase that rises row-wise (the bench's phases: the lookup and the backward
+    rise little); it is short, so its slope repeats better than a whole step's (68-90 ns per id in four runs where
+    the steps' difference gave 72-235).
 
-    >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
-    >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e9),), 1e6)
-    >>> round(routing_id_term({"rw_p20_0": 12.0, "rw_p2_0": 2.0}, 2, p), 8)
-    0.0010843
+    >>> round(routing_id_term({"rw_in_p2_0": 1.0, "rw_in_p20_0": 1.9, "tw_in_p2_0": 1.0, "tw_in_p20_0": 1.18}, 2), 8)
+    8.789e-05
+    >>> routing_id_term({"rw_in_p2_0": 1.0, "rw_in_p20_0": 1.0, "tw_in_p2_0": 1.0, "tw_in_p20_0": 2.0}, 2)
+    0.0
     """
-    return max(engine_slope(step_ms, "rw", lambda pooling: READ_BATCH * pooling, profile) - profile.id_ms, 0.0)
+    routed = input_slope(step_ms, "rw", lambda pooling: READ_BATCH * pooling)
+    whole = input_slope(step_ms, "tw", lambda pooling: world_size * READ_BATCH * pooling)
+    return max(routed - whole, 0.0)
 
 
 def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:
@@ -240,6 +265,6 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
     profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8),
                                   id_row_bytes=float(READ_DIM * 4))
     profile = dataclasses.replace(profile,
-                                  routing_id_ms=round(routing_id_term(payload["fixed"], world_size, profile), 8))
+                                  routing_id_ms=round(routing_id_term(payload["fixed"], world_size), 8))
     shard_ms, replica_ms, routed_shard_ms = shard_terms(payload["fixed"], world_size, profile)
     return dataclasses.replace(profile, shard_ms=shard_ms, replica_ms=replica_ms, routed_shard_ms=routed_shard_ms)

@@ -176,10 +176,13 @@ def test_fits_by_hand():
     # the table-wise table, each 256 B read at 1e-6 ms/B: forward 1e-5 + 256e-6, backward 2e-5 + 3 x 256e-6 ms per id
     per_id = 1e-5 + 256e-6 + 2e-5 + 3 * 256e-6
     assert id_term({"tw_p20_0": 30.0, "tw_p2_0": 5.0}, 2, flat) == pytest.approx((25.0 - 18432 * per_id) / 18432)
-    # row-wise: each rank receives half of them (9216) and looks them up; routing is what is left less id_ms
-    assert routing_id_term({"rw_p20_0": 30.0, "rw_p2_0": 5.0}, 2, flat) == pytest.approx(
-        (25.0 - 9216 * per_id) / 9216 - 1e-4)
-    assert routing_id_term({"rw_p20_0": 5.0, "rw_p2_0": 5.0}, 2, flat) == 0.0  # never below zero
+    # routing, from the input_dist alone: row-wise, each rank receives half of the ids (9216 more from 2 to 20 ids
+    # per bag) and its input_dist rises 1.5 ms; table-wise, rank 0 receives all 18432 more and its rises 0.3 ms
+    inputs = {"rw_in_p2_0": 1.0, "rw_in_p20_0": 2.5, "tw_in_p2_0": 0.8, "tw_in_p20_0": 1.1}
+    assert routing_id_term(inputs, 2) == pytest.approx(1.5 / 9216 - 0.3 / 18432)
+    assert routing_id_term({**inputs, "rw_in_p20_0": 1.0}, 2) == 0.0  # never below zero
+    with pytest.raises(ValueError, match="two batch sizes"):
+        routing_id_term({"rw_in_p2_0": 1.0, "tw_in_p2_0": 0.8, "tw_in_p20_0": 1.1}, 2)
     # a line through every batch size and built collection: one collection 2 ms slow at 20 ids per bag, another
     # 2 ms fast at 2, and the points at 5 and 10 on the line of the others (1 ms per 1024 ids beyond the lookups)
     line = {p: 5.0 + (p - 2) * (1.0 + 1024 * per_id) for p in (2, 5, 10, 20)}
@@ -266,7 +269,9 @@ def test_calibration_measures_every_term(tmp_path):
     assert profile.shard_ms >= 0 and profile.replica_ms >= 0 and profile.id_ms >= 0 and profile.routing_id_ms >= 0
     assert profile.machine["world_size"] == 2 and profile.machine["backend"] == "gloo"
     fastest, median = profile.machine["fixed_plan_step_ms"], profile.machine["fixed_plan_step_ms_median"]
-    engine = {f"{name}_p{pooling}_{instance}" for name in ("tw", "rw") for pooling in (2, 5, 10, 20) for instance in (0, 1)}
+    engine = {f"tw_p{pooling}_{instance}" for pooling in (2, 5, 10, 20) for instance in (0, 1)}
+    engine |= {f"{name}_in_p{pooling}_{instance}" for name in ("tw", "rw") for pooling in (2, 20, 50, 100)
+               for instance in (0, 1)}  # the input_dist alone, table-wise and row-wise (routing)
     assert fastest.keys() == median.keys() and engine | {"tw_heavy", "tw_each_heavy"} <= set(fastest)
     assert all(0 < fastest[plan] <= median[plan] for plan in fastest)  # of the same rounds: the fastest <= the median
     assert topo.cores_per_host == os.cpu_count()
