@@ -441,15 +441,6 @@ def reestimate(path: Path, recalibrate: bool = False, topology: Optional[Topolog
     return runs
 
 
-def profile_topology(path: Path) -> Topology:
-    """The Topology make_topology would give, with a saved profile (`python -m rectoolkit.planner.calibrate --out`)
-    in place of a fresh calibration."""
-    profile = CalibrationProfile.load(path)
-    cores = profile.machine.get("cores")
-    return Topology(profile=profile, world_size=WORLD_SIZE, compute_device="cpu", local_world_size=WORLD_SIZE,
-                    **({"cores_per_host": cores} if isinstance(cores, int) else {}))
-
-
 def profiles_on_stored_runs(raw_paths: List[Path], profile_paths: List[Path]) -> str:
     """How well each saved profile prices every run stored in `raw_paths`, at each run's probed load (est_now_ms):
     one line per profile over all runs (core Spearman: median, lowest and how many below 0.8; median
@@ -460,7 +451,7 @@ def profiles_on_stored_runs(raw_paths: List[Path], profile_paths: List[Path]) ->
     lines = [f"Saved profiles priced on the {sum(len(json.loads(Path(p).read_text())['runs']) for p in raw_paths)} "
              f"runs stored in {', '.join(Path(p).name for p in raw_paths)} (estimates at each run's probed load):", ""]
     for profile_path in profile_paths:
-        topology = profile_topology(profile_path)
+        topology = Topology.from_profile(profile_path, WORLD_SIZE, compute_device="cpu")
         rows = []
         for raw in raw_paths:
             for run_ in reestimate(raw, topology=topology):

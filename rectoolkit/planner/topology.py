@@ -179,6 +179,17 @@ class Topology:
         profile = calibrate_profile(world_size, compute_device=compute_device, quick=quick)
         if out is not None:
             profile.save(out)
+        return cls.from_profile(profile, world_size, local_world_size, compute_device, **kwargs)
+
+    @classmethod
+    def from_profile(cls, profile: Union[str, Path, CalibrationProfile], world_size: int = 2,
+                     local_world_size: Optional[int] = None, compute_device: str = "cpu", **kwargs) -> "Topology":
+        """A Topology of `world_size` local ranks carrying `profile` (a CalibrationProfile or its JSON's path), with
+        cores_per_host taken from where the profile was measured unless given."""
+        if profile is None:
+            raise ValueError("Topology.from_profile: profile is None; give a CalibrationProfile, the path of its JSON or "
+                             "\"default\" (or build Topology(...) without a profile)")
+        profile = load_profile(profile)
         local = local_world_size if local_world_size is not None else world_size
         fields = dict(world_size=world_size, compute_device=compute_device, local_world_size=local)
         fields.update(kwargs)

@@ -400,3 +400,16 @@ def test_timeout_seconds_must_be_positive_seconds(bad):
 
     with pytest.raises(ValueError, match=rf"timeout_seconds must be a number of seconds > 0.*got {bad!r}"):
         EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu"), timeout_seconds=bad)
+
+
+def test_a_topology_from_a_saved_profile_takes_the_cores_it_was_measured_on(tmp_path):
+    import dataclasses
+
+    path = dataclasses.replace(PROFILE, machine={"cores": 6}).save(tmp_path / "profile.json")
+    topo = Topology.from_profile(path, 4)
+    assert (topo.world_size, topo.local_world_size, topo.compute_device, topo.cores_per_host) == (4, 4, "cpu", 6)
+    assert topo.profile.collectives == PROFILE.collectives and topo.profile.machine == {"cores": 6}
+    assert Topology.from_profile(path, 4, local_world_size=2, cores_per_host=3).cores_per_host == 3  # given wins
+    assert Topology.from_profile(PROFILE, 2).cores_per_host is None  # nothing recorded: the Topology's default
+    with pytest.raises(ValueError, match="profile is None"):
+        Topology.from_profile(None, 2)
