@@ -13,10 +13,10 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    sends plus receives (a reduce-scatter or an all-gather of a B-byte buffer: 2 (W-1)/W x B, an all-reduce twice
    that). Which pair prices which of the engine's collectives: rectoolkit.planner.cost.FITTED_COLLECTIVE;
 2. lookups: one table's pooled lookup (uniform ids) at four table sizes, from 256 KiB (in cache) to 128 MiB (in
-   memory), each at two row widths and two batch sizes -> the read speed curve (ms per row byte), the cost per id
-   and per output byte, every one a slope, so the call's fixed part is left out; the same timings of the backward
-   + fused update at 16 MiB -> its terms for SGD, scaled for the other optimizers by their measured extra time; a
-   16 MiB read on every rank at once -> how much local ranks share the memory bus; a large copy -> the write speed;
+   memory), each at two row widths and two batch sizes -> the read speed curve (ms per byte of the distinct rows
+   a batch reads: a row read again is in cache), the cost per id and per output byte, solved from the four timings
+   so the call's fixed part is left out; the same timings of the backward + fused update at 16 MiB -> its terms
+   for SGD, scaled for the other optimizers by their measured extra time; a large copy -> the write speed;
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
    each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
    tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
@@ -25,7 +25,8 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    all eight steps: one built collection can sit 10-20% off another); the same table's input_dist alone,
    table-wise and row-wise at 2, 20, 50 and 100 ids per bag -> row-block routing per id (the row-wise slope per id
    received over table-wise's; an input_dist is short, so it takes many ids for the rise to stand out);
-   the same table under a heavy batch, on rank 0 and one per rank -> how well local ranks run at once;
+   a heavy lookup into a 16 MiB table, on rank 0 alone and on every rank at once (the kernels, no collectives) ->
+   how well local ranks run at once;
 4. on gloo, rectoolkit.planner.load's synthetic step -> the machine's load factor while it calibrated
    (`machine["load_probe"]`, a record: the terms above are fastest repeats and CPU times, which load moves little).
 
@@ -58,14 +59,13 @@ import torch.distributed as dist
 
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS,
-                                                INPUT_POOLINGS,
-                                                HEAVY_POOLING, LOOKUP_DIMS, LOOKUP_IDS_PER_BAG, LOOKUP_SAMPLES,
-                                                MIN_MS_PER_BYTE, READ_BATCH, READ_DIM, READ_POOLING, READ_TABLE_BYTES,
-                                                ZIPF_ALPHA, CalibrationError, fit_profile, lookup_slopes,
-                                                monotone_curve)
+                                                HEAVY_POOLING, INPUT_POOLINGS, LOOKUP_DIMS, LOOKUP_IDS_PER_BAG,
+                                                LOOKUP_SAMPLES, MIN_MS_PER_BYTE, READ_BATCH, READ_DIM, READ_POOLING,
+                                                READ_TABLE_BYTES, SMALL_TABLE_ROWS, ZIPF_ALPHA, CalibrationError,
+                                                fit_profile, lookup_slopes, monotone_curve)
 from rectoolkit.planner.load import measure_load
 from rectoolkit.planner.profile import (COLLECTIVE_KINDS, OPTIMIZERS, SHARDING_TYPES, CalibrationProfile,
-                                        default_profile_path)
+                                        default_profile_path, expected_rows_read)
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -247,17 +247,19 @@ def measure_lookups(rank: int, world_size: int, repeats: int) -> Dict[str, objec
         times.update(_pass_times([middle], OPTIMIZERS, repeats))
         curve, id_costs, output_costs = [], [], []
         for table_bytes in READ_TABLE_BYTES:
-            id_ms, per_byte, output_ms = lookup_slopes(_at(times, None, table_bytes))
+            id_ms, per_byte, output_ms = lookup_slopes(_at(times, None, table_bytes), table_bytes=table_bytes)
             curve.append((float(table_bytes), 1.0 / max(per_byte, MIN_MS_PER_BYTE)))
             id_costs.append(id_ms)
             output_costs.append(output_ms)
         curve = monotone_curve(curve)
         middle_per_byte = 1.0 / dict(curve)[float(middle)]
-        sgd = lookup_slopes(_at(times, "sgd", middle), middle_per_byte)
+        sgd = lookup_slopes(_at(times, "sgd", middle), middle_per_byte, table_bytes=middle)
         backward = {"sgd": sgd}
         small, large = LOOKUP_IDS_PER_BAG
         dim = LOOKUP_DIMS[1]
-        sgd_extra = (large - small) * LOOKUP_SAMPLES * (sgd[0] + 4.0 * dim * sgd[1] * middle_per_byte)
+        rows = middle // (4 * dim)
+        extra_reads = expected_rows_read(large * LOOKUP_SAMPLES, rows) - expected_rows_read(small * LOOKUP_SAMPLES, rows)
+        sgd_extra = (large - small) * LOOKUP_SAMPLES * sgd[0] + extra_reads * 4.0 * dim * sgd[1] * middle_per_byte
         for optimizer in OPTIMIZERS[1:]:
             extra = times[(optimizer, middle, dim, large)] - times[(optimizer, middle, dim, small)]
             scale = max(extra, 0.0) / max(sgd_extra, 1e-9)
@@ -342,7 +344,7 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
     env = ShardingEnv.from_process_group(local_world_size=world_size, device=_device())
     calls = {}
     # tiny tables, 8 bags of one id: the fixed costs per step and per sharding-type group
-    rows, dim, bags = 64, 8 * world_size, 8
+    rows, dim, bags = SMALL_TABLE_ROWS, 8 * world_size, 8
     for name, kinds in _fixed_cost_plans(world_size).items():
         plan = {t: _tiny_parameter_sharding(kind, rows, dim, world_size) for t, kind in kinds.items()}
         calls[name] = _sharded_step(env, plan, rows, dim, torch.arange(bags) % rows,
@@ -370,14 +372,19 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, f
                                                                                 batch.lengths())
                 if name == "tw" and pooling in ENGINE_POOLINGS:
                     calls[f"{name}_p{pooling}_{instance}"] = _step_call(sharded, plan, batch.values(), batch.lengths())
-    # a heavy batch on rank 0's table, then on one such table on each rank (local ranks sharing a host)
-    each = {f"t{r}": ParameterSharding("table_wise", ranks=[r], shards=[ShardMetadata.on_rank(r, 0, 0, rows, READ_DIM)])
-            for r in range(env.world_size)}
-    for name, plan in (("tw", plans["tw"]), ("tw_each", each)):
-        batch = _lookup_batch(rows, seed=rank, pooling=HEAVY_POOLING)
-        calls[f"{name}_heavy"] = _sharded_step(env, plan, rows, READ_DIM, batch.values(), batch.lengths())
     times = timed_each(calls, repeats, synced=True)
     return {key: min(t) for key, t in times.items()}, {key: float(np.median(t)) for key, t in times.items()}
+
+
+def measure_sharing(rank: int, world_size: int, repeats: int) -> Tuple[List[float], List[float]]:
+    """(alone, together): per round, the slowest rank's time of a heavy lookup (forward, backward and fused SGD
+    update of HEAVY_POOLING ids per bag into a 16 MiB table of its own) on rank 0 while the others wait, then on
+    every rank at once, in ms of this thread's CPU time (calibration_fit.parallelism_term)."""
+    rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    lookup = _backward_call(_lookup_module(rows, READ_DIM, "sgd"),
+                            _lookup_batch(rows, seed=rank, pooling=HEAVY_POOLING))
+    times = timed_each({"alone": lookup if rank == 0 else (lambda: None), "together": lookup}, repeats, synced=True)
+    return times["alone"], times["together"]
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -394,11 +401,12 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_de
         collectives = measure_collectives(world_size, repeats)
         reads = measure_lookups(rank, world_size, repeats)
         fixed, fixed_median = measure_fixed_costs(rank, world_size, repeats)
+        sharing = measure_sharing(rank, world_size, repeats)
         # the load factor while calibrating, for the record (rectoolkit.planner.load; CPU tensors: gloo)
         probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
             results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, fixed_median=fixed_median,
-                                    load_probe=probe)))
+                                    sharing=sharing, load_probe=probe)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:

@@ -6,7 +6,7 @@ lookup_slopes and monotone_curve the single-table lookups (read speed curve, per
 fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group); engine_slope and id_term
 the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work per id), input_slope and routing_id_term
 its input_dist alone, table-wise and row-wise (row-block routing per id); shard_terms the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy
-steps (how many local ranks run at once). fit_profile puts them together. The grid below (sizes, widths, batches)
+lookup on rank 0 alone and on every rank at once (how many local ranks run at once). fit_profile puts them together. The grid below (sizes, widths, batches)
 is what the calibration measures at and what the fits assume.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rectoolkit.planner.profile import (COLLECTIVE_KINDS, SHARDING_TYPES, AlphaBeta, CalibrationProfile, LookupTerms,
-                                        fit_alpha_beta)
+                                        expected_rows_read, fit_alpha_beta)
 
 A2A_PEER_BYTES = (64, 4 << 10, 64 << 10, 512 << 10, 2 << 20)  # bytes to each peer
 BUFFER_BYTES = (256, 16 << 10, 256 << 10, 2 << 20, 8 << 20)  # the whole buffer of all_reduce, reduce_scatter, all_gather
@@ -38,6 +38,7 @@ ENGINE_INSTANCES = 2
 # the input_dist alone (routing_id_term): it costs about 1.5 ms at any batch, with 0.3-0.5 ms of noise between
 # calls, so its rise is measured over many more ids than a step's
 INPUT_POOLINGS = (LIGHT_POOLING, 20, 50, HEAVY_POOLING)
+SMALL_TABLE_ROWS = 64  # the fixed costs' tiny tables (one id per bag: every row read many times)
 LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
 LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
 MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
@@ -48,26 +49,30 @@ class CalibrationError(RuntimeError):
     """Calibration could not run; the message says why and what to do."""
 
 
-def lookup_slopes(times: Dict[Tuple[int, int], float], read_ms_per_byte: Optional[float] = None) -> Tuple[float, float, float]:
-    """(ms per id, ms per row byte, ms per output byte) from one pass timed at LOOKUP_DIMS x (small, large) batches
-    of LOOKUP_SAMPLES bags: each difference of two batches leaves the call's fixed part out. With
-    `read_ms_per_byte` (the backward), the per-row-byte slope is returned as a multiple of it (read_factor).
+def lookup_slopes(times: Dict[Tuple[int, int], float], read_ms_per_byte: Optional[float] = None,
+                  table_bytes: Optional[float] = None) -> Tuple[float, float, float]:
+    """(ms per id, ms per row byte read, ms per output byte) from one pass timed at LOOKUP_DIMS x (small, large)
+    batches of LOOKUP_SAMPLES bags: t = fixed + ids x per id + rows read x row bytes x per byte + output bytes x per
+    output byte, solved exactly over the four timings (the call's fixed part is left out). Rows read: the distinct
+    rows of `table_bytes` that the batch's uniform ids touch (expected_rows_read; without `table_bytes` one per id).
+    With `read_ms_per_byte` (the backward), the per-row-byte slope is returned as a multiple of it (read_factor).
 
     >>> t = {(16, 1): 1.0 + 1024 * (1e-5 + 64e-6) + 1024 * 64 * 1e-7, (16, 32): 1.0 + 32768 * (1e-5 + 64e-6) + 1024 * 64 * 1e-7,
     ...      (128, 1): 1.0 + 1024 * (1e-5 + 512e-6) + 1024 * 512 * 1e-7, (128, 32): 1.0 + 32768 * (1e-5 + 512e-6) + 1024 * 512 * 1e-7}
     >>> [round(x, 9) for x in lookup_slopes(t)]
     [1e-05, 1e-06, 1e-07]
     """
-    small, large = LOOKUP_IDS_PER_BAG
-    extra_ids = (large - small) * LOOKUP_SAMPLES
-    low, high = LOOKUP_DIMS
-    per_id = {d: (times[(d, large)] - times[(d, small)]) / extra_ids for d in LOOKUP_DIMS}
-    extra_row_bytes = 4.0 * (high - low)
-    per_byte = max((per_id[high] - per_id[low]) / extra_row_bytes, 0.0)
-    id_ms = max(per_id[low] - 4.0 * low * per_byte, 0.0)
-    small_ids = small * LOOKUP_SAMPLES
-    output_ms = (times[(high, small)] - times[(low, small)] - small_ids * extra_row_bytes * per_byte)
-    output_ms_per_byte = max(output_ms / (LOOKUP_SAMPLES * extra_row_bytes), 0.0)
+    keys = [(dim, per_bag) for dim in LOOKUP_DIMS for per_bag in LOOKUP_IDS_PER_BAG]
+    ids = np.array([per_bag * LOOKUP_SAMPLES for _, per_bag in keys], dtype=float)
+    row_bytes = np.array([4.0 * dim for dim, _ in keys])
+    rows_read = ids if table_bytes is None else np.array(
+        [float(expected_rows_read(n, table_bytes // row)) for n, row in zip(ids, row_bytes)])
+    columns = np.stack([np.ones(len(keys)), ids, rows_read * row_bytes, LOOKUP_SAMPLES * row_bytes], axis=1)
+    y = np.array([times[key] for key in keys])
+    solution = np.linalg.lstsq(columns, y, rcond=None)[0]
+    if solution[2] < 0:  # reads faster than free: noise; refit without them
+        solution = np.insert(np.linalg.lstsq(np.delete(columns, 2, axis=1), y, rcond=None)[0], 2, 0.0)
+    _, id_ms, per_byte, output_ms_per_byte = (max(float(x), 0.0) for x in solution)
     if read_ms_per_byte is not None:
         return id_ms, per_byte / read_ms_per_byte, output_ms_per_byte
     return id_ms, per_byte, output_ms_per_byte
@@ -108,12 +113,15 @@ def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, floa
     return round(step, 4), round(shard, 4), {k: round(v, 4) for k, v in group.items()}
 
 
-def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float) -> float:
-    """What `profile`'s lookup terms (forward + SGD backward) price for `ids` into the 16 MiB table."""
+def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float,
+                       rows: int = READ_TABLE_BYTES[2] // (READ_DIM * 4)) -> float:
+    """What `profile`'s lookup terms (forward + SGD backward) price for `ids` into a shard of `rows` rows READ_DIM
+    wide (the 16 MiB table unless said)."""
     row_bytes = READ_DIM * 4
-    per_byte = profile.read_ms_per_byte(float(READ_TABLE_BYTES[2]))
-    return sum(terms.cost_ms(ids, row_bytes, per_byte, samples * row_bytes)
-               for terms in (profile.forward, profile.backward("sgd")))
+    per_byte = profile.read_ms_per_byte(float(rows * row_bytes))
+    rows_read = profile.rows_read(ids, rows)
+    return float(sum(terms.cost_ms(ids, row_bytes, per_byte, samples * row_bytes, rows_read)
+                     for terms in (profile.forward, profile.backward("sgd"))))
 
 
 def _points(step_ms: Mapping[str, float], prefix: str, ids_per_bag: Callable[[int], float]) -> List[Tuple[float, float]]:
@@ -191,7 +199,7 @@ def routing_id_term(step_ms: Mapping[str, float], world_size: int) -> float:
 
 def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:
     """(ms per table-wise shard, per data-parallel replica, per row-routed shard) under a full batch: four small
-    tables against one, per table, less what the lookup terms and the engine's per-id work price for its ids (a
+    tables (SMALL_TABLE_ROWS rows each) against one, per table, less what the lookup terms and the engine's per-id work price for its ids (a
     table-wise shard receives every rank's bags, a replica its own rank's, a row-wise shard every rank's bags and its
     row block's share of their ids, plus the routing per id).
 
@@ -203,28 +211,34 @@ def shard_terms(step_ms: Dict[str, float], world_size: int, profile: Calibration
     (1.0, 2.0, 3.0)
     """
     result = []
-    for label, ids, bags, per_id in (("tw", world_size * READ_BATCH, world_size * READ_BATCH, profile.id_ms),
-                                     ("dp", READ_BATCH, READ_BATCH, profile.id_ms),
-                                     ("rw", READ_BATCH, world_size * READ_BATCH, profile.id_ms + profile.routing_id_ms)):
+    tw_rows, rw_rows = SMALL_TABLE_ROWS, SMALL_TABLE_ROWS // world_size
+    for label, ids, bags, rows, per_id in (
+            ("tw", world_size * READ_BATCH, world_size * READ_BATCH, tw_rows, profile.id_ms),
+            ("dp", READ_BATCH, READ_BATCH, tw_rows, profile.id_ms),
+            ("rw", READ_BATCH, world_size * READ_BATCH, rw_rows, profile.id_ms + profile.routing_id_ms)):
         per_table = (step_ms[f"{label}4_batch"] - step_ms[f"{label}1_batch"]) / 3.0
-        lookups = _engine_lookups_ms(profile, ids, bags) + ids * per_id
+        lookups = _engine_lookups_ms(profile, ids, bags, rows) + ids * per_id
         result.append(round(max(per_table - lookups, 0.0), 4))
     return result[0], result[1], result[2]
 
 
-def parallelism_term(step_ms: Dict[str, float], world_size: int) -> float:
-    """How many local ranks' lookups really run at once: the table-wise step with one 16 MiB table on rank 0 under a
-    heavy batch (its work L = that step less the tiny one) against one such table on every rank. The model prices
-    the latter as max(L, world_size x L / parallelism), so parallelism = world_size x L / (L + its extra time).
+def parallelism_term(alone_ms: Sequence[float], together_ms: Sequence[float], world_size: int) -> float:
+    """How many local ranks' lookups really run at once: the heavy 16 MiB lookup (forward, backward and update) on
+    rank 0 while the others wait, against the same on every rank at once, round by round. The model prices the
+    latter as world_size x alone / parallelism, so parallelism = world_size / (together / alone), the ratio the
+    median of the rounds' (each round times both back to back: a burst of load slows the pair alike), in [1,
+    world_size]. Kernels alone: a sharded step would add the second table's communication to the ranks' sharing.
 
-    >>> parallelism_term({"tw_heavy": 12.0, "tw": 2.0, "tw_each_heavy": 12.0}, 2)
-    2.0
-    >>> parallelism_term({"tw_heavy": 12.0, "tw": 2.0, "tw_each_heavy": 22.0}, 2)
-    1.0
+    >>> parallelism_term([10.0, 10.0, 12.0], [10.0, 11.0, 20.0], 2)
+    1.8181818181818181
+    >>> parallelism_term([10.0], [25.0], 2), parallelism_term([10.0], [9.0], 2)
+    (1.0, 2.0)
     """
-    work = max(step_ms["tw_heavy"] - step_ms["tw"], 1e-9)
-    extra = max(step_ms["tw_each_heavy"] - step_ms["tw_heavy"], 0.0)
-    return min(float(world_size), max(1.0, world_size * work / (work + extra)))
+    if not alone_ms or len(alone_ms) != len(together_ms):
+        raise ValueError(f"parallelism_term: one time alone and one together per round, got {len(alone_ms)} and "
+                         f"{len(together_ms)}")
+    ratio = float(np.median(np.asarray(together_ms, dtype=float) / np.maximum(np.asarray(alone_ms, dtype=float), 1e-9)))
+    return min(float(world_size), max(1.0, world_size / max(ratio, 1e-9)))
 
 
 def fit_collectives(samples: Mapping[str, Sequence[Tuple[float, float]]]) -> Dict[str, AlphaBeta]:
@@ -242,7 +256,8 @@ def fit_collectives(samples: Mapping[str, Sequence[Tuple[float, float]]]) -> Dic
 def fit_profile(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
                 seconds: float) -> CalibrationProfile:
     """The CalibrationProfile fitted from one calibration's timings (`payload`: rank 0's collectives, reads, fixed
-    and fixed_median, load_probe), with a record of the machine and the run (`machine`)."""
+    and fixed_median, sharing (the heavy lookup's times alone and together, per round), load_probe), with a record
+    of the machine and the run (`machine`)."""
     reads = payload["reads"]
     collectives = fit_collectives(payload["collectives"])
     step, shard, group = fixed_terms(payload["fixed"], world_size)
@@ -255,13 +270,14 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
                    load_probe=payload.get("load_probe"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    fixed_plan_step_ms_median={k: round(v, 4) for k, v in payload["fixed_median"].items()},
+                   sharing_ms={k: [round(ms, 4) for ms in v] for k, v in zip(("alone", "together"), payload["sharing"])},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731
     profile = CalibrationProfile(
         collectives=collectives, read_curve=curve, write_bytes_per_ms=round(reads["write_bytes_per_ms"], 1),
         forward=terms(reads["forward"]), backward_terms={k: terms(v) for k, v in reads["backward"].items()},
         step_ms=step, group_ms=group, shard_ms=shard,
-        memory_parallelism=round(parallelism_term(payload["fixed"], world_size), 3), machine=machine)
+        memory_parallelism=round(parallelism_term(*payload["sharing"], world_size), 3), machine=machine)
     profile = dataclasses.replace(profile, id_ms=round(id_term(payload["fixed"], world_size, profile), 8),
                                   id_row_bytes=float(READ_DIM * 4))
     profile = dataclasses.replace(profile,

@@ -263,8 +263,9 @@ class CostModel:
         read_ms_per_byte = np.where(uvm, far_ms_per_byte, np.where(
             caching, hbm_fraction * local_ms_per_byte + (1 - hbm_fraction) * far_ms_per_byte, local_ms_per_byte))
         row_bytes = cols * element_bytes
-        forward = self.forward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
-        backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer)
+        rows_read = self.profile.rows_read(ids, rows)
+        forward = self.forward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer, rows_read)
+        backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer, rows_read)
         # a dense gradient: zeroed, accumulated and applied over the whole shard
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         # the engine's work per id (in proportion to the row bytes), plus row-block routing in the routed groups

@@ -395,12 +395,15 @@ def _shard_terms(result: PlanningResult, table_name: str) -> str:
     lines = [f"Time terms of its shards ({ps.sharding_type}, fixed {model.profile.shard_ms:.3f} ms per shard; backward + "
              f"{model.optimizer.value} update: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
              f"{back.output_ms_per_byte * 1e6:.3f} ns per output byte):"]
+    senders = 1 if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL else model.topology.world_size
     for shard in ps.shards:
         rows, cols = shard.shard_sizes
         forward, backward = model.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel,
                                                   ps.cache_load_factor)
         size = rows * cols * table.element_bytes
-        lines.append(f"  rank {shard.rank}: {rows} x {cols} ({format_bytes(size)}) read at "
+        ids = senders * table.ids_per_rank * rows / table.rows
+        lines.append(f"  rank {shard.rank}: {rows} x {cols} ({format_bytes(size)}), {ids:,.0f} ids reading "
+                     f"{float(model.profile.rows_read(ids, rows)):,.0f} rows at "
                      f"{1 / model.profile.read_ms_per_byte(size) / 1e6:.2f} GB/s: {forward:.3f} ms forward, "
                      f"{backward:.3f} ms backward + update")
     return "\n".join(lines)

@@ -12,12 +12,15 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
   rectoolkit.planner.cost.FITTED_COLLECTIVE. A profile calibrated before reduce-scatter and all-gather were fitted
   holds only the first two; it still loads, and all_reduce's pair stands in for the missing ones (a ring all-reduce
   is a reduce-scatter then an all-gather over the same links; `missing_collectives` and `describe()` say so).
-- lookups: one pass over a shard's ids costs `ids x (id_ms + row bytes x read_factor x read ms per byte) + output
-  bytes x output_ms_per_byte` (`LookupTerms`): `forward` for the lookup, `backward[optimizer]` for the backward and
-  the fused optimizer update. The read speed depends on the shard's size (its working set): `read_curve` is a list
-  of (working set bytes, bytes per ms) points, interpolated in log(size); shards that fit in cache read fast, ones
-  far larger than the last-level cache at memory speed. Each term is a slope (a difference of two batches), so the
-  call's fixed part is left to `shard_ms`.
+- lookups: one pass over a shard's ids costs `ids x id_ms + rows read x row bytes x read_factor x read ms per
+  byte + output bytes x output_ms_per_byte` (`LookupTerms`): `forward` for the lookup, `backward[optimizer]` for the
+  backward and the fused optimizer update. Rows read (`rows_read`): the distinct rows the ids touch, as uniform ids
+  would (`expected_rows_read`): a row read again in the same pass is in cache (a 20,000-row table taking 51,200 ids
+  reads 18,454 rows). The read speed depends on the shard's size (its working set): `read_curve` is a list of
+  (working set bytes, bytes per ms) points, interpolated in log(size); shards that fit in cache read fast, ones far
+  larger than the last-level cache at memory speed. The terms are solved from four timings of a pass (two batches
+  at two row widths), so the call's fixed part is left to `shard_ms`. A version-2 profile (saved before rows were
+  counted distinct) was fitted with a row read per id and is priced that way (`reads_distinct_rows` False).
 - writes: `write_bytes_per_ms`, a large copy's speed (a dense kernel's passes over its whole shard).
 - fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
   and its collectives' round trips), `shard_ms` once per shard a rank holds (`replica_ms` per data-parallel
@@ -28,7 +31,7 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
   its whole row (a grid shard holding part of the columns pays that part).
 - sharing: local ranks share a host's cores and memory; when they all work at once they get `memory_parallelism`
   times one rank's speed, not `local ranks` times (1.0: fully serialized, local ranks: no sharing); measured on the
-  sharded engine (one table on rank 0 against one on every rank).
+  lookup kernels alone (a heavy lookup on rank 0 against the same on every rank at once).
 
     >>> from rectoolkit.planner.topology import Topology
     >>> p = CalibrationProfile.from_topology(Topology(world_size=2, compute_device="cpu"))
@@ -50,7 +53,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 
-PROFILE_VERSION = 2  # 2: per-id / per-byte / per-output lookup terms (LookupTerms) for forward and backward
+PROFILE_VERSION = 3  # 2: per-id / per-byte / per-output lookup terms (LookupTerms); 3: reads per distinct row
+READABLE_VERSIONS = (2, 3)
 COLLECTIVE_KINDS = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
 REQUIRED_COLLECTIVES = ("all_to_all", "all_reduce")  # a profile calibrated before the other two were fitted has these
 STAND_IN = {"reduce_scatter": "all_reduce", "all_gather": "all_reduce"}  # prices a pair such a profile lacks
@@ -90,19 +94,32 @@ class LookupTerms:
     ids x (id_ms + row bytes x read_factor x read ms per byte at the shard's size) + output bytes x output_ms_per_byte.
 
     >>> LookupTerms(id_ms=0.001, read_factor=2.0, output_ms_per_byte=1e-6).cost_ms(100, 256, 1e-5, 4096)
-    0.6160960000000001
+    0.616096
     """
 
     id_ms: float = 0.0
     read_factor: float = 1.0
     output_ms_per_byte: float = 0.0
 
-    def cost_ms(self, ids, row_bytes, read_ms_per_byte, output_bytes):
-        """Numbers or numpy arrays (broadcast)."""
-        return ids * (self.id_ms + row_bytes * self.read_factor * read_ms_per_byte) + output_bytes * self.output_ms_per_byte
+    def cost_ms(self, ids, row_bytes, read_ms_per_byte, output_bytes, rows_read=None):
+        """Numbers or numpy arrays (broadcast). `rows_read`: the distinct rows the ids read (default: one per id)."""
+        rows_read = ids if rows_read is None else rows_read
+        return (ids * self.id_ms + rows_read * row_bytes * self.read_factor * read_ms_per_byte
+                + output_bytes * self.output_ms_per_byte)
 
     def scaled(self, factor: float) -> "LookupTerms":
         return LookupTerms(self.id_ms * factor, self.read_factor * factor, self.output_ms_per_byte * factor)
+
+
+def expected_rows_read(ids, rows):
+    """The distinct rows `ids` uniform draws from `rows` rows read: rows x (1 - exp(-ids / rows)); numbers or arrays.
+
+    >>> round(float(expected_rows_read(20000, 20000)), 1), float(expected_rows_read(0, 100)), float(expected_rows_read(5, 0))
+    (12642.4, 0.0, 0.0)
+    """
+    rows = np.asarray(rows, dtype=float)
+    safe = np.where(rows > 0, rows, 1.0)
+    return np.where(rows > 0, safe * -np.expm1(-np.asarray(ids, dtype=float) / safe), 0.0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,7 @@ class CalibrationProfile:
     routing_id_ms: float = 0.0  # added per id for row-block routing (row_wise, table_row_wise, grid_shard)
     id_row_bytes: float = 256.0  # the row width id_ms was measured at (the calibration's 64 float32 columns)
     memory_parallelism: float = 1.0
+    reads_distinct_rows: bool = True  # rows read = the distinct rows the ids touch (False: one per id, TorchRec's)
     machine: Dict[str, object] = field(default_factory=dict)  # where and how it was measured, for the record
 
     def __post_init__(self) -> None:
@@ -224,7 +242,7 @@ class CalibrationProfile:
                    write_bytes_per_ms=float(local), forward=LookupTerms(0.0, 1.0, 1.0 / float(local)),
                    backward_terms={name: LookupTerms(0.0, 1.0, 1.0 / float(local)).scaled(
                        float(topology.bwd_compute_multiplier)) for name in OPTIMIZERS},
-                   memory_parallelism=float(topology.local_world_size),
+                   memory_parallelism=float(topology.local_world_size), reads_distinct_rows=False,
                    machine={"source": "topology defaults (not measured)"})
 
     def to_dict(self) -> dict:
@@ -240,9 +258,11 @@ class CalibrationProfile:
     def from_dict(cls, data: dict, source: str = "profile") -> "CalibrationProfile":
         data = dict(data)
         version = data.pop("version", None)
-        if version != PROFILE_VERSION:
-            raise ValueError(f"{source}: calibration profile version {version!r}, this rectoolkit reads version "
-                             f"{PROFILE_VERSION}; re-run `python -m rectoolkit.planner.calibrate`")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"{source}: calibration profile version {version!r}, this rectoolkit reads versions "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}; re-run `python -m rectoolkit.planner.calibrate`")
+        if version == 2:  # fitted with a row read per id: priced so
+            data["reads_distinct_rows"] = False
         try:
             data["collectives"] = _collectives_from_json(data["collectives"], source)
             data["read_curve"] = tuple((float(s), float(b)) for s, b in data["read_curve"])
@@ -275,11 +295,24 @@ class CalibrationProfile:
                                     f"`python -m rectoolkit.planner.calibrate --out {path}`")
         return cls.from_json(path.read_text(), str(path))
 
+    def rows_read(self, ids, rows):
+        """The rows a pass of `ids` over a shard of `rows` rows reads: the distinct ones (expected_rows_read), or
+        one per id for a profile fitted so (reads_distinct_rows False). Numbers or numpy arrays.
+
+        >>> from dataclasses import replace
+        >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1.0),), 1.0)
+        >>> round(float(p.rows_read(51200, 20000))), replace(p, reads_distinct_rows=False).rows_read(51200, 20000)
+        (18454, 51200)
+        """
+        return expected_rows_read(ids, rows) if self.reads_distinct_rows else ids
+
     def summary_rows(self) -> List[Tuple[str, str]]:
         """(term, value) rows for explain(), describe() and the widgets: every fitted collective pair with the
         engine's collectives it prices (or the stand-in a profile without it uses), then the other terms."""
         rows = [(f"{kind}: latency, bandwidth", self._collective_text(kind)) for kind in COLLECTIVE_KINDS]
         rows += [("read speed by shard size", ", ".join(f"{_size(s)}: {bw / 1e6:.2f} GB/s" for s, bw in self.read_curve)),
+                 ("rows read per pass", "the distinct rows its ids touch" if self.reads_distinct_rows
+                  else "one per id (a version-2 or uncalibrated profile)"),
                  ("forward per id, per output byte", _terms_text(self.forward)),
                  ("large copy (write) speed", f"{self.write_bytes_per_ms / 1e6:.2f} GB/s"),
                  ("fixed per step", f"{self.step_ms:.3f} ms"),

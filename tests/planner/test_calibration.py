@@ -14,10 +14,11 @@ import pytest
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner.calibrate import fastest_each, timed_each
-from rectoolkit.planner.calibration_fit import (fixed_terms, id_term, monotone_curve, parallelism_term, routing_id_term,
-                                                shard_terms)
+from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, fixed_terms, id_term, lookup_slopes, monotone_curve,
+                                                parallelism_term, routing_id_term, shard_terms)
 from rectoolkit.planner.cost import CostModel, collective_calls
 from rectoolkit.planner.profile import ROW_ROUTED, AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
+from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import collect_tables
 from rectoolkit.planner.topology import Topology
 from rectoolkit.plan.types import ShardingType
@@ -67,9 +68,10 @@ def test_table_wise_step_time_by_hand():
     plan = ShardingPlan({"": {"t": ParameterSharding("table_wise", ranks=[1],
                                                      shards=[ShardMetadata.on_rank(1, 0, 0, 100, 8)])}})
     cost = CostModel(topo, "sgd").evaluate(plan, tables)
-    # rank 1 reads 8 ids x 8 floats = 256 B from a 3200 B shard; writes 8 samples x 8 floats = 256 B
+    # rank 1 receives 8 ids, which read 100 x (1 - e^(-8/100)) = 7.69 distinct rows of 8 floats (32 B) from a
+    # 3200 B shard; writes 8 samples x 8 floats = 256 B
     per_byte = 1 / 100 + (math.log(3200) - math.log(1e3)) / (math.log(1e6) - math.log(1e3)) * (1 / 10 - 1 / 100)
-    forward = 256 * per_byte + 256 / 1000
+    forward = 100 * (1 - math.exp(-8 / 100)) * 32 * per_byte + 256 / 1000
     backward = 1.5 * forward
     # bytes: 4 lengths x 4 B + 4 ids x 8 B = 48 B in, [4, 8] fp32 = 128 B out, 128 B of gradients back
     comm_forward, comm_backward = (48 + 128) / 1000, 128 / 1000
@@ -173,9 +175,13 @@ def test_fits_by_hand():
     flat = CalibrationProfile(PROFILE.collectives, ((1.0, 1e6),), 1e6, forward=LookupTerms(1e-5, 1.0, 1e-6),
                               backward_terms={"sgd": LookupTerms(2e-5, 3.0, 1e-6)}, id_ms=1e-4)
     # the full batch (pooling 20) less the light one (pooling 2): 2 ranks x 512 bags x 18 = 18432 more ids into
-    # the table-wise table, each 256 B read at 1e-6 ms/B: forward 1e-5 + 256e-6, backward 2e-5 + 3 x 256e-6 ms per id
-    per_id = 1e-5 + 256e-6 + 2e-5 + 3 * 256e-6
-    assert id_term({"tw_p20_0": 30.0, "tw_p2_0": 5.0}, 2, flat) == pytest.approx((25.0 - 18432 * per_id) / 18432)
+    # the table-wise 16 MiB table (65536 rows of 256 B): per id forward 1e-5 + backward 2e-5 ms, and per distinct row
+    # read (65536 x (1 - e^(-ids / 65536)) of them) 256 B at 1e-6 ms/B, forward once and backward 3 times
+    def lookups(ids, rows=65536):
+        return ids * (1e-5 + 2e-5) + rows * (1 - math.exp(-ids / rows)) * 256 * 1e-6 * (1 + 3)
+
+    more = lookups(20480) - lookups(2048)
+    assert id_term({"tw_p20_0": 30.0, "tw_p2_0": 5.0}, 2, flat) == pytest.approx((25.0 - more) / 18432)
     # routing, from the input_dist alone: row-wise, each rank receives half of the ids (9216 more from 2 to 20 ids
     # per bag) and its input_dist rises 1.5 ms; table-wise, rank 0 receives all 18432 more and its rises 0.3 ms
     inputs = {"rw_in_p2_0": 1.0, "rw_in_p20_0": 2.5, "tw_in_p2_0": 0.8, "tw_in_p20_0": 1.1}
@@ -185,7 +191,7 @@ def test_fits_by_hand():
         routing_id_term({"rw_in_p2_0": 1.0, "tw_in_p2_0": 0.8, "tw_in_p20_0": 1.1}, 2)
     # a line through every batch size and built collection: one collection 2 ms slow at 20 ids per bag, another
     # 2 ms fast at 2, and the points at 5 and 10 on the line of the others (1 ms per 1024 ids beyond the lookups)
-    line = {p: 5.0 + (p - 2) * (1.0 + 1024 * per_id) for p in (2, 5, 10, 20)}
+    line = {p: 5.0 + (p - 2) * 1.0 + lookups(1024 * p) for p in (2, 5, 10, 20)}
     steps = {f"tw_p{p}_{i}": line[p] for p in line for i in (0, 1)}
     steps["tw_p20_0"] += 2.0
     steps["tw_p2_1"] -= 2.0
@@ -194,16 +200,21 @@ def test_fits_by_hand():
     assert two_points > 1.1 / 1024  # where the two-point difference takes the whole 2 ms
     with pytest.raises(ValueError, match="two batch sizes"):
         id_term({"tw_p20_0": 30.0, "tw_p20_1": 31.0}, 2, flat)
-    # one table's work is 10 ms; one table on each rank adds 5 ms: 2 x 10 / 15 ranks' worth run at once
-    assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 17.0}, 2) == pytest.approx(20 / 15)
-    assert parallelism_term({"tw": 2.0, "tw_heavy": 12.0, "tw_each_heavy": 40.0}, 2) == 1.0
+    # the lookup takes 10 ms alone and 15 ms on both ranks at once: 2 x 10 / 15 ranks' worth run at once; the
+    # median of the rounds' ratios, so one round slowed by other work (together 40 ms) does not move it
+    assert parallelism_term([10.0, 10.0, 10.0], [15.0, 40.0, 15.0], 2) == pytest.approx(20 / 15)
+    assert parallelism_term([10.0], [40.0], 2) == 1.0 and parallelism_term([10.0], [8.0], 4) == 4.0
+    with pytest.raises(ValueError, match="per round"):
+        parallelism_term([10.0, 11.0], [15.0], 2)
     assert monotone_curve([(3.0, 5.0), (1.0, 2.0), (2.0, 9.0)]) == [(1.0, 9.0), (2.0, 9.0), (3.0, 5.0)]
     # per shard: 3 more tables cost 6 ms (2 each), less their lookups: a table-wise shard gets 1024 ids (and 1024
     # bags of 256 B out), a replica its own 512
-    tw_lookup = 1024 * (per_id + 1e-4) + 1024 * 256 * 2e-6
-    dp_lookup = 512 * (per_id + 1e-4) + 512 * 256 * 2e-6
-    # a row-wise shard: every rank's 1024 bags, its row block's 512 of their ids, each also routed (0 here)
-    rw_lookup = 512 * (per_id + 1e-4) + 1024 * 256 * 2e-6
+    # (the tables have 64 rows: every id beyond the first reads a row already read)
+    tw_lookup = lookups(1024, 64) + 1024 * 1e-4 + 1024 * 256 * 2e-6
+    dp_lookup = lookups(512, 64) + 512 * 1e-4 + 512 * 256 * 2e-6
+    # a row-wise shard: every rank's 1024 bags, its row block's 512 of their ids into its 32 rows, each also routed
+    # (0 here)
+    rw_lookup = lookups(512, 32) + 512 * 1e-4 + 1024 * 256 * 2e-6
     shard_batch, replica, routed = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0,
                                                 "rw1_batch": 1.0, "rw4_batch": 13.0}, 2, flat)
     assert shard_batch == pytest.approx(2.0 - tw_lookup, abs=1e-4) and replica == pytest.approx(3.0 - dp_lookup, abs=1e-4)
@@ -217,8 +228,15 @@ def test_profile_json_round_trip_and_errors(tmp_path):
     assert CalibrationProfile.load(path) == PROFILE
     assert Topology(world_size=2, profile=str(path)).profile == PROFILE
     data = json.loads(path.read_text())
+    assert data["version"] == 3 and data["reads_distinct_rows"] is True
+    # a version-2 profile (saved before rows read were counted distinct) was fitted with a row per id: priced so
+    old = {key: value for key, value in data.items() if key != "reads_distinct_rows"}
+    old["version"] = 2
+    assert CalibrationProfile.from_dict(old).reads_distinct_rows is False
+    assert CalibrationProfile.from_dict(old).rows_read(51200, 20000) == 51200
+    assert "one per id" in CalibrationProfile.from_dict(old).describe() and "distinct rows" in PROFILE.describe()
     data["version"] = 99
-    with pytest.raises(ValueError, match="version 99"):
+    with pytest.raises(ValueError, match="version 99, this rectoolkit reads versions 2, 3"):
         CalibrationProfile.from_dict(data)
     with pytest.raises(ValueError, match="not valid JSON"):
         CalibrationProfile.from_json("{", "p.json")
@@ -272,7 +290,9 @@ def test_calibration_measures_every_term(tmp_path):
     engine = {f"tw_p{pooling}_{instance}" for pooling in (2, 5, 10, 20) for instance in (0, 1)}
     engine |= {f"{name}_in_p{pooling}_{instance}" for name in ("tw", "rw") for pooling in (2, 20, 50, 100)
                for instance in (0, 1)}  # the input_dist alone, table-wise and row-wise (routing)
-    assert fastest.keys() == median.keys() and engine | {"tw_heavy", "tw_each_heavy"} <= set(fastest)
+    assert fastest.keys() == median.keys() and engine <= set(fastest)
+    sharing = profile.machine["sharing_ms"]  # the heavy lookup on rank 0 alone and on both ranks, every round
+    assert len(sharing["alone"]) == len(sharing["together"]) >= 3 and min(sharing["alone"]) > 0
     assert all(0 < fastest[plan] <= median[plan] for plan in fastest)  # of the same rounds: the fastest <= the median
     assert topo.cores_per_host == os.cpu_count()
 
@@ -312,8 +332,32 @@ def test_reads_compete_with_the_ranks_share_of_all_tables_in_cache():
     # the 3200 B shard alone reads as a 3200 B working set; beside a 32 MB table, as half of 32.0032 MB
     share = (3200 + 32_000_000) / 2
     assert PROFILE.read_ms_per_byte(share) > PROFILE.read_ms_per_byte(3200)
-    read_alone, read_shared = 256 * PROFILE.read_ms_per_byte(3200), 256 * PROFILE.read_ms_per_byte(share)
+    read = 100 * (1 - math.exp(-8 / 100)) * 32  # 8 ids: their distinct rows of 32 B
+    read_alone, read_shared = read * PROFILE.read_ms_per_byte(3200), read * PROFILE.read_ms_per_byte(share)
     assert shared[1] - alone[1] == pytest.approx(1.5 * (read_shared - read_alone))
+
+
+def test_reads_are_priced_per_distinct_row_and_fitted_so():
+    # a hot table: 1000 rows of 8 floats, 4000 ids per rank on 2 ranks = 8000 ids into the table-wise shard; uniform
+    # ids touch 1000 x (1 - e^-8) = 999.7 distinct rows, each read once (a row read again is in cache)
+    hot = EmbeddingBagConfig(name="hot", num_embeddings=1000, embedding_dim=8, feature_names=["h"])
+    (table,) = collect_tables([hot], batch_size=1000, stats=WorkloadStats({"h": 4.0}, 1000))
+    profile = CalibrationProfile(PROFILE.collectives, ((1.0, 10.0),), 1e6, forward=LookupTerms(1e-4, 1.0, 0.0),
+                                 backward_terms={"sgd": LookupTerms(0.0, 2.0, 0.0)})
+    model = CostModel(Topology(world_size=2, compute_device="cpu", batch_size=1000, profile=profile), "sgd")
+    forward, backward = model.shard_lookup_ms(table, 1000, 8, "table_wise", "fused", None)
+    rows_read = 1000 * (1 - math.exp(-8))
+    assert forward == pytest.approx(8000 * 1e-4 + rows_read * 32 / 10.0, rel=1e-9)
+    assert backward == pytest.approx(2 * rows_read * 32 / 10.0, rel=1e-9)
+    # the calibration's fit: timings made of 1 ms + 2e-5 ms per id + 1e-6 ms per distinct row byte + 1e-7 ms per
+    # output byte, on a 64 KiB table at 16 and 128 floats per row (1024 and 128 rows), 1 and 32 ids per bag
+    def timing(dim, per_bag):
+        ids, rows = per_bag * LOOKUP_SAMPLES, (64 << 10) // (4 * dim)
+        return 1.0 + ids * 2e-5 + rows * (1 - math.exp(-ids / rows)) * 4 * dim * 1e-6 + LOOKUP_SAMPLES * 4 * dim * 1e-7
+    times = {(dim, per_bag): timing(dim, per_bag) for dim in (16, 128) for per_bag in (1, 32)}
+    np.testing.assert_allclose(lookup_slopes(times, table_bytes=64 << 10), [2e-5, 1e-6, 1e-7], rtol=1e-6)
+    # the same timings read one row per id fit other terms: the distinct rows are what the fit accounts for
+    assert not np.allclose(lookup_slopes(times), [2e-5, 1e-6, 1e-7], rtol=0.1)
 
 
 def test_torchrec_planner_components_are_refused_and_debug_logs_the_explanation(caplog):

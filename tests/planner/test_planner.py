@@ -196,6 +196,11 @@ def test_explain_answers_why_not():
     assert "only" in planner.explain("small", "column_wise")
     overview = planner.explain("small")
     assert "Alternatives" in overview and "row_wise" in overview
+    # each shard's terms: the ids it receives (2 ranks x 64 bags, one id each, over its rows) and the rows they read
+    # (one per id without a calibration: TorchRec's bandwidth model)
+    shard_lines = re.findall(r"rank (\d): (\d+) x 64 \([^)]*\), ([\d,]+) ids reading ([\d,]+) rows at", overview)
+    assert shard_lines and all(int(ids.replace(",", "")) == int(reads.replace(",", "")) == 128 * int(rows) // 100
+                               for _, rows, ids, reads in shard_lines)
 
 
 def test_report_of_real_batches_matches_traffic_exactly():
