@@ -318,27 +318,30 @@ def _sharded_collection(env, plan: Dict[str, object], rows: int, dim: int):
     return shard_embedding_bag_collection(ebc, plan, env)
 
 
-def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: torch.Tensor):
-    """A training step of `sharded` on these ids and lengths for every table's feature."""
+def _features_batch(tables, ids: torch.Tensor, lengths: torch.Tensor):
+    """A KeyedJaggedTensor giving every table's feature ("f_<table>") these ids and lengths."""
     from rectoolkit.sparse import KeyedJaggedTensor
 
-    kjt = KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in plan], ids.repeat(len(plan)).to(_device()),
-                                              lengths.repeat(len(plan)).to(_device()))
+    return KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in tables], ids.repeat(len(tables)).to(_device()),
+                                               lengths.repeat(len(tables)).to(_device()))
+
+
+def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: torch.Tensor):
+    """A training step of `sharded` on these ids and lengths for every table's feature."""
+    kjt = _features_batch(plan, ids, lengths)
     return lambda: sharded(kjt).values().sum().backward()
 
 
 def _input_dist_call(sharded, ids: torch.Tensor, lengths: torch.Tensor):
     """The input_dist alone of `sharded` (one table, feature "f_t0") on these ids and lengths."""
-    from rectoolkit.sparse import KeyedJaggedTensor
-
-    kjt = KeyedJaggedTensor.from_lengths_sync(["f_t0"], ids.to(_device()), lengths.to(_device()))
+    kjt = _features_batch(["t0"], ids, lengths)
     return lambda: sharded.start_input_dist(kjt).wait()
 
 
-def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
-    """Fastest step (sharded EBC forward + backward + fused SGD) of each plan below, slowest rank, in ms (this
-    thread's CPU time: the groups' Python and kernel work; their collectives' latency is priced by alpha), all
-    timed interleaved (fastest_each)."""
+def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """(fastest, median) step (sharded EBC forward + backward + fused SGD) of each plan below over the rounds,
+    slowest rank, in ms (this thread's CPU time: the groups' Python and kernel work; their collectives' latency is
+    priced by alpha), all timed interleaved (timed_each)."""
     from rectoolkit.distributed.comm import ShardingEnv
 
     env = ShardingEnv.from_process_group(local_world_size=world_size, device=_device())
