@@ -294,7 +294,7 @@ def run(args) -> List[Dict[str, Any]]:
     return runs
 
 
-def report(runs: List[Dict[str, Any]]) -> str:
+def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") -> str:
     first = runs[0]["measurements"]["info"]
     lines = [
         f"Estimated vs measured step time of {runs[0]['summary']['plans']}+ plans per workload on {WORLD_SIZE} local CPU "
@@ -351,7 +351,7 @@ def report(runs: List[Dict[str, Any]]) -> str:
             lines.append(f"| {plan} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += parts_table(runs)
-    lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/cost_model_raw.json "
+    lines.append(f"Raw per-plan, per-rank, per-step measurements: benchmarks/results/{raw_name} "
                  f"(first run's settings: {json.dumps({k: first[k] for k in ('batch_size', 'steps', 'rounds', 'phase_steps', 'num_threads')})}).")
     return "\n".join(lines)
 
@@ -504,12 +504,12 @@ def main() -> None:
             parser.error("--reestimate without --profile prints one raw file's full comparison: give one file")
         args.reestimate = args.reestimate[0]
         print(f"Estimates recomputed now on the measurements of {args.reestimate}:\n")
-        print(report(reestimate(args.reestimate, recalibrate=args.recalibrate)))
+        print(report(reestimate(args.reestimate, recalibrate=args.recalibrate), Path(args.reestimate).name))
         return
     if args.quick:
         args.repeats, args.rounds, args.steps = 1, 2, 4
     runs = run(args)
-    table = report(runs)
+    table = report(runs, f"{args.name}_raw.json")
     print(table)
     if not args.no_write:
         results = HERE / "results"
