@@ -2,12 +2,13 @@
 
 The calibration's workers only time things; this module turns those timings into the profile's terms. Each fit
 reads one measurement: fit_collectives the collectives' (bytes, ms) samples (one alpha-beta pair per kind);
-lookup_slopes and monotone_curve the single-table lookups (read speed curve, per-id and per-output-byte costs);
-fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group); engine_slope and id_term
-the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work per id), input_slope and routing_id_term
-its input_dist alone, table-wise and row-wise (row-block routing per id); shard_terms the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy
-lookup on rank 0 alone and on every rank at once (how many local ranks run at once). fit_profile puts them together. The grid below (sizes, widths, batches)
-is what the calibration measures at and what the fits assume.
+lookup_slopes and monotone_curve the single-table lookups (read speed curve, per-id, per-distinct-row-byte and
+per-output-byte costs); fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group);
+engine_slope and id_term the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work per id),
+input_slope and routing_id_term its input_dist alone, table-wise and row-wise (row-block routing per id); shard_terms
+the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy lookup on rank 0 alone and
+on every rank at once (how many local ranks run at once). fit_profile puts them together. The grid below (sizes,
+widths, batches) is what the calibration measures at and what the fits assume.
 """
 
 from __future__ import annotations
@@ -199,9 +200,9 @@ def routing_id_term(step_ms: Mapping[str, float], world_size: int) -> float:
 
 def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:
     """(ms per table-wise shard, per data-parallel replica, per row-routed shard) under a full batch: four small
-    tables (SMALL_TABLE_ROWS rows each) against one, per table, less what the lookup terms and the engine's per-id work price for its ids (a
-    table-wise shard receives every rank's bags, a replica its own rank's, a row-wise shard every rank's bags and its
-    row block's share of their ids, plus the routing per id).
+    tables (SMALL_TABLE_ROWS rows each) against one, per table, less what the lookup terms and the engine's per-id
+    work price for its ids (a table-wise shard receives every rank's bags, a replica its own rank's, a row-wise shard
+    every rank's bags and its row block's share of their ids, plus the routing per id).
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e12),), 1e6,

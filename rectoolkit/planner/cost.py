@@ -238,10 +238,10 @@ class CostModel:
         dense = column([k == K.DENSE for k in kernels], bool)
         hbm_fraction = column([_load_factor(f) for f in cache_load_factors])
         # ids and samples a shard receives per step: from every rank, or (data-parallel) from its own batch
-        senders = column([1 if t == ShardingType.DATA_PARALLEL else topo.world_size for t in sharding_types])
+        senders = column([id_senders(t, topo.world_size) for t in sharding_types])
         table_rows = column([t.rows for t in tables])
         element_bytes = column([t.element_bytes for t in tables])
-        ids = senders * column([t.ids_per_rank for t in tables]) * rows / table_rows
+        ids = shard_ids(column([t.ids_per_rank for t in tables]), senders, rows, table_rows)
         samples = senders * column([t.samples_per_rank for t in tables])
         # lengths received: a data-parallel replica its own samples, a shard VBE's when its collection sends them
         lengths = np.where(senders == 1, samples, senders * column([t.lengths_per_rank for t in tables]))
@@ -585,6 +585,25 @@ class CostModel:
         same = hosts[:, None] == hosts[None, :]
         intra, inter = self.link_bw[kind]
         return np.where(same, intra, inter).astype(float)
+
+
+def id_senders(sharding_type: Union[str, ShardingType], world_size: int) -> int:
+    """How many ranks send a shard their ids each step: every rank, or (data-parallel) a replica's own.
+
+    >>> id_senders("table_wise", 4), id_senders("data_parallel", 4)
+    (4, 1)
+    """
+    return 1 if ShardingType.parse(sharding_type) == ShardingType.DATA_PARALLEL else world_size
+
+
+def shard_ids(ids_per_rank, senders, shard_rows, table_rows):
+    """The ids a shard of `shard_rows` of a table's `table_rows` receives per step: `senders` ranks' ids
+    (id_senders), spread over the table's rows evenly. Numbers or numpy arrays (broadcast).
+
+    >>> shard_ids(100.0, 2, 250, 1000)
+    50.0
+    """
+    return senders * ids_per_rank * shard_rows / table_rows
 
 
 def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: int) -> Dict[str, int]:

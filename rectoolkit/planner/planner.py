@@ -23,7 +23,7 @@ import numpy as np
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan, ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints
-from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.cost import CostModel, id_senders, shard_ids
 from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_parameter_sharding
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
@@ -395,13 +395,13 @@ def _shard_terms(result: PlanningResult, table_name: str) -> str:
     lines = [f"Time terms of its shards ({ps.sharding_type}, fixed {model.profile.shard_ms:.3f} ms per shard; backward + "
              f"{model.optimizer.value} update: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
              f"{back.output_ms_per_byte * 1e6:.3f} ns per output byte):"]
-    senders = 1 if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL else model.topology.world_size
+    senders = id_senders(ps.sharding_type, model.topology.world_size)
     for shard in ps.shards:
         rows, cols = shard.shard_sizes
         forward, backward = model.shard_lookup_ms(table, rows, cols, ps.sharding_type, ps.compute_kernel,
                                                   ps.cache_load_factor)
         size = rows * cols * table.element_bytes
-        ids = senders * table.ids_per_rank * rows / table.rows
+        ids = shard_ids(table.ids_per_rank, senders, rows, table.rows)
         lines.append(f"  rank {shard.rank}: {rows} x {cols} ({format_bytes(size)}), {ids:,.0f} ids reading "
                      f"{float(model.profile.rows_read(ids, rows)):,.0f} rows at "
                      f"{1 / model.profile.read_ms_per_byte(size) / 1e6:.2f} GB/s: {forward:.3f} ms forward, "

@@ -91,7 +91,9 @@ class AlphaBeta:
 @dataclass(frozen=True)
 class LookupTerms:
     """One pass over a shard's ids, the forward lookup or the backward + optimizer update, in ms:
-    ids x (id_ms + row bytes x read_factor x read ms per byte at the shard's size) + output bytes x output_ms_per_byte.
+    ids x id_ms + rows read x row bytes x read_factor x read ms per byte at the shard's size + output bytes x
+    output_ms_per_byte, where rows read are the distinct rows the ids touch (CalibrationProfile.rows_read; one per id
+    for a profile fitted so, version 2).
 
     >>> LookupTerms(id_ms=0.001, read_factor=2.0, output_ms_per_byte=1e-6).cost_ms(100, 256, 1e-5, 4096)
     0.616096
