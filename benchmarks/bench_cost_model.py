@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py --repeats 3 --workloads issue8
     .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/cost_model_raw.json
     .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/*_raw.json --profile a.json --profile b.json
+    .venv/bin/python benchmarks/bench_cost_model.py --replay benchmarks/results/cost_distinct_rows_*_raw.json --rounds 10 --steps 10
 
 Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
 grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
@@ -471,6 +472,48 @@ def profiles_on_stored_runs(raw_paths: List[Path], profile_paths: List[Path]) ->
     return "\n".join(lines)
 
 
+def replay(raw_paths: List[Path], workload_name: str, rounds: int, steps: int) -> str:
+    """The planner's and TorchRec's plans stored in `raw_paths` for one workload, each distinct plan once, run again
+    head to head (measure_plans: `rounds` alternating rounds of `steps` steps, no phase timing): does a plan that
+    measured a few percent slower than another in a repeat stay slower with many more rounds? Per plan: the
+    median step (slowest rank) and the range over rounds, and the ratio to TorchRec's plan round by round (median
+    and range of the paired ratios, where a burst of load slows both alike)."""
+    workload = WORKLOADS[workload_name]()
+    plans, origin = {}, {}
+    for raw in raw_paths:
+        for run_ in json.loads(Path(raw).read_text())["runs"]:
+            if run_["workload"] != workload_name:
+                continue
+            for kind in ("torchrec", "planner"):
+                stored = run_["plans"].get(kind)
+                if stored is None or any(stored["plan"] == plan_to_dict(p)["plan"] for p in plans.values()):
+                    continue
+                name = "torchrec" if kind == "torchrec" and "torchrec" not in plans else f"{kind}_{len(plans)}"
+                plans[name] = plan_from_dict(stored)
+                origin[name] = f"{Path(raw).name} repeat {run_['repeat']}"
+    if "torchrec" not in plans or len(plans) < 2:
+        raise SystemExit(f"--replay: the raw files hold no TorchRec plan and another for {workload_name}")
+    load_before = os.getloadavg()
+    result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=steps, rounds=rounds, phase_steps=0,
+                           batch_size=workload.batch_size, pooling_factors=workload.pooling_factors,
+                           zipf_alpha=workload.zipf_alpha)
+    per_step = result.steps.groupby(["plan", "round", "step"])["wall_ms"].max()
+    per_round = per_step.groupby(["plan", "round"]).median().unstack(0)  # rounds x plans
+    ratio = per_round.div(per_round["torchrec"], axis=0)
+    lines = [f"Head to head, {workload_name}: the distinct planner and TorchRec plans of "
+             f"{', '.join(Path(p).name for p in raw_paths)}, {rounds} alternating rounds of {steps} steps "
+             f"(measure_plans; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+             f"{torch.get_num_threads()} torch thread(s) here, 1 per rank).", "",
+             "| plan | from | step ms: median of rounds [min, max] | / TorchRec's, per round: median [min, max] | "
+             "rounds slower than TorchRec's |", "| --- | --- | ---: | ---: | ---: |"]
+    for name in sorted(plans, key=lambda n: float(per_round[n].median())):
+        ms, r = per_round[name], ratio[name]
+        lines.append(f"| {name} | {origin[name]} | {ms.median():.1f} [{ms.min():.1f}, {ms.max():.1f}] | "
+                     f"{r.median():.3f} [{r.min():.3f}, {r.max():.3f}] | "
+                     f"{int((r > 1).sum()) if name != 'torchrec' else '-'}/{rounds} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -493,7 +536,15 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, action="append", metavar="PROFILE_JSON",
                         help="with --reestimate: price every stored run with this saved profile instead and print one "
                              "summary line per profile (repeat the option to compare calibrations)")
+    parser.add_argument("--replay", type=Path, nargs="+", metavar="RAW_JSON",
+                        help="run the planner's and TorchRec's plans stored in raw files again, head to head, for "
+                             "each of --workloads (--rounds alternating rounds of --steps steps), and print the "
+                             "ratio to TorchRec's plan round by round")
     args = parser.parse_args()
+    if args.replay:
+        for name in args.workloads:
+            print(replay(args.replay, name, args.rounds, args.steps) + "\n")
+        return
     if args.reestimate and args.profile:
         print(profiles_on_stored_runs(args.reestimate, args.profile))
         return

@@ -198,11 +198,17 @@ def routing_id_term(step_ms: Mapping[str, float], world_size: int) -> float:
     return max(routed - whole, 0.0)
 
 
-def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile) -> Tuple[float, float, float]:
+def shard_terms(step_ms: Dict[str, float], world_size: int, profile: CalibrationProfile,
+                replica_step_ms: Optional[Dict[str, float]] = None) -> Tuple[float, float, float]:
     """(ms per table-wise shard, per data-parallel replica, per row-routed shard) under a full batch: four small
     tables (SMALL_TABLE_ROWS rows each) against one, per table, less what the lookup terms and the engine's per-id
     work price for its ids (a table-wise shard receives every rank's bags, a replica its own rank's, a row-wise shard
     every rank's bags and its row block's share of their ids, plus the routing per id).
+
+    `replica_step_ms`: the step times the replica's term is read from instead (fit_profile gives the median steps:
+    a replica's 0.5-0.9 ms a table is the smallest of the three differences, and the difference of two fastest
+    repeats moved it 0.32-0.76 ms between nine calibrations, the medians' 0.56-0.83; at the low end the planner
+    replicated 10-11 of dlrm26's small tables, a plan that measured 1.03-1.12x its table-wise plans head to head).
 
     >>> from rectoolkit.planner.profile import AlphaBeta, LookupTerms
     >>> p = CalibrationProfile({"all_to_all": AlphaBeta(0, 1), "all_reduce": AlphaBeta(0, 1)}, ((1.0, 1e12),), 1e6,
@@ -217,7 +223,8 @@ def shard_terms(step_ms: Dict[str, float], world_size: int, profile: Calibration
             ("tw", world_size * READ_BATCH, world_size * READ_BATCH, tw_rows, profile.id_ms),
             ("dp", READ_BATCH, READ_BATCH, tw_rows, profile.id_ms),
             ("rw", READ_BATCH, world_size * READ_BATCH, rw_rows, profile.id_ms + profile.routing_id_ms)):
-        per_table = (step_ms[f"{label}4_batch"] - step_ms[f"{label}1_batch"]) / 3.0
+        steps = replica_step_ms if label == "dp" and replica_step_ms is not None else step_ms
+        per_table = (steps[f"{label}4_batch"] - steps[f"{label}1_batch"]) / 3.0
         lookups = _engine_lookups_ms(profile, ids, bags, rows) + ids * per_id
         result.append(round(max(per_table - lookups, 0.0), 4))
     return result[0], result[1], result[2]
@@ -283,5 +290,6 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
                                   id_row_bytes=float(READ_DIM * 4))
     profile = dataclasses.replace(profile,
                                   routing_id_ms=round(routing_id_term(payload["fixed"], world_size), 8))
-    shard_ms, replica_ms, routed_shard_ms = shard_terms(payload["fixed"], world_size, profile)
+    shard_ms, replica_ms, routed_shard_ms = shard_terms(payload["fixed"], world_size, profile,
+                                                        replica_step_ms=payload["fixed_median"])
     return dataclasses.replace(profile, shard_ms=shard_ms, replica_ms=replica_ms, routed_shard_ms=routed_shard_ms)

@@ -219,6 +219,10 @@ def test_fits_by_hand():
                                                 "rw1_batch": 1.0, "rw4_batch": 13.0}, 2, flat)
     assert shard_batch == pytest.approx(2.0 - tw_lookup, abs=1e-4) and replica == pytest.approx(3.0 - dp_lookup, abs=1e-4)
     assert routed == pytest.approx(4.0 - rw_lookup, abs=1e-4)
+    # the replica's term read from other step times (fit_profile: the medians), 4.5 ms a table there; the others not
+    again = shard_terms({"tw1_batch": 1.0, "tw4_batch": 7.0, "dp1_batch": 1.0, "dp4_batch": 10.0, "rw1_batch": 1.0,
+                         "rw4_batch": 13.0}, 2, flat, replica_step_ms={"dp1_batch": 2.0, "dp4_batch": 15.5})
+    assert again == pytest.approx((shard_batch, 4.5 - dp_lookup, routed), abs=1e-4)
     assert shard == 1.0 and groups["table_wise"] == 2.0 and step == 2.0
     assert groups["row_wise"] == 3.0 and groups["column_wise"] == 2.5
 
@@ -294,6 +298,9 @@ def test_calibration_measures_every_term(tmp_path):
     sharing = profile.machine["sharing_ms"]  # the heavy lookup on rank 0 alone and on both ranks, every round
     assert len(sharing["alone"]) == len(sharing["together"]) >= 3 and min(sharing["alone"]) > 0
     assert all(0 < fastest[plan] <= median[plan] for plan in fastest)  # of the same rounds: the fastest <= the median
+    # the per-shard terms from the fastest steps, the replica's from the median ones
+    assert profile.shard_ms == pytest.approx(shard_terms(fastest, 2, profile)[0], abs=1e-4)
+    assert profile.replica_ms == pytest.approx(shard_terms(median, 2, profile)[1], abs=1e-4)
     assert topo.cores_per_host == os.cpu_count()
 
 
