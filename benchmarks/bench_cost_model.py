@@ -17,7 +17,10 @@ alternating round by round so that machine load hits all alike. Each repeat cali
 Reported per workload and repeat: Spearman rank correlation between estimated and measured step time (all
 plans; and without data_parallel and rank0, the plans a user would not weigh), the median of
 |measured / estimated - 1|, a least-squares fit measured = a + b * estimated (with R^2), the planner's plan
-measured against the measured-fastest plan and against TorchRec's plan, and the load average. Measured step
+measured against the measured-fastest plan and against TorchRec's plan, and the load average. Then the
+planner's plan runs again head to head against TorchRec's and the measured-fastest (`--head-to-head` rounds,
+a second launch with only those plans): a few percent between two plans is within what the ten-plan run's
+four rounds resolve, so the planner's targets are read from the per-round ratios there. Measured step
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
 the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
 per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms;
@@ -282,6 +285,8 @@ def run(args) -> List[Dict[str, Any]]:
                            load_factor_alone_during=load_factors(result.info["load_probe_during"])[1],
                            bytes_exact=bool(result.plans.bytes_exact.all()),
                            memory_exact=bool(result.plans.memory_exact.all()), missing=missing)
+            if args.head_to_head:
+                summary.update(head_to_head(plans, summary["fastest"], workload, topology, args))
             print(f"\n{name} repeat {repeat}: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
             print(result.plans.to_string(index=False), file=sys.stderr, flush=True)
             runs.append({"workload": name, "about": workload.about, "repeat": repeat, "summary": summary,
@@ -293,6 +298,46 @@ def run(args) -> List[Dict[str, Any]]:
                          "plans": {k: plan_to_dict(p) for k, p in plans.items()},
                          "measurements": result.to_dict()})
     return runs
+
+
+def per_round(result) -> pd.DataFrame:
+    """Rounds x plans: each round's median step (the slowest rank's wall time) of measure_plans' result."""
+    per_step = result.steps.groupby(["plan", "round", "step"])["wall_ms"].max()
+    return per_step.groupby(["plan", "round"]).median().unstack(0)
+
+
+def head_to_head(plans: Dict[str, ShardingPlan], fastest: str, workload: Workload, topology: Topology,
+                 args) -> Dict[str, Any]:
+    """The planner's plan against TorchRec's and the measured-fastest, alone in a second launch for
+    `args.head_to_head` alternating rounds: a few percent between two plans in the ten-plan run is within what
+    four rounds resolve. Per rival: the median, min and max over rounds of the planner's step / the rival's
+    (paired by round, so a burst of load slows both alike) and the rounds the planner was slower."""
+    rivals = [n for n in dict.fromkeys(("torchrec", fastest)) if n in plans and n != "planner"
+              and plan_to_dict(plans[n])["plan"] != plan_to_dict(plans["planner"])["plan"]]
+    if not rivals:
+        return {"head_to_head": {}}
+    chosen = {n: plans[n] for n in ["planner"] + rivals}
+    result = measure_plans(chosen, workload.tables, WORLD_SIZE, steps=args.steps, warmup=args.warmup,
+                           rounds=args.head_to_head, phase_steps=0, batch_size=workload.batch_size,
+                           pooling_factors=workload.pooling_factors, zipf_alpha=workload.zipf_alpha,
+                           topology=topology, num_threads=args.threads)
+    rounds = per_round(result)
+    out = {}
+    for rival in rivals:
+        ratio = rounds["planner"] / rounds[rival]
+        out[rival] = {"median": float(ratio.median()), "min": float(ratio.min()), "max": float(ratio.max()),
+                      "slower_rounds": int((ratio > 1).sum()), "rounds": int(len(ratio))}
+    return {"head_to_head": out}
+
+
+def head_to_head_cell(summary: Dict[str, Any], rival: str) -> str:
+    """'0.98x [0.91, 1.04], 3/10 slower'; 'same plan' where the rival's plan is the planner's; '-' where not run."""
+    if "head_to_head" not in summary or rival in summary.get("missing", {}):
+        return "-"
+    h = summary["head_to_head"].get(rival)
+    if h is None:
+        return "same plan"
+    return f"{h['median']:.2f}x [{h['min']:.2f}, {h['max']:.2f}], {h['slower_rounds']}/{h['rounds']} slower"
 
 
 def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") -> str:
@@ -312,9 +357,10 @@ def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") ->
         "",
         "| workload | repeat | load avg | load factor before / during (one rank working) | Spearman all | Spearman core "
         "| Spearman all / core at now | median \\|meas/now - 1\\| (core) | median \\|meas/during - 1\\| | median \\|meas/est - 1\\| | fit a (ms) | fit b | R^2 | fastest plan | planner / fastest "
-        "| planner / TorchRec | Spearman all / core vs CPU ms | median \\|CPU/est - 1\\| | bytes, memory exact |",
-        "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
-        "| --- |",
+        "| planner / TorchRec | head to head: planner / TorchRec | head to head: planner / fastest "
+        "| Spearman all / core vs CPU ms | median \\|CPU/est - 1\\| | bytes, memory exact |",
+        "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | --- |",
     ]
     for run_ in runs:
         s = run_["summary"]
@@ -331,7 +377,8 @@ def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") ->
                      f"| {factor} | {s['spearman_all']:.2f} | {s['spearman_core']:.2f} | {at_now} | {now} | {during} "
                      f"| {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
-                     f"| {s['planner_vs_fastest']:.2f}x | {torchrec} "
+                     f"| {s['planner_vs_fastest']:.2f}x | {torchrec} | {head_to_head_cell(s, 'torchrec')} "
+                     f"| {head_to_head_cell(s, s['fastest'])} "
                      f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
                      f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
     lines += reproducibility(runs)
@@ -497,17 +544,16 @@ def replay(raw_paths: List[Path], workload_name: str, rounds: int, steps: int) -
     result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=steps, rounds=rounds, phase_steps=0,
                            batch_size=workload.batch_size, pooling_factors=workload.pooling_factors,
                            zipf_alpha=workload.zipf_alpha)
-    per_step = result.steps.groupby(["plan", "round", "step"])["wall_ms"].max()
-    per_round = per_step.groupby(["plan", "round"]).median().unstack(0)  # rounds x plans
-    ratio = per_round.div(per_round["torchrec"], axis=0)
+    rounds_ms = per_round(result)
+    ratio = rounds_ms.div(rounds_ms["torchrec"], axis=0)
     lines = [f"Head to head, {workload_name}: the distinct planner and TorchRec plans of "
              f"{', '.join(Path(p).name for p in raw_paths)}, {rounds} alternating rounds of {steps} steps "
              f"(measure_plans; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
              f"{torch.get_num_threads()} torch thread(s) here, 1 per rank).", "",
              "| plan | from | step ms: median of rounds [min, max] | / TorchRec's, per round: median [min, max] | "
              "rounds slower than TorchRec's |", "| --- | --- | ---: | ---: | ---: |"]
-    for name in sorted(plans, key=lambda n: float(per_round[n].median())):
-        ms, r = per_round[name], ratio[name]
+    for name in sorted(plans, key=lambda n: float(rounds_ms[n].median())):
+        ms, r = rounds_ms[name], ratio[name]
         lines.append(f"| {name} | {origin[name]} | {ms.median():.1f} [{ms.min():.1f}, {ms.max():.1f}] | "
                      f"{r.median():.3f} [{r.min():.3f}, {r.max():.3f}] | "
                      f"{int((r > 1).sum()) if name != 'torchrec' else '-'}/{rounds} |")
@@ -523,6 +569,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--phase-steps", type=int, default=1, help="phase-timed steps per plan per round")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--head-to-head", type=int, default=10, metavar="ROUNDS",
+                        help="then run the planner's plan against TorchRec's and the measured-fastest alone, for "
+                             "ROUNDS alternating rounds of --steps steps (0: not)")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--name", default="cost_model",
@@ -558,7 +607,7 @@ def main() -> None:
         print(report(reestimate(args.reestimate, recalibrate=args.recalibrate), Path(args.reestimate).name))
         return
     if args.quick:
-        args.repeats, args.rounds, args.steps = 1, 2, 4
+        args.repeats, args.rounds, args.steps, args.head_to_head = 1, 2, 4, min(args.head_to_head, 2)
     runs = run(args)
     table = report(runs, f"{args.name}_raw.json")
     print(table)

@@ -28,8 +28,10 @@ def test_readme_example_runs(index, tmp_path):
     if "EmbeddingShardingPlanner" in code and '"large"' in code:
         for table in ("large", "wide", "small"):
             assert table in done.stdout
-    if "measure_top_k" in code:  # the calibrated planner: its explanation, then the measured plan
+    if "measure_top_k" in code:  # the calibrated planner: its explanation, then the candidates it measured
         assert "Estimated step:" in done.stdout and "Candidate plans" in done.stdout and "chosen" in done.stdout
+        assert "est_step_ms" in done.stdout and "step_ms" in done.stdout.replace("est_step_ms", "")
+        assert "measured" in done.stdout.split("Candidate plans")[1], "explain() should show the measured times"
     if "rtk.launch(" in code:
         first, final = (float(x) for x in done.stdout.strip().splitlines()[-1].split(" -> "))
         assert final < first, "the training example should show the loss falling"
