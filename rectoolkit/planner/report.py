@@ -31,8 +31,9 @@ import pandas as pd
 
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter, batch_sizes_of
 from rectoolkit.plan.types import ShardingPlan, ShardingType
-from rectoolkit.planner.cost import MEMORY_PARTS, CostModel
+from rectoolkit.planner.cost import MEMORY_PARTS, CostModel, step_at_load
 from rectoolkit.planner.enumerate import ShardingOption
+from rectoolkit.planner.load import load_factors
 from rectoolkit.planner.planner import PlanningResult, format_bytes
 from rectoolkit.planner.tables import PlannerTable
 
@@ -178,6 +179,7 @@ def explain_step(result: PlanningResult) -> str:
                 f"{cost.step.load_factor_alone:.2f}, S = this plan's share {cost.step.load_share:.2f}: the other "
                 "local ranks' busy share)" if cost.step.load_factor != 1.0 or cost.step.load_factor_alone != 1.0
                 else "")]
+    lines += _at_calibration_load(cost.step, result.cost_model.profile)
     for g in cost.step.groups:
         lines.append(f"  {g.module_path or '(root)'} {g.sharding_type}: fixed {g.fixed_ms:.3f} + collective latency "
                      f"{g.latency_ms:.3f} + lookups {g.lookup_fwd_ms:.3f} fwd / {g.lookup_bwd_ms:.3f} bwd+update + "
@@ -194,6 +196,22 @@ def explain_step(result: PlanningResult) -> str:
     if result.timed_out:
         lines.append("The search ran out of timeout_seconds and stopped early: this is the best plan found by then.")
     return "\n".join(lines)
+
+
+def _at_calibration_load(step: Any, profile: Any) -> List[str]:
+    """A quiet estimate's line at the load the calibration probed (profile.machine["load_probe"]): the step a plan
+    meets on the machine as it was when calibrated. The terms come from the fastest repeats, so a machine that is
+    never quiet (a VM whose two cores run a step 1.4-1.7x slower than their CPU time, idle) is priced below
+    what it measures; the planner ranks plans by the quiet estimate. Nothing when the Topology already carries a
+    load (at_load) or the profile has no probe."""
+    probe = profile.machine.get("load_probe")
+    if not isinstance(probe, dict) or "factor" not in probe or (step.load_factor, step.load_factor_alone) != (1.0, 1.0):
+        return []
+    factor, alone = load_factors(probe)
+    at_load = step_at_load(step.quiet_ms, step.load_share, factor, alone)
+    return [f"At the load the calibration measured (factor {factor:.2f}, {alone:.2f} with one rank working): "
+            f"{at_load:.3f} ms; the estimate above is for a machine of its own, and "
+            "topology.at_load(rectoolkit.planner.probe_load(world_size)) prices the load now"]
 
 
 # ---- alternatives and explanations --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from rectoolkit.planner import EmbeddingShardingPlanner, Topology
 from rectoolkit.planner.cost import CostModel
 from rectoolkit.planner import probe_load
 from rectoolkit.planner.load import LoadProbe, SyntheticStep
+from rectoolkit.planner.profile import CalibrationProfile
 from rectoolkit.planner.tables import collect_tables
 
 TABLES = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=16 * (i + 1),
@@ -178,3 +179,27 @@ def test_probe_load_runs_its_own_workers_and_divides_wall_by_work():
     assert probe.reference_ms <= probe.median_ms  # a rank's CPU time never exceeds its wall time
     assert probe.factor == pytest.approx(probe.median_ms / probe.reference_ms, rel=1e-2) and probe.factor >= 1.0
     assert probe.factor_alone is not None and probe.factor_alone > 0.5  # measured: 5 steps with rank 0 working alone
+
+
+def test_explain_gives_the_step_at_the_load_the_calibration_measured():
+    """A profile's terms are its fastest repeats; the load its calibration probed tells what a step meets on the
+    machine as it was then. explain() gives it beside the quiet estimate (which still ranks the plans)."""
+    probe = LoadProbe(factor=1.5, quiet_ms=8.0, median_ms=12.0, reference_ms=8.0, steps=40, world_size=2,
+                      load_average=(1.0, 1.0, 1.0), cores=2, factor_alone=1.2)
+    base = CalibrationProfile.from_topology(Topology(world_size=2, compute_device="cpu"))
+    profile = dataclasses.replace(base, machine={**base.machine, "load_probe": probe.to_dict()})
+    topology = Topology(world_size=2, compute_device="cpu", profile=profile)
+    planner = EmbeddingShardingPlanner(topology)
+    plan = planner.plan(TABLES)
+    text = planner.explain()
+    step = CostModel(topology).evaluate(plan, collect_tables(TABLES, 512)).step
+    at_load = step.quiet_ms * (1.2 + (1.5 - 1.2) * step.load_share)  # step_at_load by hand
+    assert f"At the load the calibration measured (factor 1.50, 1.20 with one rank working): {at_load:.3f} ms" in text
+    assert f"Estimated step: {step.quiet_ms:.3f} ms" in text  # the quiet estimate stays the one shown first
+    without = dataclasses.replace(base, machine={k: v for k, v in base.machine.items() if k != "load_probe"})
+    quiet_planner = EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu", profile=without))
+    quiet_planner.plan(TABLES)
+    assert "At the load the calibration measured" not in quiet_planner.explain()
+    loaded = EmbeddingShardingPlanner(topology.at_load(probe))  # already priced at a load: that line is the estimate
+    loaded.plan(TABLES)
+    assert "At the load the calibration measured" not in loaded.explain() and "machine load" in loaded.explain()
