@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/cost_model_raw.json
     .venv/bin/python benchmarks/bench_cost_model.py --reestimate benchmarks/results/*_raw.json --profile a.json --profile b.json
     .venv/bin/python benchmarks/bench_cost_model.py --replay benchmarks/results/cost_distinct_rows_*_raw.json --rounds 10 --steps 10
+    .venv/bin/python benchmarks/bench_cost_model.py --replicas --rounds 10 --steps 16
 
 Per workload, at least 8 diverse plans (all table-wise, all row-wise, all column-wise, table-row-wise,
 grid-shard, data-parallel, everything on rank 0, a hand-mixed plan, the planner's own plan and TorchRec 1.8's
@@ -560,6 +561,45 @@ def replay(raw_paths: List[Path], workload_name: str, rounds: int, steps: int) -
     return "\n".join(lines)
 
 
+REPLICA_CANDIDATES = ["t_cat_8", "t_cat_19", "t_cat_16", "t_cat_22", "t_cat_21", "t_cat_5", "t_cat_13", "t_cat_24",
+                      "t_cat_4"]  # dlrm26's nine smallest tables (3 to 305 rows), the ones the planner replicates
+
+
+def replicas(rounds: int, steps: int, counts=(0, 1, 3, 6, 9)) -> str:
+    """TorchRec's plan of dlrm26_100k with its k smallest tables replicated (data-parallel) instead, k in `counts`,
+    run head to head (`rounds` alternating rounds of `steps` steps, phase timing on): what a data-parallel group
+    and each replica cost beside table-wise tables, measured and priced."""
+    workload = WORKLOADS["dlrm26_100k"]()
+    topology = make_topology(WORLD_SIZE)
+    base = torchrec_plan(workload, WORLD_SIZE)
+    config = {t.name: t for t in workload.tables}
+    plans = {}
+    for k in counts:
+        module_plan = dict(base.plan[""])
+        for name in REPLICA_CANDIDATES[:k]:
+            rows, dim = config[name].num_embeddings, config[name].embedding_dim
+            module_plan[name] = _sharding("data_parallel", [_shard(r, 0, 0, rows, dim) for r in range(WORLD_SIZE)])
+        plans[f"replicas_{k}"] = ShardingPlan({"": module_plan})
+    load_before = os.getloadavg()
+    result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=steps, rounds=rounds, phase_steps=1,
+                           batch_size=workload.batch_size, pooling_factors=workload.pooling_factors,
+                           zipf_alpha=workload.zipf_alpha, topology=topology)
+    frame = result.plans.set_index("plan")
+    rounds_ms = per_round(result)
+    lines = [f"dlrm26_100k, TorchRec's plan with its k smallest tables replicated, {rounds} alternating rounds of "
+             f"{steps} steps (load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; profile: "
+             f"replica {topology.profile.replica_ms} ms, data-parallel group "
+             f"{topology.profile.group_ms.get('data_parallel')} ms).", "",
+             "| replicated | estimated ms | measured ms | CPU ms (busiest rank) | / none, per round: median [min, max] | "
+             "rounds slower |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k in counts:
+        name, ratio = f"replicas_{k}", rounds_ms[f"replicas_{k}"] / rounds_ms[f"replicas_{counts[0]}"]
+        lines.append(f"| {k} | {frame.loc[name, 'est_step_ms']:.2f} | {frame.loc[name, 'step_ms']:.2f} | "
+                     f"{frame.loc[name, 'cpu_ms']:.2f} | {ratio.median():.3f} [{ratio.min():.3f}, {ratio.max():.3f}] | "
+                     f"{int((ratio > 1).sum()) if k != counts[0] else '-'}/{rounds} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -589,7 +629,13 @@ def main() -> None:
                         help="run the planner's and TorchRec's plans stored in raw files again, head to head, for "
                              "each of --workloads (--rounds alternating rounds of --steps steps), and print the "
                              "ratio to TorchRec's plan round by round")
+    parser.add_argument("--replicas", action="store_true",
+                        help="run TorchRec's dlrm26_100k plan with 0, 1, 3, 6, 9 of its smallest tables replicated, "
+                             "head to head (--rounds alternating rounds of --steps steps)")
     args = parser.parse_args()
+    if args.replicas:
+        print(replicas(args.rounds, args.steps))
+        return
     if args.replay:
         for name in args.workloads:
             print(replay(args.replay, name, args.rounds, args.steps) + "\n")
