@@ -264,6 +264,12 @@ def summarize(frame) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ main
+def measure_workload(plans: Dict[str, ShardingPlan], workload: Workload, **options: Any):
+    """measure_plans of `plans` on `workload`'s tables, batch, pooling factors and ids (`options`: steps, rounds, ...)."""
+    return measure_plans(plans, workload.tables, WORLD_SIZE, batch_size=workload.batch_size,
+                         pooling_factors=workload.pooling_factors, zipf_alpha=workload.zipf_alpha, **options)
+
+
 def run(args) -> List[Dict[str, Any]]:
     runs = []
     for repeat in range(args.repeats):
@@ -272,10 +278,8 @@ def run(args) -> List[Dict[str, Any]]:
             workload = WORKLOADS[name]()
             plans, missing = candidate_plans(workload, topology, WORLD_SIZE)
             started = time.perf_counter()
-            result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=args.steps, warmup=args.warmup,
-                                   rounds=args.rounds, phase_steps=args.phase_steps, batch_size=workload.batch_size,
-                                   pooling_factors=workload.pooling_factors, zipf_alpha=workload.zipf_alpha,
-                                   topology=topology, num_threads=args.threads)
+            result = measure_workload(plans, workload, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+                                      phase_steps=args.phase_steps, topology=topology, num_threads=args.threads)
             summary = summarize(result.plans)
             summary.update(workload=name, repeat=repeat, seconds=round(time.perf_counter() - started, 1),
                            load_before=result.info["load_average_before"][0],
@@ -318,10 +322,8 @@ def head_to_head(plans: Dict[str, ShardingPlan], fastest: str, workload: Workloa
     if not rivals:
         return {"head_to_head": {}}
     chosen = {n: plans[n] for n in ["planner"] + rivals}
-    result = measure_plans(chosen, workload.tables, WORLD_SIZE, steps=args.steps, warmup=args.warmup,
-                           rounds=args.head_to_head, phase_steps=0, batch_size=workload.batch_size,
-                           pooling_factors=workload.pooling_factors, zipf_alpha=workload.zipf_alpha,
-                           topology=topology, num_threads=args.threads)
+    result = measure_workload(chosen, workload, steps=args.steps, warmup=args.warmup, rounds=args.head_to_head,
+                              phase_steps=0, topology=topology, num_threads=args.threads)
     rounds = per_round(result)
     out = {}
     for rival in rivals:
@@ -542,9 +544,7 @@ def replay(raw_paths: List[Path], workload_name: str, rounds: int, steps: int) -
     if "torchrec" not in plans or len(plans) < 2:
         raise SystemExit(f"--replay: the raw files hold no TorchRec plan and another for {workload_name}")
     load_before = os.getloadavg()
-    result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=steps, rounds=rounds, phase_steps=0,
-                           batch_size=workload.batch_size, pooling_factors=workload.pooling_factors,
-                           zipf_alpha=workload.zipf_alpha)
+    result = measure_workload(plans, workload, steps=steps, rounds=rounds, phase_steps=0)
     rounds_ms = per_round(result)
     ratio = rounds_ms.div(rounds_ms["torchrec"], axis=0)
     lines = [f"Head to head, {workload_name}: the distinct planner and TorchRec plans of "
@@ -581,9 +581,7 @@ def replicas(rounds: int, steps: int, counts=(0, 1, 3, 6, 9)) -> str:
             module_plan[name] = _sharding("data_parallel", [_shard(r, 0, 0, rows, dim) for r in range(WORLD_SIZE)])
         plans[f"replicas_{k}"] = ShardingPlan({"": module_plan})
     load_before = os.getloadavg()
-    result = measure_plans(plans, workload.tables, WORLD_SIZE, steps=steps, rounds=rounds, phase_steps=1,
-                           batch_size=workload.batch_size, pooling_factors=workload.pooling_factors,
-                           zipf_alpha=workload.zipf_alpha, topology=topology)
+    result = measure_workload(plans, workload, steps=steps, rounds=rounds, phase_steps=1, topology=topology)
     frame = result.plans.set_index("plan")
     rounds_ms = per_round(result)
     lines = [f"dlrm26_100k, TorchRec's plan with its k smallest tables replicated, {rounds} alternating rounds of "
