@@ -18,7 +18,10 @@ busy machine slows some repeats, rarely all, so the minimum moves little with lo
    so the call's fixed part is left out; the same timings of the backward + fused update at 16 MiB -> its terms
    for SGD, scaled for the other optimizers by their measured extra time; a large copy -> the write speed;
 3. fixed costs: the sharded EmbeddingBagCollection itself on tiny tables (table-wise alone, four table-wise,
-   each sharding type beside a table-wise one) -> ms per step and per sharding-type group; one and four small
+   each sharding type beside a table-wise one) -> ms per step and per table-wise group; a 16 MiB table
+   table-wise on every rank with a small table table-wise, or of each other sharding type (a group of its own),
+   on the wall clock -> ms per group of the other types (what synchronizing the ranks inside real work costs
+   beyond the calls' latency); one and four small
    tables under a full batch, table-wise, replicated and row-wise -> ms per shard, per data-parallel replica
    and per row-routed shard; a 16 MiB table of 64-wide rows, table-wise, at 2, 5, 10 and 20 ids per bag on two
    collections built apart -> the engine's work per id beyond what 2. prices (the least-squares slope through
@@ -58,11 +61,12 @@ import torch
 import torch.distributed as dist
 
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
-from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS,
-                                                HEAVY_POOLING, INPUT_POOLINGS, LOOKUP_DIMS, LOOKUP_IDS_PER_BAG,
-                                                LOOKUP_SAMPLES, MIN_MS_PER_BYTE, READ_BATCH, READ_DIM, READ_POOLING,
-                                                READ_TABLE_BYTES, SMALL_TABLE_ROWS, ZIPF_ALPHA, CalibrationError,
-                                                fit_profile, lookup_slopes, monotone_curve)
+from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BESIDE_KINDS, BESIDE_ROUNDS_PER_REPEAT,
+                                                BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS, HEAVY_POOLING,
+                                                INPUT_POOLINGS, LOOKUP_DIMS, LOOKUP_IDS_PER_BAG, LOOKUP_SAMPLES,
+                                                MIN_MS_PER_BYTE, READ_BATCH, READ_DIM, READ_POOLING, READ_TABLE_BYTES,
+                                                SMALL_TABLE_ROWS, ZIPF_ALPHA, CalibrationError, fit_profile,
+                                                lookup_slopes, monotone_curve)
 from rectoolkit.planner.load import measure_load
 from rectoolkit.planner.profile import (COLLECTIVE_KINDS, OPTIMIZERS, SHARDING_TYPES, CalibrationProfile,
                                         default_profile_path, expected_rows_read)
@@ -328,7 +332,11 @@ def _features_batch(tables, ids: torch.Tensor, lengths: torch.Tensor):
 
 def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: torch.Tensor):
     """A training step of `sharded` on these ids and lengths for every table's feature."""
-    kjt = _features_batch(plan, ids, lengths)
+    return _kjt_step(sharded, _features_batch(plan, ids, lengths))
+
+
+def _kjt_step(sharded, kjt):
+    """A training step (forward + backward + fused update) of `sharded` on the batch `kjt`."""
     return lambda: sharded(kjt).values().sum().backward()
 
 
@@ -379,6 +387,50 @@ def measure_fixed_costs(rank: int, world_size: int, repeats: int) -> Tuple[Dict[
     return {key: min(t) for key, t in times.items()}, {key: float(np.median(t)) for key, t in times.items()}
 
 
+def _beside_plans(world_size: int) -> Dict[str, Dict[str, object]]:
+    """The plan-sized steps of measure_groups_beside: name -> plan. "beside_table_wise": one 16 MiB table
+    table-wise on every rank and a SMALL_TABLE_ROWS one table-wise on rank 0; "beside_<kind>": the small table of
+    that sharding type instead, a group of its own beside the table-wise one."""
+    rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    heavy = {f"h{r}": ParameterSharding("table_wise", ranks=[r],
+                                        shards=[ShardMetadata.on_rank(r, 0, 0, rows, READ_DIM)])
+             for r in range(world_size)}
+    return {f"beside_{kind}": {**heavy, "s": _tiny_parameter_sharding(kind, SMALL_TABLE_ROWS, READ_DIM, world_size)}
+            for kind in BESIDE_KINDS}
+
+
+def measure_groups_beside(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
+    """The fastest step (sharded EBC forward + backward + fused SGD) of each of _beside_plans, slowest rank, in ms of
+    wall time, over BESIDE_ROUNDS_PER_REPEAT x `repeats` rounds, all timed interleaved (group_terms_beside). A group's
+    collectives synchronize the ranks inside a step of real work, and on the wall clock that costs more than its
+    calls' latency alone: on the 2-core CPU machine one 305-row table of dlrm26_100k row-wise instead of table-wise
+    made the step 1.18-1.23x (median of 10 rounds), where the tiny steps of measure_fixed_costs priced it 1.08x."""
+    from rectoolkit.distributed.comm import ShardingEnv
+    from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
+    from rectoolkit.modules.configs import EmbeddingBagConfig
+    from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
+    from rectoolkit.sparse import KeyedJaggedTensor
+
+    env = ShardingEnv.from_process_group(local_world_size=world_size, device=_device())
+    heavy_rows = READ_TABLE_BYTES[2] // (READ_DIM * 4)
+    heavy = _lookup_batch(heavy_rows, seed=rank, pooling=READ_POOLING)
+    small = torch.arange(READ_BATCH) % SMALL_TABLE_ROWS  # one id per bag
+    calls = {}
+    for name, plan in _beside_plans(world_size).items():
+        sizes = {t: (SMALL_TABLE_ROWS if t == "s" else heavy_rows) for t in plan}
+        ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=n, embedding_dim=READ_DIM,
+                                                         feature_names=[f"f_{t}"]) for t, n in sizes.items()],
+                                     device=_device(), optimizer="sgd", lr=1e-6)
+        sharded = shard_embedding_bag_collection(ebc, plan, env)
+        ids = [small if t == "s" else heavy.values() for t in plan]
+        lengths = [torch.ones(READ_BATCH, dtype=torch.int32) if t == "s" else heavy.lengths() for t in plan]
+        kjt = KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in plan], torch.cat(ids).to(_device()),
+                                                  torch.cat(lengths).to(_device()))
+        calls[name] = _kjt_step(sharded, kjt)
+    times = timed_each(calls, BESIDE_ROUNDS_PER_REPEAT * repeats, clock=time.perf_counter, synced=True)
+    return {key: min(t) for key, t in times.items()}
+
+
 def measure_sharing(rank: int, world_size: int, repeats: int) -> Tuple[List[float], List[float]]:
     """(alone, together): per round, the slowest rank's time of a heavy lookup (forward, backward and fused SGD
     update of HEAVY_POOLING ids per bag into a 16 MiB table of its own) on rank 0 while the others wait, then on
@@ -404,12 +456,13 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_de
         collectives = measure_collectives(world_size, repeats)
         reads = measure_lookups(rank, world_size, repeats)
         fixed, fixed_median = measure_fixed_costs(rank, world_size, repeats)
+        beside = measure_groups_beside(rank, world_size, repeats)
         sharing = measure_sharing(rank, world_size, repeats)
         # the load factor while calibrating, for the record (rectoolkit.planner.load; CPU tensors: gloo)
         probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
             results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, fixed_median=fixed_median,
-                                    sharing=sharing, load_probe=probe)))
+                                    beside=beside, sharing=sharing, load_probe=probe)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:

@@ -3,7 +3,8 @@
 The calibration's workers only time things; this module turns those timings into the profile's terms. Each fit
 reads one measurement: fit_collectives the collectives' (bytes, ms) samples (one alpha-beta pair per kind);
 lookup_slopes and monotone_curve the single-table lookups (read speed curve, per-id, per-distinct-row-byte and
-per-output-byte costs); fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group);
+per-output-byte costs); fixed_terms the tiny sharded plans' steps (per step, per shard, per sharding-type group),
+group_terms_beside the groups other than table-wise from plan-sized steps on the wall clock;
 engine_slope and id_term the 16 MiB table's steps at ENGINE_POOLINGS ids per bag (the engine's work per id),
 input_slope and routing_id_term its input_dist alone, table-wise and row-wise (row-block routing per id); shard_terms
 the full-batch steps (per shard, replica and row-routed shard); parallelism_term the heavy lookup on rank 0 alone and
@@ -22,6 +23,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from rectoolkit.plan.types import ShardingType
 from rectoolkit.planner.profile import (COLLECTIVE_KINDS, SHARDING_TYPES, AlphaBeta, CalibrationProfile, LookupTerms,
                                         expected_rows_read, fit_alpha_beta)
 
@@ -40,6 +42,10 @@ ENGINE_INSTANCES = 2
 # calls, so its rise is measured over many more ids than a step's
 INPUT_POOLINGS = (LIGHT_POOLING, 20, 50, HEAVY_POOLING)
 SMALL_TABLE_ROWS = 64  # the fixed costs' tiny tables (one id per bag: every row read many times)
+# the small table's sharding types beside plan-sized table-wise work (group_terms_beside); table-wise first: the others'
+# steps are read against its
+BESIDE_KINDS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+BESIDE_ROUNDS_PER_REPEAT = 4  # their fastest of 4 x the repeats: the wall clock's fastest moves more than CPU time's
 LOOKUP_DIMS = (16, 128)  # two row widths: their difference is the per-byte cost, the narrow one's rest per id
 LOOKUP_SAMPLES, LOOKUP_IDS_PER_BAG = 1024, (1, 32)  # two batches of as many bags: their difference is per id
 MIN_MS_PER_BYTE = 1e-9  # 1000 GB/s: a slope below this is noise
@@ -112,6 +118,36 @@ def fixed_terms(step_ms: Dict[str, float], world_size: int) -> Tuple[float, floa
     if "table_row_wise" in group:
         group.setdefault("grid_shard", group["table_row_wise"])  # a grid group runs table-row-wise's code
     return round(step, 4), round(shard, 4), {k: round(v, 4) for k, v in group.items()}
+
+
+def group_terms_beside(wall_ms: Mapping[str, float], world_size: int,
+                       collectives: Mapping[str, AlphaBeta]) -> Dict[str, float]:
+    """ms per sharding-type group beside plan-sized work: the fastest wall step with the small table in a group of
+    its own ("beside_<kind>") less the same with it table-wise in the table-wise group ("beside_table_wise"), less
+    the latency its group's collective calls are priced (cost.collective_calls x alpha). What remains is what the
+    tiny steps of fixed_terms miss: the group synchronizes the ranks inside real work (on the 2-core CPU machine a
+    data-parallel group of one replicated table cost 1-2 ms a step where its all-reduce's alpha is 0.15 ms and
+    fixed_terms fit 0). Table-wise's own group term stays fixed_terms'; grid runs table-row-wise's code.
+
+    >>> ab = {kind: AlphaBeta(0.1, 1e6) for kind in COLLECTIVE_KINDS}
+    >>> group_terms_beside({"beside_table_wise": 5.0, "beside_row_wise": 7.0, "beside_column_wise": 5.2,
+    ...                     "beside_table_row_wise": 8.0, "beside_data_parallel": 6.0}, 2, ab)
+    {'row_wise': 1.6, 'column_wise': 0.0, 'table_row_wise': 2.4, 'data_parallel': 0.9, 'grid_shard': 2.4}
+    """
+    from rectoolkit.planner.cost import collective_calls
+
+    missing = sorted(f"beside_{kind}" for kind in BESIDE_KINDS if f"beside_{kind}" not in wall_ms)
+    if missing:
+        raise CalibrationError(f"calibration: no plan-sized steps {missing}; measure_groups_beside times all of "
+                               f"{['beside_' + kind for kind in BESIDE_KINDS]}")
+    base = wall_ms["beside_table_wise"]
+    group = {}
+    for kind in BESIDE_KINDS[1:]:
+        calls = collective_calls(ShardingType.parse(kind), 1, world_size)
+        latency = sum(count * collectives[name].alpha_ms for name, count in calls.items())
+        group[kind] = round(max(wall_ms[f"beside_{kind}"] - base - latency, 0.0), 4)
+    group["grid_shard"] = group["table_row_wise"]
+    return group
 
 
 def _engine_lookups_ms(profile: CalibrationProfile, ids: float, samples: float,
@@ -264,11 +300,12 @@ def fit_collectives(samples: Mapping[str, Sequence[Tuple[float, float]]]) -> Dic
 def fit_profile(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
                 seconds: float) -> CalibrationProfile:
     """The CalibrationProfile fitted from one calibration's timings (`payload`: rank 0's collectives, reads, fixed
-    and fixed_median, sharing (the heavy lookup's times alone and together, per round), load_probe), with a record
-    of the machine and the run (`machine`)."""
+    and fixed_median, beside (the plan-sized steps, wall), sharing (the heavy lookup's times alone and together, per
+    round), load_probe), with a record of the machine and the run (`machine`)."""
     reads = payload["reads"]
     collectives = fit_collectives(payload["collectives"])
     step, shard, group = fixed_terms(payload["fixed"], world_size)
+    group.update(group_terms_beside(payload["beside"], world_size, collectives))
     curve = tuple((size, round(bw, 1)) for size, bw in reads["read_curve"])
     machine = dict(host=platform.node(), processor=platform.processor() or platform.machine(), cores=os.cpu_count(),
                    torch=torch.__version__, device=compute_device, backend=backend, world_size=world_size,
@@ -278,6 +315,7 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
                    load_probe=payload.get("load_probe"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    fixed_plan_step_ms_median={k: round(v, 4) for k, v in payload["fixed_median"].items()},
+                   beside_step_ms={k: round(v, 4) for k, v in payload["beside"].items()},
                    sharing_ms={k: [round(ms, 4) for ms in v] for k, v in zip(("alone", "together"), payload["sharing"])},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731

@@ -22,8 +22,9 @@ The terms (all times in ms, bandwidths in bytes per ms, as TorchRec's Topology):
   at two row widths), so the call's fixed part is left to `shard_ms`. A version-2 profile (saved before rows were
   counted distinct) was fitted with a row read per id and is priced that way (`reads_distinct_rows` False).
 - writes: `write_bytes_per_ms`, a large copy's speed (a dense kernel's passes over its whole shard).
-- fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work
-  and its collectives' round trips), `shard_ms` once per shard a rank holds (`replica_ms` per data-parallel
+- fixed costs: `step_ms` once per step, `group_ms[sharding type]` once per sharding-type group (its Python work,
+  and for the types other than table-wise what synchronizing the ranks inside real work costs beyond its calls'
+  latency), `shard_ms` once per shard a rank holds (`replica_ms` per data-parallel
   replica: a lookup of its own batch and a whole-table update).
 - per id: `id_ms` for every id a shard receives, forward and backward together: the sharded engine's own work per
   id (routing, id checks, offsets, gradient rows) beyond reading and writing rows; `routing_id_ms` more for every

@@ -14,8 +14,9 @@ import pytest
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner.calibrate import fastest_each, timed_each
-from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, fixed_terms, id_term, lookup_slopes, monotone_curve,
-                                                parallelism_term, routing_id_term, shard_terms)
+from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, CalibrationError, fixed_terms, group_terms_beside,
+                                                id_term, lookup_slopes, monotone_curve, parallelism_term,
+                                                routing_id_term, shard_terms)
 from rectoolkit.planner.cost import CostModel, collective_calls
 from rectoolkit.planner.profile import ROW_ROUTED, AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.stats import WorkloadStats
@@ -172,6 +173,16 @@ def test_fits_by_hand():
         fit_alpha_beta([(10, 1.0), (10, 2.0)])
     steps = {"tw": 5.0, "tw4": 8.0, "row_wise": 6.0, "tw+row_wise": 9.0, "column_wise": 6.5, "tw+column_wise": 8.5}
     step, shard, groups = fixed_terms(steps, 2)
+    # beside plan-sized work: a group of its own against the same table table-wise, less its calls x alpha (row-wise
+    # 4 all-to-alls, table-row-wise 6, data-parallel on 2 ranks 1 all-reduce, on 4 ranks 2 all-to-alls per table)
+    alphas = {**{kind: AlphaBeta(0.25, 1e6) for kind in PROFILE.collectives}, "all_reduce": AlphaBeta(0.5, 1e6)}
+    walls = {"beside_table_wise": 10.0, "beside_row_wise": 13.0, "beside_column_wise": 10.5,
+             "beside_table_row_wise": 13.0, "beside_data_parallel": 12.0}
+    assert group_terms_beside(walls, 2, alphas) == {"row_wise": 2.0, "column_wise": 0.0, "table_row_wise": 1.5,
+                                                    "data_parallel": 1.5, "grid_shard": 1.5}
+    assert group_terms_beside(walls, 4, alphas)["data_parallel"] == 1.5  # 2 all-to-alls of its one table
+    with pytest.raises(CalibrationError, match="beside_row_wise"):
+        group_terms_beside({k: v for k, v in walls.items() if k != "beside_row_wise"}, 2, alphas)
     flat = CalibrationProfile(PROFILE.collectives, ((1.0, 1e6),), 1e6, forward=LookupTerms(1e-5, 1.0, 1e-6),
                               backward_terms={"sgd": LookupTerms(2e-5, 3.0, 1e-6)}, id_ms=1e-4)
     # the full batch (pooling 20) less the light one (pooling 2): 2 ranks x 512 bags x 18 = 18432 more ids into
@@ -304,6 +315,13 @@ def test_calibration_measures_every_term(tmp_path):
     record = 2e-4
     assert profile.shard_ms == pytest.approx(shard_terms(fastest, 2, profile)[0], abs=record)
     assert profile.replica_ms == pytest.approx(shard_terms(median, 2, profile)[1], abs=record)
+    # the groups other than table-wise from the plan-sized steps on the wall clock, each less its calls' latency
+    beside = profile.machine["beside_step_ms"]
+    assert set(beside) == {f"beside_{kind}" for kind in ("table_wise", "row_wise", "column_wise", "table_row_wise",
+                                                        "data_parallel")}
+    assert all(ms > 0 for ms in beside.values())
+    for kind, ms in group_terms_beside(beside, 2, profile.collectives).items():
+        assert profile.group_ms[kind] == pytest.approx(ms, abs=record)
     assert topo.cores_per_host == os.cpu_count()
 
 
