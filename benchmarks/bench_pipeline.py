@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pipeline.py              # both workloads, 3 runs each; writes results/pipeline.md
     .venv/bin/python benchmarks/bench_pipeline.py --quick --no-write --threads 4     # ~1 minute on a free 16-core box
+    .venv/bin/python benchmarks/bench_pipeline.py --cpu-binding both --no-write      # unbound / bound runs alternating
 
 Workloads (`--workload`, default both):
 - `base`: 8 tables of 20,000 x 8, one feature each, ~32 ids per bag (lengths uniform in 0..64), batch 512 per rank,
@@ -132,7 +133,10 @@ def build(workload: Workload, world_size: int):
 
 
 def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, out_file: str,
-           workload: dict, threads: int) -> None:
+           workload: dict, threads: int, binding: str) -> None:
+    from rectoolkit.launch.affinity import bind_this_process, rank_cpus
+
+    bind_this_process(rank_cpus(rank, world_size, binding))  # before gloo starts its threads
     torch.set_num_threads(threads)
     workload = Workload(**workload)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
@@ -233,16 +237,17 @@ def summary(values: List[float]) -> str:
     return f"{median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def run_once(workload: Workload, rounds: int, steps: int, threads: int) -> Dict:
-    """One spawn of the 2 ranks: their results, with the load average before and after."""
+def run_once(workload: Workload, rounds: int, steps: int, threads: int, binding: str = "none") -> Dict:
+    """One spawn of the 2 ranks (bound to cores as `binding` says): their results, with the load average."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "results.pt")
         mp.start_processes(worker, args=(2, os.path.join(tmp, "rdzv"), rounds, steps, out_file,
-                                         dataclasses.asdict(workload), threads),
+                                         dataclasses.asdict(workload), threads, binding),
                            nprocs=2, join=True, start_method="spawn")
         results = torch.load(out_file)
     results["load"] = (load_before, os.getloadavg())
+    results["binding"] = binding
     results["ratios"] = [p / q for p, q in zip(results["pipelined"], results["plain"])]
     results["inline_ratios"] = [p / q for p, q in zip(results["inline"], results["plain"])]
     return results
@@ -268,14 +273,16 @@ def row(run: int, results: Dict) -> str:
             f"{before[0]:.1f} / {after[0]:.1f} | {'yes' if results['identical'] else 'NO'} |")
 
 
-def workload_section(workload: Workload, results: List[Dict], rounds: int, steps: int) -> List[str]:
+def workload_section(workload: Workload, results: List[Dict], rounds: int, steps: int,
+                     binding: str = "none") -> List[str]:
     all_ratios = [r for result in results for r in result["ratios"]]
     all_inline = [r for result in results for r in result["inline_ratios"]]
     plain_comm = median([median([i + o for i, o in zip(r["plain_input_wait"], r["plain_other_wait"])])
                          for r in results])
     plain_input_dist = median([median(r["plain_input_dist"]) for r in results])
     return [
-        f"## workload `{workload.name}`: {workload.describe()}",
+        f"## workload `{workload.name}`: {workload.describe()}"
+        + ("" if binding == "none" else ", each rank bound to its own core (cpu_binding='auto')"),
         "",
         f"{len(results)} runs; each: {rounds} alternating rounds of {steps} steps after {WARMUP} warm-up steps.",
         "",
@@ -292,6 +299,15 @@ def workload_section(workload: Workload, results: List[Dict], rounds: int, steps
     ]
 
 
+def binding_comparison(results: Dict[str, List[Dict]]) -> List[str]:
+    """Bound / unbound steps/s of each loop, run by run (the runs alternated, so run k of each saw alike load)."""
+    cells = []
+    for loop in ("plain", "pipelined"):
+        per_run = [median(bound[loop]) / median(free[loop]) for free, bound in zip(results["none"], results["auto"])]
+        cells.append(f"{loop} {ratio(per_run)}")
+    return [f"Bound / unbound steps/s, median (range) over the run pairs: {'; '.join(cells)}.", ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
@@ -306,6 +322,9 @@ def main() -> None:
     parser.add_argument("--tables", type=int, help="tables, one feature each (overrides the workload's)")
     parser.add_argument("--dim", type=int, help="embedding dim (overrides the workload's)")
     parser.add_argument("--sharding", choices=["table_wise", "row_wise"], help="(overrides the workload's)")
+    parser.add_argument("--cpu-binding", choices=["none", "auto", "both"], default="none",
+                        help="bind each rank to its own share of the cores (rectoolkit.launch.affinity); both: "
+                             "runs alternate unbound / bound and each gets its table")
     args = parser.parse_args()
     runs, rounds, steps = (1, 7, 8) if args.quick else (args.runs, args.rounds, args.steps)
     chosen = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]
@@ -330,10 +349,17 @@ def main() -> None:
         "(all trained on the same batches).",
         "",
     ]
+    bindings = ["none", "auto"] if args.cpu_binding == "both" else [args.cpu_binding]
     for workload in chosen:
-        results = [run_once(workload, rounds, steps, args.threads) for _ in range(runs)]
-        lines += workload_section(workload, results, rounds, steps)
-        print("\n".join(lines[-(len(results) + 9):]), file=sys.stderr, flush=True)  # progress while the rest runs
+        results: Dict[str, List[Dict]] = {binding: [] for binding in bindings}
+        for _ in range(runs):
+            for binding in bindings:  # alternating, so that the machine's load hits both alike
+                results[binding].append(run_once(workload, rounds, steps, args.threads, binding))
+        for binding in bindings:
+            lines += workload_section(workload, results[binding], rounds, steps, binding)
+            print("\n".join(lines[-(runs + 9):]), file=sys.stderr, flush=True)  # progress while the rest runs
+        if len(bindings) == 2:
+            lines += binding_comparison(results)
     text = "\n".join(lines).rstrip()
     print(text)
     if not (args.quick or args.no_write):

@@ -24,6 +24,7 @@ from typing import Any, Dict
 import cloudpickle
 
 from rectoolkit.launch._reap import TAG_VARIABLE, kill_group, kill_tagged
+from rectoolkit.launch.affinity import bind_this_process
 
 
 _DYING = threading.Lock()
@@ -74,6 +75,7 @@ def _pick_device(backend: str, local_rank: int):
 def main(fd: int) -> None:
     conn = Connection(fd)
     spec: Dict[str, Any] = cloudpickle.loads(conn.recv_bytes())
+    bind_this_process(spec["cpus"])  # first: every thread started from here on (gloo's too) inherits the cores
     for path in reversed(spec["sys_path"]):
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -105,6 +107,7 @@ def main(fd: int) -> None:
                                 timeout=timeout)
         ctx = WorkerContext(rank=rank, world_size=spec["world_size"], local_rank=spec["local_rank"],
                             local_world_size=spec["world_size"], device=device, backend=spec["backend"],
+                            cpus=spec["cpus"],
                             _send=lambda metrics: send("metrics", metrics), _stop_event=stop_event)
         send("started", {"pid": os.getpid()})
         result = fn(ctx, *args, **kwargs)

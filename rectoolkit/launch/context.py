@@ -44,6 +44,7 @@ class WorkerContext:
     local_world_size: int
     device: torch.device
     backend: str
+    cpus: Optional[List[int]] = None  # the cores this worker is bound to (None: not bound); launch's cpu_binding
     _send: Optional[Callable[[Dict[str, Any]], None]] = field(default=None, repr=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, repr=False)
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_tagged
+from rectoolkit.launch.affinity import CpuBinding, check_binding, rank_cpus
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
                                     never_arrived)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
@@ -126,13 +127,14 @@ class Job:
                  backend: Optional[str], num_threads: Optional[int], timeout_s: Optional[float],
                  idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
                  grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
-                 env: Optional[Mapping[str, str]], echo_output: bool) -> None:
+                 env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding = "none") -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("straggler_timeout_s", straggler_timeout_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
+        check_binding(cpu_binding, world_size)
         backend = backend or default_backend(world_size)
         if backend == "nccl" and torch.cuda.device_count() < world_size:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
@@ -146,6 +148,8 @@ class Job:
         self.world_size = world_size
         self.backend = backend
         self.num_threads = num_threads or default_num_threads(world_size)
+        # the cores each rank is bound to (None: not bound); rectoolkit.launch.affinity says why and how
+        self.cpus: List[Optional[List[int]]] = [rank_cpus(rank, world_size, cpu_binding) for rank in range(world_size)]
         self.history: List[Dict[str, Any]] = []
         self._timeout_s = timeout_s
         self._idle_timeout_s = idle_timeout_s
@@ -209,6 +213,7 @@ class Job:
             "rank": rank, "world_size": self.world_size, "local_rank": rank, "backend": self.backend,
             "store_host": "127.0.0.1", "store_port": self._store.port,
             "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
+            "cpus": self.cpus[rank],
             "sys_path": [p for p in sys.path if p], "payload": payload, "parent_pid": os.getpid(),
             "linecache": notebook_sources(),
         }
@@ -559,7 +564,7 @@ def start(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optio
           idle_timeout_s: Optional[float] = None, straggler_timeout_s: Optional[float] = STRAGGLER_TIMEOUT_S,
           collective_timeout_s: float = 120.0, grace_s: float = 3.0,
           on_metrics: Optional[Callable[[Dict[str, Any]], None]] = None, env: Optional[Mapping[str, str]] = None,
-          echo_output: bool = True) -> Job:
+          echo_output: bool = True, cpu_binding: CpuBinding = "none") -> Job:
     """Start `fn(ctx, *args, **kwargs)` on `world_size` local processes; return a `Job` at once.
 
     - `backend`: "gloo" or "nccl"; default nccl when `world_size` GPUs are visible, gloo otherwise.
@@ -575,9 +580,13 @@ def start(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optio
     - `on_metrics(metrics)`: called in the job's monitor thread for each report (widgets); metrics are also
       kept in `job.history` and streamed by `job.metrics()`.
     - `env`: extra environment variables for the workers; `echo_output`: print worker output as "[rank r] ...".
+    - `cpu_binding`: which cores each rank runs on (`job.cpus`, `ctx.cpus`): "none" (default) leaves it to the
+      scheduler, "auto" gives each rank its own even share of the cores this process may use when there are at
+      least as many cores as ranks (and binds nothing otherwise), or one list of cores per rank. Which is faster
+      depends on the work: rectoolkit.launch.affinity says what was measured.
     """
     return Job(fn, world_size, args, kwargs or {}, backend, num_threads, timeout_s, idle_timeout_s,
-               straggler_timeout_s, collective_timeout_s, grace_s, on_metrics, env, echo_output)
+               straggler_timeout_s, collective_timeout_s, grace_s, on_metrics, env, echo_output, cpu_binding)
 
 
 def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optional[Mapping[str, Any]] = None,
@@ -585,7 +594,7 @@ def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Opti
            idle_timeout_s: Optional[float] = None, straggler_timeout_s: Optional[float] = STRAGGLER_TIMEOUT_S,
            collective_timeout_s: float = 120.0, grace_s: float = 3.0,
            on_metrics: Optional[Callable[[Dict[str, Any]], None]] = None, env: Optional[Mapping[str, str]] = None,
-           echo_output: bool = True) -> List[Any]:
+           echo_output: bool = True, cpu_binding: CpuBinding = "none") -> List[Any]:
     """Run `fn(ctx, *args, **kwargs)` on `world_size` local processes and return each rank's return value.
 
     Blocks; `on_metrics` is called in the caller's thread for each report as it arrives. A worker that raises
@@ -595,7 +604,8 @@ def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Opti
     """
     job = start(fn, world_size, *args, kwargs=kwargs, backend=backend, num_threads=num_threads,
                 timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, straggler_timeout_s=straggler_timeout_s,
-                collective_timeout_s=collective_timeout_s, grace_s=grace_s, env=env, echo_output=echo_output)
+                collective_timeout_s=collective_timeout_s, grace_s=grace_s, env=env, echo_output=echo_output,
+                cpu_binding=cpu_binding)
     try:
         for metrics in job.metrics():
             if on_metrics is not None:

@@ -60,6 +60,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rectoolkit.launch.affinity import CpuBinding, bind_this_process, check_binding, rank_cpus
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BESIDE_KINDS, BESIDE_ROUNDS_PER_REPEAT,
                                                 BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS, HEAVY_POOLING,
@@ -444,9 +445,10 @@ def measure_sharing(rank: int, world_size: int, repeats: int) -> Tuple[List[floa
 
 # ------------------------------------------------------------------------------------------------ workers
 def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_device: str, repeats: int,
-            threads: int, results) -> None:
+            threads: int, results, cpus: Optional[List[int]] = None) -> None:
     global _ON_CUDA
     try:
+        bind_this_process(cpus)  # before gloo starts its threads, which inherit the cores
         _ON_CUDA = compute_device == "cuda"
         torch.set_num_threads(threads)
         if backend == "nccl":
@@ -482,9 +484,16 @@ def _refuse_in_spawned_child() -> None:
 
 
 def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats: Optional[int] = None,
-                      quick: bool = False, threads: int = 1, timeout_s: float = 600.0) -> CalibrationProfile:
-    """Run the micro-benchmarks on `world_size` local workers and fit a CalibrationProfile (module docstring)."""
+                      quick: bool = False, threads: int = 1, timeout_s: float = 600.0,
+                      cpu_binding: CpuBinding = "none") -> CalibrationProfile:
+    """Run the micro-benchmarks on `world_size` local workers and fit a CalibrationProfile (module docstring).
+
+    `cpu_binding` places the workers on cores as `rectoolkit.launch` places its ranks (default "none": where the
+    scheduler puts them; "auto": each its own share of the cores). Calibrate as the ranks you plan for will run
+    (`measure_plans` and training take the same argument); the profile records the cores each rank had
+    (`machine["cpus"]`)."""
     _refuse_in_spawned_child()
+    check_binding(cpu_binding, world_size)
     if not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"calibrate: world_size must be an int >= 2 (collectives need two ranks), got {world_size!r}")
     if compute_device not in ("cpu", "cuda"):
@@ -498,8 +507,9 @@ def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
+        cpus = [rank_cpus(r, world_size, cpu_binding) for r in range(world_size)]
         procs = [context.Process(target=_worker, args=(r, world_size, init_file, backend, compute_device, repeats, threads,
-                                                             results),
+                                                             results, cpus[r]),
                                  daemon=True) for r in range(world_size)]
         for proc in procs:
             proc.start()
@@ -512,6 +522,7 @@ def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats:
                     proc.kill()
     if status != "ok":
         raise CalibrationError(f"calibration failed on {payload}")
+    payload["cpus"] = cpus
     return fit_profile(payload, world_size, backend, compute_device, threads, repeats, time.time() - started)
 
 
@@ -546,8 +557,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="where to write the profile (JSON); Topology(profile='default') reads it from there")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (about half the time, noisier)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--cpu-binding", choices=("none", "auto"), default="none",
+                        help="none: wherever the scheduler puts the ranks; auto: each rank on its own share of the "
+                             "cores (as rectoolkit.launch runs them with cpu_binding='auto')")
     args = parser.parse_args(argv)
-    profile = calibrate_profile(args.world_size, compute_device=args.device, quick=args.quick, threads=args.threads)
+    profile = calibrate_profile(args.world_size, compute_device=args.device, quick=args.quick, threads=args.threads,
+                                cpu_binding=args.cpu_binding)
     path = profile.save(args.out)
     print(f"wrote {path} (measured in {profile.machine['seconds']} s)")
     for term, value in profile.summary_rows():

@@ -312,7 +312,7 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
                    threads_per_rank=threads, repeats=repeats, seconds=round(seconds, 1),
                    load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   load_probe=payload.get("load_probe"),
+                   load_probe=payload.get("load_probe"), cpus=payload.get("cpus"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    fixed_plan_step_ms_median={k: round(v, 4) for k, v in payload["fixed_median"].items()},
                    beside_step_ms={k: round(v, 4) for k, v in payload["beside"].items()},

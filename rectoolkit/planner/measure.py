@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType
+from rectoolkit.launch.affinity import CpuBinding, rank_cpus
 from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
@@ -337,7 +338,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
                   batch_size: int = 512, pooling_factors: Optional[Mapping[str, float]] = None,
                   zipf_alpha: float = 0.0, seed: int = 0, num_batches: int = 4, topology: Optional[Topology] = None,
                   optimizer: str = "sgd", lr: float = 0.01, num_threads: int = 1,
-                  timeout_s: Optional[float] = 1800.0) -> PlanMeasurements:
+                  timeout_s: Optional[float] = 1800.0, cpu_binding: CpuBinding = "none") -> PlanMeasurements:
     """Run every plan for a few steps on `world_size` local workers and return measured vs estimated.
 
     Args:
@@ -354,6 +355,8 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             be `world_size`, its local_world_size decides the ranks per host the plans run with.
         optimizer, lr: the fused embedding optimizer (and a plain SGD for shards planned kernel "dense").
         num_threads: torch threads per rank; timeout_s: the whole launch's limit (None: none).
+        cpu_binding: the cores of each rank, as in `rectoolkit.launch.start` (default "none": where the scheduler
+            puts them; "auto": each rank its own share); `info["cpus"]` records them.
 
     Returns a PlanMeasurements (DataFrames: plans, ranks, steps, phases, bytes; info).
     """
@@ -392,7 +395,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
     load_before = os.getloadavg()
     started = time.perf_counter()
     per_rank = launch(_measure_worker, world_size, spec, num_threads=num_threads, backend="gloo", timeout_s=timeout_s,
-                      echo_output=False)
+                      echo_output=False, cpu_binding=cpu_binding)
     info = {"world_size": world_size, "local_world_size": topology.local_world_size, "batch_size": batch_size,
             "steps": steps, "warmup": warmup, "rounds": rounds, "phase_steps": phase_steps,
             "num_threads": num_threads, "zipf_alpha": float(zipf_alpha), "seed": seed, "num_batches": num_batches,
@@ -400,6 +403,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "launch_s": round(time.perf_counter() - started, 2), "cpu_count": os.cpu_count(),
+            "cpus": [rank_cpus(rank, world_size, cpu_binding) for rank in range(world_size)],
             "torch": torch.__version__, "machine": platform.machine(), "topology": _topology_fields(topology),
             "load_probe_before": per_rank[0]["load"]["before"], "load_probe_during": per_rank[0]["load"]["during"]}
     exact = {name: _exact_traffic(cost_model, plan, planner_tables, spec, world_size) for name, plan in named.items()}
@@ -412,9 +416,11 @@ def _probe_worker(ctx: Any, steps: int, min_seconds: float) -> Dict[str, Any]:
 
 
 def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float = PROBE_SECONDS,
-               num_threads: int = 1, timeout_s: Optional[float] = 120.0) -> LoadProbe:
+               num_threads: int = 1, timeout_s: Optional[float] = 120.0,
+               cpu_binding: CpuBinding = "none") -> LoadProbe:
     """Measure the load factor on `world_size` local worker processes (gloo on CPU; about 5 s with start-up). From
-    a script, call it under `if __name__ == "__main__":` (the workers are spawned processes).
+    a script, call it under `if __name__ == "__main__":` (the workers are spawned processes). `cpu_binding`: the
+    ranks' cores, as in `rectoolkit.launch.start` (default "none", as measure_plans runs them by default).
 
         probe = probe_load(2)                 # doctest: +SKIP
         topology = topology.at_load(probe)    # doctest: +SKIP
@@ -424,7 +430,7 @@ def probe_load(world_size: int = 2, steps: int = PROBE_STEPS, min_seconds: float
     if not isinstance(world_size, int) or world_size <= 0:
         raise ValueError(f"probe_load: world_size must be a positive int, got {world_size!r}")
     results = launch(_probe_worker, world_size, steps, float(min_seconds), num_threads=num_threads, backend="gloo",
-                     timeout_s=timeout_s, echo_output=False)
+                     timeout_s=timeout_s, echo_output=False, cpu_binding=cpu_binding)
     fields = results[0]
     fields["load_average"] = tuple(fields["load_average"])
     return LoadProbe(**fields)

@@ -13,7 +13,7 @@ import pytest
 
 from rectoolkit.modules.configs import EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
-from rectoolkit.planner.calibrate import fastest_each, timed_each
+from rectoolkit.planner.calibrate import calibrate_profile, fastest_each, timed_each
 from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, CalibrationError, fixed_terms, group_terms_beside,
                                                 id_term, lookup_slopes, monotone_curve, parallelism_term,
                                                 routing_id_term, shard_terms)
@@ -485,3 +485,10 @@ def test_a_topology_from_a_saved_profile_takes_the_cores_it_was_measured_on(tmp_
     assert Topology.from_profile(PROFILE, 2).cores_per_host is None  # nothing recorded: the Topology's default
     with pytest.raises(ValueError, match="profile is None"):
         Topology.from_profile(None, 2)
+
+
+def test_calibrate_refuses_a_bad_cpu_binding_before_it_starts_workers():
+    with pytest.raises(ValueError, match="cpu_binding has 1 core lists but there are 2 local ranks"):
+        calibrate_profile(2, cpu_binding=[[0]])
+    with pytest.raises(ValueError, match="cpu_binding must be one of"):
+        calibrate_profile(2, cpu_binding="compact")

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import rectoolkit as rtk
+from rectoolkit.launch.affinity import available_cpus
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner import Topology, measure_plans, pick_measured_fastest
 from rectoolkit.planner import measure as measure_module
 from rectoolkit.train.data import SyntheticData
 
 W, BATCH = 2, 16
+CORES = (available_cpus() * W)[:W]  # each rank bound to one core it may use (the same one when there is only one)
 TABLES = [rtk.EmbeddingBagConfig(name="t0", num_embeddings=40, embedding_dim=8, feature_names=["f0"]),
           rtk.EmbeddingBagConfig(name="t1", num_embeddings=30, embedding_dim=16, feature_names=["f1", "f2"]),
           rtk.EmbeddingBagConfig(name="t2", num_embeddings=10, embedding_dim=4, feature_names=["f3"])]
@@ -61,7 +63,8 @@ def test_measure_plans_bytes_memory_and_frames():
     the_plans = plans()
     picked, result = pick_measured_fastest(
         the_plans, TABLES, W, steps=2, warmup=2, rounds=2, phase_steps=1, batch_size=BATCH, pooling_factors=FACTORS,
-        zipf_alpha=1.05, seed=3, num_batches=2, topology=Topology(world_size=W, compute_device="cpu"), timeout_s=540)
+        zipf_alpha=1.05, seed=3, num_batches=2, topology=Topology(world_size=W, compute_device="cpu"), timeout_s=540,
+        cpu_binding=[[core] for core in CORES])  # bytes and memory do not depend on where the ranks run
     names = list(the_plans)
     # measure-in-the-loop returns the plan whose slowest-rank step time (median over steps) is lowest
     per_step = result.steps.groupby(["plan", "step"]).wall_ms.max().groupby("plan").median()
@@ -112,6 +115,7 @@ def test_measure_plans_bytes_memory_and_frames():
                                               "output_dist_backward": 1}
     assert calls[("data_parallel", 1)] == {"dp_allreduce": 1}
     assert result.info["world_size"] == W and len(result.info["load_average_before"]) == 3
+    assert result.info["cpus"] == [[core] for core in CORES]
     # the load probed before the first timed step scales the quiet estimate: est_now_ms
     probe = result.info["load_probe_before"]
     assert probe["world_size"] == W and probe["steps"] >= 3 and probe["factor"] >= 1.0
