@@ -8,7 +8,7 @@ them). Or give one list of cores per local rank. The worker binds itself before 
 gloo's threads share their rank's cores.
 
 Which is faster depends on the work, so binding is not the default. On the 2-core VM of benchmarks/RESULTS.md
-("Local ranks bound to their own cores"), bound ranks ran TrainPipelineSparseDist 1.09x and 1.19x the steps/s
+(results/cpu_binding_2core.md and pipeline_bound_2core.md), bound ranks ran TrainPipelineSparseDist 1.09x and 1.19x the steps/s
 (medians of two workloads), the table-wise plans of bench_cost_model in 0.89x and 0.97x the step time, but the
 plans with the most collectives per step or one busy rank slower (issue8's "mixed" 1.14x, "rank0" 1.04-1.06x):
 a bound rank's gloo threads then wait for its one core.
@@ -85,10 +85,10 @@ def rank_cpus(local_rank: int, local_world_size: int, binding: CpuBinding,
     return chosen
 
 
-def check_binding(binding: CpuBinding, local_world_size: int) -> None:
-    """Raise in the caller's process, before anything is spawned, if any rank's binding is invalid."""
-    for rank in range(local_world_size):
-        rank_cpus(rank, local_world_size, binding)
+def all_rank_cpus(binding: CpuBinding, local_world_size: int) -> List[Optional[List[int]]]:
+    """`rank_cpus` of every local rank, in order: call it in the caller's process, before anything is spawned, so
+    that an invalid binding raises there."""
+    return [rank_cpus(rank, local_world_size, binding) for rank in range(local_world_size)]
 
 
 def bind_this_process(cpus: Optional[Sequence[int]]) -> None:

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_tagged
-from rectoolkit.launch.affinity import CpuBinding, check_binding, rank_cpus
+from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
                                     never_arrived)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
@@ -127,14 +127,13 @@ class Job:
                  backend: Optional[str], num_threads: Optional[int], timeout_s: Optional[float],
                  idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
                  grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
-                 env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding = "none") -> None:
+                 env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("straggler_timeout_s", straggler_timeout_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
-        check_binding(cpu_binding, world_size)
         backend = backend or default_backend(world_size)
         if backend == "nccl" and torch.cuda.device_count() < world_size:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
@@ -149,7 +148,7 @@ class Job:
         self.backend = backend
         self.num_threads = num_threads or default_num_threads(world_size)
         # the cores each rank is bound to (None: not bound); rectoolkit.launch.affinity says why and how
-        self.cpus: List[Optional[List[int]]] = [rank_cpus(rank, world_size, cpu_binding) for rank in range(world_size)]
+        self.cpus: List[Optional[List[int]]] = all_rank_cpus(cpu_binding, world_size)
         self.history: List[Dict[str, Any]] = []
         self._timeout_s = timeout_s
         self._idle_timeout_s = idle_timeout_s

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rectoolkit.launch.affinity import CpuBinding, bind_this_process, check_binding, rank_cpus
+from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus, bind_this_process
 from rectoolkit.plan.types import ParameterSharding, ShardMetadata
 from rectoolkit.planner.calibration_fit import (A2A_PEER_BYTES, BESIDE_KINDS, BESIDE_ROUNDS_PER_REPEAT,
                                                 BUFFER_BYTES, ENGINE_INSTANCES, ENGINE_POOLINGS, HEAVY_POOLING,
@@ -493,9 +493,9 @@ def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats:
     (`measure_plans` and training take the same argument); the profile records the cores each rank had
     (`machine["cpus"]`)."""
     _refuse_in_spawned_child()
-    check_binding(cpu_binding, world_size)
     if not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"calibrate: world_size must be an int >= 2 (collectives need two ranks), got {world_size!r}")
+    cpus = all_rank_cpus(cpu_binding, world_size)
     if compute_device not in ("cpu", "cuda"):
         raise ValueError(f"calibrate: compute_device must be 'cpu' or 'cuda', got {compute_device!r}")
     if compute_device == "cuda" and not torch.cuda.is_available():
@@ -507,7 +507,6 @@ def calibrate_profile(world_size: int = 2, compute_device: str = "cpu", repeats:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        cpus = [rank_cpus(r, world_size, cpu_binding) for r in range(world_size)]
         procs = [context.Process(target=_worker, args=(r, world_size, init_file, backend, compute_device, repeats, threads,
                                                              results, cpus[r]),
                                  daemon=True) for r in range(world_size)]

@@ -53,7 +53,7 @@ import pandas as pd
 import torch
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType
-from rectoolkit.launch.affinity import CpuBinding, rank_cpus
+from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
 from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
@@ -403,7 +403,7 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "launch_s": round(time.perf_counter() - started, 2), "cpu_count": os.cpu_count(),
-            "cpus": [rank_cpus(rank, world_size, cpu_binding) for rank in range(world_size)],
+            "cpus": all_rank_cpus(cpu_binding, world_size),
             "torch": torch.__version__, "machine": platform.machine(), "topology": _topology_fields(topology),
             "load_probe_before": per_rank[0]["load"]["before"], "load_probe_during": per_rank[0]["load"]["during"]}
     exact = {name: _exact_traffic(cost_model, plan, planner_tables, spec, world_size) for name, plan in named.items()}

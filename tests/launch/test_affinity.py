@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rectoolkit.launch import launch
-from rectoolkit.launch.affinity import available_cpus, can_bind, check_binding, rank_cpus
+from rectoolkit.launch.affinity import all_rank_cpus, available_cpus, can_bind, rank_cpus
 
 
 def test_auto_splits_the_cores_evenly_and_the_last_rank_keeps_the_remainder():
@@ -53,7 +53,7 @@ def test_launch_refuses_a_bad_binding_before_it_spawns():
     with pytest.raises(ValueError, match="core lists but there are 2 local ranks"):
         launch(_thread_cores, 2, cpu_binding=[[0]])
     with pytest.raises(ValueError, match="must be one of"):
-        check_binding("compact", 2)
+        all_rank_cpus("compact", 2)
 
 
 def _thread_cores(ctx):
