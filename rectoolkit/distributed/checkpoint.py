@@ -4,7 +4,7 @@ never lost to a crash.
     save_checkpoint(model, "ckpt/step_100", dense_optimizer=opt)   # every rank calls it
     load_checkpoint(model, "ckpt/step_100", dense_optimizer=opt)   # any plan, any world size
 
-Layout of the directory:
+Layout of the directory (and `.lock` while a save runs: a second save into it is refused):
 
     metadata.json            the commit record: world size, tables, which data directory holds the checkpoint,
                              the size and SHA-256 of each of its files, and its own SHA-256
@@ -112,7 +112,7 @@ def _agree(env: ShardingEnv, error: Optional[BaseException], payload: Any, conse
         raise error
     failed = {rank: r["error"] for rank, r in enumerate(replies) if r["error"] is not None}
     if failed:
-        raise CheckpointError(f"rank(s) {sorted(failed)} failed ("
+        raise CheckpointPeerError(f"rank(s) {sorted(failed)} failed ("
                               + "; ".join(f"rank {rank}: {message}" for rank, message in failed.items())
                               + f"); {consequence}")
     return [r["payload"] for r in replies]
@@ -140,14 +140,81 @@ def _dense_state(model) -> Dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.module.state_dict().items() if not k.startswith(prefixes)}
 
 
-def _new_data_directory(env: ShardingEnv, path: Path) -> Path:
-    """A fresh data directory name, drawn by rank 0 and the same on every rank."""
-    name = ""
+class CheckpointPeerError(CheckpointError):
+    """Raised on the ranks that did not fail themselves when another rank's part of a save or load failed
+    (`peer_failure`: the launcher blames the rank that failed, not this one)."""
+
+    peer_failure = True
+
+
+class _DirectoryLock:
+    """An exclusive lock on a checkpoint directory (flock of its `.lock` file), held by rank 0 for the whole
+    save: a second save into the same directory, from another job or thread, is refused instead of deleting the
+    first one's files. The file is removed on release (a holder that died leaves it, unlocked: the operating
+    system releases a dead process's lock). POSIX only (elsewhere: no lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._file = path / ".lock", None
+
+    def acquire(self) -> None:
+        if os.name != "posix":
+            return
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            file = open(self.path, "a+")
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.close()
+                raise CheckpointError(f"{self.path.parent}: another save into this directory is in progress (it "
+                                      f"holds {self.path}); wait for it to finish, or save into another "
+                                      "directory") from None
+            try:
+                same = os.fstat(file.fileno()).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._file = file
+                return
+            file.close()  # locked a file its holder removed on release: lock the one now at the path
+
+    def release(self) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # while still holding it: whoever locks the path next has a new file
+            self._file.close()
+            self._file = None
+
+
+def _begin_save(env: ShardingEnv, path: Path, lock: _DirectoryLock) -> Path:
+    """Every rank's path must be rank 0's (one shared directory); rank 0 takes the directory's lock and draws a
+    fresh data directory name, the same on every rank. Raises on every rank, before anything is written, if the
+    paths differ or the lock is held."""
+    reply = {"path": os.path.abspath(path), "name": "", "error": None}
     if env.rank == 0:
-        name = f"data-{secrets.token_hex(8)}"
-        while (path / name).exists():
+        try:
+            lock.acquire()
             name = f"data-{secrets.token_hex(8)}"
-    return path / all_gather_bytes(env, name.encode())[0].decode()
+            while (path / name).exists():
+                name = f"data-{secrets.token_hex(8)}"
+            reply["name"] = name
+        except CheckpointError as error:
+            reply["error"] = str(error)
+        except OSError as error:
+            reply["error"] = f"{path}: cannot create the checkpoint directory on rank 0: {error}"
+    replies = [json.loads(raw) for raw in all_gather_bytes(env, json.dumps(reply).encode())]
+    if replies[0]["error"] is not None:
+        raise (CheckpointError if env.rank == 0 else CheckpointPeerError)(
+            replies[0]["error"] + (f"; nothing was saved: the checkpoint at {path} is unchanged"))
+    others = {rank: r["path"] for rank, r in enumerate(replies) if r["path"] != replies[0]["path"]}
+    if others:
+        lock.release()
+        raise CheckpointError(
+            "save_checkpoint: every rank must pass the same directory (one directory all ranks see), but rank 0 "
+            f"passed {replies[0]['path']} and " + ", ".join(f"rank {rank} {p}" for rank, p in others.items())
+            + f"; nothing was saved: the checkpoint at {path} is unchanged")
+    return path / replies[0]["name"]
 
 
 def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[torch.optim.Optimizer] = None,
@@ -156,7 +223,24 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     at any point leaves the previous checkpoint at `path` (or the new one, once committed)."""
     env = model.env
     path = Path(path)
-    data = _new_data_directory(env, path)
+    lock = _DirectoryLock(path)
+    try:
+        _save(model, env, path, lock, dense_optimizer, extra)
+    finally:
+        lock.release()
+
+
+def _named_os_error(error: OSError, context: str) -> OSError:
+    """`error` again (same type and errno), its message naming the file and `context`."""
+    text = str(error.strerror or error) + (f": {error.filename}" if error.filename else "") + f" ({context})"
+    named = type(error)(error.errno, text) if error.errno is not None else type(error)(text)
+    named.__cause__ = error
+    return named
+
+
+def _save(model, env: ShardingEnv, path: Path, lock: _DirectoryLock,
+          dense_optimizer: Optional[torch.optim.Optimizer], extra: Optional[Dict[str, Any]]) -> None:
+    data = _begin_save(env, path, lock)
     written: Dict[str, Dict[str, Any]] = {}
     error: Optional[BaseException] = None
     try:
@@ -174,6 +258,9 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
                  "optimizer": dense_optimizer.state_dict() if dense_optimizer is not None else None,
                  "extra": extra or {}}, data / DENSE)
         _fsync_directory(data)
+    except OSError as caught:  # a full disk, a read-only directory: the same error, naming the rank and the file
+        error = _named_os_error(caught, f"rank {env.rank} writing its part of the checkpoint into {data}; nothing "
+                                        f"was saved: the checkpoint at {path} is unchanged")
     except Exception as caught:  # every rank learns of it in _agree, then it is raised here
         error = caught
     try:
@@ -206,7 +293,19 @@ def _metadata_checksum(metadata: Dict[str, Any]) -> str:
 
 
 def _commit(path: Path, data: Path, metadata: Dict[str, Any]) -> None:
-    """Atomically make `data` the checkpoint at `path`: write metadata.json aside, fsync, rename over, fsync."""
+    """Atomically make `data` the checkpoint at `path`: write metadata.json aside, fsync, rename over, fsync.
+    First every file the ranks reported must be in `data` as rank 0 sees it, of its reported size (ranks that
+    wrote to disks rank 0 does not see, or a directory removed under the save, are refused, not committed)."""
+    for name, record in metadata["files"].items():
+        file = data / name
+        size = file.stat().st_size if file.is_file() else None
+        if size != record["bytes"]:
+            writer = re.match(r"rank(\d+)-of-", name)
+            who = f"rank {writer.group(1)}" if writer else "rank 0"
+            seen = "is missing" if size is None else f"has {size} bytes, not the {record['bytes']} written"
+            raise CheckpointError(f"{file} {seen} as rank 0 sees it ({who} wrote it): every rank must save into "
+                                  "one directory that rank 0 sees too (a shared file system), and nothing else may "
+                                  "change it during the save")
     tmp = path / f".{METADATA}.tmp-{data.name}"
     with open(tmp, "w") as f:
         f.write(json.dumps(dict(metadata, checksum=_metadata_checksum(metadata)), indent=1))

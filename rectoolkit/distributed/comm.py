@@ -67,20 +67,29 @@ class CommStats:
 
 @dataclass
 class ShardingEnv:
-    """Where this process sits: rank, world size, ranks per host (local_world_size), process group, device.
+    """Where this process sits: world size, rank, process group (TorchRec's arguments, in its order), ranks per
+    host (local_world_size, default: all on one host), device.
 
     `local_world_size` only decides the two-level collectives of TABLE_ROW_WISE and GRID_SHARD
     (host(r) = r // local_world_size), so 4 processes on one machine can play 2 hosts of 2 ranks.
+    TorchRec's `output_dtensor=True` (state_dict entries as DTensors) is refused: state_dict holds plain
+    tensors of each rank's shards here.
     """
 
-    rank: int
     world_size: int
-    local_world_size: int
+    rank: int
     pg: Optional[dist.ProcessGroup] = None
+    output_dtensor: bool = False
+    local_world_size: Optional[int] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stats: CommStats = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.output_dtensor:
+            raise NotImplementedError("ShardingEnv(output_dtensor=True): rectoolkit's state_dict holds each rank's "
+                                      "shards as plain tensors, not DTensors; leave output_dtensor=False")
+        if self.local_world_size is None:
+            self.local_world_size = self.world_size
         self.device = torch.device(self.device)
         if self.local_world_size <= 0 or self.world_size % self.local_world_size:
             raise ValueError(
@@ -106,12 +115,12 @@ class ShardingEnv:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(pg) == "nccl" \
                 else torch.device("cpu")
-        return cls(dist.get_rank(pg), world_size, local_world_size, pg, device)
+        return cls(world_size, dist.get_rank(pg), pg, local_world_size=local_world_size, device=device)
 
     @classmethod
     def local(cls, device: str = "cpu") -> "ShardingEnv":
         """World size 1 without any process group (collectives become copies)."""
-        return cls(0, 1, 1, None, torch.device(device))
+        return cls(1, 0, None, local_world_size=1, device=torch.device(device))
 
     @classmethod
     def from_local(cls, world_size: int, rank: int, device: str = "cpu") -> "ShardingEnv":

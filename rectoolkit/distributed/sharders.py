@@ -129,7 +129,8 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
         if not isinstance(env, ShardingEnv):
             env = ShardingEnv.from_process_group(env, device=device)
         elif device is not None and torch.device(device) != env.device:
-            env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+            env = ShardingEnv(env.world_size, env.rank, env.pg, local_world_size=env.local_world_size,
+                              device=torch.device(device))
         shard = (sharded_ebc.shard_embedding_bag_collection if self.module_type is EmbeddingBagCollection
                  else sharded_ec.shard_embedding_collection)
         sharded = shard(module, dict(params), env, fused_params=self._fused_params, torchrec_default_optimizer=True,

@@ -120,7 +120,9 @@ def main(fd: int) -> None:
         exit_code = 1
         try:
             send("error", {"exc_type": type(exc).__name__, "message": str(exc),
-                           "traceback": traceback.format_exc(), "time": time.time()})
+                           "traceback": traceback.format_exc(), "time": time.time(),
+                           # raised because another rank failed (e.g. a checkpoint's CheckpointPeerError)
+                           "peer_failure": bool(getattr(exc, "peer_failure", False))})
         except OSError:  # the launcher is gone
             exit_code = 3
     if exit_code == 0 and dist.is_initialized():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from rectoolkit.launch.errors import WorkerError
 
@@ -59,9 +59,44 @@ def describe_exit(returncode: int) -> str:
     return f"was killed by signal {number} ({name}; {cause})" if cause else f"was killed by signal {number} ({name})"
 
 
-def is_consequence(exc_type: str, message: str) -> bool:
-    """True for an error that a rank raises because of a peer: a lost connection, a timed-out collective."""
-    return exc_type in ("DistNetworkError", "DistStoreError") or bool(_CONSEQUENCE.search(message))
+# torch.distributed's own errors for a lost peer, store or backend
+_DIST_ERROR_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError")
+# the types a collective's failure reaches Python as (gloo and NCCL raise RuntimeError)
+_TRANSPORT_ERROR_TYPES = ("RuntimeError", "ConnectionError", "ConnectionResetError", "ConnectionAbortedError",
+                          "ConnectionRefusedError", "BrokenPipeError", "TimeoutError")
+# where such an error comes from when it is a consequence: torch, or rectoolkit's collectives and launcher
+_LIBRARY_FILE = re.compile(r"[/\\](torch|rectoolkit[/\\](distributed|launch))[/\\]")
+# or the words of native code: a C++ source location ("[pair.cc:534]") or the backend's name
+_NATIVE_MESSAGE = re.compile(r"\[[^\]]*\.(cc|cpp|cu|h|hpp):\d+\]|\bgloo\b|\bnccl|\bc10d\b", re.IGNORECASE)
+
+
+def raised_in(traceback_text: str) -> str:
+    """The file of the innermost frame of a formatted traceback ('' if it has none)."""
+    files = re.findall(r'^\s*File "([^"]+)", line \d+', traceback_text, re.MULTILINE)
+    return files[-1] if files else ""
+
+
+def is_consequence(exc_type: str, message: str, traceback_text: Optional[str] = None) -> bool:
+    """True for an error that a rank raises because of a peer: a lost connection, a timed-out collective.
+
+    torch.distributed's own error types always are. Otherwise it takes a transport's error type (RuntimeError,
+    ConnectionError, ...) with a lost peer's or a timeout's words, raised inside torch or rectoolkit's collectives
+    (the innermost frame of `traceback_text`, when given) or in native code (the message names a C++ source
+    location, gloo, NCCL or c10d: a Work.wait() in the caller's code): the caller's own ValueError("read_timeout must be
+    positive"), or a RuntimeError its own code raises, is the failure itself, whatever its words.
+
+        >>> is_consequence("ValueError", "config error: read_timeout must be positive")
+        False
+        >>> user_code = '  File "/home/me/train.py", line 3, in step'
+        >>> is_consequence("RuntimeError", "timed out", user_code), is_consequence("RuntimeError", "timed out")
+        (False, True)
+    """
+    if exc_type in _DIST_ERROR_TYPES:
+        return True
+    if exc_type not in _TRANSPORT_ERROR_TYPES or not _CONSEQUENCE.search(message):
+        return False
+    return (traceback_text is None or bool(_NATIVE_MESSAGE.search(message))
+            or bool(_LIBRARY_FILE.search(raised_in(traceback_text))))
 
 
 def is_timeout(message: str) -> bool:

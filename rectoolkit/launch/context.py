@@ -29,6 +29,16 @@ def plain_metrics(metrics: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _picklable(value: Any) -> bool:
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
 @dataclass
 class WorkerContext:
     """Handed to every worker function as its first argument.
@@ -65,8 +75,15 @@ class WorkerContext:
         metrics = plain_metrics(metrics)
         if self._send is None:
             self.history.append(metrics)
-        else:
+            return
+        try:
             self._send(metrics)
+        except Exception as exc:
+            unpicklable = [key for key, value in metrics.items() if not _picklable(value)]
+            if not unpicklable:
+                raise
+            raise TypeError(f"ctx.report: metric(s) {unpicklable} cannot be pickled to the caller ({exc}); report "
+                            "numbers, strings, lists, dicts or tensors") from exc
 
     def stop_requested(self) -> bool:
         """True once the caller asked the job to stop; check it between steps and return early."""

@@ -70,6 +70,14 @@ STRAGGLER_TIMEOUT_S = 120.0  # default: as long as a collective may wait for a l
 _LIVE_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()
 
 
+BACKENDS = ("gloo", "nccl")  # the torch.distributed backends a local job runs on
+
+
+def _positive_number(value: Any) -> bool:
+    """A number > 0 (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def default_backend(world_size: int) -> str:
     """"nccl" when at least `world_size` GPUs are visible (and NCCL is built in), else "gloo"."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
@@ -128,12 +136,25 @@ class Job:
                  idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
                  grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
                  env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1 (the number of ranks), got {world_size!r}")
         for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("straggler_timeout_s", straggler_timeout_s)):
-            if value is not None and not value > 0:
+            if value is not None and not _positive_number(value):
                 raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
+        if not _positive_number(collective_timeout_s) or collective_timeout_s == float("inf"):
+            raise ValueError(f"collective_timeout_s must be a positive number of seconds (how long a collective may "
+                             f"wait for its peers), got {collective_timeout_s!r}")
+        if not (_positive_number(grace_s) or (isinstance(grace_s, (int, float)) and grace_s == 0)):
+            raise ValueError(f"grace_s must be a number of seconds >= 0 (how long stopped ranks get before they are "
+                             f"killed), got {grace_s!r}")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                        or num_threads < 1):
+            raise ValueError(f"num_threads must be an int >= 1 (torch threads per rank) or None (the default), got "
+                             f"{num_threads!r}")
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)} or None (nccl with a GPU per rank, else "
+                             f"gloo), got {backend!r}")
         backend = backend or default_backend(world_size)
         if backend == "nccl" and torch.cuda.device_count() < world_size:
             raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
@@ -292,11 +313,13 @@ class Job:
             state.has_result, state.result, state.returned_s = True, payload, time.monotonic()
         elif kind == "error":
             message = payload["message"]
-            if "Timed out" in message or "timed out" in message:
+            consequence = payload.get("peer_failure", False) or is_consequence(payload["exc_type"], message,
+                                                                               payload["traceback"])
+            if consequence and is_timeout(message) and not payload.get("peer_failure", False):
                 message += (" (a collective did not complete within collective_timeout_s: did every rank call "
                             "the same collectives in the same order?)")
             error = WorkerError(state.rank, payload["exc_type"], message, payload["traceback"])
-            self._fail(state, Failure(error, payload["time"], not is_consequence(error.exc_type, message)))
+            self._fail(state, Failure(error, payload["time"], not consequence))
 
     def _fail(self, state: _Rank, failure: Failure) -> None:
         """Record a rank's failure; stop the job, after asking the others where they are if it may be a

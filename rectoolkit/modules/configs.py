@@ -39,6 +39,9 @@ class DataType(enum.Enum):
     INT4 = "INT4"
     INT2 = "INT2"
 
+    def __str__(self) -> str:  # as TorchRec's: f"{DataType.FP16}" is "FP16"
+        return self.value
+
 
 DATA_TYPE_NUM_BITS = {
     DataType.FP32: 32,

@@ -53,8 +53,12 @@ def _optimizer_config(optimizer: Any, lr: Optional[float], fused_params: Optiona
             raise ValueError("pass either optimizer=... or fused_params=..., not both")
         return FusedOptimizerConfig.from_fused_params(fused_params)
     if optimizer is None:
-        if lr is not None or optimizer_kwargs:
-            raise ValueError("lr / optimizer kwargs given without optimizer=...; e.g. optimizer='adagrad', lr=0.01")
+        if optimizer_kwargs:  # most often a misspelt argument (is_weigthed=True)
+            raise TypeError(f"unexpected keyword argument(s) {sorted(optimizer_kwargs)}: keywords beyond the "
+                            "collection's own are fused optimizer settings, which need optimizer=... (e.g. "
+                            "optimizer='adagrad', lr=0.01, eps=1e-8)")
+        if lr is not None:
+            raise ValueError("lr given without optimizer=...; e.g. optimizer='adagrad', lr=0.01")
         return None
     if isinstance(optimizer, FusedOptimizerConfig):
         return optimizer
@@ -194,12 +198,17 @@ class _BatchedCollection(nn.Module):
 
     # ------------------------------------------------------------------ forward helpers
     def _sync_kernel(self) -> None:
-        """Keep the kernel's storage and the tables' Parameters the same memory (after deepcopy, .to(), assign)."""
+        """Keep the kernel's storage and the tables' Parameters the same memory (after deepcopy, .to(), assign);
+        after `.half()` / `.float()` (or .to(dtype)) the kernel is rebuilt in the tables' new type."""
         params = self._table_parameters()
         kernel = self._kernel
-        if params[0].device != kernel.device:
+        if params[0].device != kernel.device or params[0].dtype != self._dtype:
+            if params[0].dtype not in (torch.float32, torch.float16):
+                raise TypeError(f"{type(self).__name__}: its tables can be torch.float32 or torch.float16 (the "
+                                f"kernels' types), not {params[0].dtype}; convert the other modules alone (e.g. "
+                                "model.over_arch.double()), or the tables with .half() / .float()")
             old_states = kernel.split_optimizer_states() if kernel.optimizer is not None else []
-            self._device = params[0].device
+            self._device, self._dtype = params[0].device, params[0].dtype
             self._kernel = self._make_kernel(kernel.optimizer, device=params[0].device)
             self._kernel.adopt_parameters(params)
             if old_states and params[0].device.type != "meta" and kernel.device.type != "meta":

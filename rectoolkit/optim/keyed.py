@@ -132,11 +132,14 @@ class KeyedOptimizer(torch.optim.Optimizer):
 
 
 class KeyedOptimizerWrapper(KeyedOptimizer):
-    """Wraps an ordinary torch optimizer over named parameters: KeyedOptimizerWrapper(dict(named_params), factory)."""
+    """Wraps an ordinary torch optimizer over named parameters: KeyedOptimizerWrapper(dict(named_params), factory).
 
-    def __init__(self, params: Mapping[str, torch.Tensor],
-                 optim_factory: Callable[[List[torch.Tensor]], torch.optim.Optimizer]) -> None:
-        self._optimizer = optim_factory(list(params.values()))
+    The factory gets the parameters as a list, or (pass_params_dict=True, as TorchRec's) the name -> parameter
+    mapping itself."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], optim_factory: Callable[[Any], torch.optim.Optimizer],
+                 pass_params_dict: bool = False) -> None:
+        self._optimizer = optim_factory(params if pass_params_dict else list(params.values()))
         super().__init__(params, self._optimizer.state, self._optimizer.param_groups)
 
     @classmethod

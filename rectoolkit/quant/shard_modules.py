@@ -60,7 +60,8 @@ def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device:
                                "dist.init_process_group first or pass env=ShardingEnv.from_local(1, 0)")
         env = ShardingEnv.from_process_group(dist.GroupMember.WORLD, device=device)
     if device is not None and torch.device(device) != env.device:
-        env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+        env = ShardingEnv(env.world_size, env.rank, env.pg, local_world_size=env.local_world_size,
+                              device=torch.device(device))
     sharders = get_default_sharders() if sharders is None else list(sharders)
     by_type = {sharder.module_type: sharder for sharder in sharders}
     if plan is None:

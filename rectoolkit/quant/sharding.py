@@ -191,7 +191,8 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
             raise TypeError(f"{type(self).__name__}.shard: got a {type(module).__name__}, this sharder shards "
                             f"{self.module_type.__name__}")
         if device is not None and torch.device(device) != env.device:
-            env = ShardingEnv(env.rank, env.world_size, env.local_world_size, env.pg, torch.device(device))
+            env = ShardingEnv(env.world_size, env.rank, env.pg, local_world_size=env.local_world_size,
+                              device=torch.device(device))
         sharded = self._shard(module, dict(params), env)
         sharded.module_fqn = module_fqn
         return sharded

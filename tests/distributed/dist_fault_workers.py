@@ -30,14 +30,20 @@ def _equal(a: dict, b: dict) -> bool:
     return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def failing_save_worker(rank: int, W: int, checkpoint_dir: str) -> None:
-    """Rank 1 cannot write its file: every rank raises naming rank 1, and the previous checkpoint still loads."""
+def _saved_then_changed(W: int, checkpoint_dir: str):
+    """A model saved at step 1 into `checkpoint_dir`, then changed; and the state that was saved."""
     model = _model(0, W)
     saved_state = _state(model)
     save_checkpoint(model, checkpoint_dir, extra={"step": 1})
     with torch.no_grad():
         for p in model.module.parameters():
             p += 1
+    return model, saved_state
+
+
+def failing_save_worker(rank: int, W: int, checkpoint_dir: str) -> None:
+    """Rank 1 cannot write its file: every rank raises naming rank 1, and the previous checkpoint still loads."""
+    model, saved_state = _saved_then_changed(W, checkpoint_dir)
     if rank == 1:
         def disk_full(obj, path):
             raise OSError(28, f"No space left on device: {path}")
@@ -112,3 +118,18 @@ def corrupted_rank_file_worker(rank: int, W: int, checkpoint_dir: str) -> None:
     if rank == 0:
         assert "rank(s) [1] failed (rank 1: CheckpointError:" in str(info.value), info.value
     assert _equal(_state(other), before), f"rank {rank}: a refused load changed the model"
+
+
+def different_paths_worker(rank: int, W: int, checkpoint_dir: str) -> None:
+    """Each rank passes its own directory (disks that are not shared): refused on every rank before anything is
+    written, naming the ranks' directories; the good checkpoint in the first one is untouched."""
+    model, saved_state = _saved_then_changed(W, checkpoint_dir)
+    own = checkpoint_dir if rank == 0 else f"{checkpoint_dir}_rank{rank}"
+    with pytest.raises(CheckpointError, match="every rank must pass the same directory") as info:
+        save_checkpoint(model, own, extra={"step": 2})
+    assert f"rank 1 {checkpoint_dir}_rank1" in str(info.value), info.value
+    import os
+    assert not os.path.exists(f"{checkpoint_dir}_rank1") or not os.listdir(f"{checkpoint_dir}_rank1")
+    other = _model(9, W, kind="mixed_b")
+    assert load_checkpoint(other, checkpoint_dir) == {"step": 1}
+    assert _equal(_state(other), saved_state), "the previous checkpoint did not survive the refused save"

@@ -29,7 +29,8 @@ from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_c
 from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
-from dist_fault_workers import corrupted_rank_file_worker, failing_load_worker, failing_save_worker
+from dist_fault_workers import (corrupted_rank_file_worker, different_paths_worker, failing_load_worker,
+                                failing_save_worker)
 from ckpt_kill_worker import logged_main
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
@@ -296,6 +297,44 @@ def test_failed_save_keeps_the_previous_checkpoint(saved):
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
 
 
+def test_a_save_into_a_directory_another_save_holds_is_refused(saved):
+    model, optimizer = fresh_model_and_optimizer()
+    other = checkpoint._DirectoryLock(saved)  # what a save from another job or thread holds while it runs
+    other.acquire()
+    try:
+        with pytest.raises(CheckpointError, match="another save into this directory is in progress"):
+            save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
+        assert len([p for p in saved.iterdir() if p.name.startswith("data-")]) == 1
+    finally:
+        other.release()
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}  # the first save's checkpoint
+    save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})  # once it is done: saved
+    left = sorted(p.name for p in saved.iterdir())  # and no lock file left behind
+    assert len(left) == 2 and left[0].startswith("data-") and left[1] == "metadata.json", left
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 2}
+
+
+def test_a_commit_refuses_a_file_rank0_does_not_see(saved, monkeypatch):
+    model, optimizer = fresh_model_and_optimizer()
+    commit = checkpoint._commit
+
+    def lose_a_file(path, data, metadata):  # a rank's file written where rank 0 cannot see it, or removed
+        (data / "rank0-of-1.pt").unlink()
+        commit(path, data, metadata)
+
+    monkeypatch.setattr(checkpoint, "_commit", lose_a_file)
+    with pytest.raises(CheckpointError, match=r"rank0-of-1.pt is missing as rank 0 sees it \(rank 0 wrote it\)"):
+        save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
+
+
+def test_a_save_into_a_path_under_a_file_names_it(saved, tmp_path):
+    model, _ = fresh_model_and_optimizer()
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(CheckpointError, match=r"a_file/ckpt: cannot create the checkpoint directory on rank 0"):
+        save_checkpoint(model, tmp_path / "a_file" / "ckpt")
+
+
 def test_leftovers_of_a_crashed_save_are_ignored_then_removed(saved):
     stale = saved / "data-0123456789abcdef"
     stale.mkdir()
@@ -333,6 +372,12 @@ def test_random_corruptions_are_always_named(saved):
 @pytest.mark.timeout(240)
 def test_a_save_failing_on_one_rank_commits_nothing(tmp_path):
     run_workers(failing_save_worker, 2, str(tmp_path / "ckpt"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_ranks_saving_into_different_directories_are_refused(tmp_path):
+    run_workers(different_paths_worker, 2, str(tmp_path / "ckpt"))
 
 
 @pytest.mark.multiprocess

@@ -92,7 +92,7 @@ def test_kernels_that_cannot_run_are_refused():
     with pytest.raises(ValueError, match="'t1' is planned with compute_kernel 'quant'.*trains"):
         shard_embedding_bag_collection(module, plan_with_kernels({"t0": "fused", "t1": "quant", "t2": "fused"}),
                                        ShardingEnv.local())
-    gpu_env = ShardingEnv(0, 1, 1, None, torch.device("cuda"))  # refused before anything is allocated on it
+    gpu_env = ShardingEnv(1, 0, None, local_world_size=1, device=torch.device("cuda"))  # refused before anything is allocated on it
     with pytest.raises(ValueError, match="'t2' is planned with compute_kernel 'fused_uvm' on rank 0 .*not supported"):
         shard_embedding_bag_collection(module, plan_with_kernels({"t0": "fused", "t1": "dense", "t2": "fused_uvm"}),
                                        gpu_env)

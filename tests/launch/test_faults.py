@@ -194,6 +194,11 @@ FAILURES = {
                 ["rank 1 was killed by signal 11 (SIGSEGV; a crash in native code)"]),
     "exit": ("os._exit(3)", "WorkerDied", ["rank 1 exited with code 3"]),
     "raise": ("raise MemoryError('cannot allocate 12 GiB')", "MemoryError", ["cannot allocate 12 GiB"]),
+    # the caller's own errors in a lost peer's or a timeout's words are still the caller's failure
+    "raise_timeout_words": ("raise TimeoutError('the feature store timed out')", "TimeoutError",
+                            ["the feature store timed out"]),
+    "raise_connection_words": ("raise RuntimeError('lookup service: connection refused')", "RuntimeError",
+                               ["lookup service: connection refused"]),
 }
 
 
@@ -229,6 +234,28 @@ except WorkerError as error:
         assert phrase in error["text"], error["text"]
     assert all(rank == 0 for rank, _, _ in error["others"]), error["others"]  # rank 0 only noticed
     assert result["during"][0] >= 4  # workers and helpers were visible to the counter
+    assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
+
+
+def test_an_error_in_timeout_words_from_the_callers_code_is_blamed_on_its_rank_not_on_a_busy_peer(tmp_path):
+    # rank 0 computes (in no collective) while rank 1 fails with words a timed-out collective would use
+    result = run_case(tmp_path, '''
+def work(ctx):
+    if ctx.rank == 1:
+        raise ValueError("config error: read_timeout must be positive, got -1")
+    time.sleep(60)
+    return ctx.rank
+
+try:
+    launch(work, 2, grace_s=2.0, echo_output=False)
+    emit(error=None)
+except WorkerError as error:
+    emit(error=error_summary(error), leftover=marked_processes())
+''')
+    error = result["error"]
+    assert error is not None and error["rank"] == 1 and error["exc_type"] == "ValueError", error
+    assert "read_timeout must be positive" in error["text"], error["text"]
+    assert "collective_timeout_s" not in error["text"], error["text"]  # no collective timed out
     assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
 
 

@@ -317,3 +317,38 @@ def test_unpicklable_arguments_fail_before_spawning():
 
     with pytest.raises(TypeError, match="cannot send the worker function 'work'"):
         start(work, 2, threading.Lock())
+
+
+def test_an_unpicklable_metric_is_named_by_its_key():
+    import threading
+
+    import cloudpickle
+    import torch
+
+    from rectoolkit.launch.context import WorkerContext
+
+    sent = []
+    ctx = WorkerContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
+                        backend="gloo", _send=lambda metrics: sent.append(cloudpickle.dumps(metrics)))
+    ctx.report(step=1, loss=torch.tensor(0.5))
+    with pytest.raises(TypeError, match=r"ctx.report: metric\(s\) \['lock'\] cannot be pickled"):
+        ctx.report(step=2, loss=0.25, lock=threading.Lock())
+    assert len(sent) == 1 and cloudpickle.loads(sent[0]) == {"step": 1, "loss": 0.5}
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"num_threads": -1}, "num_threads"), ({"num_threads": 2.5}, "num_threads"),
+    ({"collective_timeout_s": 0}, "collective_timeout_s"), ({"collective_timeout_s": -5}, "collective_timeout_s"),
+    ({"backend": "bogus"}, "backend"), ({"grace_s": -1}, "grace_s"), ({"timeout_s": 0}, "timeout_s")])
+def test_bad_launch_arguments_are_refused_before_any_rank_starts(kwargs, named):
+    with pytest.raises(ValueError, match=rf"^{named} must be"):
+        launch(_never_called, 2, **kwargs)
+
+
+def test_a_world_size_that_is_not_an_int_is_refused():
+    with pytest.raises(ValueError, match=r"world_size must be an int >= 1 .*got 2\.0"):
+        launch(_never_called, 2.0)
+
+
+def _never_called(ctx):
+    raise AssertionError("a rank started despite a refused argument")

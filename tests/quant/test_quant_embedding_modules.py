@@ -293,5 +293,5 @@ def test_mixed_types_refused_where_a_table_cannot_be_stored_naming_the_table():
         QuantEmbeddingBagCollection.from_float(ebc, dtype=torch.int8, per_table_weight_dtype={"t_b": torch.quint2x4})
     configs = copy.deepcopy(tables)
     configs[0].data_type = DataType.BF16
-    with pytest.raises(ValueError, match=r"table 't_a': cannot store embedding weights as DataType.BF16"):
+    with pytest.raises(ValueError, match=r"table 't_a': cannot store embedding weights as BF16; use one of"):
         QuantEmbeddingBagCollection(configs)

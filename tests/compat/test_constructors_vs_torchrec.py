@@ -1,0 +1,92 @@
+"""TorchRec's constructor calls, run unchanged against rectoolkit's classes: the same arguments (positional
+and keyword) build the same thing, and what rectoolkit cannot honour is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.distributed.types import ShardingEnv
+from rectoolkit.modules.embedding_configs import DataType
+from rectoolkit.optim.keyed import KeyedOptimizerWrapper
+
+torchrec = pytest.importorskip("torchrec")
+from torchrec.distributed.types import ShardingEnv as TheirShardingEnv  # noqa: E402
+from torchrec.modules.embedding_configs import DataType as TheirDataType  # noqa: E402
+from torchrec.optim.keyed import KeyedOptimizerWrapper as TheirKeyedOptimizerWrapper  # noqa: E402
+
+pytestmark = pytest.mark.torchrec
+
+
+@pytest.mark.parametrize("args, kwargs", [((2, 0), {}), ((2, 1), {}), ((), {"world_size": 4, "rank": 3}),
+                                          ((1, 0, None), {})])
+def test_sharding_env_takes_torchrecs_arguments_in_its_order(args, kwargs):
+    ours, theirs = ShardingEnv(*args, **kwargs), TheirShardingEnv(*args, **kwargs)
+    assert (ours.world_size, ours.rank, ours.process_group) == (theirs.world_size, theirs.rank, theirs.process_group)
+    assert ours.local_world_size == ours.world_size  # one host unless told
+
+
+def test_sharding_env_refuses_what_it_cannot_honour():
+    with pytest.raises(NotImplementedError, match="output_dtensor=True"):
+        ShardingEnv(2, 0, None, True)
+    with pytest.raises(ValueError, match="rank 2 is not in 0..1"):
+        ShardingEnv(2, 2)
+    assert ShardingEnv(4, 1, local_world_size=2).local_world_size == 2
+
+
+def test_data_type_prints_as_torchrecs():
+    for ours in DataType:
+        theirs = TheirDataType[ours.name]
+        assert str(ours) == str(theirs) == ours.value
+        assert f"{ours}" == f"{theirs}"
+
+
+def test_keyed_optimizer_wrapper_passes_the_params_dict_when_asked():
+    params = {"a": torch.nn.Parameter(torch.ones(2)), "b": torch.nn.Parameter(torch.zeros(3))}
+    given = {}
+
+    def factory(p):
+        given["params"] = p
+        return torch.optim.SGD(list(p.values()) if isinstance(p, dict) else p, lr=0.1)
+
+    for cls in (KeyedOptimizerWrapper, TheirKeyedOptimizerWrapper):
+        cls(params, factory, pass_params_dict=True)
+        assert given["params"] is params
+        cls(params, factory)
+        assert isinstance(given["params"], list) and [id(t) for t in given["params"]] == [id(t) for t in params.values()]
+
+
+def test_a_misspelt_collection_argument_is_a_type_error_as_in_torchrec():
+    tables = [rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2, feature_names=["f"])]
+    with pytest.raises(TypeError):
+        torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+            name="t", num_embeddings=4, embedding_dim=2, feature_names=["f"])], is_weigthed=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['is_weigthed'\]"):
+        rtk.EmbeddingBagCollection(tables=tables, is_weigthed=True)
+    with pytest.raises(TypeError, match=r"\['need_indice'\]"):
+        rtk.EmbeddingCollection(tables=[rtk.EmbeddingConfig(name="t", num_embeddings=4, embedding_dim=2,
+                                                             feature_names=["f"])], need_indice=True)
+    with pytest.raises(ValueError, match="lr given without optimizer"):
+        rtk.EmbeddingBagCollection(tables=tables, lr=0.1)
+
+
+def test_half_and_float_convert_the_tables_as_torchrecs_do():
+    def tables(lib):
+        return [lib.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])]
+
+    theirs, ours = torchrec.EmbeddingBagCollection(tables=tables(torchrec)), rtk.EmbeddingBagCollection(tables=tables(rtk))
+    ours.load_state_dict(theirs.state_dict())
+    theirs, ours = theirs.half(), ours.half()
+    assert [p.dtype for p in ours.parameters()] == [p.dtype for p in theirs.parameters()] == [torch.float16]
+    ids, lengths = torch.tensor([1, 2, 3]), torch.tensor([2, 1])
+    expected = theirs(torchrec.KeyedJaggedTensor.from_lengths_sync(["f"], ids, lengths)).values()
+    got = ours(rtk.KeyedJaggedTensor.from_lengths_sync(["f"], ids, lengths)).values()
+    assert got.dtype == expected.dtype  # the float16 rows, pooled in float32 (summed in another order)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)
+    ours = ours.float()
+    assert [p.dtype for p in ours.parameters()] == [torch.float32]
+    torch.testing.assert_close(ours(rtk.KeyedJaggedTensor.from_lengths_sync(["f"], ids, lengths)).values(), expected,
+                               atol=1e-3, rtol=1e-3)  # float32 tables holding the float16 values
+    with pytest.raises(TypeError, match="float32 or torch.float16 .* not torch.float64"):
+        ours.double()
