@@ -20,8 +20,10 @@ plans; and without data_parallel and rank0, the plans a user would not weigh), t
 |measured / estimated - 1|, a least-squares fit measured = a + b * estimated (with R^2), the planner's plan
 measured against the measured-fastest plan and against TorchRec's plan, and the load average. Then the
 planner's plan runs again head to head against TorchRec's and the measured-fastest (`--head-to-head` rounds,
-a second launch with only those plans): a few percent between two plans is within what the ten-plan run's
-four rounds resolve, so the planner's targets are read from the per-round ratios there. Measured step
+a second launch with only those plans, and with a copy of the planner's plan as a control): a few percent
+between two plans is within what the ten-plan run's four rounds resolve, so the planner's targets are read from
+the per-round ratios there, beside the planner's plan against its own copy (what the head to head reads for two
+equal plans: its resolution on this machine at this load). Measured step
 time = median over timed steps of the slowest rank's wall time (each step starts on a barrier); estimated =
 the plan's `est_step_ms` (rectoolkit.planner.measure.estimate_plan: the cost model's step estimate). The raw per-plan, per-rank,
 per-step measurements go to benchmarks/results/cost_model_raw.json, for fitting the model's terms;
@@ -32,6 +34,7 @@ the calibration each run measured with; `--recalibrate`: a fresh one).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -311,17 +314,26 @@ def per_round(result) -> pd.DataFrame:
     return per_step.groupby(["plan", "round"]).median().unstack(0)
 
 
+COPY = "planner (copy)"  # the head to head's control: the planner's plan again, as a plan of its own
+
+
 def head_to_head(plans: Dict[str, ShardingPlan], fastest: str, workload: Workload, topology: Topology,
                  args) -> Dict[str, Any]:
     """The planner's plan against TorchRec's and the measured-fastest, alone in a second launch for
     `args.head_to_head` alternating rounds: a few percent between two plans in the ten-plan run is within what
     four rounds resolve. Per rival: the median, min and max over rounds of the planner's step / the rival's
-    (paired by round, so a burst of load slows both alike) and the rounds the planner was slower."""
+    (paired by round, so a burst of load slows both alike) and the rounds the planner was slower.
+
+    The launch also runs COPY, a second sharded model of the planner's very plan (built and timed as any other
+    plan), reported as a rival: the planner's step over its own copy is what the head to head reads for two equal
+    plans, so a ratio to TorchRec's within that distance of 1 is not a difference this run can tell."""
     rivals = [n for n in dict.fromkeys(("torchrec", fastest)) if n in plans and n != "planner"
               and plan_to_dict(plans[n])["plan"] != plan_to_dict(plans["planner"])["plan"]]
     if not rivals:
         return {"head_to_head": {}}
-    chosen = {n: plans[n] for n in ["planner"] + rivals}
+    rivals.append(COPY)
+    chosen = {n: plans[n] for n in ["planner"] + rivals[:-1]}
+    chosen[COPY] = copy.deepcopy(plans["planner"])
     result = measure_workload(chosen, workload, steps=args.steps, warmup=args.warmup, rounds=args.head_to_head,
                               phase_steps=0, topology=topology, num_threads=args.threads)
     rounds = per_round(result)
@@ -334,12 +346,13 @@ def head_to_head(plans: Dict[str, ShardingPlan], fastest: str, workload: Workloa
 
 
 def head_to_head_cell(summary: Dict[str, Any], rival: str) -> str:
-    """'0.98x [0.91, 1.04], 3/10 slower'; 'same plan' where the rival's plan is the planner's; '-' where not run."""
+    """'0.98x [0.91, 1.04], 3/10 slower'; 'same plan' where the rival's plan is the planner's; '-' where not run
+    (COPY: where the head to head did not run, having no rival)."""
     if "head_to_head" not in summary or rival in summary.get("missing", {}):
         return "-"
     h = summary["head_to_head"].get(rival)
     if h is None:
-        return "same plan"
+        return "-" if rival == COPY else "same plan"  # no rival to run: no control either
     return f"{h['median']:.2f}x [{h['min']:.2f}, {h['max']:.2f}], {h['slower_rounds']}/{h['rounds']} slower"
 
 
@@ -361,9 +374,10 @@ def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") ->
         "| workload | repeat | load avg | load factor before / during (one rank working) | Spearman all | Spearman core "
         "| Spearman all / core at now | median \\|meas/now - 1\\| (core) | median \\|meas/during - 1\\| | median \\|meas/est - 1\\| | fit a (ms) | fit b | R^2 | fastest plan | planner / fastest "
         "| planner / TorchRec | head to head: planner / TorchRec | head to head: planner / fastest "
+        "| head to head: planner / its copy (two equal plans) "
         "| Spearman all / core vs CPU ms | median \\|CPU/est - 1\\| | bytes, memory exact |",
         "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | --- |",
+        "| ---: | ---: | ---: | ---: | --- |",
     ]
     for run_ in runs:
         s = run_["summary"]
@@ -381,7 +395,7 @@ def report(runs: List[Dict[str, Any]], raw_name: str = "cost_model_raw.json") ->
                      f"| {100 * s['median_abs_error']:.0f}% "
                      f"| {s['fit_a_ms']:.1f} | {s['fit_b']:.3f} | {s['fit_r2']:.2f} | {s['fastest']} "
                      f"| {s['planner_vs_fastest']:.2f}x | {torchrec} | {head_to_head_cell(s, 'torchrec')} "
-                     f"| {head_to_head_cell(s, s['fastest'])} "
+                     f"| {head_to_head_cell(s, s['fastest'])} | {head_to_head_cell(s, COPY)} "
                      f"| {s['spearman_all_cpu']:.2f} / {s['spearman_core_cpu']:.2f} "
                      f"| {100 * s['median_abs_error_cpu']:.0f}% | {exact} |")
     lines += reproducibility(runs)
@@ -608,8 +622,8 @@ def main() -> None:
     parser.add_argument("--phase-steps", type=int, default=1, help="phase-timed steps per plan per round")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--head-to-head", type=int, default=10, metavar="ROUNDS",
-                        help="then run the planner's plan against TorchRec's and the measured-fastest alone, for "
-                             "ROUNDS alternating rounds of --steps steps (0: not)")
+                        help="then run the planner's plan against TorchRec's, the measured-fastest and a copy of "
+                             "itself alone, for ROUNDS alternating rounds of --steps steps (0: not)")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 rounds of 4 steps")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--name", default="cost_model",

@@ -57,22 +57,30 @@ def test_head_to_head_pairs_rounds_and_counts_the_slower_ones(bench, monkeypatch
     seen = {}
 
     def fake_measure(chosen, *args, **kwargs):
-        seen.update(names=list(chosen), rounds=kwargs["rounds"], phase_steps=kwargs["phase_steps"])
-        # three rounds of one step; the planner 10, 12, 9 ms; TorchRec's 8, 12, 10 ms
+        seen.update(names=list(chosen), rounds=kwargs["rounds"], phase_steps=kwargs["phase_steps"],
+                    copy_is_the_plan=chosen[bench.COPY].plan == plans["planner"].plan,
+                    copy_is_its_own=chosen[bench.COPY] is not plans["planner"])
+        # three rounds of one step; the planner 10, 12, 9 ms; TorchRec's 8, 12, 10 ms; the copy 10, 10, 10 ms
         return types.SimpleNamespace(steps=steps_frame({"planner": [[(10.0, 1.0)], [(12.0, 1.0)], [(9.0, 1.0)]],
-                                                        "torchrec": [[(8.0, 1.0)], [(12.0, 1.0)], [(10.0, 1.0)]]}))
+                                                        "torchrec": [[(8.0, 1.0)], [(12.0, 1.0)], [(10.0, 1.0)]],
+                                                        bench.COPY: [[(10.0, 1.0)], [(10.0, 1.0)], [(10.0, 9.0)]]}))
 
     monkeypatch.setattr(bench, "measure_plans", fake_measure)
     workload = bench.Workload("w", "", tables, {"f0": 1.0, "f1": 1.0}, 8, 0.0)
     args = types.SimpleNamespace(steps=1, warmup=0, head_to_head=3, threads=1)
     # the measured-fastest is a plan equal to the planner's: only TorchRec's runs against it
     out = bench.head_to_head(plans, "row_wise_copy", workload, None, args)
-    assert seen == {"names": ["planner", "torchrec"], "rounds": 3, "phase_steps": 0}
+    assert seen == {"names": ["planner", "torchrec", bench.COPY], "rounds": 3, "phase_steps": 0,
+                    "copy_is_the_plan": True, "copy_is_its_own": True}
     h = out["head_to_head"]["torchrec"]
     assert (h["median"], h["min"], h["max"]) == (1.0, 0.9, 1.25)  # per round 10/8, 12/12, 9/10
     assert (h["slower_rounds"], h["rounds"]) == (1, 3)
+    control = out["head_to_head"][bench.COPY]  # per round 10/10, 12/10, 9/10 (the copy's slowest rank: 10, 10, 10)
+    assert (control["median"], control["min"], control["max"], control["slower_rounds"]) == (1.0, 0.9, 1.2, 1)
     summary = {"head_to_head": out["head_to_head"], "missing": {}}
     assert bench.head_to_head_cell(summary, "torchrec") == "1.00x [0.90, 1.25], 1/3 slower"
+    assert bench.head_to_head_cell(summary, bench.COPY) == "1.00x [0.90, 1.20], 1/3 slower"
     assert bench.head_to_head_cell(summary, "row_wise_copy") == "same plan"
+    assert bench.head_to_head_cell({"head_to_head": {}, "missing": {}}, bench.COPY) == "-"  # no rival ran
     assert bench.head_to_head_cell({"missing": {}}, "torchrec") == "-"
     assert bench.head_to_head_cell({"head_to_head": {}, "missing": {"torchrec": "not installed"}}, "torchrec") == "-"
