@@ -223,6 +223,7 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     at any point leaves the previous checkpoint at `path` (or the new one, once committed)."""
     env = model.env
     path = Path(path)
+    _refuse_managed_collisions(model, "saved")  # the same on every rank: before the ranks compare their paths
     lock = _DirectoryLock(path)
     try:
         _save(model, env, path, lock, dense_optimizer, extra)
