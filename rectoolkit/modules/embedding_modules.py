@@ -109,9 +109,31 @@ class _BatchedCollection(nn.Module):
         setattr(self, self._dict_name, modules)
         self.fused_optimizer: Optional[EmbeddingFusedOptimizer] = None
         self._mark_fused_parameters()
-        self.reset_parameters()
+        self._initialize_as_torchrec()
 
     # ------------------------------------------------------------------ construction helpers
+    _interleaved_init = False  # EmbeddingCollection: True
+
+    def _initialize_as_torchrec(self) -> None:
+        """Draw the initial weights in TorchRec's order, so that one seed gives TorchRec's weights.
+
+        TorchRec builds an nn.EmbeddingBag / nn.Embedding per table, whose constructor draws
+        `init.normal_(weight)`, and then applies the config's init_fn: EmbeddingBagCollection builds every
+        table first and then calls reset_parameters (every init_fn, in table order); EmbeddingCollection calls
+        each table's init_fn right after building it. The normal draws are overwritten by init_fn, but they
+        advance the random generator, so they are drawn here too, in the same order.
+        """
+        params = self._table_parameters()
+        if params[0].device.type == "meta":
+            return
+        with torch.no_grad():
+            for table, param in zip(self._configs(), params):
+                nn.init.normal_(param)
+                if self._interleaved_init:
+                    table.init_fn(param)
+        if not self._interleaved_init:
+            self.reset_parameters()
+
     def _table_module(self, table: BaseEmbeddingConfig) -> nn.Module:
         raise NotImplementedError
 
@@ -337,6 +359,7 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
     """
 
     _dict_name = "embeddings"
+    _interleaved_init = True
 
     def __init__(self, tables: List[EmbeddingConfig], device: Union[str, torch.device, None] = None,
                  need_indices: bool = False, use_gather_select: bool = False,
