@@ -55,7 +55,6 @@ class ParameterConstraints:
     batch_sizes: Optional[List[int]] = None
     is_weighted: bool = False
     cache_params: Optional[Any] = None
-    cache_load_factor: Optional[float] = None
     enforce_hbm: Optional[bool] = None
     stochastic_rounding: Optional[bool] = None
     bounds_check_mode: Optional[Any] = None
@@ -64,6 +63,8 @@ class ParameterConstraints:
     device_group: Optional[str] = None
     key_value_params: Optional[Any] = None
     use_virtual_table: bool = False
+    # rectoolkit's own, after TorchRec's fields so that TorchRec's positional calls mean the same here
+    cache_load_factor: Optional[float] = None
     ranks: Optional[List[int]] = None
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ DDR_CAP = 128 * GIB
 HBM_MEM_BW = 897 * GIB / 1000
 DDR_MEM_BW = 51 * GIB / 1000
 HBM_TO_DDR_MEM_BW = 32 * GIB / 1000
+SSD_MEM_BW = 100 * 1024 ** 2 / 1000
 INTRA_NODE_BANDWIDTH = 600 * GIB / 1000
 CROSS_NODE_BANDWIDTH = 12.5 * GIB / 1000
 BATCH_SIZE = 512
@@ -43,7 +44,12 @@ class Topology:
         compute_device: "cuda" (tables in HBM, UVM kernels available) or "cpu" (tables in host memory).
         hbm_cap: device memory per rank in bytes (a number, or one per rank). On "cpu" it is unused.
         ddr_cap: host memory per rank in bytes (a number, or one per rank).
+        ssd_cap, ssd_mem_bw: TorchRec's SSD tier, kept as given; no table is placed there (no key-value kernel).
         local_world_size: ranks per host (default: all ranks on one host). host = rank // local_world_size.
+        pod_size: None or 1 (TorchRec's hosts per pod; larger pods are refused: collectives are priced per host).
+        custom_topology_data, uneven_sharding_perf_multiplier, generalized_comms_bandwidths: TorchRec's; refused
+            unless left at their defaults (per-rank capacities go in hbm_cap / ddr_cap as lists).
+        created_by_factory: TorchRec's flag, kept.
         batch_size: samples per rank per step (TorchRec passes it to the planner; both work here).
         hbm_mem_bw, ddr_mem_bw, hbm_to_ddr_mem_bw: memory bandwidths, bytes/ms (UVM reads use hbm_to_ddr).
         intra_host_bw, inter_host_bw: bytes/ms one rank moves (sent plus received) over each link class.
@@ -66,14 +72,22 @@ class Topology:
     compute_device: str = "cuda"
     hbm_cap: Optional[Capacity] = None
     ddr_cap: Optional[Capacity] = None
+    ssd_cap: Optional[Capacity] = None
     local_world_size: Optional[int] = None
+    pod_size: Optional[int] = None
     hbm_mem_bw: float = HBM_MEM_BW
     ddr_mem_bw: float = DDR_MEM_BW
+    ssd_mem_bw: float = SSD_MEM_BW
     hbm_to_ddr_mem_bw: float = HBM_TO_DDR_MEM_BW
     intra_host_bw: float = INTRA_NODE_BANDWIDTH
     inter_host_bw: float = CROSS_NODE_BANDWIDTH
     bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
+    custom_topology_data: Optional[object] = None
     weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+    uneven_sharding_perf_multiplier: float = 1.0
+    generalized_comms_bandwidths: Optional[object] = None
+    created_by_factory: bool = False
+    # rectoolkit's own fields, after TorchRec's so that its positional calls mean the same here
     batch_size: int = BATCH_SIZE
     profile: Union[None, str, Path, CalibrationProfile] = None
     cores_per_host: Optional[int] = None
@@ -93,6 +107,7 @@ class Topology:
                 f"Topology: world_size {self.world_size} must be a multiple of local_world_size "
                 f"{self.local_world_size} (ranks per host)"
             )
+        self._refuse_what_the_model_cannot_price()
         if self.hbm_cap is None:
             self.hbm_cap = HBM_CAP if self.compute_device == "cuda" else 0
         if self.ddr_cap is None:
@@ -115,6 +130,32 @@ class Topology:
             setattr(self, name, float(value))
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")
+
+    def _refuse_what_the_model_cannot_price(self) -> None:
+        """TorchRec's fields that change its plans but have no counterpart in this cost model are refused by name
+        (ssd_cap and ssd_mem_bw are kept: no table is placed on SSD here, there being no key-value kernel)."""
+        if self.pod_size is not None:
+            if not isinstance(self.pod_size, int) or self.pod_size <= 0:
+                raise ValueError(f"Topology: pod_size must be a positive int or None, got {self.pod_size!r}")
+            if self.pod_size > self.world_size:
+                raise ValueError(f"Topology: pod_size={self.pod_size} cannot be greater than world_size={self.world_size}")
+            if self.pod_size != 1:
+                raise NotImplementedError(
+                    f"Topology: pod_size={self.pod_size} (hosts per pod, priced by TorchRec's generalized comms) is not "
+                    "priced here: collectives are priced per host (intra_host_bw) and across hosts (inter_host_bw); "
+                    "leave pod_size None (or 1)")
+        refused = {"custom_topology_data": (self.custom_topology_data is not None,
+                                            "pass per-rank capacities as lists: hbm_cap=[...], ddr_cap=[...]"),
+                   "uneven_sharding_perf_multiplier": (self.uneven_sharding_perf_multiplier != 1.0,
+                                                       "the cost model prices each shard by its own size; leave it 1.0"),
+                   "generalized_comms_bandwidths": (self.generalized_comms_bandwidths is not None,
+                                                    "set intra_host_bw / inter_host_bw, or calibrate a profile "
+                                                    "(Topology.calibrate()) for fitted per-collective terms")}
+        for name, (given, fix) in refused.items():
+            if given:
+                raise NotImplementedError(f"Topology: {name}={getattr(self, name)!r} is not supported here: {fix}")
+        if not self.ssd_mem_bw > 0:
+            raise ValueError(f"Topology: ssd_mem_bw must be positive (bytes/ms), got {self.ssd_mem_bw!r}")
 
     def at_load(self, probe) -> "Topology":
         """This topology with the load a LoadProbe measured (rectoolkit.planner.probe_load, or the probe's dict):

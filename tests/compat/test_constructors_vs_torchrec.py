@@ -90,3 +90,41 @@ def test_half_and_float_convert_the_tables_as_torchrecs_do():
                                atol=1e-3, rtol=1e-3)  # float32 tables holding the float16 values
     with pytest.raises(TypeError, match="float32 or torch.float16 .* not torch.float64"):
         ours.double()
+
+
+def test_topology_takes_torchrecs_arguments_in_its_order():
+    from torchrec.distributed.planner.types import Topology as TheirTopology
+
+    args = (4, "cpu", 0, 64 * 2**30, 2**40, 2, None, 1.5e6, 5.0e4, 1.0e5, 3.0e4, 6.0e5, 1.0e4, 1.5)
+    ours, theirs = rtk.Topology(*args), TheirTopology(*args)
+    assert (ours.world_size, ours.compute_device, ours.local_world_size) == (4, "cpu", 2)
+    assert ours.ddr_cap == theirs.devices[0].storage.ddr == 64 * 2**30
+    assert ours.ssd_cap == theirs.devices[0].storage.ssd == 2**40
+    assert (ours.hbm_mem_bw, ours.ddr_mem_bw, ours.ssd_mem_bw) == (theirs.hbm_mem_bw, theirs.ddr_mem_bw, theirs.ssd_mem_bw)
+    assert (ours.hbm_to_ddr_mem_bw, ours.intra_host_bw, ours.inter_host_bw) == (
+        theirs.hbm_to_ddr_mem_bw, theirs.intra_host_bw, theirs.inter_host_bw)
+    assert ours.bwd_compute_multiplier == theirs.bwd_compute_multiplier == 1.5
+
+
+def test_topology_refuses_torchrecs_fields_it_cannot_price():
+    with pytest.raises(ValueError, match="pod_size=8 cannot be greater than world_size=4"):
+        rtk.Topology(4, "cpu", pod_size=8)
+    with pytest.raises(NotImplementedError, match="pod_size=2 .* leave pod_size None"):
+        rtk.Topology(4, "cpu", local_world_size=1, pod_size=2)
+    assert rtk.Topology(4, "cpu", pod_size=1).pod_size == 1
+    with pytest.raises(NotImplementedError, match="uneven_sharding_perf_multiplier=1.2"):
+        rtk.Topology(2, "cpu", uneven_sharding_perf_multiplier=1.2)
+    with pytest.raises(NotImplementedError, match="custom_topology_data=.*hbm_cap=\\[...\\]"):
+        rtk.Topology(2, "cpu", custom_topology_data=object())
+    with pytest.raises(NotImplementedError, match="generalized_comms_bandwidths"):
+        rtk.Topology(2, "cpu", generalized_comms_bandwidths=object())
+
+
+def test_parameter_constraints_take_torchrecs_arguments_in_its_order():
+    from torchrec.distributed.planner.types import ParameterConstraints as TheirConstraints
+    from rectoolkit.planner.constraints import ParameterConstraints
+
+    args = (["table_wise"], ["fused"], None, [2.0], None, None, False, None, True)
+    ours, theirs = ParameterConstraints(*args), TheirConstraints(*args)
+    for name in ("sharding_types", "compute_kernels", "pooling_factors", "is_weighted", "cache_params", "enforce_hbm"):
+        assert getattr(ours, name) == getattr(theirs, name), name
