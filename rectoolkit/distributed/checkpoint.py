@@ -22,11 +22,13 @@ a file can replace a file, so the commit is the replacement of metadata.json:
 3. rank 0 writes metadata.json under a temporary name, fsyncs it, renames it over metadata.json (os.replace,
    atomic) and fsyncs the checkpoint directory: from this instant the new checkpoint is the checkpoint;
 4. rank 0 deletes the previous data directory and whatever a crashed save left behind (data directories
-   metadata.json does not name); until then they are ignored.
+   metadata.json does not name); until then they are ignored. Not while a load is reading the directory (it holds
+   a shared flock of it): then they are left for the next save to remove.
 A rank killed at any point leaves metadata.json naming either the previous data directory or the new one,
 both complete. (tests/distributed/test_checkpoint_faults.py kills ranks at random points of a save to check it.)
 
-Loading checks everything before it touches the model: metadata.json well-formed and of its own SHA-256; every
+Loading checks everything before it touches the model: metadata.json well-formed and of its own SHA-256, and
+the same on every rank (a save committed between the ranks' reads makes them read it again); every
 file present and of its recorded size; the SHA-256 of every file the rank reads (the dense file and the rank files
 holding shards that overlap its own: flipped bytes are caught); the tables, shapes and dtypes the model expects,
 saved shards (listed in metadata.json) that tile each table; the dense file's keys, shapes and dtypes; the dense
@@ -187,6 +189,39 @@ class _DirectoryLock:
             self._file = None
 
 
+class _Readers:
+    """A load's hold on a checkpoint directory: a shared flock of the directory itself, from before metadata.json
+    is read until the files are copied. A save committed meanwhile does not delete the data directory the load
+    reads (it tries an exclusive flock first and, while a load holds it, leaves the previous data directory for
+    the next save to remove). Nothing is written, so read-only checkpoints load as before. POSIX only."""
+
+    def __init__(self, path: Path, exclusive: bool = False) -> None:
+        self.path, self.exclusive, self._fd = path, exclusive, None
+
+    def acquire(self) -> bool:
+        """Take the lock: shared (a load; waits while a save removes old data), or exclusive without waiting (a
+        save about to remove old data). False if the exclusive lock is held by a load, or the directory is gone."""
+        if os.name != "posix":
+            return True
+        import fcntl
+
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no directory: the load names it when it reads metadata.json
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB if self.exclusive else fcntl.LOCK_SH)
+        except BlockingIOError:
+            self.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases its flock
+            self._fd = None
+
+
 def _begin_save(env: ShardingEnv, path: Path, lock: _DirectoryLock) -> Path:
     """Every rank's path must be rank 0's (one shared directory); rank 0 takes the directory's lock and draws a
     fresh data directory name, the same on every rank. Raises on every rank, before anything is written, if the
@@ -319,7 +354,18 @@ def _commit(path: Path, data: Path, metadata: Dict[str, Any]) -> None:
 
 def _remove_stale(path: Path, keep: str) -> None:
     """Delete data directories other than `keep` (the previous checkpoint, crashed saves) and leftover temporary
-    metadata files. Best effort: what stays is ignored by load and removed by the next save."""
+    metadata files; not while a load is reading the directory (it may be reading the previous data directory).
+    Best effort: what stays is ignored by load and removed by the next save."""
+    readers = _Readers(path, exclusive=True)
+    if not readers.acquire():
+        return
+    try:
+        _remove_entries(path, keep)
+    finally:
+        readers.release()
+
+
+def _remove_entries(path: Path, keep: str) -> None:
     for entry in path.iterdir():
         if DATA_DIRECTORY.match(entry.name) and entry.name != keep:
             shutil.rmtree(entry, ignore_errors=True)
@@ -562,11 +608,40 @@ def _check_dense(model, dense: Any, file: Path, dense_optimizer: Optional[torch.
                                       f"{list(value.shape)}; the parameter has {list(params[index].shape)}")
 
 
-def _prepare_load(model, path: Path, dense_optimizer: Optional[torch.optim.Optimizer]
+READ_ATTEMPTS = 3
+
+
+def _agreed_metadata(env: ShardingEnv, path: Path) -> Dict[str, Any]:
+    """metadata.json as every rank read it, the same on every rank (a collective). A save that commits between
+    the ranks' reads makes them differ: they read again (the commit is one rename, so the second reads agree).
+    Ranks that still differ read different checkpoints (each its own directory): refused on every rank, naming
+    what each read. A rank that cannot read it raises here; its peers learn of it in the load's agreement."""
+    for attempt in range(READ_ATTEMPTS):
+        metadata, error = None, None
+        try:
+            metadata = read_metadata(path)
+        except Exception as caught:
+            error = caught
+        seen = {"checksum": metadata["checksum"] if metadata else None,
+                "directory": metadata["directory"] if metadata else None, "path": os.path.abspath(path)}
+        replies = [json.loads(raw) for raw in all_gather_bytes(env, json.dumps(seen).encode())]
+        if error is not None:
+            raise error
+        if any(r["checksum"] is None for r in replies):  # a peer could not read it: its error comes in _agree
+            return metadata
+        if len({r["checksum"] for r in replies}) == 1:
+            return metadata
+    raise CheckpointError(
+        "load_checkpoint: the ranks read different checkpoints (" + ", ".join(
+            f"rank {rank}: {r['path']}/{METADATA} naming {r['directory']}" for rank, r in enumerate(replies))
+        + f") {READ_ATTEMPTS} times over; every rank must load the same checkpoint (one directory all ranks see, "
+        "or identical copies of it)")
+
+
+def _prepare_load(model, path: Path, metadata: Dict[str, Any], dense_optimizer: Optional[torch.optim.Optimizer]
                   ) -> Tuple[List[Copy], Dict[str, Any]]:
     """Read and check the whole checkpoint against the model; return the copies to make and the dense file."""
     _refuse_managed_collisions(model, "loaded")
-    metadata = read_metadata(path)
     _check_tables(model, metadata, path / METADATA)
     index = _saved_index(metadata)
     for coll_path, tables in metadata["tables"].items():
@@ -597,14 +672,20 @@ def load_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     """Load a checkpoint into `model`, whatever plan and world size saved it; returns the saved `extra`.
     Everything is checked first, on every rank: if anything is wrong, every rank raises and nothing changed."""
     path = Path(path)
-    copies, dense, error = [], None, None
+    readers = _Readers(path)  # a save committed meanwhile leaves the data this load reads
+    readers.acquire()
     try:
-        copies, dense = _prepare_load(model, path, dense_optimizer)
-    except Exception as caught:  # every rank learns of it in _agree, then it is raised here
-        error = caught
-    _agree(model.env, error, None, f"checkpoint {path} was not loaded; the model is unchanged")
-    for target, target_slices, source, source_slices in copies:
-        target[target_slices] = source[source_slices]
+        copies, dense, error = [], None, None
+        try:
+            metadata = _agreed_metadata(model.env, path)
+            copies, dense = _prepare_load(model, path, metadata, dense_optimizer)
+        except Exception as caught:  # every rank learns of it in _agree, then it is raised here
+            error = caught
+        _agree(model.env, error, None, f"checkpoint {path} was not loaded; the model is unchanged")
+        for target, target_slices, source, source_slices in copies:
+            target[target_slices] = source[source_slices]
+    finally:
+        readers.release()
     if dense["model"]:
         model.module.load_state_dict(dense["model"], strict=False)  # keys, shapes, dtypes checked above
     if dense_optimizer is not None:

@@ -133,3 +133,34 @@ def different_paths_worker(rank: int, W: int, checkpoint_dir: str) -> None:
     other = _model(9, W, kind="mixed_b")
     assert load_checkpoint(other, checkpoint_dir) == {"step": 1}
     assert _equal(_state(other), saved_state), "the previous checkpoint did not survive the refused save"
+
+
+def different_checkpoints_load_worker(rank: int, W: int, checkpoint_dir: str) -> None:
+    """Rank 1's first read of metadata.json sees another checkpoint (as when a save commits between the ranks'
+    reads): the ranks read again and load the same one. Ranks given directories holding different checkpoints
+    are refused on every rank, naming what each read, and no model changes."""
+    model, saved_state = _saved_then_changed(W, checkpoint_dir)
+    save_checkpoint(model, f"{checkpoint_dir}_other", extra={"step": 2})  # the changed model, elsewhere
+    real_read = checkpoint.read_metadata
+    reads = []
+
+    def first_read_elsewhere(path):
+        reads.append(path)
+        return real_read(f"{checkpoint_dir}_other" if rank == 1 and len(reads) == 1 else path)
+
+    checkpoint.read_metadata = first_read_elsewhere
+    try:
+        other = _model(9, W, kind="mixed_b")
+        assert load_checkpoint(other, checkpoint_dir) == {"step": 1}
+    finally:
+        checkpoint.read_metadata = real_read
+    assert len(reads) == 2, f"rank {rank} read metadata.json {len(reads)} times, not twice"
+    assert _equal(_state(other), saved_state), f"rank {rank} did not load the checkpoint every rank agreed on"
+
+    other = _model(9, W, kind="mixed_b")
+    before = _state(other)
+    own = checkpoint_dir if rank == 0 else f"{checkpoint_dir}_other"
+    with pytest.raises(CheckpointError, match="the ranks read different checkpoints") as info:
+        load_checkpoint(other, own)
+    assert f"rank 1: {checkpoint_dir}_other/metadata.json naming data-" in str(info.value), info.value
+    assert _equal(_state(other), before), f"rank {rank}: a refused load changed the model"

@@ -29,8 +29,8 @@ from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_c
 from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
-from dist_fault_workers import (corrupted_rank_file_worker, different_paths_worker, failing_load_worker,
-                                failing_save_worker)
+from dist_fault_workers import (corrupted_rank_file_worker, different_checkpoints_load_worker, different_paths_worker,
+                                failing_load_worker, failing_save_worker)
 from ckpt_kill_worker import logged_main
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
@@ -314,6 +314,30 @@ def test_a_save_into_a_directory_another_save_holds_is_refused(saved):
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 2}
 
 
+def test_a_save_committed_during_a_load_leaves_the_data_the_load_reads(saved, monkeypatch):
+    """Another job saves into the directory while a load is between reading metadata.json and reading the files:
+    the load still gets the checkpoint it began with; the save's old data directory is removed by the save after."""
+    saver, saver_optimizer = fresh_model_and_optimizer()  # seed 7, not the saved seed 0
+    first, _ = fresh_model_and_optimizer()
+    assert load_checkpoint(first, saved) == {"step": 1}  # the checkpoint as a load with no save beside it reads it
+    verified = checkpoint._verified_files
+
+    def a_save_commits_meanwhile(path, metadata, checksum_of=None):
+        save_checkpoint(saver, saved, dense_optimizer=saver_optimizer, extra={"step": 2})
+        return verified(path, metadata, checksum_of)
+
+    monkeypatch.setattr(checkpoint, "_verified_files", a_save_commits_meanwhile)
+    model, optimizer = fresh_model_and_optimizer()
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
+    monkeypatch.undo()
+    assert states_equal(model.state_dict(), first.state_dict())
+    assert not states_equal(model.state_dict(), saver.state_dict())
+    assert len(list(saved.glob("data-*"))) == 2  # the previous data directory was left to the load
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 2}  # the save did commit
+    save_checkpoint(saver, saved, dense_optimizer=saver_optimizer, extra={"step": 3})
+    assert len(list(saved.glob("data-*"))) == 1  # and with no load reading, the next save removes what is stale
+
+
 def test_a_commit_refuses_a_file_rank0_does_not_see(saved, monkeypatch):
     model, optimizer = fresh_model_and_optimizer()
     commit = checkpoint._commit
@@ -390,6 +414,12 @@ def test_a_load_refused_on_one_rank_changes_no_rank(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_corrupted_file_read_by_one_rank_only_stops_every_rank(tmp_path):
     run_workers(corrupted_rank_file_worker, 2, str(tmp_path / "ckpt"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_ranks_reading_different_checkpoints_read_again_or_are_refused(tmp_path):
+    run_workers(different_checkpoints_load_worker, 2, str(tmp_path / "ckpt"))
 
 
 def test_data_directory_pattern_is_what_save_writes(saved):
