@@ -16,6 +16,7 @@ from rectoolkit.plan.types import (
     CacheAlgorithm,
     CacheParams,
     EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
@@ -23,5 +24,5 @@ from rectoolkit.plan.types import (
 )
 from rectoolkit.planner.constraints import ParameterConstraints
 
-__all__ = ["BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "DataType", "EmbeddingModuleShardingPlan", "LazyAwaitable", "ModuleSharder", "ParameterConstraints", "ParameterSharding", "QuantizedCommCodecs", "ShardingEnv", "ShardingPlan",
+__all__ = ["BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "ModuleSharder", "ParameterConstraints", "ParameterSharding", "QuantizedCommCodecs", "ShardingEnv", "ShardingPlan",
            "ShardingType", "ShardMetadata"]

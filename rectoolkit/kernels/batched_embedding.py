@@ -405,6 +405,10 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         if not self.pooled:
             return F.embedding(batch.rows, self.groups[0].weight).float()
         B = batch.batch_size
+        if self.device.type == "meta":  # shapes only: the bags' offsets hold no values to group by
+            if B is None:
+                return torch.empty(sum(b * d for b, d in zip(batch.bags, self.feature_dims)), device="meta")
+            return torch.empty(B, sum(self.feature_dims), device="meta")
         per_feature: Dict[int, torch.Tensor] = {}
         for g, group in enumerate(self.groups):
             rows, offsets, group_psw, features, _ = self._group_inputs(batch, g, psw)

@@ -399,12 +399,11 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
             return trace_as_one_call(self, self.embeddings, features)
         gathered = self._layout.gather(features, weighted=False, variable_batch=True)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
-        if rows.device.type == "meta":
-            raise ValueError("EmbeddingCollection on the meta device has no data to split per feature")
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
             rows = guard_gradient(rows, type(self).__name__)
         strides = None
         if features.variable_stride_per_key():
             stride_of = dict(zip(features.keys(), features.stride_per_key()))
             strides = [stride_of[name] for name in self._layout.feature_names]
-        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices, strides)
+        counts = self._layout.length_per_feature(features) if gathered.lengths.device.type == "meta" else None
+        return rows_per_feature(self._output_names(), rows, gathered, self._need_indices, strides, counts)

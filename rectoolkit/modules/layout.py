@@ -113,7 +113,7 @@ class FeatureLayout:
                 features = self._padded_to_largest_stride(features)
         keys, stride = features.keys(), features.stride()
         values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
-        if not is_tracing():  # the sum reads the lengths
+        if not is_tracing():  # the sum reads the lengths (on meta: the KJT's stand-in, which adds up)
             check_not_padded(sum(features.length_per_key()), values, self.owner, "forward")
         if list(keys) != self.feature_names:
             position = {k: i for i, k in enumerate(keys)}
@@ -140,9 +140,14 @@ class FeatureLayout:
                    "a sequence collection pools nothing, so no weights apply: drop them")
             raise ValueError(f"{self.owner} is not weighted but the KeyedJaggedTensor has per-id weights, which it "
                              f"would ignore; {fix} (KeyedJaggedTensor(keys, values, lengths=...) without weights=)")
-        if weights is not None and finite_checks_enabled():
+        if weights is not None and finite_checks_enabled() and weights.device.type != "meta":
             self._check_finite_weights(weights, lengths, stride)
         return GatheredFeatures(values, lengths, weights, stride)
+
+    def length_per_feature(self, features: KeyedJaggedTensor) -> List[int]:
+        """How many ids each of this collection's features has in `features`, in the collection's order."""
+        counts = dict(zip(features.keys(), features.length_per_key()))
+        return [counts[f] for f in self.feature_names]
 
     def _padded_to_largest_stride(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """The VBE KJT as a fixed-stride KJT: each key's lengths followed by zeros up to the largest stride."""
@@ -206,13 +211,16 @@ class FeatureLayout:
             f"{self.table_names[feature]!r} into NaN. Fix the weights (or set {FINITE_CHECKS_ENV}=0 to skip this check).")
 
 
-def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures,
-                     need_indices: bool, strides: Optional[Sequence[int]] = None) -> Dict[str, JaggedTensor]:
+def rows_per_feature(names: Sequence[str], rows: torch.Tensor, gathered: GatheredFeatures, need_indices: bool,
+                     strides: Optional[Sequence[int]] = None,
+                     counts: Optional[Sequence[int]] = None) -> Dict[str, JaggedTensor]:
     """A sequence collection's output: {embedding name: JaggedTensor of the feature's rows [ids, dim]} (with the
     ids as weights when `need_indices`), from the rows of every gathered id. `strides`: each feature's own
-    samples when the batch has a batch size per feature (gathered padded to the largest with empty bags)."""
+    samples when the batch has a batch size per feature (gathered padded to the largest with empty bags).
+    `counts`: each feature's ids, where the lengths cannot be read (a meta batch: FeatureLayout.length_per_feature)."""
     per_feature_lengths = gathered.lengths.view(len(names), gathered.batch_size)
-    counts = per_feature_lengths.sum(1).tolist()
+    if counts is None:
+        counts = per_feature_lengths.sum(1).tolist()
     ids = gathered.values.split(counts)
     if strides is None:
         strides = [gathered.batch_size] * len(names)

@@ -70,7 +70,7 @@ def plan_from_dict(data: Any, tables: Any = None, source: str = "plan") -> Shard
             try:
                 shards = [ShardMetadata(s["shard_offsets"], s["shard_sizes"], s["placement"]) for s in entry["shards"]]
                 module[name] = ParameterSharding(entry["sharding_type"], entry["compute_kernel"], entry.get("ranks"),
-                                                 shards, entry.get("cache_load_factor"),
+                                                 shards=shards, cache_load_factor=entry.get("cache_load_factor"),
                                                  **{option: entry.get(option) for option in JSON_OPTIONS})
             except (KeyError, TypeError, ValueError) as error:
                 raise PlanValidationError(f"{where}: malformed entry ({error})") from error

@@ -72,7 +72,7 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
             spec = getattr(tr, "sharding_spec", None)
             shards = []
             if spec is not None and getattr(spec, "shards", None) is not None:
-                shards = [ShardMetadata(list(s.shard_offsets), list(s.shard_sizes), str(s.placement)) for s in spec.shards]
+                shards = [ShardMetadata(list(s.shard_offsets), list(s.shard_sizes), s.placement) for s in spec.shards]
             elif tr.sharding_type == ShardingType.DATA_PARALLEL.value and shapes is not None:
                 rows, cols = shapes[(path, name)]
                 ranks = list(tr.ranks or [])
@@ -81,8 +81,8 @@ def from_torchrec(torchrec_plan: Any, tables: Any = None, compute_device: Option
             cache = getattr(tr, "cache_params", None)
             load_factor = getattr(cache, "load_factor", None) if cache is not None else None
             module[name] = ParameterSharding(
-                tr.sharding_type, tr.compute_kernel, list(tr.ranks) if tr.ranks is not None else None, shards,
-                load_factor, cache_params=_our_cache_params(cache), enforce_hbm=getattr(tr, "enforce_hbm", None),
+                tr.sharding_type, tr.compute_kernel, list(tr.ranks) if tr.ranks is not None else None, shards=shards,
+                cache_load_factor=load_factor, cache_params=_our_cache_params(cache), enforce_hbm=getattr(tr, "enforce_hbm", None),
                 stochastic_rounding=getattr(tr, "stochastic_rounding", None),
                 bounds_check_mode=getattr(tr, "bounds_check_mode", None), output_dtype=getattr(tr, "output_dtype", None))
         modules[path] = module

@@ -5,9 +5,9 @@ Plain dataclasses with TorchRec's names, so `plan.plan[""]["user_table"].shardin
     >>> shard = ShardMetadata(shard_offsets=[0, 0], shard_sizes=[100, 8], placement="rank:1/cpu")
     >>> shard.rank
     1
-    >>> ps = ParameterSharding(ShardingType.TABLE_WISE, "fused", ranks=[1], shards=[shard])
-    >>> ps.sharding_type
-    'table_wise'
+    >>> ps = ParameterSharding(ShardingType.TABLE_WISE, "fused", [1], EnumerableShardingSpec([shard]))
+    >>> ps.sharding_type, ps.shards == [shard]
+    ('table_wise', True)
 """
 
 from __future__ import annotations
@@ -82,12 +82,14 @@ QUANT_KERNELS = (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM,
 class ShardMetadata:
     """One shard: its offsets and sizes in (rows, columns) of the table, and where it lives.
 
-    `placement` reads like TorchRec's: "rank:<rank>/<device>".
+    `placement` reads like TorchRec's: "rank:<rank>/<device>" (a string, or torch's `_remote_device`, kept as its
+    string). As in TorchRec it may be left out while a plan is being written; a plan whose shard has no placement
+    is refused when it is checked or sharded, naming the table and the shard.
     """
 
     shard_offsets: List[int]
     shard_sizes: List[int]
-    placement: str
+    placement: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_offsets", [int(x) for x in self.shard_offsets])
@@ -98,6 +100,8 @@ class ShardMetadata:
             )
         if min(self.shard_offsets) < 0 or min(self.shard_sizes) < 0:
             raise ValueError(f"ShardMetadata: negative offset or size in {self.shard_offsets} / {self.shard_sizes}")
+        if self.placement is None:
+            return
         if not str(self.placement).startswith("rank:"):
             raise ValueError(f"ShardMetadata: placement {self.placement!r} must look like 'rank:0/cpu'")
         object.__setattr__(self, "placement", str(self.placement))
@@ -111,12 +115,18 @@ class ShardMetadata:
 
     @property
     def rank(self) -> int:
-        return int(self.placement.split("/")[0].split(":")[1])
+        return int(self._placed().split("/")[0].split(":")[1])
 
     @property
     def device(self) -> str:
-        parts = self.placement.split("/", 1)
+        parts = self._placed().split("/", 1)
         return parts[1] if len(parts) > 1 else "cpu"
+
+    def _placed(self) -> str:
+        if self.placement is None:
+            raise ValueError(f"ShardMetadata(shard_offsets={self.shard_offsets}, shard_sizes={self.shard_sizes}) has no "
+                             "placement: say which rank holds it, e.g. placement='rank:0/cpu' (or 'rank:0/cuda:0')")
+        return self.placement
 
     @property
     def rows(self) -> Tuple[int, int]:
@@ -185,44 +195,69 @@ class CacheParams:
 
 
 @dataclass
-class _ShardingSpec:
-    """Stands in for TorchRec's EnumerableShardingSpec: only `.shards`."""
+class EnumerableShardingSpec:
+    """TorchRec's sharding_spec of a ParameterSharding (torch.distributed._shard's EnumerableShardingSpec): the
+    table's shards, listed."""
 
     shards: List[ShardMetadata]
 
 
-@dataclass
+@dataclass(init=False)
 class ParameterSharding:
     """How one table is sharded: the type, the compute kernel, the ranks and the exact shards.
 
-    `sharding_type` and `compute_kernel` are stored as TorchRec's strings; `ShardingType` members are
-    accepted. For DATA_PARALLEL, `shards` holds one full-table replica per rank.
+    Takes TorchRec's arguments in TorchRec's order: `ParameterSharding(sharding_type, compute_kernel, ranks,
+    sharding_spec, cache_params, enforce_hbm, stochastic_rounding, bounds_check_mode, output_dtype,
+    key_value_params)`. `sharding_type` and `compute_kernel` are stored as TorchRec's strings; `ShardingType`
+    members are accepted. `sharding_spec` is an EnumerableShardingSpec (this module's or torch's, as TorchRec
+    builds them) or a plain list of ShardMetadata; its shards are kept in `shards` (also a keyword), and
+    `sharding_spec` reads them back. For DATA_PARALLEL, `shards` holds one full-table replica per rank.
 
     TorchRec's per-table options ride along as TorchRec puts them (from the table's ParameterConstraints):
     `cache_params`, `enforce_hbm`, `stochastic_rounding`, `bounds_check_mode`, `output_dtype`. The sharded
     collections check them against what they run (rectoolkit.distributed.sharded_ebc.check_table_options).
+    `key_value_params` (TorchRec's key-value / SSD tables) is refused: there is no key-value kernel here.
+    `cache_load_factor` (keyword only) is the fraction of rows a "fused_uvm_caching" table caches.
     """
 
     sharding_type: str
-    compute_kernel: str = EmbeddingComputeKernel.FUSED.value
-    ranks: Optional[List[int]] = None
-    shards: List[ShardMetadata] = field(default_factory=list)
-    cache_load_factor: Optional[float] = None  # fused_uvm_caching: fraction of rows cached in HBM
-    cache_params: Optional[CacheParams] = None
-    enforce_hbm: Optional[bool] = None
-    stochastic_rounding: Optional[bool] = None
-    bounds_check_mode: Optional[Any] = None  # fbgemm's BoundsCheckMode
-    output_dtype: Optional[Any] = None  # a DataType
+    compute_kernel: str
+    ranks: Optional[List[int]]
+    shards: List[ShardMetadata]
+    cache_load_factor: Optional[float]  # fused_uvm_caching: fraction of rows cached in HBM
+    cache_params: Optional[CacheParams]
+    enforce_hbm: Optional[bool]
+    stochastic_rounding: Optional[bool]
+    bounds_check_mode: Optional[Any]  # fbgemm's BoundsCheckMode
+    output_dtype: Optional[Any]  # a DataType
 
-    def __post_init__(self) -> None:
-        self.sharding_type = ShardingType.parse(self.sharding_type).value
-        self.compute_kernel = EmbeddingComputeKernel.parse(self.compute_kernel).value
-        if self.cache_load_factor is None and self.cache_params is not None \
+    def __init__(self, sharding_type: Union[ShardingType, str],
+                 compute_kernel: Union[EmbeddingComputeKernel, str] = EmbeddingComputeKernel.FUSED.value,
+                 ranks: Optional[Sequence[int]] = None, sharding_spec: Any = None,
+                 cache_params: Optional[CacheParams] = None, enforce_hbm: Optional[bool] = None,
+                 stochastic_rounding: Optional[bool] = None, bounds_check_mode: Optional[Any] = None,
+                 output_dtype: Optional[Any] = None, key_value_params: Optional[Any] = None, *,
+                 shards: Optional[Sequence[ShardMetadata]] = None, cache_load_factor: Optional[float] = None) -> None:
+        if key_value_params is not None:
+            raise NotImplementedError(
+                f"ParameterSharding: key_value_params={key_value_params!r} (TorchRec's key-value / SSD tables) is not "
+                "supported: rectoolkit has no key-value kernel; leave it None")
+        if sharding_spec is not None and shards is not None:
+            raise TypeError("ParameterSharding: give the shards once, as sharding_spec=EnumerableShardingSpec([...]) "
+                            "(TorchRec's) or as shards=[...], not both")
+        self.sharding_type = ShardingType.parse(sharding_type).value
+        self.compute_kernel = EmbeddingComputeKernel.parse(compute_kernel).value
+        self.ranks = [int(r) for r in ranks] if ranks is not None else None
+        self.shards = _shards_of(sharding_spec if sharding_spec is not None else shards)
+        self.cache_params = cache_params
+        self.enforce_hbm = enforce_hbm
+        self.stochastic_rounding = stochastic_rounding
+        self.bounds_check_mode = bounds_check_mode
+        self.output_dtype = output_dtype
+        self.cache_load_factor = cache_load_factor
+        if cache_load_factor is None and cache_params is not None \
                 and self.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value:
-            self.cache_load_factor = getattr(self.cache_params, "load_factor", None)
-        self.shards = list(self.shards)
-        if self.ranks is not None:
-            self.ranks = [int(r) for r in self.ranks]
+            self.cache_load_factor = getattr(cache_params, "load_factor", None)
 
     @property
     def type(self) -> ShardingType:
@@ -233,8 +268,31 @@ class ParameterSharding:
         return EmbeddingComputeKernel(self.compute_kernel)
 
     @property
-    def sharding_spec(self) -> Optional[_ShardingSpec]:
-        return _ShardingSpec(self.shards) if self.shards else None
+    def sharding_spec(self) -> Optional[EnumerableShardingSpec]:
+        """TorchRec's view of the shards (None while there are none, as for a DATA_PARALLEL table TorchRec plans)."""
+        return EnumerableShardingSpec(self.shards) if self.shards else None
+
+
+def _shards_of(spec: Any) -> List[ShardMetadata]:
+    """The shards of a sharding_spec (anything with `.shards`: this module's or torch's EnumerableShardingSpec) or
+    of a list of shards, as this module's ShardMetadata (torch's keep their offsets, sizes and placement)."""
+    if spec is None:
+        return []
+    listed = spec.shards if hasattr(spec, "shards") else spec
+    if isinstance(listed, (str, bytes)) or not hasattr(listed, "__iter__"):
+        raise TypeError(f"ParameterSharding: sharding_spec must be an EnumerableShardingSpec or a list of "
+                        f"ShardMetadata, got {type(spec).__name__}")
+    shards = []
+    for shard in listed:
+        if isinstance(shard, ShardMetadata):
+            shards.append(shard)
+        elif hasattr(shard, "shard_offsets") and hasattr(shard, "shard_sizes"):
+            placement = getattr(shard, "placement", None)
+            shards.append(ShardMetadata(list(shard.shard_offsets), list(shard.shard_sizes),
+                                        str(placement) if placement is not None else None))
+        else:
+            raise TypeError(f"ParameterSharding: a shard must be a ShardMetadata, got {type(shard).__name__}")
+    return shards
 
 
 def _tabulate(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:

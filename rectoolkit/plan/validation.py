@@ -89,6 +89,9 @@ def _check_same_tables(plan: ShardingPlan, shapes: Mapping[Tuple[str, str], Tupl
 
 def _check_ranks(label: str, ps: ParameterSharding, world_size: Optional[int], source: str) -> None:
     for index, shard in enumerate(ps.shards):
+        if shard.placement is None:
+            raise PlanValidationError(f"{source}: table {label}: shard {index} (offsets {shard.shard_offsets}, sizes "
+                                      f"{shard.shard_sizes}) has no placement; give it placement='rank:<r>/<device>'")
         if shard.rank < 0 or (world_size is not None and shard.rank >= world_size):
             raise PlanValidationError(f"{source}: table {label}: shard {index} is placed on rank {shard.rank} but the "
                                       f"world size is {world_size}; re-plan for {world_size} ranks"

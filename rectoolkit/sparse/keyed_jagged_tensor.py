@@ -484,12 +484,18 @@ class KeyedJaggedTensor:
         return self._key_indices()
 
     def length_per_key(self) -> List[int]:
-        """Number of values of each key (one segment sum, cached)."""
+        """Number of values of each key (one segment sum, cached).
+
+        On the meta device, where the lengths hold no values, TorchRec's stand-in: the values split evenly among
+        the keys, the remainder to the first (shapes only)."""
         if self._length_per_key is None:
             num_keys = len(self._keys)
             lengths = self.lengths()
             if num_keys == 0:
                 self._length_per_key = []
+            elif self._values.device.type == "meta":
+                total = self._values.numel()
+                self._length_per_key = [total // num_keys + (total % num_keys if k == 0 else 0) for k in range(num_keys)]
             elif lengths.numel() == 0:
                 self._length_per_key = [0] * num_keys
             elif self.variable_stride_per_key():

@@ -3,11 +3,13 @@ and keyword) build the same thing, and what rectoolkit cannot honour is refused 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import rectoolkit as rtk
-from rectoolkit.distributed.types import ShardingEnv
+from rectoolkit.distributed.types import CacheParams, ShardingEnv
 from rectoolkit.modules.embedding_configs import DataType
 from rectoolkit.optim.keyed import KeyedOptimizerWrapper
 
@@ -128,3 +130,42 @@ def test_parameter_constraints_take_torchrecs_arguments_in_its_order():
     ours, theirs = ParameterConstraints(*args), TheirConstraints(*args)
     for name in ("sharding_types", "compute_kernels", "pooling_factors", "is_weighted", "cache_params", "enforce_hbm"):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_parameter_sharding_takes_torchrecs_arguments_and_sharding_spec():
+    from torch.distributed._shard.metadata import ShardMetadata as TorchShard
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec as TorchSpec
+    from torchrec.distributed.types import ParameterSharding as TheirSharding
+
+    from rectoolkit.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardMetadata
+
+    torch_shards = [TorchShard([0, 0], [6, 4], "rank:0/cpu"), TorchShard([6, 0], [4, 4], "rank:1/cpu")]
+    args = ("row_wise", "fused", [0, 1], TorchSpec(torch_shards), CacheParams(load_factor=0.5), True, False)
+    ours, theirs = ParameterSharding(*args), TheirSharding(*args)
+    assert [(s.shard_offsets, s.shard_sizes, s.placement) for s in ours.shards] == \
+        [(s.shard_offsets, s.shard_sizes, str(s.placement)) for s in theirs.sharding_spec.shards]
+    for name in ("sharding_type", "compute_kernel", "ranks", "cache_params", "enforce_hbm", "stochastic_rounding"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.sharding_spec.shards == ours.shards and ours.shards[1].rank == 1
+
+    ours_spec = ParameterSharding("table_wise", "fused", [1],
+                                  EnumerableShardingSpec([ShardMetadata([0, 0], [10, 4], "rank:1/cpu")]))
+    assert ours_spec == ParameterSharding("table_wise", "fused", [1], shards=[ShardMetadata([0, 0], [10, 4], "rank:1/cpu")])
+    assert dataclasses.replace(ours_spec, ranks=[1]) == ours_spec  # init=False dataclass: replace() still works
+    with pytest.raises(TypeError, match="give the shards once"):
+        ParameterSharding("table_wise", "fused", [1], ours_spec.sharding_spec, shards=ours_spec.shards)
+    with pytest.raises(NotImplementedError, match="key_value_params=.*no key-value kernel"):
+        ParameterSharding("table_wise", "fused", [0], None, None, None, None, None, None, object())
+
+
+def test_shard_metadata_without_placement_is_refused_where_a_plan_is_checked():
+    from rectoolkit.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
+    from rectoolkit.plan.validation import PlanValidationError, validate_plan
+
+    unplaced = ShardMetadata(shard_offsets=[0, 0], shard_sizes=[10, 4])
+    assert unplaced.placement is None
+    with pytest.raises(ValueError, match=r"shard_sizes=\[10, 4\]\) has no placement.*placement='rank:0/cpu'"):
+        unplaced.rank
+    plan = ShardingPlan({"": {"t": ParameterSharding("table_wise", "fused", [0], [unplaced])}})
+    with pytest.raises(PlanValidationError, match="table t: shard 0 .* has no placement"):
+        validate_plan(plan, {"t": (10, 4)}, world_size=2)

@@ -73,6 +73,23 @@ def test_sharder_shard_gives_an_awaitable_module_with_one_step_per_group():
                                             "groups.table_wise.local.weights.t0__0"]
 
 
+def test_a_plan_written_with_torchs_enumerable_sharding_spec_shards_as_written():
+    """TorchRec's hand-written ParameterSharding: positional (type, kernel, ranks, sharding_spec) with torch's
+    EnumerableShardingSpec of torch's ShardMetadata; t1 row-wise in two blocks of 5 and 4 rows."""
+    from torch.distributed._shard.metadata import ShardMetadata as TorchShard
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+    torch.manual_seed(0)
+    ebc = rtk.EmbeddingBagCollection(tables())
+    spec = EnumerableShardingSpec([TorchShard([0, 0], [5, 8], "rank:0/cpu"), TorchShard([5, 0], [4, 8], "rank:0/cpu")])
+    plan = {"t0": table_wise_plan()["t0"], "t1": rtk.ParameterSharding("row_wise", "fused", [0, 0], spec)}
+    sharded = EmbeddingBagCollectionSharder().shard(ebc, plan, ShardingEnv.local(), torch.device("cpu"))
+    assert torch.equal(sharded(batch()).wait().values(), ebc(batch()).values())
+    blocks = sorted((tuple(shard.shard_offsets), tuple(w.shape)) for table, shard, w, _ in sharded.local_shards()
+                    if table == "t1")
+    assert blocks == [((0, 0), (5, 8)), ((5, 0), (4, 8))]
+
+
 def test_sharder_fused_params_are_the_shards_optimizer():
     torch.manual_seed(0)
     ebc = rtk.EmbeddingBagCollection(tables())
