@@ -30,6 +30,7 @@ rectoolkit gives the whole table as a plain tensor on every rank.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -54,7 +55,7 @@ from rectoolkit.modules.table_sources import wrapped_collections
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
 from rectoolkit.plan.types import ShardingPlan, ShardingType
-from rectoolkit.plan.validation import validate_plan
+from rectoolkit.plan.validation import _shapes, validate_plan
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]
 Sharded = Union[ShardedEmbeddingBagCollection, ShardedEmbeddingCollection]
@@ -100,9 +101,42 @@ def plan_at_collections(plan: ShardingPlan, module: nn.Module) -> ShardingPlan:
     return ShardingPlan({moved.get(path, path): dict(tables) for path, tables in plan.plan.items()})
 
 
+def collections_to_shard(module: nn.Module, plan: ShardingPlan, sharders: Optional[List[Any]]) -> List[str]:
+    """The paths of the collections to shard, chosen as TorchRec chooses them: a collection is sharded when a sharder
+    in `sharders` (any, when None) has its type (or its wrapper's) and the plan has an entry for it. The others stay
+    as they are: a replica on every rank, its gradients all-reduced with the dense part. A collection that has a
+    sharder but no plan entry, and a plan entry naming no collection, are warned about (a plan keyed by another
+    path is the usual mistake; TorchRec says nothing)."""
+    sharded_types = None if sharders is None else {getattr(getattr(s, "module_type", None), "__name__", None)
+                                                   for s in sharders}
+    wrappers = wrapped_collections(module)
+    paths, unplanned = [], []
+    for path, collection in find_collections(module):
+        names = (wrappers.get(path, (None, None))[1], type(collection).__name__)
+        if sharded_types is not None and not sharded_types.intersection(names):
+            continue  # no sharder for it: TorchRec leaves it unsharded
+        if plan.get_plan_for_module(path) is None:
+            unplanned.append(path)
+            continue
+        paths.append(path)
+    unknown = sorted(set(plan.plan) - {path for path, _ in find_collections(module)})
+    if unplanned:
+        hint = (f"; a plan made from the bare tables is keyed by module path ''. Plan the whole model instead "
+                f"(planner.plan(model) keys it by {unplanned[0]!r}) or pass {{{unplanned[0]!r}: plan.plan['']}}"
+                if "" in unknown else "")
+        warnings.warn(f"DistributedModelParallel: the plan has no entry for the collection(s) at {unplanned} (it has "
+                      f"modules {sorted(plan.plan)}), so they stay unsharded: a whole replica on every rank, as "
+                      f"TorchRec leaves them{hint}", stacklevel=3)
+    if unknown:
+        warnings.warn(f"DistributedModelParallel: the plan names module(s) {unknown} where the model has no embedding "
+                      f"collection (collections at {[path for path, _ in find_collections(module)]}); those entries "
+                      "shard nothing", stacklevel=3)
+    return paths
+
+
 def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto",
                       sharders: Optional[List[Any]] = None) -> Dict[str, Sharded]:
-    """Replace every collection by its sharded version, in place; returns path -> sharded module.
+    """Replace every collection the plan names by its sharded version, in place; returns path -> sharded module.
 
     The shards' fused optimizer is TorchRec's: the sharder's `fused_params` (the sharder of the collection's type
     in `sharders`), what `_apply_optimizer_in_backward` recorded on the weights, or the collection's own; with none
@@ -118,12 +152,7 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     for path, collection in find_collections(module):
         module_plan = plan.get_plan_for_module(path) if isinstance(plan, ShardingPlan) else plan.get(path)
         if module_plan is None:
-            planned = list(plan.plan if isinstance(plan, ShardingPlan) else plan)
-            hint = (f"; a plan made from the bare tables is keyed by module path ''. Plan the whole model "
-                    f"instead (planner.plan(model) keys it by {path!r}) or pass {{{path!r}: plan.plan['']}}"
-                    if "" in planned and path != "" else "")
-            raise ValueError(f"the plan has no entry for the collection at {path!r}; it has modules "
-                             f"{planned}{hint}")
+            continue  # left unsharded (collections_to_shard)
         parent_path, _, name = path.rpartition(".")
         parent = module.get_submodule(parent_path) if path else None
         if isinstance(parent, BaseManagedCollisionEmbeddingCollection):  # sharded with its managed collisions
@@ -191,8 +220,10 @@ class DistributedModelParallel(nn.Module):
         env: a ShardingEnv, a process group, or None (the default group).
         device: where the shards live (default: cuda:<local rank> under NCCL, else cpu).
         plan: a ShardingPlan (module path -> table -> ParameterSharding); None: planned here.
-        sharders: when the plan is made here, they limit its sharding types (as in TorchRec); their `fused_params`
-            set the shards' fused optimizer. Every collection is sharded either way.
+        sharders: as in TorchRec, the collections whose type (or wrapper's) has a sharder here are sharded, the
+            others stay unsharded (a replica on every rank, under DDP with the dense part); when the plan is made
+            here they limit its sharding types; their `fused_params` set the shards' fused optimizer. None: every
+            collection has one. A collection the plan has no entry for stays unsharded too (with a warning).
         init_data_parallel: wrap the dense part in DDP (default True; False: call `init_data_parallel()` later).
         data_parallel_wrapper: how `init_data_parallel()` wraps it (TorchRec's DataParallelWrapper interface);
             default DefaultDataParallelWrapper(), TorchRec's DDP options and defaults.
@@ -236,7 +267,10 @@ class DistributedModelParallel(nn.Module):
         # self.plan keeps TorchRec's keys (a feature-processed collection's own path); the collections are sharded at
         # theirs
         at_collections = plan_at_collections(self.plan, module)
-        validate_plan(at_collections, module, env.world_size, source="the plan of DistributedModelParallel")
+        chosen = collections_to_shard(module, at_collections, sharders)
+        at_collections = ShardingPlan({path: at_collections.plan[path] for path in chosen})
+        shapes = {key: shape for key, shape in _shapes(module).items() if key[0] in chosen}
+        validate_plan(at_collections, shapes, env.world_size, source="the plan of DistributedModelParallel")
         check_same_plan(at_collections, env)  # a stale plan file on one host would compute wrong results silently
         sharded = shard_collections(module, at_collections, env, backend, sharders)
         if "" in sharded:  # the model IS a collection

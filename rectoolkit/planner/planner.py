@@ -206,12 +206,21 @@ class EmbeddingShardingPlanner:
     def _plan(self, module: Any, sharders: Optional[Sequence[Any]]) -> ShardingPlan:
         deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
         tables = at_wrapper_paths(collect_tables(module, self.batch_size, self.constraints, self.stats), module, sharders)
+        unsharded: List[PlannerTable] = []
         if sharders is not None:
-            tables = apply_sharders(tables, sharders, self.topology.compute_device)
+            planned = apply_sharders(tables, sharders, self.topology.compute_device)
+            keys = {t.key for t in planned}
+            unsharded = [t for t in tables if t.key not in keys]  # no sharder: a replica on every rank, as dense
+            if unsharded:
+                _LOG.info("no sharder for %s: not planned, left unsharded", [t.label for t in unsharded])
+            tables = planned
         _check_device_groups(tables, self.topology.compute_device)
         dense = self.dense_bytes_per_rank
         if dense is None:
-            dense = _dense_parameter_bytes(module)
+            dense = _dense_parameter_bytes(module) + sum(_replica_bytes(t) for t in unsharded)
+        if not tables:  # nothing to shard (TorchRec: an empty plan)
+            self.last = None
+            return ShardingPlan({})
         cost_model = CostModel(self.topology.with_batch_size(self.batch_size), self.optimizer, dense, tables)
         options = []
         for index, table in enumerate(tables):
@@ -454,6 +463,11 @@ def _dense_parameter_bytes(module: Any) -> float:
             embedding_params.update(id(p) for p in sub.parameters())
     dense = sum(p.numel() for p in module.parameters() if id(p) not in embedding_params)
     return float(dense * 4 * 2)
+
+
+def _replica_bytes(table: PlannerTable) -> float:
+    """fp32 weights + gradients of a whole table kept unsharded on every rank (counted as dense, as above)."""
+    return float(table.config.num_embeddings * table.config.embedding_dim * 4 * 2)
 
 
 def format_bytes(num: float) -> str:

@@ -12,6 +12,7 @@ TorchRec's `embedding_bag_configs()` or `embedding_configs()` method).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -157,8 +158,9 @@ def collect_tables(
     if not tables:
         raise ValueError("planner input has no embedding tables: pass configs, a DataFrame or a module with collections")
     unknown = set(constraints) - {t.name for t in tables} - {f"{t.module_path}.{t.name}" for t in tables}
-    if unknown:
-        raise ValueError(f"constraints name tables that are not in the input: {sorted(unknown)}")
+    if unknown:  # TorchRec ignores them (one constraints dict is often shared by several models): said, not raised
+        warnings.warn(f"planner: constraints name tables that are not in the input, so they constrain nothing: "
+                      f"{sorted(unknown)} (the input's tables: {sorted(t.label for t in tables)})", stacklevel=4)
     return tables
 
 
@@ -227,8 +229,9 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
     sharder (module_type QuantEmbeddingBagCollection here, torchrec.quant's EmbeddingBagCollection in TorchRec)
     shards bags or sequences like the float one.
 
-    The table's own constraints still apply (the intersection); a table whose collection has no sharder in the
-    list is an error, since nothing would shard it.
+    The table's own constraints still apply (the intersection). A table whose collection has no sharder in the
+    list is left out, as TorchRec leaves it: the plan has no entry for it, and DistributedModelParallel keeps that
+    collection unsharded (a replica on every rank).
     """
     by_module = {_sharder_key(s): s for s in sharders}
     out = []
@@ -239,8 +242,7 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
         # other kind's
         sharder = by_module.get((module, table.quantized)) or by_module.get((module, not table.quantized))
         if sharder is None:
-            raise ValueError(f"planner: no sharder for table {table.label!r} (an {module}); pass one whose module_type "
-                             f"is {module} (rectoolkit.distributed.sharders), or sharders=None to shard every table")
+            continue
         known = {t.value for t in ShardingType}  # TorchRec's list may name types rectoolkit has not got
         allowed = [ShardingType(t) for t in sharder.sharding_types(compute_device) if t in known]
         c = table.constraints

@@ -9,10 +9,12 @@ under another. Then, in this process, the same checkpoint loads under world size
 
 from __future__ import annotations
 
+import warnings
 
 import pytest
 import torch
 
+import rectoolkit
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.checkpoint import load_saved_shards
 from rectoolkit.plan.types import ShardingPlan
@@ -58,8 +60,25 @@ def test_dmp_and_resharding_checkpoint(tmp_path):
         assert torch.equal(before[key].nan_to_num(), after[key].nan_to_num()), key
 
 
-def test_plan_of_bare_tables_on_a_model_names_the_path_and_the_fix():
+def test_plan_of_bare_tables_on_a_model_leaves_it_unsharded_and_names_the_path_and_the_fix():
+    """TorchRec leaves a collection the plan has no entry for unsharded; here a warning also says why."""
     plan = ShardingPlan({"": plan_for("row_wise", bag_tables(), 1, 1)})
-    with pytest.raises(ValueError, match=rf"no entry for the collection at '{PATH}'.*planner.plan\(model\)") as info:
-        DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=plan)
-    assert "['']" in str(info.value)
+    with pytest.warns(UserWarning, match=rf"no entry for the collection\(s\) at \['{PATH}'\].*planner.plan\(model\)"):
+        dmp = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=plan)
+    assert type(dmp.module.sparse.ebc) is rectoolkit.EmbeddingBagCollection  # unsharded, a replica on every rank
+
+
+def test_only_the_collections_with_a_sharder_are_sharded_as_in_torchrec():
+    from rectoolkit.distributed.sharders import EmbeddingCollectionSharder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a collection without a sharder is left unsharded without a warning
+        dmp = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), sharders=[EmbeddingCollectionSharder()])
+    assert type(dmp.module.sparse.ebc) is rectoolkit.EmbeddingBagCollection and dmp.plan.plan == {}
+    torch.manual_seed(0)
+    reference = TinyModel()
+    dmp.module.load_state_dict(reference.state_dict())
+    dense, kjt = torch.randn(2, 3), rectoolkit.KeyedJaggedTensor.from_lengths_sync(
+        keys=["f0", "f0b", "f1", "f2"], values=torch.tensor([1, 2, 3, 4, 5, 6]),
+        lengths=torch.tensor([1, 0, 2, 1, 0, 1, 0, 1]))
+    assert torch.equal(dmp(dense, kjt), reference(dense, kjt))

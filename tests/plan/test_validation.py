@@ -75,16 +75,17 @@ def test_edits_refuse_an_overlapping_plan():
         move_shard(plan, "t1", 0, rank=1, world_size=2)
 
 
-def test_unknown_table_and_unknown_module_are_errors():
+def test_unknown_table_is_an_error_and_an_unknown_module_a_warning():
     plan = {"sparse": {"t0": ParameterSharding("table_wise", ranks=[0], shards=[s(0, [0, 0], [10, 4])]),
                        "t1": good_t1(), "t9": good_t1()}}
     with pytest.raises(PlanValidationError, match=r"unknown tables \['sparse.t9'\]"):
         DistributedModelParallel(Model(), env=ShardingEnv.local(), plan=ShardingPlan(plan))
     plan = {"sparse": dict(plan["sparse"]), "elsewhere": {"t1": good_t1()}}
     del plan["sparse"]["t9"]
-    with pytest.raises(PlanValidationError, match=r"names module\(s\) \['elsewhere'\] where the model has no "
-                                                  r"embedding collection \(collections at \['sparse'\]\)"):
-        DistributedModelParallel(Model(), env=ShardingEnv.local(), plan=ShardingPlan(plan))
+    with pytest.warns(UserWarning, match=r"names module\(s\) \['elsewhere'\] where the model has no "
+                                         r"embedding collection \(collections at \['sparse'\]\)"):  # TorchRec: silent
+        dmp = DistributedModelParallel(Model(), env=ShardingEnv.local(), plan=ShardingPlan(plan))
+    assert list(dmp.plan.plan) == ["sparse", "elsewhere"] and "sparse" in dmp._sharded
     with pytest.raises(PlanValidationError, match=r"unknown tables \['t9'\]"):
         shard_embedding_bag_collection(rtk.EmbeddingBagCollection(tables()),
                                        {"t0": plan["sparse"]["t0"], "t1": good_t1(), "t9": good_t1()}, ShardingEnv.local())

@@ -145,8 +145,9 @@ def test_constraints_allowing_nothing_name_table_and_constraint():
     constraints = {"t": ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"])}
     with pytest.raises(PlannerError, match=r"table 't'.*sharding_types=\['data_parallel'\].*compute_kernels=\['fused'\]"):
         EmbeddingShardingPlanner(topo, constraints=constraints).plan([bag("t", 10, 8)])
-    with pytest.raises(ValueError, match="not in the input"):
-        EmbeddingShardingPlanner(topo, constraints={"nope": ParameterConstraints()}).plan([bag("t", 10, 8)])
+    with pytest.warns(UserWarning, match=r"not in the input, so they constrain nothing: \['nope'\]"):  # as TorchRec
+        plan = EmbeddingShardingPlanner(topo, constraints={"nope": ParameterConstraints()}).plan([bag("t", 10, 8)])
+    assert list(plan.get_plan_for_module("")) == ["t"]
 
 
 def test_constraints_accept_strings_and_members():

@@ -67,10 +67,15 @@ def test_torchrec_own_sharder_object_plans_at_the_wrapper_path():
     assert list(plan.plan) == ["fp"]
 
 
-def test_no_sharder_for_the_wrapper_or_its_collection_is_an_error_naming_the_table():
+def test_no_sharder_for_the_wrapper_or_its_collection_leaves_its_tables_unplanned_as_torchrec():
     planner = rtk.EmbeddingShardingPlanner(topology=rtk.Topology(world_size=2, compute_device="cpu"))
-    with pytest.raises(ValueError, match=r"no sharder for table 'fp._embedding_bag_collection.t0'"):
-        planner.plan(_model("rectoolkit"), [rtk.distributed.EmbeddingCollectionSharder()])
+    assert planner.plan(_model("rectoolkit"), [rtk.distributed.EmbeddingCollectionSharder()]).plan == {}
+    torchrec_planner = pytest.importorskip("torchrec.distributed.planner")
+    torchrec_embedding = pytest.importorskip("torchrec.distributed.embedding")
+    theirs = torchrec_planner.EmbeddingShardingPlanner(
+        topology=torchrec_planner.Topology(world_size=2, compute_device="cpu")).plan(
+        _model("torchrec"), [torchrec_embedding.EmbeddingCollectionSharder()])
+    assert theirs.plan == {}
 
 
 def test_managed_collision_tables_at_the_wrapper_path_with_its_sharder():
