@@ -14,10 +14,14 @@ the sharders and DMP do); rectoolkit's own `shard_embedding_bag_collection` keep
     >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2)])
     >>> fused_optimizer_for(ebc, {"optimizer": "exact_adagrad", "learning_rate": 0.02}).lr
     0.02
-    >>> fused_optimizer_for(ebc, {"learning_rate": 0.02, "cache_load_factor": 0.2})
+    >>> fused_optimizer_for(ebc, {"learning_rate": 0.02, "cache_load_factr": 0.2})
     Traceback (most recent call last):
     ...
-    ValueError: fused_params: unsupported keys ['cache_load_factor']; supported: ['beta1', 'beta2', 'eps', 'learning_rate', 'lr', 'optimizer', 'weight_decay']
+    ValueError: fused_params: unsupported keys ['cache_load_factr']; supported: ['beta1', 'beta2', 'bounds_check_mode', 'cache_algorithm', 'cache_load_factor', 'cache_precision', 'cache_reserved_memory', 'enforce_hbm', 'eps', 'gradient_clipping', 'learning_rate', 'lr', 'max_gradient', 'momentum', 'optimizer', 'output_dtype', 'prefetch_pipeline', 'stochastic_rounding', 'weight_decay', 'weight_decay_mode']
+
+TorchRec's per-table options may be given once in fused_params for every table of the collection
+(`with_table_options`): a table's own ParameterSharding value wins, as TorchRec merges them, and the sharded
+collection honours or refuses them as it does the plan's (sharded_ebc.check_table_options).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from torch import nn
 
-from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
+from rectoolkit.kernels.fused_optimizers import TABLE_OPTION_KEYS, FusedOptimizerConfig
+from rectoolkit.plan.types import CacheParams, ParameterSharding
 
 TORCHREC_DEFAULT = FusedOptimizerConfig("sgd", lr=0.01)  # TorchRec's fused kernels without optimizer settings
 
@@ -64,6 +69,9 @@ def fused_optimizer_for(module: nn.Module, fused_params: Optional[Mapping[str, A
     optimizer that differs from the others is refused."""
     own = module.kernel.optimizer
     recorded = recorded_optimizer(module)
+    if fused_params is not None and set(fused_params) <= set(TABLE_OPTION_KEYS):
+        FusedOptimizerConfig.from_fused_params(fused_params)  # (checks the keys)
+        fused_params = None  # table options only: nothing said of the optimizer
     if fused_params is None and recorded is None:
         return dataclasses.replace(own) if own is not None else None
     config = FusedOptimizerConfig.from_fused_params(fused_params or {})
@@ -87,3 +95,26 @@ def _merge_recorded(base: FusedOptimizerConfig, recorded: Mapping[str, Any]) -> 
     renamed = {"betas": ("beta1", "beta2"), "learning_rate": ("lr",)}
     fields = {"optimizer"} | {f for key in kwargs for f in renamed.get(key, (key,))}
     return dataclasses.replace(base, **{f: getattr(from_recorded, f) for f in fields})
+
+
+# fused_params' cache keys -> CacheParams' fields (TorchRec's names on each side)
+CACHE_KEYS = {"cache_load_factor": "load_factor", "cache_algorithm": "algorithm", "cache_precision": "precision",
+              "prefetch_pipeline": "prefetch_pipeline", "cache_reserved_memory": "reserved_memory"}
+
+
+def with_table_options(module_plan: Mapping[str, ParameterSharding], fused_params: Optional[Mapping[str, Any]]
+                       ) -> Dict[str, ParameterSharding]:
+    """The plan with fused_params' per-table options (TABLE_OPTION_KEYS) filled in where a table's
+    ParameterSharding leaves them None: stochastic_rounding, output_dtype, bounds_check_mode, enforce_hbm, and the
+    cache keys as its cache_params. The plan itself is not changed (copies)."""
+    given = {key: value for key, value in (fused_params or {}).items() if key in TABLE_OPTION_KEYS and value is not None}
+    if not given:
+        return dict(module_plan)
+    cache = {CACHE_KEYS[key]: value for key, value in given.items() if key in CACHE_KEYS}
+    out = {}
+    for name, ps in module_plan.items():
+        filled = {key: value for key, value in given.items() if key not in CACHE_KEYS and getattr(ps, key) is None}
+        if cache and ps.cache_params is None:
+            filled["cache_params"] = CacheParams(**cache)
+        out[name] = dataclasses.replace(ps, **filled) if filled else ps
+    return out

@@ -28,7 +28,7 @@ from torch import nn
 from rectoolkit.distributed.awaitable import EmbeddingBagCollectionAwaitable
 from rectoolkit.distributed.feature_shards import FeatureBatch, PooledBlocks, ShardingGroupSpec
 from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
-from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for
+from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for, with_table_options
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
 from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
@@ -412,6 +412,7 @@ def shard_embedding_bag_collection(module: EmbeddingBagCollection, module_plan: 
     `qcomm_codecs_registry` (get_qcomm_codecs_registry's) sets the output exchanges' wire precisions.
     """
     optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
+    module_plan = with_table_options(module_plan, fused_params)  # its per-table options, where the plan has none
     return ShardedEmbeddingBagCollection(
         module.embedding_bag_configs(), module_plan, env, is_weighted=module.is_weighted(),
         optimizer=optimizer, initial_weights=_initial_weights(module), backend=backend,

@@ -29,6 +29,7 @@ from rectoolkit.distributed.awaitable import EmbeddingCollectionAwaitable
 from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs
 from rectoolkit.distributed.feature_shards import FeatureBatch, permute_segments
+from rectoolkit.distributed.fused_params import with_table_options
 from rectoolkit.distributed.sharded_ebc import ShardedCollection, _initial_weights, _optimizers
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.embedding_modules import EmbeddingCollection
@@ -104,6 +105,7 @@ def shard_embedding_collection(module: EmbeddingCollection, module_plan: Mapping
                                ) -> ShardedEmbeddingCollection:
     """Shard an EmbeddingCollection (see shard_embedding_bag_collection)."""
     optimizer, default = _optimizers(module, fused_params, torchrec_default_optimizer)
+    module_plan = with_table_options(module_plan, fused_params)  # its per-table options, where the plan has none
     return ShardedEmbeddingCollection(
         module.embedding_configs(), module_plan, env, optimizer=optimizer,
         initial_weights=_initial_weights(module), backend=backend,

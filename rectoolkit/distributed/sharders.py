@@ -95,8 +95,11 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
 
     Args:
         fused_params: the shards' fused optimizer, TorchRec's keys ("optimizer", "learning_rate", "eps", "beta1",
-            "beta2", "weight_decay"); other keys are refused, naming them. None: TorchRec's default, fused SGD with
-            lr 0.01 (or what `_apply_optimizer_in_backward` or the collection itself set).
+            "beta2", "weight_decay", "gradient_clipping", "max_gradient", "momentum", "weight_decay_mode"), and
+            TorchRec's per-table options for every table ("stochastic_rounding", "output_dtype",
+            "bounds_check_mode", "enforce_hbm", the cache keys: rectoolkit.distributed.fused_params); other keys
+            are refused, naming them. None: TorchRec's default, fused SGD with lr 0.01 (or what
+            `_apply_optimizer_in_backward` or the collection itself set).
         qcomm_codecs_registry: the wire precisions of the shards' output exchanges, from TorchRec's
             `get_qcomm_codecs_registry(QCommsConfig(...))` (rectoolkit.distributed.fbgemm_qcomm_codec); None: float32.
     """

@@ -456,6 +456,8 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
                         psw_grad[take] = value
             else:
                 grad_bags, bag_of_id = grad_out, torch.arange(rows.numel(), device=self.device)
+            if self.optimizer is not None and self.optimizer.gradient_clipping:  # fbgemm's: each bag's gradient
+                grad_bags = grad_bags.clamp(-self.optimizer.max_gradient, self.optimizer.max_gradient)
             # Sum the gradients of duplicate ids ("exact" updates): sort the ids, then pool each unique row's
             # bag gradients with embedding_bag, which avoids materializing one gradient row per id.
             sorted_rows, order = torch.sort(rows)

@@ -87,6 +87,8 @@ class FbgemmBatchedEmbedding(BatchedEmbeddingKernel):
             beta1=optimizer.beta1,
             beta2=optimizer.beta2,
             weight_decay=optimizer.weight_decay,
+            gradient_clipping=optimizer.gradient_clipping,
+            max_gradient=optimizer.max_gradient,
             pooling_mode=PoolingMode.SUM if self.pooled else PoolingMode.NONE,
             bounds_check_mode=BoundsCheckMode.NONE,
             device=self.device,

@@ -10,6 +10,9 @@ touched row is updated once. For a touched row with summed gradient g (and only 
                     w -= lr * (m1/(1-b1^t) / (sqrt(m2/(1-b2^t)) + eps) + weight_decay * w)
                     (t counts the updates of the whole kernel, not of the row: fbgemm's "lazy" Adam)
 
+With `gradient_clipping`, as fbgemm: each bag's output gradient is clamped to [-max_gradient, max_gradient]
+before it reaches its ids (before per-id weights, before duplicates are summed).
+
     >>> cfg = FusedOptimizerConfig("row_wise_adagrad", lr=0.1, eps=0.0)
     >>> weight = torch.zeros(3, 2); state = init_optimizer_state(cfg, 3, 2)
     >>> apply_row_update(cfg, weight, state, torch.tensor([1]), torch.tensor([[3.0, 4.0]]), step=1)
@@ -41,11 +44,17 @@ class FusedOptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     weight_decay: float = 0.0
+    # fbgemm's: each bag's output gradient clamped to [-max_gradient, max_gradient] before it reaches its ids'
+    # rows (before per-id weights and before duplicates are summed)
+    gradient_clipping: bool = False
+    max_gradient: float = 1.0
 
     def __post_init__(self) -> None:
         self.optimizer = EmbOptimType.parse(self.optimizer)
         if self.lr < 0:
             raise ValueError(f"fused optimizer: lr must be >= 0, got {self.lr}")
+        if self.gradient_clipping and not self.max_gradient > 0:
+            raise ValueError(f"fused optimizer: gradient_clipping needs max_gradient > 0, got {self.max_gradient}")
         if self.weight_decay and self.optimizer != EmbOptimType.ADAM:
             raise ValueError(
                 f"fused optimizer {self.optimizer.value}: weight_decay is only supported for adam here "
@@ -54,15 +63,26 @@ class FusedOptimizerConfig:
 
     @classmethod
     def from_fused_params(cls, fused_params: Mapping[str, Any]) -> "FusedOptimizerConfig":
-        """Build from TorchRec's `fused_params` dict ({"optimizer": ..., "learning_rate": ..., "eps": ...})."""
+        """Build from TorchRec's `fused_params` dict ({"optimizer": ..., "learning_rate": ..., "eps": ...}).
+
+        Its per-table keys (TABLE_OPTION_KEYS: stochastic_rounding, output_dtype, bounds_check_mode, enforce_hbm and
+        the cache settings) are not the optimizer's: the sharded collections take them as every table's default
+        (rectoolkit.distributed.fused_params.with_table_options). `momentum` is fbgemm's LARS-SGD momentum, which
+        none of these optimizers reads (as in fbgemm); nor do they read `weight_decay_mode` (_check_weight_decay_mode)."""
         params = dict(fused_params)
-        known = {"optimizer", "learning_rate", "lr", "eps", "beta1", "beta2", "weight_decay"}
+        known = set(OPTIMIZER_KEYS) | set(TABLE_OPTION_KEYS) | {"momentum", "weight_decay_mode"}
         unknown = sorted(set(params) - known)
         if unknown:
             raise ValueError(f"fused_params: unsupported keys {unknown}; supported: {sorted(known)}")
         if "learning_rate" in params:
             params["lr"] = params.pop("learning_rate")
-        return cls(**params)
+        momentum = params.pop("momentum", None)
+        if momentum is not None and not isinstance(momentum, (int, float)):
+            raise ValueError(f"fused_params: momentum must be a number, got {momentum!r}")
+        mode = params.pop("weight_decay_mode", None)
+        config = cls(**{key: value for key, value in params.items() if key not in TABLE_OPTION_KEYS})
+        _check_weight_decay_mode(mode)
+        return config
 
     @classmethod
     def from_torch_optimizer(cls, optimizer_class: type, kwargs: Mapping[str, Any]) -> "FusedOptimizerConfig":
@@ -87,6 +107,22 @@ class FusedOptimizerConfig:
             raise ValueError(f"cannot fuse {optimizer_class.__name__} with {sorted(kw)}: the fused optimizers take lr, "
                              "eps, betas and weight_decay (Adam) only; leave the others out")
         return config
+
+
+OPTIMIZER_KEYS = ("optimizer", "learning_rate", "lr", "eps", "beta1", "beta2", "weight_decay", "gradient_clipping",
+                  "max_gradient")
+# TorchRec's per-table options that a sharder's fused_params may hold (ParameterSharding's, and the cache's)
+TABLE_OPTION_KEYS = ("stochastic_rounding", "output_dtype", "bounds_check_mode", "enforce_hbm", "cache_load_factor",
+                     "cache_algorithm", "cache_precision", "prefetch_pipeline", "cache_reserved_memory")
+
+
+def _check_weight_decay_mode(mode: Any) -> None:
+    """fbgemm's WeightDecayMode. It changes nothing here, as in fbgemm for these optimizers: weight_decay > 0 is
+    Adam's only (refused for the others), and fbgemm's Adam applies its own rule, w -= lr * weight_decay * w,
+    whatever the mode says."""
+    if mode is not None and str(getattr(mode, "name", mode)).upper() not in (
+            "NONE", "L2", "DECOUPLE", "COUNTER", "COWCLIP", "DECOUPLE_GLOBAL"):
+        raise ValueError(f"fused_params: weight_decay_mode={mode!r} is not one of fbgemm's WeightDecayMode members")
 
 
 def optimizer_state_names(optimizer: Union[EmbOptimType, str]) -> tuple:
@@ -162,6 +198,10 @@ def apply_table_update(
     SGD and the Adagrads leave a row with a zero gradient unchanged, so they run on the whole table (no row
     gathering: cheaper for a dense gradient); Adam moves untouched rows too, so it gets the rows with a gradient.
     """
+    if config.gradient_clipping:
+        raise NotImplementedError("gradient_clipping clamps each bag's gradient before it is summed into rows, which a "
+                                  "whole table's gradient (a DATA_PARALLEL replica's) no longer has; leave "
+                                  "gradient_clipping out, or clip the replica's gradient with a dense optimizer")
     if config.optimizer == EmbOptimType.SGD:
         weight.add_(grad, alpha=-config.lr)
     elif config.optimizer == EmbOptimType.ADAGRAD:

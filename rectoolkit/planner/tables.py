@@ -255,6 +255,9 @@ def apply_sharders(tables: List[PlannerTable], sharders: Sequence[Any], compute_
                                  f"{sharder.sharding_types(compute_device)} on {compute_device}")
         merged = dataclasses.replace(c, sharding_types=allowed) if c is not None \
             else ParameterConstraints(sharding_types=allowed)
+        fused_load_factor = (getattr(sharder, "fused_params", None) or {}).get("cache_load_factor")
+        if merged.cache_load_factor is None and fused_load_factor is not None:  # TorchRec's planner reads it too
+            merged = dataclasses.replace(merged, cache_load_factor=float(fused_load_factor))
         # a sharder that offers only quantized kernels (TorchRec's and rectoolkit's quantized sharders) plans them
         kernels = {k for t in allowed for k in sharder.compute_kernels(t.value, compute_device)}
         quantized = table.quantized or bool(kernels) and kernels <= QUANT_KERNEL_VALUES

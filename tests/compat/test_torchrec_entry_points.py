@@ -108,9 +108,9 @@ def test_sharder_fused_params_are_the_shards_optimizer():
 
 
 def test_sharder_refuses_what_it_cannot_honour():
-    with pytest.raises(ValueError, match=r"unsupported keys \['cache_load_factor', 'stochastic_rounding'\]"):
-        EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1, "cache_load_factor": 0.2,
-                                                    "stochastic_rounding": True})
+    with pytest.raises(ValueError, match=r"unsupported keys \['cache_load_fctor', 'stochastic_rounding_'\]"):
+        EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1, "cache_load_fctor": 0.2,
+                                                    "stochastic_rounding_": True})
     with pytest.raises(ValueError, match=r"qcomm_codecs_registry=\.\.\.\): keys \['a'\] are not CommOp names"):
         EmbeddingBagCollectionSharder(qcomm_codecs_registry={"a": 1})
     ec = rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="s", num_embeddings=4, embedding_dim=2)])
