@@ -20,7 +20,8 @@ from rectoolkit.workloads import Workload, load_workload
 
 __version__ = "0.1.0"
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
-from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface, EmbeddingCollection
+from rectoolkit.streamable import Multistreamable, Pipelineable
 from rectoolkit.optim import CombinedOptimizer, EmbeddingFusedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from rectoolkit.kernels import EmbOptimType, FusedOptimizerConfig, fbgemm_available
 from rectoolkit import launch

@@ -66,17 +66,35 @@ _TORCH_DTYPES = {
 }
 
 
+_PACKED_DTYPES = {DataType.INT4: torch.quint4x2, DataType.INT2: torch.quint2x4}  # TorchRec's names for them
+
+
 def data_type_to_dtype(data_type: DataType) -> torch.dtype:
-    """The torch dtype that stores `data_type` (INT4/INT2 are packed into uint8)."""
-    return _TORCH_DTYPES.get(data_type, torch.uint8)
+    """The torch dtype of `data_type`, as TorchRec's (INT4 / INT2: torch's packed quint4x2 / quint2x4).
+
+        >>> data_type_to_dtype(DataType.FP16), data_type_to_dtype(DataType.INT4)
+        (torch.float16, torch.quint4x2)
+    """
+    return _TORCH_DTYPES.get(data_type) or _PACKED_DTYPES[data_type]
 
 
 def dtype_to_data_type(dtype: torch.dtype) -> DataType:
-    """The DataType for a torch dtype; raises ValueError for dtypes tables cannot use."""
-    for data_type, candidate in _TORCH_DTYPES.items():
+    """The DataType of a torch dtype, as TorchRec's (torch's quantized int8 types are INT8); raises ValueError for
+    dtypes tables cannot use."""
+    if dtype in (torch.qint8, torch.quint8):
+        return DataType.INT8
+    for data_type, candidate in {**_TORCH_DTYPES, **_PACKED_DTYPES}.items():
         if candidate == dtype:
             return data_type
-    raise ValueError(f"no embedding DataType for torch dtype {dtype}; use one of {list(_TORCH_DTYPES.values())}")
+    raise ValueError(f"no embedding DataType for torch dtype {dtype}; use one of "
+                     f"{list(_TORCH_DTYPES.values()) + list(_PACKED_DTYPES.values())}")
+
+
+def pooling_type_to_str(pooling_type: PoolingType) -> str:
+    """"sum" or "mean" (TorchRec's; NONE pooling has no name there: ValueError)."""
+    if pooling_type not in (PoolingType.SUM, PoolingType.MEAN):
+        raise ValueError(f"Unsupported pooling type {pooling_type}")
+    return pooling_type.value.lower()
 
 
 _TORCHREC_ONLY_FIELDS = {"input_dim": None, "total_num_buckets": None, "use_virtual_table": False,
@@ -147,6 +165,17 @@ class EmbeddingBagConfig(BaseEmbeddingConfig):
         if isinstance(self.pooling, str):
             self.pooling = PoolingType(self.pooling.upper())
         super().__post_init__()
+
+
+@dataclass
+class EmbeddingTableConfig(BaseEmbeddingConfig):
+    """TorchRec's config of a table inside its sharded modules (a base config plus how it is read); rectoolkit's
+    sharded modules keep the collection's own configs, so this is for code that builds one itself."""
+
+    pooling: PoolingType = PoolingType.SUM
+    is_weighted: bool = False
+    has_feature_processor: bool = False
+    embedding_names: List[str] = field(default_factory=list)
 
 
 @dataclass

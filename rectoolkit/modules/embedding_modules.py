@@ -21,6 +21,7 @@ Without an optimizer the collection gives ordinary dense gradients (like TorchRe
 
 from __future__ import annotations
 
+import abc
 from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -65,6 +66,46 @@ def _optimizer_config(optimizer: Any, lr: Optional[float], fused_params: Optiona
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         return FusedOptimizerConfig.from_torch_optimizer(optimizer, {**({"lr": lr} if lr is not None else {}), **optimizer_kwargs})
     return FusedOptimizerConfig(optimizer, **({"lr": lr} if lr is not None else {}), **optimizer_kwargs)
+
+
+class EmbeddingBagCollectionInterface(abc.ABC, nn.Module):
+    """TorchRec's interface of a pooled collection (isinstance checks; subclassed by custom collections)."""
+
+    @abc.abstractmethod
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        ...
+
+    @abc.abstractmethod
+    def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
+        ...
+
+    @abc.abstractmethod
+    def is_weighted(self) -> bool:
+        ...
+
+
+class EmbeddingCollectionInterface(abc.ABC, nn.Module):
+    """TorchRec's interface of a sequence collection (isinstance checks; subclassed by custom collections)."""
+
+    @abc.abstractmethod
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        ...
+
+    @abc.abstractmethod
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        ...
+
+    @abc.abstractmethod
+    def need_indices(self) -> bool:
+        ...
+
+    @abc.abstractmethod
+    def embedding_dim(self) -> int:
+        ...
+
+    @abc.abstractmethod
+    def embedding_names_by_table(self) -> List[List[str]]:
+        ...
 
 
 class _BatchedCollection(nn.Module):
@@ -262,7 +303,7 @@ class _BatchedCollection(nn.Module):
         return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 
 
-class EmbeddingBagCollection(_BatchedCollection):
+class EmbeddingBagCollection(_BatchedCollection, EmbeddingBagCollectionInterface):
     """Pooled embeddings of many features: KeyedJaggedTensor -> KeyedTensor [batch, sum of dims], as in TorchRec.
 
     Args:
@@ -349,7 +390,7 @@ class SequenceCollectionAccessors:
         return [name for names in self._embedding_names_by_table for name in names]
 
 
-class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection):
+class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection, EmbeddingCollectionInterface):
     """One embedding per id: KeyedJaggedTensor -> {feature: JaggedTensor of [num ids, dim]}, as in TorchRec.
 
     All tables need one embedding_dim (TorchRec's rule). Arguments as EmbeddingBagCollection, plus

@@ -40,7 +40,12 @@ import torch.fx
 from torch import nn
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from rectoolkit.modules.embedding_modules import SequenceCollectionAccessors, get_embedding_names_by_table
+from rectoolkit.modules.embedding_modules import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+    SequenceCollectionAccessors,
+    get_embedding_names_by_table,
+)
 from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
@@ -199,7 +204,7 @@ class _QuantCollection(nn.Module):
         return self._lookup.backend
 
 
-class QuantEmbeddingBagCollection(_QuantCollection):
+class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterface):
     """Pooled lookups from quantized tables: KeyedJaggedTensor -> KeyedTensor [batch, sum of dims].
 
     Args (TorchRec's, in TorchRec's order):
@@ -319,7 +324,7 @@ def mean_pooled(pooled: torch.Tensor, lengths: torch.Tensor, mean_features: torc
     return pooled * scale.repeat_interleave(dims_per_feature, dim=1, output_size=pooled.shape[1])
 
 
-class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection):
+class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, EmbeddingCollectionInterface):
     """Per-id lookups from quantized tables: KeyedJaggedTensor -> {feature: JaggedTensor [ids, dim]}.
 
     Arguments as QuantEmbeddingBagCollection (no is_weighted), plus need_indices. All tables share one dim.

@@ -169,3 +169,36 @@ def test_shard_metadata_without_placement_is_refused_where_a_plan_is_checked():
     plan = ShardingPlan({"": {"t": ParameterSharding("table_wise", "fused", [0], [unplaced])}})
     with pytest.raises(PlanValidationError, match="table t: shard 0 .* has no placement"):
         validate_plan(plan, {"t": (10, 4)}, world_size=2)
+
+
+def test_config_helpers_and_collection_interfaces_as_torchrecs():
+    from torchrec.modules import embedding_configs as theirs
+    from torchrec.modules import embedding_modules as their_modules
+
+    from rectoolkit.modules import embedding_configs as ours
+    from rectoolkit.modules.embedding_modules import EmbeddingBagCollectionInterface, EmbeddingCollectionInterface
+    from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+
+    for name in ("FP32", "FP16", "BF16", "INT64", "INT32", "INT8", "UINT8", "INT4", "INT2"):
+        assert ours.data_type_to_dtype(getattr(ours.DataType, name)) == \
+            theirs.data_type_to_dtype(getattr(theirs.DataType, name)), name
+    for dtype in (torch.float32, torch.half, torch.bfloat16, torch.int32, torch.long, torch.qint8, torch.quint8,
+                  torch.int8, torch.uint8, torch.quint4x2, torch.quint2x4):
+        assert ours.dtype_to_data_type(dtype).value == theirs.dtype_to_data_type(dtype).value, dtype
+    for pooling in ("SUM", "MEAN"):
+        assert ours.pooling_type_to_str(ours.PoolingType(pooling)) == theirs.pooling_type_to_str(theirs.PoolingType(pooling))
+    with pytest.raises(ValueError, match="Unsupported pooling type"):
+        ours.pooling_type_to_str(ours.PoolingType.NONE)
+    args = (10, 4, "t", DataType.FP32, ["f"])
+    assert ours.EmbeddingTableConfig(*args, is_weighted=True).is_weighted
+    assert [f.name for f in dataclasses.fields(theirs.EmbeddingTableConfig)][-4:] == \
+        [f.name for f in dataclasses.fields(ours.EmbeddingTableConfig)][-4:]
+    assert set(their_modules.EmbeddingBagCollectionInterface.__abstractmethods__) == \
+        set(EmbeddingBagCollectionInterface.__abstractmethods__)
+    assert set(their_modules.EmbeddingCollectionInterface.__abstractmethods__) == \
+        set(EmbeddingCollectionInterface.__abstractmethods__)
+    ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=4)])
+    assert isinstance(ebc, EmbeddingBagCollectionInterface) and isinstance(ebc, rtk.EmbeddingBagCollectionInterface)
+    assert issubclass(rtk.EmbeddingCollection, EmbeddingCollectionInterface)
+    assert issubclass(QuantEmbeddingBagCollection, EmbeddingBagCollectionInterface)
+    assert issubclass(QuantEmbeddingCollection, EmbeddingCollectionInterface)
