@@ -122,6 +122,10 @@ class ShardMetadata:
         parts = self._placed().split("/", 1)
         return parts[1] if len(parts) > 1 else "cpu"
 
+    def __repr__(self) -> str:  # as TorchRec's (torch's ShardMetadata): the placement unquoted
+        return (f"ShardMetadata(shard_offsets={self.shard_offsets}, shard_sizes={self.shard_sizes}, "
+                f"placement={self.placement})")
+
     def _placed(self) -> str:
         if self.placement is None:
             raise ValueError(f"ShardMetadata(shard_offsets={self.shard_offsets}, shard_sizes={self.shard_sizes}) has no "
@@ -266,6 +270,18 @@ class ParameterSharding:
     @property
     def kernel(self) -> EmbeddingComputeKernel:
         return EmbeddingComputeKernel(self.compute_kernel)
+
+    def __repr__(self) -> str:
+        """TorchRec's fields in TorchRec's order (the shards as its sharding_spec); cache_load_factor after them,
+        when set."""
+        fields = [("sharding_type", self.sharding_type), ("compute_kernel", self.compute_kernel), ("ranks", self.ranks),
+                  ("sharding_spec", self.sharding_spec), ("cache_params", self.cache_params),
+                  ("enforce_hbm", self.enforce_hbm), ("stochastic_rounding", self.stochastic_rounding),
+                  ("bounds_check_mode", self.bounds_check_mode), ("output_dtype", self.output_dtype),
+                  ("key_value_params", None)]
+        if self.cache_load_factor is not None:
+            fields.append(("cache_load_factor", self.cache_load_factor))
+        return "ParameterSharding(" + ", ".join(f"{name}={value!r}" for name, value in fields) + ")"
 
     @property
     def sharding_spec(self) -> Optional[EnumerableShardingSpec]:

@@ -54,7 +54,7 @@ class JaggedTensor:
         validate: Optional[bool] = None,
     ) -> None:
         if lengths is None and offsets is None:
-            raise ValueError(f"{_OWNER}: pass lengths or offsets (or both)")
+            raise validation.JaggedAssertionError(f"{_OWNER}: pass lengths or offsets (or both)")
         self._values = values
         self._weights = weights
         self._lengths = lengths
@@ -174,7 +174,7 @@ class JaggedTensor:
 
     def weights(self) -> torch.Tensor:
         if self._weights is None:
-            raise ValueError("This (Keyed)JaggedTensor doesn't have weights.")
+            raise validation.JaggedAssertionError("This (Keyed)JaggedTensor doesn't have weights.")
         return self._weights
 
     def weights_or_none(self) -> Optional[torch.Tensor]:

@@ -79,7 +79,7 @@ class KeyedJaggedTensor:
         validate: Optional[bool] = None,
     ) -> None:
         if lengths is None and offsets is None:
-            raise ValueError(f"{_OWNER}: pass lengths or offsets (or both)")
+            raise validation.JaggedAssertionError(f"{_OWNER}: pass lengths or offsets (or both)")
         self._keys = keys
         self._values = values
         self._weights = weights
@@ -230,18 +230,21 @@ class KeyedJaggedTensor:
         """Keys of all KJTs side by side; they must share the batch size and all (or none) be weighted."""
         if len(kjt_list) == 0:
             raise ValueError("Can't concat empty KJT list")
+        # a KJT with no keys adds nothing (and its values, e.g. KeyedJaggedTensor.empty()'s float32, must not promote
+        # the others' ids)
+        kjt_list = [kjt for kjt in kjt_list if kjt.keys()] or kjt_list[:1]
         weighted = kjt_list[0].weights_or_none() is not None
         variable = [kjt.variable_stride_per_key() for kjt in kjt_list]
         if any(variable) and not all(variable):
-            raise ValueError(f"{_OWNER}.concat: some KJTs have a variable batch per key and some do not ({variable}); "
+            raise validation.JaggedAssertionError(f"{_OWNER}.concat: some KJTs have a variable batch per key and some do not ({variable}); "
                              "give all of them stride_per_key_per_rank, or none")
         with_inverse = [kjt.inverse_indices_or_none() is not None for kjt in kjt_list]
         if any(with_inverse) and not all(with_inverse):
-            raise ValueError(f"{_OWNER}.concat: some KJTs have inverse_indices and some do not ({with_inverse}); "
+            raise validation.JaggedAssertionError(f"{_OWNER}.concat: some KJTs have inverse_indices and some do not ({with_inverse}); "
                              "give all of them inverse indices, or none")
         strides = [kjt.stride() for kjt in kjt_list if kjt.keys()]
         if not all(variable) and len(set(strides)) > 1:
-            raise ValueError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
+            raise validation.JaggedAssertionError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
         keys: List[str] = []
         length_per_key: List[int] = []
         for kjt in kjt_list[:-1]:  # padding inside the result would shift the next KJT's values (TorchRec's does)
@@ -405,7 +408,7 @@ class KeyedJaggedTensor:
 
     def weights(self) -> torch.Tensor:
         if self._weights is None:
-            raise ValueError("This (Keyed)JaggedTensor doesn't have weights.")
+            raise validation.JaggedAssertionError("This (Keyed)JaggedTensor doesn't have weights.")
         return self._weights
 
     def weights_or_none(self) -> Optional[torch.Tensor]:
@@ -469,7 +472,7 @@ class KeyedJaggedTensor:
 
     def inverse_indices(self) -> Tuple[List[str], torch.Tensor]:
         if self._inverse_indices is None:
-            raise ValueError("This KJT doesn't have inverse indices.")
+            raise validation.JaggedAssertionError("This KJT doesn't have inverse indices.")
         return self._inverse_indices
 
     def inverse_indices_or_none(self) -> Optional[Tuple[List[str], torch.Tensor]]:
@@ -588,7 +591,7 @@ class KeyedJaggedTensor:
         [['a'], ['b', 'c']]
         """
         if any(segment < 0 for segment in segments) or sum(segments) > len(self._keys):
-            raise ValueError(
+            raise validation.JaggedIndexError(
                 f"{_OWNER}.split: segments {list(segments)} must be >= 0 and sum to at most the "
                 f"{len(self._keys)} keys"
             )
@@ -657,7 +660,7 @@ class KeyedJaggedTensor:
             elif -num_keys <= index < num_keys:
                 positions.append(index % num_keys)
             else:
-                raise ValueError(
+                raise validation.JaggedIndexError(
                     f"{_OWNER}.permute: index {index} is out of range for the {num_keys} keys "
                     f"{validation._short_keys(self._keys)}"
                 )

@@ -224,7 +224,7 @@ class KeyedTensor:
     ) -> Dict[str, torch.Tensor]:
         """Like regroup, with the i-th group's tensor under ``keys[i]``."""
         if len(groups) != len(keys):
-            raise ValueError(f"{_OWNER}.regroup_as_dict: {len(groups)} groups but {len(keys)} keys; give one key per group")
+            raise validation.JaggedAssertionError(f"{_OWNER}.regroup_as_dict: {len(groups)} groups but {len(keys)} keys; give one key per group")
         return dict(zip(keys, KeyedTensor.regroup(keyed_tensors, groups)))
 
     # ------------------------------------------------------------------------------------ devices

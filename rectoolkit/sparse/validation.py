@@ -71,13 +71,22 @@ def _short_keys(keys: Sequence[str], limit: int = 8) -> str:
     return repr(list(keys[:limit]))[:-1] + f", ... ({len(keys)} keys)]"
 
 
+class JaggedAssertionError(ValueError, AssertionError):
+    """A misuse that TorchRec's jagged types stop with an `assert`: a ValueError here, naming the fix, and an
+    AssertionError too, so that code written against TorchRec (`except AssertionError`) catches it."""
+
+
+class JaggedIndexError(ValueError, IndexError):
+    """As JaggedAssertionError, where TorchRec raises an IndexError (a key position out of range)."""
+
+
 def check_integer(tensor: Optional[torch.Tensor], name: str, owner: str) -> None:
     if tensor is None:
         return
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{owner}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.numel() > 0 and tensor.dtype not in _INTEGER_DTYPES:
-        raise ValueError(f"{owner}: {name} must have an integer dtype, got {tensor.dtype}")
+        raise JaggedAssertionError(f"{owner}: {name} must have an integer dtype, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{owner}: {name} must be 1-D, got shape {tuple(tensor.shape)}")
 

@@ -202,3 +202,17 @@ def test_config_helpers_and_collection_interfaces_as_torchrecs():
     assert issubclass(rtk.EmbeddingCollection, EmbeddingCollectionInterface)
     assert issubclass(QuantEmbeddingBagCollection, EmbeddingBagCollectionInterface)
     assert issubclass(QuantEmbeddingCollection, EmbeddingCollectionInterface)
+
+
+def test_parameter_sharding_and_shard_metadata_print_as_torchrecs():
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec as TorchSpec
+    from torchrec.distributed import types as theirs
+
+    from rectoolkit.distributed import types as ours
+
+    def build(lib):
+        shards = [lib.ShardMetadata([0, 0], [5, 4], "rank:0/cpu"), lib.ShardMetadata([5, 0], [5, 4], "rank:1/cpu")]
+        return [lib.ParameterSharding("row_wise", "fused", [0, 1], TorchSpec(shards), enforce_hbm=True),
+                lib.ParameterSharding("table_wise", "fused", [0]), lib.ShardMetadata([0, 0], [5, 4])]
+
+    assert [repr(x) for x in build(ours)] == [repr(x) for x in build(theirs)]

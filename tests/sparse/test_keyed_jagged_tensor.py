@@ -95,6 +95,9 @@ def test_concat_hand_worked():
     c = KeyedJaggedTensor(keys=["c"], values=torch.tensor([2]), lengths=torch.tensor([1]))
     with pytest.raises(ValueError, match="different strides"):
         KeyedJaggedTensor.concat([a, c])
+    with_empty = KeyedJaggedTensor.concat([KeyedJaggedTensor.empty(), a, KeyedJaggedTensor.empty()])
+    assert with_empty.keys() == ["a"] and with_empty.values().dtype == torch.int64  # not the empty's float32
+    assert with_empty.lengths().tolist() == [1, 0] and with_empty.stride() == 2
 
 
 def test_from_offsets_sync_matches_from_lengths():
