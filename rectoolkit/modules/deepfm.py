@@ -20,15 +20,22 @@ from torch import nn
 
 
 def _flatten_and_concat(module: str, embeddings: List[torch.Tensor]) -> torch.Tensor:
+    if not torch.jit.is_scripting():  # (torch.jit.script compiles TorchRec's computation: the checks are left out)
+        _check_embeddings(module, embeddings)
+    return torch.cat([tensor.flatten(1) for tensor in embeddings], dim=1)
+
+
+@torch.jit.unused
+def _check_embeddings(module: str, embeddings: List[torch.Tensor]) -> None:
+    """At least one tensor, all [batch_size, ...] with one batch_size (no shapes to check while torch.fx traces)."""
     if not embeddings:
         raise ValueError(f"{module}: got an empty list of embeddings; pass at least one [batch_size, ...] tensor")
-    if any(isinstance(tensor, torch.fx.Proxy) for tensor in embeddings):  # torch.fx.symbolic_trace: no shapes
-        return torch.cat([tensor.flatten(1) for tensor in embeddings], dim=1)
+    if any(isinstance(tensor, torch.fx.Proxy) for tensor in embeddings):
+        return
     batch_sizes = [tensor.shape[0] if tensor.dim() else None for tensor in embeddings]
     if len(set(batch_sizes)) != 1 or batch_sizes[0] is None:
         raise ValueError(f"{module}: the embeddings' first dimensions {batch_sizes} differ; every tensor must be "
                          f"[batch_size, ...] with one batch_size")
-    return torch.cat([tensor.flatten(1) for tensor in embeddings], dim=1)
 
 
 class DeepFM(nn.Module):

@@ -43,12 +43,19 @@ class Perceptron(nn.Module):
         self._activation_fn = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if isinstance(input, torch.fx.Proxy):  # torch.fx.symbolic_trace: no shape to check, as TorchRec's trace
-            return self._activation_fn(self._linear(input))
-        if input.dim() < 1 or input.shape[-1] != self._in_size:
-            raise ValueError(f"Perceptron: input has shape {list(input.shape)} but in_size={self._in_size}; "
-                             f"the last dimension must be {self._in_size}")
+        if not torch.jit.is_scripting():  # (torch.jit.script compiles TorchRec's forward: the check is left out)
+            _check_input(input, self._in_size)
         return self._activation_fn(self._linear(input))
+
+
+@torch.jit.unused
+def _check_input(input: torch.Tensor, in_size: int) -> None:
+    """The last dimension must be in_size (nothing to check while torch.fx.symbolic_trace traces a Proxy)."""
+    if isinstance(input, torch.fx.Proxy):
+        return
+    if input.dim() < 1 or input.shape[-1] != in_size:
+        raise ValueError(f"Perceptron: input has shape {list(input.shape)} but in_size={in_size}; "
+                         f"the last dimension must be {in_size}")
 
 
 def _is_factory(activation: Callable) -> bool:

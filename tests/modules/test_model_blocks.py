@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -217,3 +218,24 @@ def test_torch_fx_traces_the_blocks_as_torchrecs(name):
     x = torch.randn(4, 6)
     torch.testing.assert_close(torch.fx.symbolic_trace(ours)(x), torch.fx.symbolic_trace(theirs)(x))
     torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("name", ["perceptron", "mlp", "mlp_swish_layernorm", "factorization_machine", "deepfm"])
+def test_torch_jit_script_compiles_the_blocks_that_torchrecs_does(name):
+    """TorchRec's Perceptron, MLP, FactorizationMachine and DeepFM script (legacy TorchScript serving); so do these,
+    giving eager's output (the input checks are left out of the scripted program)."""
+    torch.manual_seed(0)
+    block, inputs = {
+        "perceptron": (Perceptron(5, 4), (torch.randn(3, 5),)),
+        "mlp": (MLP(5, [4, 2]), (torch.randn(3, 5),)),
+        "mlp_swish_layernorm": (MLP(5, [4, 2], activation="swish_layernorm"), (torch.randn(3, 5),)),
+        "factorization_machine": (FactorizationMachine(), ([torch.randn(3, 2, 4), torch.randn(3, 3)],)),
+        "deepfm": (DeepFM(torch.nn.Linear(11, 2)), ([torch.randn(3, 2, 4), torch.randn(3, 3)],)),
+    }[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript
+        scripted = torch.jit.script(block)
+    torch.testing.assert_close(scripted(*inputs), block(*inputs))
+    with pytest.raises(ValueError, match="first dimensions|in_size=5"):  # eager still checks its input
+        block(*([torch.randn(3, 4), torch.randn(2, 3)],) if "mlp" not in name and name != "perceptron"
+              else (torch.randn(3, 4),))
