@@ -134,6 +134,20 @@ def collections_to_shard(module: nn.Module, plan: ShardingPlan, sharders: Option
     return paths
 
 
+def _refuse_diverging_replicas(module: nn.Module, chosen: List[str], env: ShardingEnv) -> None:
+    """An unsharded collection whose optimizer is fused into its backward (rectoolkit's optimizer=..., or
+    _apply_optimizer_in_backward) would update each rank's replica with that rank's gradient alone."""
+    if env.world_size == 1:
+        return
+    for path, collection in find_collections(module):
+        recorded = any(hasattr(p, "_optimizer_classes") for p in collection.parameters())
+        if path not in chosen and (collection.kernel.optimizer is not None or recorded):
+            raise ValueError(f"DistributedModelParallel: the collection at {path!r} stays unsharded (no sharder or no "
+                             "plan entry for it) but an optimizer is fused into its backward, so its replicas would "
+                             f"diverge across the {env.world_size} ranks (each updated with its own gradient); shard "
+                             "it, or build it without a fused optimizer (its gradient is then averaged by DDP)")
+
+
 def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, backend: str = "auto",
                       sharders: Optional[List[Any]] = None) -> Dict[str, Sharded]:
     """Replace every collection the plan names by its sharded version, in place; returns path -> sharded module.
@@ -268,6 +282,7 @@ class DistributedModelParallel(nn.Module):
         # theirs
         at_collections = plan_at_collections(self.plan, module)
         chosen = collections_to_shard(module, at_collections, sharders)
+        _refuse_diverging_replicas(module, chosen, env)
         at_collections = ShardingPlan({path: at_collections.plan[path] for path in chosen})
         shapes = {key: shape for key, shape in _shapes(module).items() if key[0] in chosen}
         validate_plan(at_collections, shapes, env.world_size, source="the plan of DistributedModelParallel")

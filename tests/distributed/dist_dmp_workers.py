@@ -117,3 +117,40 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
         got = planned(dense[rank], kjts[rank])
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
     assert set(planned.plan.plan) == {PATH}
+
+
+def unsharded_collection_worker(rank: int, W: int) -> None:
+    """sharders without one for the model's EmbeddingBagCollection: TorchRec leaves it unsharded, a replica on
+    every rank under DDP. One SGD step must move every replica as the mean of the ranks' gradients, worked out
+    here on an unsharded copy, batch by batch."""
+    import copy
+
+    from rectoolkit.distributed.sharders import EmbeddingCollectionSharder
+
+    torch.manual_seed(0)
+    model = TinyModel(optimizer=None)
+    reference = copy.deepcopy(model)
+    dmp = DistributedModelParallel(model, sharders=[EmbeddingCollectionSharder()], local_world_size=W)
+    assert type(dmp.module.sparse.ebc) is rtk.EmbeddingBagCollection and dmp.plan.plan == {}
+    optimizer = torch.optim.SGD(dmp.parameters(), lr=0.5)
+    kjts, dense = step_batches(0, W)
+    dmp(dense[rank], kjts[rank]).sum().backward()
+    optimizer.step()
+    grads = []
+    for r in range(W):
+        reference.zero_grad()
+        reference(dense[r], kjts[r]).sum().backward()
+        grads.append({name: p.grad.clone() for name, p in reference.named_parameters()})
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p -= 0.5 * sum(g[name] for g in grads) / W
+    for name, p in reference.named_parameters():
+        assert torch.allclose(dmp.module.get_parameter(name), p, atol=1e-6), f"rank {rank}: {name}"
+
+    fused = TinyModel(optimizer="adagrad")  # a fused update of a replica would apply only this rank's gradient
+    try:
+        DistributedModelParallel(fused, sharders=[EmbeddingCollectionSharder()], local_world_size=W)
+    except ValueError as error:
+        assert "'sparse.ebc' stays unsharded" in str(error) and "diverge" in str(error), error
+    else:
+        raise AssertionError("an unsharded collection with a fused optimizer was accepted")

@@ -18,7 +18,7 @@ import rectoolkit
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.checkpoint import load_saved_shards
 from rectoolkit.plan.types import ShardingPlan
-from dist_dmp_workers import PATH, TinyModel, dmp_worker
+from dist_dmp_workers import PATH, TinyModel, dmp_worker, unsharded_collection_worker
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
 
@@ -82,3 +82,9 @@ def test_only_the_collections_with_a_sharder_are_sharded_as_in_torchrec():
         keys=["f0", "f0b", "f1", "f2"], values=torch.tensor([1, 2, 3, 4, 5, 6]),
         lengths=torch.tensor([1, 0, 2, 1, 0, 1, 0, 1]))
     assert torch.equal(dmp(dense, kjt), reference(dense, kjt))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_an_unsharded_collection_is_a_replica_trained_by_ddp_on_two_ranks():
+    run_workers(unsharded_collection_worker, 2)
