@@ -42,6 +42,8 @@ from the saved shard holding the new shard's first column.
 
 from __future__ import annotations
 
+import collections
+import copy
 import hashlib
 import json
 import os
@@ -109,7 +111,13 @@ def _agree(env: ShardingEnv, error: Optional[BaseException], payload: Any, conse
     """Every rank's payload once every rank succeeded. Otherwise every rank raises: a rank that failed its own
     error, the others a CheckpointError naming the ranks that failed and why. A collective."""
     reply = {"error": None if error is None else f"{type(error).__name__}: {error}", "payload": payload}
-    replies = [json.loads(raw) for raw in all_gather_bytes(env, json.dumps(reply).encode())]
+    try:
+        replies = [json.loads(raw) for raw in all_gather_bytes(env, json.dumps(reply).encode())]
+    except RuntimeError as lost:  # the transport's error: a peer's process ended (killed, interrupted) meanwhile
+        if error is not None:
+            raise error from lost
+        raise CheckpointPeerError(f"another rank stopped answering while the ranks compared their parts ({lost}); "
+                                  f"{consequence}") from lost
     if error is not None:
         raise error
     failed = {rank: r["error"] for rank, r in enumerate(replies) if r["error"] is not None}
@@ -237,7 +245,10 @@ def _begin_save(env: ShardingEnv, path: Path, lock: _DirectoryLock) -> Path:
         except CheckpointError as error:
             reply["error"] = str(error)
         except OSError as error:
-            reply["error"] = f"{path}: cannot create the checkpoint directory on rank 0: {error}"
+            what = ("is a file, not a directory" if path.exists() and not path.is_dir() else
+                    f"exists, but its lock file {lock.path.name} cannot be created" if path.is_dir() else
+                    "cannot be created")
+            reply["error"] = f"{path}: the checkpoint directory {what} on rank 0: {error}"
     replies = [json.loads(raw) for raw in all_gather_bytes(env, json.dumps(reply).encode())]
     if replies[0]["error"] is not None:
         raise (CheckpointError if env.rank == 0 else CheckpointPeerError)(
@@ -256,6 +267,7 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
                     extra: Optional[Dict[str, Any]] = None) -> None:
     """Save `model` (a DistributedModelParallel) into directory `path`; every rank calls it. Atomic: a crash
     at any point leaves the previous checkpoint at `path` (or the new one, once committed)."""
+    _require_sharded_model(model, "save_checkpoint")
     env = model.env
     path = Path(path)
     _refuse_managed_collisions(model, "saved")  # the same on every rank: before the ranks compare their paths
@@ -264,6 +276,13 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
         _save(model, env, path, lock, dense_optimizer, extra)
     finally:
         lock.release()
+
+
+def _require_sharded_model(model: Any, what: str) -> None:
+    if not (hasattr(model, "env") and hasattr(model, "sharded_modules")):
+        raise TypeError(f"{what} takes a DistributedModelParallel (every rank calls it with its shards), got a "
+                        f"{type(model).__name__}; wrap the model in DistributedModelParallel, or for a model in one "
+                        "process use torch.save(model.state_dict(), file) / model.load_state_dict(torch.load(file))")
 
 
 def _named_os_error(error: OSError, context: str) -> OSError:
@@ -292,6 +311,7 @@ def _save(model, env: ShardingEnv, path: Path, lock: _DirectoryLock,
             written[DENSE] = _write_file(
                 {"model": _dense_state(model),
                  "optimizer": dense_optimizer.state_dict() if dense_optimizer is not None else None,
+                 "optimizer_class": type(dense_optimizer).__name__ if dense_optimizer is not None else None,
                  "extra": extra or {}}, data / DENSE)
         _fsync_directory(data)
     except OSError as caught:  # a full disk, a read-only directory: the same error, naming the rank and the file
@@ -299,6 +319,10 @@ def _save(model, env: ShardingEnv, path: Path, lock: _DirectoryLock,
                                         f"was saved: the checkpoint at {path} is unchanged")
     except Exception as caught:  # every rank learns of it in _agree, then it is raised here
         error = caught
+    except BaseException:  # KeyboardInterrupt: this process goes on, so it removes what it started
+        if env.rank == 0:
+            shutil.rmtree(data, ignore_errors=True)
+        raise
     try:
         records = _agree(env, error, written, f"nothing was saved: the checkpoint at {path} is unchanged")
     except BaseException:
@@ -316,6 +340,12 @@ def _save(model, env: ShardingEnv, path: Path, lock: _DirectoryLock,
                                  "files": dict(sorted(files.items())), "tables": tables})
         except Exception as caught:
             error = caught
+            committed = _names(path, data.name)
+            if not committed:  # its data would only take the disk's space
+                shutil.rmtree(data, ignore_errors=True)
+            if isinstance(caught, OSError):
+                error = _named_os_error(caught, f"rank 0 committing {path / METADATA}; the checkpoint at {path} is "
+                                                f"{'this one' if committed else 'the previous one, unchanged'}")
     _agree(env, error, None, f"the commit of {data.name} failed on rank 0: the checkpoint at {path} is the "
                              "previous one or this one, complete either way")
     if env.rank == 0:
@@ -343,13 +373,25 @@ def _commit(path: Path, data: Path, metadata: Dict[str, Any]) -> None:
                                   "one directory that rank 0 sees too (a shared file system), and nothing else may "
                                   "change it during the save")
     tmp = path / f".{METADATA}.tmp-{data.name}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(dict(metadata, checksum=_metadata_checksum(metadata)), indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / METADATA)
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(dict(metadata, checksum=_metadata_checksum(metadata)), indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path / METADATA)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_directory(path)
     _fsync_directory(path.parent)  # in case `path` itself is new
+
+
+def _names(path: Path, directory: str) -> bool:
+    """Whether metadata.json at `path` (as on disk now) names data directory `directory`: the save was committed."""
+    try:
+        return json.loads((path / METADATA).read_text()).get("directory") == directory
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _remove_stale(path: Path, keep: str) -> None:
@@ -403,6 +445,9 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     """The checkpoint's metadata.json, checked for form (raises CheckpointError naming the file)."""
     path = Path(path)
     file = path / METADATA
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file, not a checkpoint directory; pass the directory "
+                              "save_checkpoint wrote")
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {path} does not exist (no such directory)")
     if not file.exists():
@@ -606,6 +651,32 @@ def _check_dense(model, dense: Any, file: Path, dense_optimizer: Optional[torch.
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[index].shape:
                 raise CheckpointError(f"{file}: dense optimizer state {name!r} of parameter {index} has shape "
                                       f"{list(value.shape)}; the parameter has {list(params[index].shape)}")
+    saved_class = dense.get("optimizer_class")  # (absent from checkpoints written before it was recorded)
+    if saved_class is not None and saved_class != type(dense_optimizer).__name__:
+        raise CheckpointError(f"{file}: the dense optimizer state was saved from a {saved_class}; this dense_optimizer "
+                              f"is a {type(dense_optimizer).__name__}: load into a {saved_class}, or load without "
+                              "dense_optimizer (the weights alone)")
+    _trial_load(dense_optimizer, state, file)
+
+
+def _trial_load(optimizer: torch.optim.Optimizer, state: Dict[str, Any], file: Path) -> None:
+    """Load `state` into a shallow copy of `optimizer` (its own state and groups), so that what torch's
+    load_state_dict would refuse (state of another optimizer class, missing keys) is refused before the model
+    changes; `optimizer` itself is untouched."""
+    saved_keys = {key for group in state["param_groups"] for key in group} - {"params"}
+    own_keys = {key for group in optimizer.param_groups for key in group} - {"params"}
+    if own_keys - saved_keys:
+        raise CheckpointError(f"{file}: the dense optimizer's groups were saved without {sorted(own_keys - saved_keys)}, "
+                              f"which this {type(optimizer).__name__} has: it was saved from another optimizer class")
+    trial = copy.copy(optimizer)
+    trial.state = collections.defaultdict(dict)
+    trial.param_groups = [dict(group) for group in optimizer.param_groups]
+    try:
+        trial.load_state_dict(state)
+    except Exception as error:
+        raise CheckpointError(f"{file}: the dense optimizer state does not load into this "
+                              f"{type(optimizer).__name__} ({type(error).__name__}: {error}); it was saved from "
+                              "another optimizer, or another version of it") from error
 
 
 READ_ATTEMPTS = 3
@@ -671,6 +742,7 @@ def load_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
                     ) -> Dict[str, Any]:
     """Load a checkpoint into `model`, whatever plan and world size saved it; returns the saved `extra`.
     Everything is checked first, on every rank: if anything is wrong, every rank raises and nothing changed."""
+    _require_sharded_model(model, "load_checkpoint")
     path = Path(path)
     readers = _Readers(path)  # a save committed meanwhile leaves the data this load reads
     readers.acquire()

@@ -164,3 +164,19 @@ def different_checkpoints_load_worker(rank: int, W: int, checkpoint_dir: str) ->
         load_checkpoint(other, own)
     assert f"rank 1: {checkpoint_dir}_other/metadata.json naming data-" in str(info.value), info.value
     assert _equal(_state(other), before), f"rank {rank}: a refused load changed the model"
+
+
+def peer_dies_during_save_worker(rank: int, W: int, checkpoint_dir: str, report_file: str) -> None:
+    """Rank 1's process ends while writing its part (exit code 0, so that the harness lets rank 0 finish): rank 0
+    must get a checkpoint error that blames a peer (the launcher then blames rank 1), not the transport's."""
+    import os
+    from pathlib import Path
+
+    model, _ = _saved_then_changed(W, checkpoint_dir)
+    if rank == 1:
+        checkpoint._write_file = lambda obj, file: os._exit(0)
+    try:
+        save_checkpoint(model, checkpoint_dir, extra={"step": 2})
+    except BaseException as error:
+        Path(report_file).write_text(f"{type(error).__name__}|{getattr(error, 'peer_failure', False)}|{error}")
+    os._exit(0)

@@ -30,7 +30,7 @@ from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
 from dist_fault_workers import (corrupted_rank_file_worker, different_checkpoints_load_worker, different_paths_worker,
-                                failing_load_worker, failing_save_worker)
+                                failing_load_worker, failing_save_worker, peer_dies_during_save_worker)
 from ckpt_kill_worker import logged_main
 from dist_harness import run_workers
 from dist_workers import bag_tables, plan_for
@@ -355,7 +355,7 @@ def test_a_commit_refuses_a_file_rank0_does_not_see(saved, monkeypatch):
 def test_a_save_into_a_path_under_a_file_names_it(saved, tmp_path):
     model, _ = fresh_model_and_optimizer()
     (tmp_path / "a_file").write_text("not a directory")
-    with pytest.raises(CheckpointError, match=r"a_file/ckpt: cannot create the checkpoint directory on rank 0"):
+    with pytest.raises(CheckpointError, match=r"a_file/ckpt: the checkpoint directory cannot be created on rank 0"):
         save_checkpoint(model, tmp_path / "a_file" / "ckpt")
 
 
@@ -420,6 +420,86 @@ def test_a_corrupted_file_read_by_one_rank_only_stops_every_rank(tmp_path):
 @pytest.mark.timeout(240)
 def test_ranks_reading_different_checkpoints_read_again_or_are_refused(tmp_path):
     run_workers(different_checkpoints_load_worker, 2, str(tmp_path / "ckpt"))
+
+
+def test_a_dense_optimizer_of_another_class_is_refused_before_the_model_changes(saved):
+    """Saved from SGD with momentum: an Adam cannot take that state (torch's load_state_dict fails deep inside),
+    and a plain SGD would take it silently and fail at its next step: both refused, naming the file, nothing
+    loaded."""
+    model, _ = fresh_model_and_optimizer()
+    adam = torch.optim.Adam(model.dense_parameters(), lr=1e-3)
+    assert_load_refused(saved, r"dense.pt: the dense optimizer state was saved from a SGD; this dense_optimizer is a "
+                               r"Adam", model, adam)
+    assert adam.param_groups[0]["lr"] == 1e-3 and "momentum" not in adam.param_groups[0]
+
+
+def test_trial_load_refuses_a_state_torch_would_refuse(tmp_path):
+    """(checkpoints written before the optimizer's class was recorded: the trial load is what refuses them)"""
+    model, _ = fresh_model_and_optimizer()
+    adam = torch.optim.Adam(model.dense_parameters(), lr=1e-3)
+    sgd = torch.optim.SGD(model.dense_parameters(), lr=0.1, momentum=0.9)
+    for p in model.dense_parameters():
+        p.grad = torch.ones_like(p)
+    sgd.step()
+    with pytest.raises(CheckpointError, match=r"x/dense.pt: the dense optimizer's groups were saved without "
+                                              r"\['amsgrad', 'beta"):
+        checkpoint._trial_load(adam, sgd.state_dict(), tmp_path / "x" / "dense.pt")
+    assert not adam.state  # untouched
+
+
+def test_a_commit_failing_on_a_full_disk_names_the_file_and_leaves_nothing(saved, monkeypatch):
+    import errno
+
+    model, optimizer = fresh_model_and_optimizer()
+    before = sorted(p.name for p in saved.iterdir())
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(src))
+
+    monkeypatch.setattr(checkpoint.os, "replace", full_disk)
+    with pytest.raises(OSError, match=r"No space left on device.*rank 0 committing .*ckpt/metadata.json; the "
+                                      r"checkpoint at .*ckpt is the previous one, unchanged") as info:
+        save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert sorted(p.name for p in saved.iterdir()) == before  # no second data directory, no temporary file
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
+
+
+def test_an_interrupted_save_removes_what_it_wrote(saved, monkeypatch):
+    model, optimizer = fresh_model_and_optimizer()
+    before = sorted(p.name for p in saved.iterdir())
+
+    def interrupted(obj, file):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "_write_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
+    monkeypatch.undo()
+    assert sorted(p.name for p in saved.iterdir()) == before  # no data directory, no lock file
+    assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
+
+
+def test_a_model_that_is_not_distributed_model_parallel_is_named(saved):
+    for call in (save_checkpoint, load_checkpoint):
+        with pytest.raises(TypeError, match=rf"{call.__name__} takes a DistributedModelParallel .* got a Linear; .*"
+                                            r"torch.save\(model.state_dict\(\)"):
+            call(torch.nn.Linear(2, 2), saved)
+    with pytest.raises(CheckpointError, match=r"metadata.json is a file, not a checkpoint directory"):
+        checkpoint.read_metadata(saved / "metadata.json")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_peer_dying_during_a_save_is_a_peer_error_and_the_checkpoint_survives(tmp_path):
+    report = tmp_path / "rank0.txt"
+    run_workers(peer_dies_during_save_worker, 2, str(tmp_path / "ckpt"), str(report))
+    kind, peer, message = report.read_text().split("|", 2)
+    assert (kind, peer) == ("CheckpointPeerError", "True"), message
+    assert "another rank stopped answering" in message and "nothing was saved" in message, message
+    data = [p.name for p in (tmp_path / "ckpt").glob("data-*")]  # the previous checkpoint's, and nothing new
+    assert [checkpoint.read_metadata(tmp_path / "ckpt")["directory"]] == data
 
 
 def test_data_directory_pattern_is_what_save_writes(saved):
