@@ -4,7 +4,12 @@ Each worker is the leader of a session and process group of its own (`start_new_
 environment carries a tag (`RECTOOLKIT_LAUNCH_TAG=<job id>.<rank>`) that every process it starts inherits.
 A worker's group is killed as a whole when the worker exits (helpers die with it), and at the end of the job
 `/proc` is swept for anything still carrying the job's tag or still in a worker's session: a helper that
-moved to a process group of its own, or even daemonized into a new session, is found by its tag.
+moved to a process group of its own, or even daemonized into a new session, is found by its tag. A helper that
+also dropped the tag (started with an environment of its own) is found by its parent: each worker is a child
+subreaper (`become_subreaper`), so what it starts stays its descendant even after a double fork: the worker
+kills its descendants (`kill_descendants`) before it exits, and the launcher, before it signals a worker's group,
+kills the descendants that left that group (`kill_escaped_descendants`; once the worker is gone they would be
+init's).
 
 The group is killed while the worker is still an unreaped zombie (`exit_status` looks without reaping), so
 its process-group id cannot have been reused by an unrelated process.
@@ -91,3 +96,61 @@ def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) 
             killed.append(pid)
     return killed
 
+
+
+def become_subreaper() -> None:
+    """Make this process the child subreaper of its subtree (Linux prctl PR_SET_CHILD_SUBREAPER): an orphaned
+    descendant (a daemon's double fork) is re-parented to it, not to init. Elsewhere nothing happens."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants(pid: int, outside_group: Optional[int] = None) -> List[int]:
+    """Live (not zombie) descendants of `pid`, from /proc's parent links ([] where /proc is missing); with
+    `outside_group`, only those not in that process group."""
+    children: dict = {}
+    groups: dict = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            stat = _stat(pid_dir)
+        except (OSError, IndexError):
+            continue
+        if stat[0] != "Z":
+            children.setdefault(int(stat[1]), []).append(int(pid_dir.name))
+            groups[int(pid_dir.name)] = int(stat[2])
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        found += frontier
+    return [p for p in found if outside_group is None or groups.get(p) != outside_group]
+
+
+def kill_escaped_descendants(pid: int) -> List[int]:
+    """SIGKILL the live descendants of worker `pid` that left its process group (its group's signal misses them)."""
+    return kill_descendants(pid, outside_group=pid)
+
+
+def kill_descendants(pid: int, rounds: int = 5, outside_group: Optional[int] = None) -> List[int]:
+    """SIGKILL every live descendant of `pid` (not in `outside_group`'s process group, if given), again until none
+    is left; return the pids killed."""
+    killed: List[int] = []
+    for _ in range(rounds):
+        pids = descendants(pid, outside_group)
+        if not pids:
+            break
+        for child in pids:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            killed.append(child)
+    return killed

@@ -10,6 +10,7 @@ this worker with its whole process group and everything carrying its tag, so not
 
 from __future__ import annotations
 
+import faulthandler
 import linecache
 import os
 import signal
@@ -23,7 +24,7 @@ from typing import Any, Dict
 
 import cloudpickle
 
-from rectoolkit.launch._reap import TAG_VARIABLE, kill_group, kill_tagged
+from rectoolkit.launch._reap import TAG_VARIABLE, become_subreaper, kill_descendants, kill_group, kill_tagged
 from rectoolkit.launch.affinity import bind_this_process
 
 
@@ -36,9 +37,19 @@ def _die_with_helpers() -> None:
     The watcher thread and the main thread's exit may both get here; the lock makes the second wait for the
     first to finish (its os._exit ends the process), so no exit cuts a sweep short."""
     with _DYING:
+        kill_descendants(os.getpid())
         kill_tagged(os.environ.get(TAG_VARIABLE, f"no-tag-{os.getpid()}"))
         kill_group(os.getpgrp(), signal.SIGKILL)
         os._exit(3)
+
+
+
+def _message(exc: BaseException) -> str:
+    """str(exc), or what can be said when that raises too (an exception class with a broken __str__)."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"<str() of this {type(exc).__name__} raised {type(broken).__name__}: {broken}>"
 
 
 def _where_main_thread_is() -> str:
@@ -74,6 +85,8 @@ def _pick_device(backend: str, local_rank: int):
 
 def main(fd: int) -> None:
     conn = Connection(fd)
+    faulthandler.enable(all_threads=False)  # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack
+    become_subreaper()  # what this worker starts stays its descendant, so that it can be killed with it
     spec: Dict[str, Any] = cloudpickle.loads(conn.recv_bytes())
     bind_this_process(spec["cpus"])  # first: every thread started from here on (gloo's too) inherits the cores
     for path in reversed(spec["sys_path"]):
@@ -110,7 +123,12 @@ def main(fd: int) -> None:
                             cpus=spec["cpus"],
                             _send=lambda metrics: send("metrics", metrics), _stop_event=stop_event)
         send("started", {"pid": os.getpid()})
-        result = fn(ctx, *args, **kwargs)
+        try:
+            result = fn(ctx, *args, **kwargs)
+        except SystemExit as exiting:  # sys.exit() / sys.exit(0): a rank that ends cleanly, as torchrun counts it
+            if exiting.code not in (None, 0):
+                raise
+            result = None
         try:
             send("result", result)
         except Exception as exc:  # an unpicklable return value is the worker's error, reported as such
@@ -119,7 +137,7 @@ def main(fd: int) -> None:
     except BaseException as exc:  # ship every failure home, with its traceback
         exit_code = 1
         try:
-            send("error", {"exc_type": type(exc).__name__, "message": str(exc),
+            send("error", {"exc_type": type(exc).__name__, "message": _message(exc),
                            "traceback": traceback.format_exc(), "time": time.time(),
                            # raised because another rank failed (e.g. a checkpoint's CheckpointPeerError)
                            "peer_failure": bool(getattr(exc, "peer_failure", False))})
@@ -133,6 +151,7 @@ def main(fd: int) -> None:
     launcher_gone = exit_code == 3 or os.getppid() != spec["parent_pid"]
     if launcher_gone:  # nobody else will kill what this worker started
         _die_with_helpers()
+    kill_descendants(os.getpid())  # a helper that left this worker's group and tag: nothing outlives the job
     os._exit(exit_code)
 
 

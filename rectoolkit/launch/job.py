@@ -50,7 +50,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_group, kill_tagged
+from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_escaped_descendants, kill_group, kill_tagged
 from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
                                     never_arrived)
@@ -136,6 +136,9 @@ class Job:
                  idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
                  grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
                  env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding) -> None:
+        if not callable(fn):
+            raise TypeError(f"launch: fn must be the function each rank runs, fn(ctx, *args), got a "
+                            f"{type(fn).__name__} ({fn!r:.80})")
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be an int >= 1 (the number of ranks), got {world_size!r}")
         for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
@@ -463,12 +466,14 @@ class Job:
             self._signal_all(signal.SIGKILL)
 
     def _signal_all(self, sig: int) -> None:
-        """Send `sig` to every live worker's whole process group (the worker and anything it started)."""
+        """Send `sig` to every live worker's whole process group (the worker and anything it started); first
+        SIGKILL what it started that left the group (once the worker is gone, nothing would find those)."""
         for state in self._ranks:
             if state.returncode is not None:
                 continue
             if exit_status(state.process.pid) is None:  # an exit we have not seen yet was not our doing
                 state.signals_sent.append(sig)
+            kill_escaped_descendants(state.process.pid)
             kill_group(state.process.pid, sig)
 
     def _all_exited_and_drained(self) -> bool:

@@ -380,3 +380,75 @@ emit(running=running, leftover=marked_processes())
 ''')
     assert result["running"] >= 7
     assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
+
+
+ESCAPEES = '''
+def start_escapees():
+    """Helpers that left everything a sweep could know them by: a new session and an environment of their own
+    (no tag); one of them daemonized (a double fork, its parent gone)."""
+    clean = {"PATH": os.environ["PATH"]}
+    direct = subprocess.Popen(["sleep", "301"], env=clean, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).pid
+    daemon = subprocess.run([sys.executable, "-c", "import os, subprocess, sys; os.setsid(); "
+                             "print(subprocess.Popen(['sleep', '302'], start_new_session=True, stdout=subprocess.DEVNULL, "
+                             "stderr=subprocess.DEVNULL).pid)"],
+                            env=clean, capture_output=True, text=True).stdout
+    return [direct, int(daemon)]
+
+def alive(pids):
+    """Those of `pids` still running as sleep (not a zombie, not a reused pid)."""
+    found = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and command.startswith(b"sleep"):
+            found.append(pid)
+    return found
+'''
+
+
+@pytest.mark.parametrize("end", ["a rank fails", "the caller stops the job", "every rank returns"])
+def test_helpers_that_left_session_and_environment_die_with_the_job(tmp_path, end):
+    """Each worker is a child subreaper: what it starts, even daemonized with no tag, is killed with it."""
+    result = run_case(tmp_path, ESCAPEES + f'''
+END = {end!r}
+
+def work(ctx):
+    pids = start_escapees()
+    Path(f"{{os.environ['FAULT_MARK']}}-{{ctx.rank}}.pids").write_text(json.dumps(pids))
+    if END == "a rank fails" and ctx.rank == 1:
+        raise ValueError("boom")
+    if END == "the caller stops the job":
+        ctx.report(started=True)
+        time.sleep(120)
+    return pids
+
+os.chdir({str(tmp_path)!r})
+try:
+    if END == "the caller stops the job":
+        job = start(work, 2, echo_output=False)
+        reported = set()
+        for metrics in job.metrics():
+            reported.add(metrics["rank"])
+            if reported == {{0, 1}}:
+                job.stop()
+        error = job.error
+    else:
+        launch(work, 2, echo_output=False)
+        error = None
+except WorkerError as failed:
+    error = failed
+pids = [pid for rank in range(2) for pid in json.loads(Path(f"{{MARK}}-{{rank}}.pids").read_text())]
+running_at_end = alive(pids)
+deadline = time.time() + 10
+while alive(pids) and time.time() < deadline:
+    time.sleep(0.1)
+emit(started=len(pids), running_at_end=running_at_end, leftover=alive(pids), error=type(error).__name__)
+''')
+    assert result["started"] == 4
+    assert result["leftover"] == [], result
+    assert result["error"] == {"a rank fails": "WorkerError", "the caller stops the job": "JobStopped",
+                               "every rank returns": "NoneType"}[end]

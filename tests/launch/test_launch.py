@@ -352,3 +352,53 @@ def test_a_world_size_that_is_not_an_int_is_refused():
 
 def _never_called(ctx):
     raise AssertionError("a rank started despite a refused argument")
+
+
+def test_a_function_that_is_not_callable_is_refused_before_any_rank_starts():
+    with pytest.raises(TypeError, match=r"fn must be the function each rank runs, fn\(ctx, \*args\), got a int"):
+        launch(42, 2)
+
+
+def test_sys_exit_0_is_a_rank_that_ended_cleanly_and_other_codes_fail():
+    work = _notebook_function("""
+        import sys
+        def work(ctx, code):
+            if ctx.rank == 1:
+                sys.exit(code)
+            return "done"
+    """, "work")
+    assert launch(work, 2, 0, echo_output=False) == ["done", None]  # as torchrun counts an exit code of 0
+    with pytest.raises(WorkerError) as info:
+        launch(work, 2, 3, echo_output=False)
+    assert info.value.rank == 1 and info.value.exc_type == "SystemExit"
+
+
+def test_an_exception_whose_str_raises_keeps_its_type_and_traceback():
+    work = _notebook_function("""
+        class Unprintable(Exception):
+            def __str__(self):
+                raise RuntimeError("no text")
+        def work(ctx):
+            if ctx.rank == 1:
+                raise Unprintable()
+    """, "work")
+    with pytest.raises(WorkerError) as info:
+        launch(work, 2, echo_output=False)
+    assert info.value.rank == 1 and info.value.exc_type == "Unprintable", str(info.value)
+    assert "str() of this Unprintable raised RuntimeError: no text" in info.value.exc_message
+    assert "raise Unprintable()" in info.value.traceback
+
+
+def test_a_native_crash_prints_the_python_line_that_caused_it():
+    work = _notebook_function("""
+        import ctypes
+        def crash_here():
+            ctypes.string_at(0)
+        def work(ctx):
+            if ctx.rank == 1:
+                crash_here()
+    """, "work")
+    with pytest.raises(WorkerError) as info:
+        launch(work, 2, echo_output=False)
+    assert info.value.rank == 1 and "SIGSEGV" in str(info.value)
+    assert "Fatal Python error: Segmentation fault" in str(info.value) and "crash_here" in str(info.value), str(info.value)
