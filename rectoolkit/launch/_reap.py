@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 TAG_VARIABLE = "RECTOOLKIT_LAUNCH_TAG"
 
@@ -82,10 +82,15 @@ def tagged_processes(tag_prefix: str, sessions: Iterable[int] = (), variable: st
 def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) -> List[int]:
     """SIGKILL every process `tagged_processes` finds, again until none is left (a helper may fork while we
     look); return the pids killed."""
-    killed: List[int] = []
     sessions = list(sessions)
+    return _kill_until_none_left(lambda: tagged_processes(tag_prefix, sessions), rounds)
+
+
+def _kill_until_none_left(find: Callable[[], List[int]], rounds: int) -> List[int]:
+    """SIGKILL what `find()` returns, again until it returns nothing (or `rounds` times); the pids killed."""
+    killed: List[int] = []
     for _ in range(rounds):
-        pids = tagged_processes(tag_prefix, sessions)
+        pids = find()
         if not pids:
             break
         for pid in pids:
@@ -142,15 +147,4 @@ def kill_escaped_descendants(pid: int) -> List[int]:
 def kill_descendants(pid: int, rounds: int = 5, outside_group: Optional[int] = None) -> List[int]:
     """SIGKILL every live descendant of `pid` (not in `outside_group`'s process group, if given), again until none
     is left; return the pids killed."""
-    killed: List[int] = []
-    for _ in range(rounds):
-        pids = descendants(pid, outside_group)
-        if not pids:
-            break
-        for child in pids:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                continue
-            killed.append(child)
-    return killed
+    return _kill_until_none_left(lambda: descendants(pid, outside_group), rounds)
