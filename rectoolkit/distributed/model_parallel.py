@@ -107,11 +107,11 @@ def collections_to_shard(module: nn.Module, plan: ShardingPlan, sharders: Option
     as they are: a replica on every rank, its gradients all-reduced with the dense part. A collection that has a
     sharder but no plan entry, and a plan entry naming no collection, are warned about (a plan keyed by another
     path is the usual mistake; TorchRec says nothing)."""
-    sharded_types = None if sharders is None else {getattr(getattr(s, "module_type", None), "__name__", None)
-                                                   for s in sharders}
+    sharded_types = None if sharders is None else {_module_type_name(s) for s in sharders}
     wrappers = wrapped_collections(module)
+    collections = find_collections(module)
     paths, unplanned = [], []
-    for path, collection in find_collections(module):
+    for path, collection in collections:
         names = (wrappers.get(path, (None, None))[1], type(collection).__name__)
         if sharded_types is not None and not sharded_types.intersection(names):
             continue  # no sharder for it: TorchRec leaves it unsharded
@@ -119,7 +119,7 @@ def collections_to_shard(module: nn.Module, plan: ShardingPlan, sharders: Option
             unplanned.append(path)
             continue
         paths.append(path)
-    unknown = sorted(set(plan.plan) - {path for path, _ in find_collections(module)})
+    unknown = sorted(set(plan.plan) - {path for path, _ in collections})
     if unplanned:
         hint = (f"; a plan made from the bare tables is keyed by module path ''. Plan the whole model instead "
                 f"(planner.plan(model) keys it by {unplanned[0]!r}) or pass {{{unplanned[0]!r}: plan.plan['']}}"
@@ -129,9 +129,14 @@ def collections_to_shard(module: nn.Module, plan: ShardingPlan, sharders: Option
                       f"TorchRec leaves them{hint}", stacklevel=3)
     if unknown:
         warnings.warn(f"DistributedModelParallel: the plan names module(s) {unknown} where the model has no embedding "
-                      f"collection (collections at {[path for path, _ in find_collections(module)]}); those entries "
+                      f"collection (collections at {[path for path, _ in collections]}); those entries "
                       "shard nothing", stacklevel=3)
     return paths
+
+
+def _module_type_name(sharder: Any) -> Optional[str]:
+    """The class name of what `sharder` shards (its module_type's), so that TorchRec's own sharders match too."""
+    return getattr(getattr(sharder, "module_type", None), "__name__", None)
 
 
 def _refuse_diverging_replicas(module: nn.Module, chosen: List[str], env: ShardingEnv) -> None:
@@ -158,7 +163,7 @@ def shard_collections(module: nn.Module, plan: ShardingPlan, env: ShardingEnv, b
     The output exchanges' wire precisions are that sharder's `qcomm_codecs_registry` (fbgemm_qcomm_codec).
     """
     # matched by the module type's name, as the planner matches sharders, so TorchRec's own sharders count too
-    by_type = {getattr(getattr(s, "module_type", None), "__name__", None): s for s in sharders or []}
+    by_type = {_module_type_name(s): s for s in sharders or []}
     fused_params = {name: getattr(s, "fused_params", None) for name, s in by_type.items()}
     codecs = {name: getattr(s, "qcomm_codecs_registry", None) for name, s in by_type.items()}
     wrappers = wrapped_collections(module)  # a wrapper's sharder (feature-processed collection) before the inner's
