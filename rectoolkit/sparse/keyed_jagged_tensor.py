@@ -94,6 +94,9 @@ class KeyedJaggedTensor:
         self._index_per_key = index_per_key
         self._jt_dict = jt_dict
         self._inverse_indices = inverse_indices
+        # The lengths summed per key (by validation, or by concat); kept aside so that length_per_key_or_none() stays None until
+        # length_per_key() is asked for, as TorchRec's.
+        self._computed_length_per_key: Optional[List[int]] = None
         if validation.should_validate(validate) and values.device.type != "meta":  # meta: no data to check
             self._validate()
 
@@ -131,7 +134,7 @@ class KeyedJaggedTensor:
             raise ValueError(
                 f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
             )
-        self._length_per_key = computed
+        self._computed_length_per_key = computed
         if self._inverse_indices is not None:
             variable_batch.check_inverse_indices(self._inverse_indices, keys, [stride] * len(keys))
 
@@ -152,7 +155,7 @@ class KeyedJaggedTensor:
             raise ValueError(
                 f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
             )
-        self._length_per_key = computed
+        self._computed_length_per_key = computed
         if self._inverse_indices is not None:
             variable_batch.check_inverse_indices(self._inverse_indices, keys, stride_per_key)
 
@@ -248,37 +251,32 @@ class KeyedJaggedTensor:
         keys: List[str] = []
         length_per_key: List[int] = []
         for kjt in kjt_list[:-1]:  # padding inside the result would shift the next KJT's values (TorchRec's does)
-            validation.check_not_padded(sum(kjt.length_per_key()), kjt.values(), _OWNER, "concat")
+            validation.check_not_padded(sum(kjt._known_length_per_key()), kjt.values(), _OWNER, "concat")
         for kjt in kjt_list:
             if (kjt.weights_or_none() is not None) != weighted:
                 raise ValueError("Can't merge weighted KJT with unweighted KJT")
             keys += kjt.keys()
-            length_per_key += kjt.length_per_key()
+            length_per_key += kjt._known_length_per_key()
+        # As TorchRec's: the result's length_per_key_or_none() is set only where every input's was
+        cached = all(kjt.length_per_key_or_none() is not None for kjt in kjt_list)
         inverse = None
         if all(with_inverse):
             inverse = ([k for kjt in kjt_list for k in kjt.inverse_indices()[0]],
                        torch.cat([kjt.inverse_indices()[1] for kjt in kjt_list]))
-        if all(variable):
-            return KeyedJaggedTensor(
-                keys=keys,
-                values=torch.cat([kjt.values() for kjt in kjt_list]),
-                weights=torch.cat([kjt.weights() for kjt in kjt_list]) if weighted else None,
-                lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
-                stride_per_key_per_rank=[row for kjt in kjt_list for row in kjt.stride_per_key_per_rank()],
-                length_per_key=length_per_key,
-                inverse_indices=inverse,
-                validate=False,
-            )
-        return KeyedJaggedTensor(
+        result = KeyedJaggedTensor(
             keys=keys,
             values=torch.cat([kjt.values() for kjt in kjt_list]),
             weights=torch.cat([kjt.weights() for kjt in kjt_list]) if weighted else None,
             lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
-            stride=strides[0] if strides else kjt_list[0].stride(),
-            length_per_key=length_per_key,
+            stride=None if all(variable) else (strides[0] if strides else kjt_list[0].stride()),
+            stride_per_key_per_rank=[row for kjt in kjt_list for row in kjt.stride_per_key_per_rank()]
+            if all(variable) else None,
+            length_per_key=length_per_key if cached else None,
             inverse_indices=inverse,
             validate=False,
         )
+        result._computed_length_per_key = length_per_key
+        return result
 
     @staticmethod
     def empty(
@@ -337,6 +335,7 @@ class KeyedJaggedTensor:
         where both hold them. Keys and stride are taken as already equal; returns self."""
         self._stride_per_key_per_rank = kjt._stride_per_key_per_rank if kjt.variable_stride_per_key() else None
         self._length_per_key = kjt._length_per_key
+        self._computed_length_per_key = kjt._computed_length_per_key
         self._lengths_offset_per_key = kjt._lengths_offset_per_key
         self._offset_per_key = kjt._offset_per_key
         self._index_per_key = kjt._index_per_key
@@ -492,20 +491,30 @@ class KeyedJaggedTensor:
         On the meta device, where the lengths hold no values, TorchRec's stand-in: the values split evenly among
         the keys, the remainder to the first (shapes only)."""
         if self._length_per_key is None:
+            self._length_per_key = self._known_length_per_key()
+        return self._length_per_key
+
+    def _known_length_per_key(self) -> List[int]:
+        """length_per_key() without caching it where length_per_key_or_none() reads (TorchRec's concat leaves
+        its inputs' caches alone)."""
+        if self._length_per_key is not None:
+            return self._length_per_key
+        if self._computed_length_per_key is None:
             num_keys = len(self._keys)
             lengths = self.lengths()
             if num_keys == 0:
-                self._length_per_key = []
+                computed = []
             elif self._values.device.type == "meta":
                 total = self._values.numel()
-                self._length_per_key = [total // num_keys + (total % num_keys if k == 0 else 0) for k in range(num_keys)]
+                computed = [total // num_keys + (total % num_keys if k == 0 else 0) for k in range(num_keys)]
             elif lengths.numel() == 0:
-                self._length_per_key = [0] * num_keys
+                computed = [0] * num_keys
             elif self.variable_stride_per_key():
-                self._length_per_key = variable_batch.sum_per_key(lengths, self.stride_per_key())
+                computed = variable_batch.sum_per_key(lengths, self.stride_per_key())
             else:
-                self._length_per_key = lengths.view(num_keys, self.stride()).sum(1).tolist()
-        return self._length_per_key
+                computed = lengths.view(num_keys, self.stride()).sum(1).tolist()
+            self._computed_length_per_key = computed
+        return self._computed_length_per_key
 
     def length_per_key_or_none(self) -> Optional[List[int]]:
         return self._length_per_key
@@ -736,7 +745,7 @@ class KeyedJaggedTensor:
         inverse = self._inverse_indices
         if inverse is not None:
             inverse = (inverse[0], inverse[1].to(device, non_blocking=non_blocking))
-        return KeyedJaggedTensor(
+        moved = KeyedJaggedTensor(
             keys=self._keys,
             values=move(self._values),
             weights=weights,
@@ -751,6 +760,8 @@ class KeyedJaggedTensor:
             inverse_indices=inverse,
             validate=False,
         )
+        moved._computed_length_per_key = self._computed_length_per_key  # no device sync to find it again
+        return moved
 
     def pin_memory(self) -> "KeyedJaggedTensor":
         """A copy in pinned host memory, lengths and offsets both (the missing one is computed first), so that a
@@ -758,7 +769,7 @@ class KeyedJaggedTensor:
         def pin(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             return tensor.pin_memory() if tensor is not None else None
 
-        return KeyedJaggedTensor(
+        pinned = KeyedJaggedTensor(
             keys=self._keys,
             values=pin(self._values),
             weights=pin(self._weights),
@@ -773,6 +784,8 @@ class KeyedJaggedTensor:
             if self._inverse_indices is not None else None,
             validate=False,
         )
+        pinned._computed_length_per_key = self._computed_length_per_key
+        return pinned
 
     def record_stream(self, stream: "torch.cuda.Stream") -> None:
         for tensor in (self._values, self._weights, self._lengths, self._offsets):
