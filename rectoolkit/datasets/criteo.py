@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 
 from rectoolkit.datasets.utils import Batch, read_csv_rows, safe_cast
 from rectoolkit.sparse import KeyedJaggedTensor
@@ -60,7 +60,7 @@ def _local_only(what: str, path_manager_key: str) -> None:
                                   "reads local files only (leave the default)")
 
 
-class CriteoIterDataPipe(IterableDataset):
+class CriteoIterDataPipe(IterDataPipe):
     """The lines of Criteo TSV files, each through `row_mapper` (None: the split line as a list of str).
     In a DataLoader with workers, worker k reads files k, k + num_workers, ... (as TorchRec)."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterDataPipe
 
 from rectoolkit.datasets.utils import read_csv_rows, safe_cast
 
@@ -35,7 +35,7 @@ def _default_row_mapper(example: List[str]) -> Dict[str, Union[float, int, str]]
             for name, (kind, default), text in zip(DEFAULT_COLUMN_NAMES, _COLUMN_TYPES, example)}
 
 
-class MovieLensRatings(IterableDataset):
+class MovieLensRatings(IterDataPipe):
     """The ratings of a MovieLens folder, each line through `row_mapper` (None: the split line as strings)."""
 
     def __init__(self, root: str, include_movies_data: bool = False,

@@ -1,5 +1,6 @@
-"""`Batch` at TorchRec's path (`torchrec.datasets.utils`): dense_features, sparse_features (a KJT), labels; and
-the small readers the dataset loaders share (`safe_cast`, `read_csv_rows`).
+"""`Batch` at TorchRec's path (`torchrec.datasets.utils`): dense_features, sparse_features (a KJT), labels; the
+small readers the dataset loaders share (`safe_cast`, `read_csv_rows`); and, from rectoolkit.datasets.pipes, the
+splits and datapipes TorchRec keeps here (`idx_split_train_val`, `rand_split_train_val`, `Limit`, ...).
 
     >>> safe_cast("12", int, 0), safe_cast("", int, 0), safe_cast("x", float, 0.0)
     (12, 0, 0.0)
@@ -10,6 +11,8 @@ from __future__ import annotations
 import csv
 from typing import Any, Callable, Iterable, Iterator, List, TypeVar
 
+from rectoolkit.datasets.pipes import (Limit, LoadFiles, ParallelReadConcat, ReadLinesFromCSV, idx_split_train_val,
+                                       rand_split_train_val, train_filter, val_filter)
 from rectoolkit.train.data import Batch
 
 T = TypeVar("T")
@@ -34,4 +37,5 @@ def read_csv_rows(paths: Iterable[str], delimiter: str, skip_first_line: bool = 
             yield from reader
 
 
-__all__ = ["Batch", "read_csv_rows", "safe_cast"]
+__all__ = ["Batch", "Limit", "LoadFiles", "ParallelReadConcat", "ReadLinesFromCSV", "idx_split_train_val",
+           "rand_split_train_val", "read_csv_rows", "safe_cast", "train_filter", "val_filter"]

@@ -149,4 +149,4 @@ def test_movielens_matches_torchrec(movielens_root, include_movies_data):
         assert list(ours_fn(movielens_root, include_movies_data=include_movies_data)) == list(
             theirs_fn(movielens_root, include_movies_data=include_movies_data))
     assert isinstance(next(iter(movielens_20m(movielens_root))), dict)
-    assert torch.utils.data.IterableDataset in type(movielens_20m(movielens_root)).__mro__
+    assert isinstance(movielens_20m(movielens_root), torch.utils.data.IterDataPipe)  # .map, .batch ... as TorchRec
