@@ -1,4 +1,4 @@
-"""SimpleDeepFMNN at TorchRec's path (`torchrec.models.deepfm`): DeepFM (Guo et al., 2017) on a KJT.
+"""SimpleDeepFMNN and SimpleDeepFMNNWrapper at TorchRec's path (`torchrec.models.deepfm`): DeepFM (Guo et al., 2017) on a KJT.
 
     dense [B, dense_in] --MLP--> [B, D] ---------------------------+--> [dense, DeepFM(all), FM(all)]
     sparse KJT --EmbeddingBagCollection--> KeyedTensor [B, F * D] -+        --> Linear + Sigmoid --> [B, 1]
@@ -18,11 +18,12 @@ arch ends in a sigmoid).
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple, Union
 
 import torch
 from torch import nn
 
+from rectoolkit.models.model_input import dense_and_sparse, loss_and_prediction
 from rectoolkit.modules.deepfm import DeepFM, FactorizationMachine
 
 
@@ -102,3 +103,13 @@ class SimpleDeepFMNN(nn.Module):
         dense = self.dense_arch(dense_features)
         sparse = self.sparse_arch(sparse_features)
         return self.over_arch(self.inter_arch(dense_features=dense, sparse_features=sparse))
+
+
+class SimpleDeepFMNNWrapper(SimpleDeepFMNN):
+    """A SimpleDeepFMNN whose forward takes one batch object (TorchRec's ``ModelInput``): in training it returns
+    (loss, prediction), in eval the prediction. As TorchRec's, the loss is BCE-with-logits of the prediction, which
+    is already a sigmoid's output (so the numbers equal TorchRec's)."""
+
+    def forward(self, model_input) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
+        dense, sparse = dense_and_sparse(model_input, "SimpleDeepFMNNWrapper")
+        return loss_and_prediction(self, super().forward(dense, sparse), model_input)

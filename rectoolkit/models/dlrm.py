@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from rectoolkit.models.model_input import dense_and_sparse, loss_and_prediction
 from rectoolkit.modules.crossnet import LowRankCrossNet
 from rectoolkit.train.model import DLRM, DenseArch, InteractionArch, OverArch, SparseArch
 
@@ -142,20 +143,8 @@ class DLRMWrapper(DLRM):
     """
 
     def forward(self, model_input) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
-        for field in ("float_features", "idlist_features", "label"):
-            if not hasattr(model_input, field):
-                raise TypeError(f"DLRMWrapper: the model input ({type(model_input).__name__}) has no {field!r}; pass "
-                                "an object with float_features, idlist_features (a KeyedJaggedTensor) and label, "
-                                "like TorchRec's ModelInput")
-        if model_input.idlist_features is None:
-            raise ValueError("DLRMWrapper: model_input.idlist_features is None; the DLRM needs the sparse features "
-                             "as a KeyedJaggedTensor")
-        prediction = super().forward(dense_features=model_input.float_features,
-                                     sparse_features=model_input.idlist_features)
-        if self.training:
-            loss = nn.functional.binary_cross_entropy_with_logits(prediction.squeeze(), model_input.label)
-            return loss, prediction
-        return prediction
+        dense, sparse = dense_and_sparse(model_input, "DLRMWrapper")
+        return loss_and_prediction(self, super().forward(dense_features=dense, sparse_features=sparse), model_input)
 
 
 def choose(n: int, k: int) -> int:

@@ -190,19 +190,27 @@ def test_torch_fx_traces_the_models_as_torchrecs(kind):
     torch.testing.assert_close(ours(dense, _sparse(rtk)), expected)
 
 
+def _wrapper(lib, models, kind):
+    ebc = lib.EmbeddingBagCollection(tables=_tables(lib))
+    if kind == "DLRMWrapper":
+        return models.dlrm.DLRMWrapper(ebc, 3, [8, 4], [16, 8, 1])
+    return models.deepfm.SimpleDeepFMNNWrapper(3, ebc, hidden_layer_size=6, deep_fm_dimension=5)
+
+
 @pytest.mark.torchrec
+@pytest.mark.parametrize("kind", ["DLRMWrapper", "SimpleDeepFMNNWrapper"])
 @pytest.mark.parametrize("training", [True, False])
-def test_dlrm_wrapper_takes_torchrecs_model_input_and_gives_its_loss_and_logits(training):
+def test_wrappers_take_torchrecs_model_input_and_give_its_loss_and_prediction(training, kind):
     pytest.importorskip("torchrec")
+    import torchrec.models.deepfm
     import torchrec.models.dlrm
     from torchrec.distributed.test_utils.model_input import ModelInput
 
-    import rectoolkit.models.dlrm
+    import rectoolkit.models
 
     torch.manual_seed(0)
-    theirs = torchrec.models.dlrm.DLRMWrapper(torchrec.EmbeddingBagCollection(tables=_tables(torchrec)), 3, [8, 4],
-                                              [16, 8, 1])
-    ours = rectoolkit.models.dlrm.DLRMWrapper(rtk.EmbeddingBagCollection(_tables(rtk)), 3, [8, 4], [16, 8, 1])
+    theirs = _wrapper(torchrec, torchrec.models, kind)
+    ours = _wrapper(rtk, rectoolkit.models, kind)
     ours.load_state_dict(theirs.state_dict())
     ours.train(training)
     theirs.train(training)
@@ -213,7 +221,7 @@ def test_dlrm_wrapper_takes_torchrecs_model_input_and_gives_its_loss_and_logits(
     if training:
         torch.testing.assert_close(got[0], expected[0])
         torch.testing.assert_close(got[1], expected[1])
-        logits = expected[1].squeeze()  # the loss by hand, from TorchRec's logits
+        logits = expected[1].squeeze()  # the loss by hand, from TorchRec's prediction taken as logits
         by_hand = -(label * torch.log(torch.sigmoid(logits)) + (1 - label) * torch.log(1 - torch.sigmoid(logits)))
         torch.testing.assert_close(got[0], by_hand.mean())
     else:
@@ -221,8 +229,12 @@ def test_dlrm_wrapper_takes_torchrecs_model_input_and_gives_its_loss_and_logits(
 
 
 def test_dlrm_wrapper_names_a_missing_field():
+    import rectoolkit.models.deepfm
     import rectoolkit.models.dlrm
 
     model = rectoolkit.models.dlrm.DLRMWrapper(rtk.EmbeddingBagCollection(_tables(rtk)), 3, [8, 4], [16, 8, 1])
     with pytest.raises(TypeError, match="has no 'label'"):
         model(type("Batch", (), {"float_features": torch.randn(2, 3), "idlist_features": _sparse(rtk)})())
+    deepfm = rectoolkit.models.deepfm.SimpleDeepFMNNWrapper(3, rtk.EmbeddingBagCollection(_tables(rtk)), 6, 5)
+    with pytest.raises(ValueError, match="SimpleDeepFMNNWrapper: model_input.idlist_features is None"):
+        deepfm(type("Batch", (), {"float_features": torch.randn(2, 3), "idlist_features": None, "label": None})())
