@@ -23,6 +23,8 @@ Where rectoolkit differs (an error says so, nothing is dropped silently):
   machine, but its result then runs only on meta tensors. Pass compute_device="cpu".
 - FeatureProcessedEmbeddingBagCollection is not quantized (no quantized form in rectoolkit).
 - A quantization_mapping value must be a class with `from_float` (rectoolkit's quantized collections, or yours).
+- PredictModule, PredictFactory, BatchingMetadata, QualNameMetadata (rectoolkit.inference.predict) are TorchRec's
+  serving interfaces; PredictModule(device=None) runs on the CPU where there is no CUDA (TorchRec's fails).
 - TorchRec's next step, torch.jit.script of the traced model, does not work: rectoolkit's KeyedJaggedTensor is a
   Python class, not a TorchScript one. Serve the traced module, or torch.export (rectoolkit.quant.export).
 """
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.inference.predict import BatchingMetadata, PredictFactory, PredictModule, QualNameMetadata  # noqa: F401
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from rectoolkit.plan.types import ShardingPlan

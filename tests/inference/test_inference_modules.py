@@ -232,3 +232,88 @@ def test_our_traced_quantized_model_equals_torchrecs_scripted_one():
         (dense, rows), (dense_t, rows_t) = traced(*_batch(rtk, batch_size, 2)), scripted(*_batch(torchrec, batch_size, 2))
         torch.testing.assert_close(dense, dense_t)
         assert torch.equal(rows, rows_t)
+
+
+# ------------------------------------------------------------------------------------------------ serving interfaces
+def _ranker_predict_module(lib, base):
+    class RankerPredictModule(base):
+        """The server's dict of tensors -> the Ranker's KJTs -> its outputs, as a TorchRec user writes it."""
+
+        def predict_forward(self, batch):
+            bags = lib.KeyedJaggedTensor.from_lengths_sync(["f1", "f2"], batch["bag_ids"], batch["bag_lengths"])
+            sequences = lib.KeyedJaggedTensor.from_lengths_sync(["g1"], batch["seq_ids"], batch["seq_lengths"])
+            dense, rows = self.predict_module(bags, sequences)
+            return {"dense": dense, "rows": rows}
+
+    return RankerPredictModule
+
+
+def _serving_batch(batch_size):
+    bags, sequences = _batch(rtk, batch_size, 5)
+    return {"bag_ids": bags.values(), "bag_lengths": bags.lengths(), "seq_ids": sequences.values(),
+            "seq_lengths": sequences.lengths()}
+
+
+@pytest.mark.torchrec
+def test_a_predict_module_written_for_torchrec_serves_the_same_results():
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.inference import modules as theirs_modules
+    from torchrec.inference.modules import quantize_inference_model as torchrec_quantize
+
+    from rectoolkit.inference import modules as our_modules
+
+    ours, theirs = _model(rtk), _model(torchrec)
+    theirs.load_state_dict(ours.state_dict())
+    ours = _ranker_predict_module(rtk, our_modules.PredictModule)(quantize_inference_model(ours), device="cpu")
+    theirs = _ranker_predict_module(torchrec, theirs_modules.PredictModule)(torchrec_quantize(theirs), device="cpu")
+    assert not ours.predict_module.training and not theirs.predict_module.training
+    assert list(ours.state_dict()) == list(ours.predict_module.state_dict())  # no "_module." prefix, as TorchRec's
+    assert list(theirs.state_dict()) == list(theirs.predict_module.state_dict())
+    for batch_size in BATCH_SIZES:
+        got, expected = ours(_serving_batch(batch_size)), theirs(_serving_batch(batch_size))
+        torch.testing.assert_close(got["dense"], expected["dense"])
+        assert torch.equal(got["rows"], expected["rows"]) and not got["dense"].requires_grad
+    assert quantize_dense(ours, torch.half) is ours and ours.predict_module.dense.weight.dtype == torch.float16
+    lazy = _ranker_predict_module(rtk, our_modules.PredictModule)(quantize_inference_model(_model(rtk)))
+    lazy(_serving_batch(2))  # device=None: the current CUDA device, or the CPU on a machine without CUDA
+    assert lazy._device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(TypeError, match="wraps an nn.Module.*got a dict"):
+        our_modules.PredictModule({})
+
+
+@pytest.mark.torchrec
+def test_a_predict_factory_written_for_torchrec_describes_itself_as_torchrecs():
+    pytest.importorskip("torchrec")
+    from torchrec.inference import modules as theirs_modules
+
+    from rectoolkit.inference import modules as our_modules
+
+    def factory(lib_modules):
+        class RankerFactory(lib_modules.PredictFactory):
+            def create_predict_module(self):
+                return _model(rtk)
+
+            def batching_metadata(self):
+                return {"bag_ids": lib_modules.BatchingMetadata(type="sparse", device="cpu", pinned=["lengths"]),
+                        "dense": lib_modules.BatchingMetadata(type="dense", device="cuda", pinned=[""])}
+
+            def result_metadata(self):
+                return "dict_of_tensor"
+
+            def run_weights_independent_tranformations(self, predict_module):
+                return predict_module
+
+            def run_weights_dependent_transformations(self, predict_module):
+                return predict_module
+
+            def qualname_metadata(self):
+                return {"forward": lib_modules.QualNameMetadata(need_preproc=True)}
+
+        return RankerFactory()
+
+    ours, theirs = factory(our_modules), factory(theirs_modules)
+    assert ours.batching_metadata_json() == theirs.batching_metadata_json()
+    assert ours.qualname_metadata_json() == theirs.qualname_metadata_json() == '{"forward": {"need_preproc": true}}'
+    assert ours.model_inputs_data() == theirs.model_inputs_data() == {}
+    with pytest.raises(TypeError, match="abstract"):
+        our_modules.PredictFactory()
