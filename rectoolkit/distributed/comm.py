@@ -17,6 +17,9 @@ all-to-all followed by a local sum (row_wise.py, table_row_wise.py).
 `CommStats.wait_s` is the time this rank spent blocked in each collective (a blocking call, or the `wait()` of
 one started with `start_all_to_all_messages`, which the train pipeline uses to send the next batch's ids while
 this batch computes): the time lost to communication and to waiting for slower peers.
+
+TorchRec's host helpers (get_local_size, get_local_rank, get_group_rank, get_num_groups, intra_and_cross_node_pg)
+are importable from here too; they live in node_groups.py.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from rectoolkit.distributed.node_groups import (get_group_rank, get_local_rank, get_local_size,  # noqa: F401
+                                                get_node_group_size, get_num_groups, intra_and_cross_node_pg)
 
 
 @dataclass
