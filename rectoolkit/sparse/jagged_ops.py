@@ -28,17 +28,28 @@ def _fbgemm_complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     return _complete_cumsum_op[0](lengths)
 
 
+def offsets_dtype(lengths: torch.Tensor) -> torch.dtype:
+    """The lengths' dtype, widened to int32 for 8- and 16-bit lengths, whose sums would wrap around (TorchRec's
+    fbgemm cumsum refuses those dtypes).
+
+    >>> offsets_dtype(torch.tensor([200, 200], dtype=torch.uint8))
+    torch.int32
+    """
+    return torch.int32 if lengths.dtype in (torch.int16, torch.int8, torch.uint8) else lengths.dtype
+
+
 def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """[2, 0, 1] -> [0, 2, 2, 3], same dtype and device as ``lengths``.
+    """[2, 0, 1] -> [0, 2, 2, 3], same dtype (see offsets_dtype) and device as ``lengths``.
 
     >>> lengths_to_offsets(torch.tensor([2, 0, 1]))
     tensor([0, 2, 2, 3])
     """
     if _fbgemm_cumsum_is_faster(lengths):
         return _fbgemm_complete_cumsum(lengths)
-    offsets = torch.empty(lengths.numel() + 1, dtype=lengths.dtype, device=lengths.device)
+    dtype = offsets_dtype(lengths)
+    offsets = torch.empty(lengths.numel() + 1, dtype=dtype, device=lengths.device)
     offsets[0] = 0
-    torch.cumsum(lengths, 0, dtype=lengths.dtype, out=offsets[1:])
+    torch.cumsum(lengths, 0, dtype=dtype, out=offsets[1:])
     return offsets
 
 
@@ -55,9 +66,10 @@ def batched_lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
         # [F, B + 1] view is flat[f * B : (f + 1) * B + 1].
         flat = lengths_to_offsets(lengths.reshape(-1))
         return flat.as_strided((num_rows, batch + 1), (batch, 1)) - flat[0 : num_rows * batch : batch].unsqueeze(1)
-    offsets = torch.empty(num_rows, batch + 1, dtype=lengths.dtype, device=lengths.device)
+    dtype = offsets_dtype(lengths)
+    offsets = torch.empty(num_rows, batch + 1, dtype=dtype, device=lengths.device)
     offsets[:, 0] = 0
-    torch.cumsum(lengths, 1, dtype=lengths.dtype, out=offsets[:, 1:])
+    torch.cumsum(lengths, 1, dtype=dtype, out=offsets[:, 1:])
     return offsets
 
 

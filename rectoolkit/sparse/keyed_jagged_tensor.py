@@ -80,6 +80,8 @@ class KeyedJaggedTensor:
     ) -> None:
         if lengths is None and offsets is None:
             raise validation.JaggedAssertionError(f"{_OWNER}: pass lengths or offsets (or both)")
+        check = validation.should_validate(validate) and values.device.type != "meta"  # meta: no data to check
+        lengths, offsets = validation.key_major_1d(lengths, offsets, _OWNER, check)
         self._keys = keys
         self._values = values
         self._weights = weights
@@ -97,7 +99,7 @@ class KeyedJaggedTensor:
         # The lengths summed per key (by validation, or by concat); kept aside so that length_per_key_or_none() stays None until
         # length_per_key() is asked for, as TorchRec's.
         self._computed_length_per_key: Optional[List[int]] = None
-        if validation.should_validate(validate) and values.device.type != "meta":  # meta: no data to check
+        if check:
             self._validate()
 
     # --------------------------------------------------------------------------------- validation

@@ -80,6 +80,19 @@ class JaggedIndexError(ValueError, IndexError):
     """As JaggedAssertionError, where TorchRec raises an IndexError (a key position out of range)."""
 
 
+class MissingFeatureError(ValueError, KeyError):
+    """A feature a collection needs is not in the KJT: TorchRec's collections fail with KeyError(feature); this is
+    a KeyError too (printed as its message, not quoted), and a ValueError naming the tables and the fix."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class IdsError(ValueError, RuntimeError, IndexError):
+    """Ids a table cannot look up (float ids, ids out of range): TorchRec's lookups fail with a RuntimeError
+    (embedding_bag) or an IndexError (embedding); this is both, and a ValueError naming the feature and table."""
+
+
 def check_integer(tensor: Optional[torch.Tensor], name: str, owner: str) -> None:
     if tensor is None:
         return
@@ -89,6 +102,31 @@ def check_integer(tensor: Optional[torch.Tensor], name: str, owner: str) -> None
         raise JaggedAssertionError(f"{owner}: {name} must have an integer dtype, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{owner}: {name} must be 1-D, got shape {tuple(tensor.shape)}")
+
+
+def key_major_1d(
+    lengths: Optional[torch.Tensor], offsets: Optional[torch.Tensor], owner: str, check: bool
+) -> "tuple[Optional[torch.Tensor], Optional[torch.Tensor]]":
+    """TorchRec's KJT also takes lengths as a [keys, stride] tensor and offsets as [keys, stride + 1] (each row
+    starting where the one before ends), and reads them key-major, as its flatten_lengths(): the same 1-D ones.
+
+    >>> key_major_1d(torch.tensor([[1, 1], [2, 0]]), torch.tensor([[0, 1, 2], [2, 4, 4]]), "KJT", True)
+    (tensor([1, 1, 2, 0]), tensor([0, 1, 2, 4, 4]))
+    """
+    if isinstance(lengths, torch.Tensor) and lengths.dim() == 2:
+        lengths = lengths.reshape(-1)
+    if isinstance(offsets, torch.Tensor) and offsets.dim() == 2:
+        if offsets.numel() == 0:
+            return lengths, offsets.reshape(-1)
+        if check and offsets.size(0) > 1 and not torch.equal(offsets[1:, 0], offsets[:-1, -1]):
+            row = int(torch.nonzero(offsets[1:, 0] != offsets[:-1, -1])[0, 0]) + 1
+            raise ValueError(
+                f"{owner}: 2-D offsets row {row} starts at {int(offsets[row, 0])} but row {row - 1} ends at "
+                f"{int(offsets[row - 1, -1])}; each row (one key) must start where the one before ends, or pass "
+                "1-D offsets"
+            )
+        offsets = torch.cat([offsets[:, :-1].reshape(-1), offsets[-1:, -1]])
+    return lengths, offsets
 
 
 def check_weights(values: torch.Tensor, weights: Optional[torch.Tensor], owner: str) -> None:
