@@ -6,6 +6,7 @@ sharders in rectoolkit.quant.shard_modules (the defaults include the quantized c
 
 from rectoolkit.plan.constructors import (
     ParameterShardingGenerator,
+    calculate_shard_sizes_and_offsets,
     column_wise,
     data_parallel,
     get_sharding_constructor_from_type,
@@ -23,7 +24,7 @@ from rectoolkit.quant.shard_modules import (
     get_module_to_default_sharders,
 )
 
-__all__ = ["ParameterShardingGenerator", "apply_to_all", "column_wise", "construct_module_sharding_plan",
+__all__ = ["ParameterShardingGenerator", "apply_to_all", "calculate_shard_sizes_and_offsets", "column_wise", "construct_module_sharding_plan",
            "data_parallel", "get_default_sharders", "get_module_to_default_sharders",
            "get_sharding_constructor_from_type", "grid_shard", "placement", "placement_helper", "row_wise",
            "table_row_wise", "table_wise"]

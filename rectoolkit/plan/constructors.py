@@ -333,6 +333,64 @@ def grid_shard(host_indexes: List[int]) -> ParameterShardingGenerator:
     return generate
 
 
+def _memory_weighted_row_sizes(rows: int, device_memory_sizes: Sequence[int], num_buckets: Optional[int]) -> List[int]:
+    """TorchRec's uneven row split: each rank but the last gets its memory's share of the buckets (rounded down),
+    the last rank the rest."""
+    total = sum(device_memory_sizes)
+    if total <= 0 or any(size < 0 for size in device_memory_sizes):
+        raise ValueError(f"device_memory_sizes={list(device_memory_sizes)}: give each rank's memory, non-negative and "
+                         "not all zero")
+    buckets, bucket_rows = (rows, 1) if num_buckets is None else (num_buckets, rows // num_buckets)
+    sizes = [int(buckets * (size / total)) * bucket_rows for size in device_memory_sizes[:-1]]
+    return sizes + [rows - sum(sizes)]
+
+
+def calculate_shard_sizes_and_offsets(tensor: torch.Tensor, world_size: int, local_world_size: int,
+                                      sharding_type: str, col_wise_shard_dim: Optional[int] = None,
+                                      device_memory_sizes: Optional[List[int]] = None,
+                                      num_buckets: Optional[int] = None) -> Tuple[List[Size], List[Size]]:
+    """TorchRec's shard sizes and offsets of a [rows, columns] table for a sharding type (the shards the
+    generators above place): row blocks of ceil(rows / n) over the world (row_wise; in proportion to
+    `device_memory_sizes` when given) or over one host (table_row_wise), column blocks of at least
+    `col_wise_shard_dim` (default 128) columns, grid = both.
+
+    >>> calculate_shard_sizes_and_offsets(torch.empty(10, 8), 4, 2, "row_wise")
+    ([[3, 8], [3, 8], [3, 8], [1, 8]], [[0, 0], [3, 0], [6, 0], [9, 0]])
+    >>> calculate_shard_sizes_and_offsets(torch.empty(10, 8), 4, 2, "grid_shard", col_wise_shard_dim=4)
+    ([[5, 4], [5, 4], [5, 4], [5, 4]], [[0, 0], [5, 0], [0, 4], [5, 4]])
+    """
+    rows, columns = tensor.shape
+    kind = ShardingType.parse(sharding_type)
+    if kind == ShardingType.DATA_PARALLEL:
+        return [[rows, columns]] * world_size, [[0, 0]] * world_size
+    if kind == ShardingType.TABLE_WISE:
+        return [[rows, columns]], [[0, 0]]
+    if kind == ShardingType.ROW_WISE:
+        if num_buckets and num_buckets < world_size:
+            raise ValueError(f"calculate_shard_sizes_and_offsets: num_buckets ({num_buckets}) must be >= the number "
+                             f"of ranks ({world_size}): a bucket cannot be split across ranks; raise num_buckets")
+        if device_memory_sizes:
+            if len(device_memory_sizes) != world_size:
+                raise ValueError(f"device_memory_sizes has {len(device_memory_sizes)} entries for {world_size} "
+                                 "ranks; give one per rank")
+            if num_buckets and rows % num_buckets:
+                raise ValueError(f"num_buckets={num_buckets}: the table's {rows} rows do not divide into buckets; "
+                                 f"pick a divisor of {rows}")
+            sizes = _memory_weighted_row_sizes(rows, device_memory_sizes, num_buckets)
+            shards = [([size, columns], [sum(sizes[:rank]), 0]) for rank, size in enumerate(sizes)]
+        else:
+            shards = _row_shards(rows, columns, world_size, num_buckets)
+    elif kind == ShardingType.TABLE_ROW_WISE:
+        shards = _row_shards(rows, columns, local_world_size)
+    elif kind in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+        shards = _column_shards(rows, columns, col_wise_shard_dim)
+    else:  # GRID_SHARD: each column block row-wise over one host's ranks
+        shards = [([size[0], width], [offset[0], column_offset])
+                  for (_, width), (_, column_offset) in _column_shards(rows, columns, col_wise_shard_dim)
+                  for size, offset in _row_shards(rows, width, local_world_size)]
+    return [size for size, _ in shards], [offset for _, offset in shards]
+
+
 def get_sharding_constructor_from_type(sharding_type: Union[ShardingType, str]) -> Callable[..., ParameterShardingGenerator]:
     """The generator constructor of a sharding type.
 

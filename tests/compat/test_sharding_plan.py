@@ -142,3 +142,33 @@ def test_the_plan_is_rectoolkits_and_prints_like_torchrecs():
               "d": ours.data_parallel(), "e": ours.table_wise(rank=1)}, world_size=2, local_size=2, device_type="cpu")})
     rtk.plan.validation.validate_plan(plan, {("", n): (r, d) for n, r, d in TABLES})
     assert "rank:1/cpu" in str(plan) and plan.plan[""]["c"].ranks == [0]  # 10 columns make one block
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("world_size,local_world_size", [(4, 2), (6, 3), (2, 2), (8, 4)])
+def test_shard_sizes_and_offsets_are_torchrecs(world_size, local_world_size):
+    theirs = pytest.importorskip("torchrec.distributed.sharding_plan")
+    cases = [(kind, {}) for kind in ("data_parallel", "table_wise", "row_wise", "table_row_wise", "column_wise",
+                                     "table_column_wise", "grid_shard")]
+    cases += [("column_wise", {"col_wise_shard_dim": 4}), ("grid_shard", {"col_wise_shard_dim": 8}),
+              ("row_wise", {"num_buckets": 2 * world_size}),
+              ("row_wise", {"device_memory_sizes": [3 + rank for rank in range(world_size)]}),
+              ("row_wise", {"device_memory_sizes": [1] * world_size, "num_buckets": world_size})]
+    for name, rows, dim in TABLES + [("f", 48, 512)]:
+        for kind, options in cases:
+            if "num_buckets" in options and rows % options["num_buckets"]:
+                continue  # TorchRec asserts; ours refuses by name (below)
+            tensor = torch.empty(rows, dim)
+            expected = theirs.calculate_shard_sizes_and_offsets(tensor, world_size, local_world_size, kind, **options)
+            got = ours.calculate_shard_sizes_and_offsets(tensor, world_size, local_world_size, kind, **options)
+            assert got == tuple(expected), (name, kind, options)
+
+
+def test_shard_sizes_and_offsets_refuse_what_cannot_be_split():
+    tensor = torch.empty(10, 8)
+    with pytest.raises(ValueError, match=r"num_buckets \(2\) must be >= the number of ranks \(4\)"):
+        ours.calculate_shard_sizes_and_offsets(tensor, 4, 2, "row_wise", num_buckets=2)
+    with pytest.raises(ValueError, match="device_memory_sizes has 3 entries for 4 ranks"):
+        ours.calculate_shard_sizes_and_offsets(tensor, 4, 2, "row_wise", device_memory_sizes=[1, 1, 1])
+    with pytest.raises(ValueError, match="unknown sharding type 'rows'"):
+        ours.calculate_shard_sizes_and_offsets(tensor, 4, 2, "rows")
