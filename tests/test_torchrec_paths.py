@@ -217,6 +217,24 @@ def test_seed_001_sharding_flow_with_wait_and_lazy_awaitable():
     assert awaitable.calls == 1
 
 
+@pytest.mark.torchrec
+def test_awaitables_and_their_callbacks_behave_as_torchrecs():
+    """A custom sharded module's input_dist returns an Awaitable whose callbacks transform the result in order;
+    an abstract one cannot be built; a LazyAwaitable is an Awaitable and waits once."""
+    theirs = pytest.importorskip("torchrec.distributed.types")
+    from rectoolkit.distributed import types as ours
+
+    for lib in (ours, theirs):
+        awaitable = lib.NoWait(torch.ones(2))
+        awaitable.callbacks.extend([lambda t: t * 3, lambda t: t + 1])
+        assert torch.equal(awaitable.wait(), torch.full((2,), 4.0)) and awaitable.wait() is not awaitable.wait()
+        with pytest.raises(TypeError, match="abstract"):
+            lib.Awaitable()
+        lazy = lib.LazyNoWait(torch.ones(2))
+        lazy.callbacks.append(lambda t: t * 2)
+        assert isinstance(lazy, lib.Awaitable) and torch.equal(lazy + 1, torch.full((2,), 3.0))
+
+
 def test_planner_honours_sharders_ours_and_torchrecs():
     tables = [rectoolkit.EmbeddingBagConfig(name="big", num_embeddings=100_000, embedding_dim=64, feature_names=["f"]),
               rectoolkit.EmbeddingBagConfig(name="wide", num_embeddings=1000, embedding_dim=256, feature_names=["g"])]

@@ -1,4 +1,5 @@
-"""TorchRec's LazyAwaitable: what the sharded collections' forward returns (resolve it with `.wait()`).
+"""TorchRec's awaitables: LazyAwaitable, what the sharded collections' forward returns (resolve it with `.wait()`),
+and its base Awaitable (with NoWait), which custom sharded modules return from input_dist.
 
 TorchRec's sharded modules return an awaitable so that the output all-to-all can overlap with other work; the
 model uses the result as if it were there (an attribute, an operator, a torch function waits for it). rectoolkit's
@@ -11,12 +12,20 @@ runs unchanged.
     ...         return [1, 1]
     >>> Ones().wait(), len(Ones()), Ones()[0]
     ([1, 1], 2, 1)
+
+`callbacks` (TorchRec's) transform the result as `wait()` hands it over, in order:
+
+    >>> ones = Ones()
+    >>> ones.callbacks.append(lambda result: result + [2])
+    >>> ones.wait(), NoWait(3).wait(), isinstance(ones, Awaitable)
+    ([1, 1, 2], 3, True)
 """
 
 from __future__ import annotations
 
+import abc
 import operator
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, List, TypeVar
 
 import torch
 
@@ -33,7 +42,44 @@ class _NodeWhenTraced(type):
         return super().__call__(*args, **kwargs)
 
 
-class LazyAwaitable(Generic[W], metaclass=_NodeWhenTraced):
+class Awaitable(abc.ABC, Generic[W]):
+    """A result to wait for: `wait()` runs `_wait_impl` (subclasses implement it), then each of `callbacks` on the
+    result, in order. As TorchRec's, every wait() runs them again (LazyAwaitable keeps its result)."""
+
+    def __init__(self) -> None:
+        self._callbacks: List[Callable[[W], W]] = []
+
+    @abc.abstractmethod
+    def _wait_impl(self) -> W:
+        """The result."""
+
+    def wait(self) -> W:
+        result = self._wait_impl()
+        for callback in self.callbacks:
+            result = callback(result)
+        return result
+
+    @property
+    def callbacks(self) -> List[Callable[[W], W]]:
+        return self._callbacks
+
+
+class NoWait(Awaitable[W]):
+    """An Awaitable of a value already at hand."""
+
+    def __init__(self, obj: W) -> None:
+        super().__init__()
+        self._obj = obj
+
+    def _wait_impl(self) -> W:
+        return self._obj
+
+
+class _LazyAwaitableMeta(_NodeWhenTraced, abc.ABCMeta):
+    pass
+
+
+class LazyAwaitable(Awaitable[W], metaclass=_LazyAwaitableMeta):
     """A deferred result: subclasses compute it in `_wait_impl`; `wait()` runs that once and keeps it.
 
     Using the awaitable as the result (an attribute or method of it, `[key]`, arithmetic, passing it to a torch
@@ -42,18 +88,16 @@ class LazyAwaitable(Generic[W], metaclass=_NodeWhenTraced):
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._result: Any = None
         self._done = False
-
-    def _wait_impl(self) -> W:
-        raise NotImplementedError(f"{type(self).__name__} must implement _wait_impl() to return its result")
 
     def wait(self) -> W:
         if not self.__dict__.get("_done", False):
             if "_done" not in self.__dict__:
                 raise RuntimeError(f"{type(self).__name__} was not initialized: call super().__init__() in its "
                                    "__init__")
-            self._result = self._wait_impl()
+            self._result = super().wait()
             self._done = True
         return self._result
 
@@ -68,7 +112,7 @@ class LazyAwaitable(Generic[W], metaclass=_NodeWhenTraced):
         return func(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_result", "_done"):  # copy/pickle probes; an uninitialized instance
+        if name.startswith("__") or name in ("_result", "_done", "_callbacks", "_abc_impl"):  # copy/pickle probes; an uninitialized instance
             raise AttributeError(name)
         return getattr(self.wait(), name)
 

@@ -6,7 +6,7 @@ LazyAwaitable (rectoolkit.distributed.awaitable), CommOp and QuantizedCommCodecs
 (TorchRec itself keeps it in torchrec.distributed.planner.types).
 """
 
-from rectoolkit.distributed.awaitable import LazyAwaitable
+from rectoolkit.distributed.awaitable import Awaitable, LazyAwaitable, LazyNoWait, NoWait
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, QuantizedCommCodecs
 from rectoolkit.distributed.sharders import ModuleSharder
@@ -24,5 +24,5 @@ from rectoolkit.plan.types import (
 )
 from rectoolkit.planner.constraints import ParameterConstraints
 
-__all__ = ["BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "ModuleSharder", "ParameterConstraints", "ParameterSharding", "QuantizedCommCodecs", "ShardingEnv", "ShardingPlan",
+__all__ = ["Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "LazyNoWait", "ModuleSharder", "NoWait", "ParameterConstraints", "ParameterSharding", "QuantizedCommCodecs", "ShardingEnv", "ShardingPlan",
            "ShardingType", "ShardMetadata"]
