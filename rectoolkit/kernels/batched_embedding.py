@@ -58,7 +58,7 @@ from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, apply_row_
 from rectoolkit.kernels.id_ranges import ID_MODES, IdRanges, per_id
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.kernels.traced_lookup import traced_lookup
-from rectoolkit.sparse.validation import is_tracing
+from rectoolkit.sparse.validation import IdsError, is_tracing
 
 BACKENDS = ("auto", "torch", "fbgemm")
 
@@ -165,7 +165,7 @@ class BatchedEmbeddingKernel:
         if indices.dim() != 1 or offsets.dim() != 1:
             raise ValueError(f"indices and offsets must be 1-D, got shapes {tuple(indices.shape)} and {tuple(offsets.shape)}")
         if indices.is_floating_point():
-            raise ValueError(f"ids must be integers, got dtype {indices.dtype}")
+            raise IdsError(f"ids must be integers, got dtype {indices.dtype}")
         ids = indices.to(device=self.device, dtype=torch.int64)
         offsets = offsets.to(device=self.device, dtype=torch.int64)
         num_bags = offsets.numel() - 1
@@ -412,6 +412,8 @@ class TorchBatchedEmbedding(BatchedEmbeddingKernel):
         per_feature: Dict[int, torch.Tensor] = {}
         for g, group in enumerate(self.groups):
             rows, offsets, group_psw, features, _ = self._group_inputs(batch, g, psw)
+            if group_psw is not None:  # embedding_bag takes them in the table's dtype (fp16, bf16, fp64 tables)
+                group_psw = group_psw.to(group.weight.dtype)
             pooled = F.embedding_bag(rows, group.weight, offsets, mode="sum", per_sample_weights=group_psw,
                                      include_last_offset=True).float()
             if B is None:  # VBE: the flat output, feature after feature, each [B_f, dim] row-major

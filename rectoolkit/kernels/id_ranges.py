@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from rectoolkit.sparse.validation import is_tracing
+from rectoolkit.sparse.validation import IdsError, is_tracing
 
 ID_MODES = ("error", "hash", "unchecked")
 _SERIAL_CHUNK = 16384  # elements; torch's CPU reductions go parallel at 32768 (at::internal::GRAIN_SIZE)
@@ -105,7 +105,7 @@ class IdRanges:
             within = position - (ends[feature - 1] if feature else 0)
             sample = f" (sample {int(torch.searchsorted(lengths.cumsum(0), within, right=True))})"
         rows_f = self.rows_list[feature]
-        raise ValueError(
+        raise IdsError(
             f"{subject}id {int(ids[position])} of feature {self.feature_names[feature]!r}{sample} is out of range for "
             f"table {self.table_names[feature]!r} with num_embeddings={rows_f} (valid ids are 0..{rows_f - 1}; "
             f"{int(bad.sum())} bad ids in this batch). {self.fix}"

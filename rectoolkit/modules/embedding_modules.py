@@ -41,6 +41,11 @@ from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from rectoolkit.sparse.validation import is_tracing
 
 
+# What .half() / .bfloat16() / .double() may turn the tables into: the pure-torch kernel looks them up in that type
+# (the outputs are float32, as TorchRec's `.float()` of each lookup)
+_TABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def get_embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> List[List[str]]:
     """Output names per table: the feature name, or "feature@table" when a feature feeds several tables."""
     counts = Counter(f for t in tables for f in t.feature_names)
@@ -121,8 +126,6 @@ class _BatchedCollection(nn.Module):
         duplicates = sorted(n for n, c in Counter(names).items() if c > 1)
         if duplicates:
             raise ValueError(f"Duplicate table name {duplicates[0]!r}: table names must be unique")
-        if not tables:
-            raise ValueError(f"{type(self).__name__} needs at least one table config")
         for table in tables:
             if not table.feature_names:
                 table.feature_names = [table.name]  # TorchRec's convention
@@ -140,9 +143,14 @@ class _BatchedCollection(nn.Module):
         dtypes = {torch.float32 if t.data_type == DataType.FP32 else torch.float16 for t in tables}
         if len(dtypes) > 1:
             raise ValueError("all tables of one collection must share a data_type (FP32 or FP16 here)")
-        self._dtype = dtypes.pop()
+        self._dtype = dtypes.pop() if dtypes else torch.float32
         self._pooling = "sum" if pooled else "none"
-        self._kernel: BatchedEmbeddingKernel = self._make_kernel(_optimizer_config(optimizer, lr, fused_params, optimizer_kwargs))
+        config = _optimizer_config(optimizer, lr, fused_params, optimizer_kwargs)
+        if not tables and config is not None:
+            raise ValueError(f"{type(self).__name__}(tables=[]): no tables to fuse the optimizer "
+                             f"{config.optimizer.value!r} into; add tables or leave the optimizer out")
+        # tables=[] (TorchRec builds such a collection): no kernel, nothing to look up
+        self._kernel: Optional[BatchedEmbeddingKernel] = self._make_kernel(config) if tables else None
         modules = nn.ModuleDict()
         for t, table in enumerate(tables):
             modules[table.name] = self._table_module(table)
@@ -165,7 +173,7 @@ class _BatchedCollection(nn.Module):
         advance the random generator, so they are drawn here too, in the same order.
         """
         params = self._table_parameters()
-        if params[0].device.type == "meta":
+        if not params or params[0].device.type == "meta":
             return
         with torch.no_grad():
             for table, param in zip(self._configs(), params):
@@ -199,7 +207,7 @@ class _BatchedCollection(nn.Module):
         for p in params:
             if hasattr(p, "_in_backward_optimizers") and getattr(p, "_rectoolkit_fused", False):
                 del p._in_backward_optimizers
-        if self._kernel.optimizer is None:
+        if self._kernel is None or self._kernel.optimizer is None:
             self.fused_optimizer = None
             return
         self.fused_optimizer = EmbeddingFusedOptimizer(self, named)
@@ -210,7 +218,7 @@ class _BatchedCollection(nn.Module):
     def reset_parameters(self) -> None:
         """Initialize every table with its config's init_fn (skipped on the meta device)."""
         params = self._table_parameters()
-        if params[0].device.type == "meta":  # the weights' device: `to_empty` moves them, not self._device
+        if not params or params[0].device.type == "meta":  # the weights' device: `to_empty` moves them, not self._device
             return
         with torch.no_grad():
             for table, param in zip(self._configs(), params):
@@ -236,6 +244,8 @@ class _BatchedCollection(nn.Module):
             self._backend = backend
         config = _optimizer_config(optimizer, lr, fused_params, optimizer_kwargs)
         params = self._table_parameters()
+        if not params:
+            raise ValueError(f"{type(self).__name__}(tables=[]).fuse_optimizer: no tables to fuse an optimizer into")
         kernel = self._make_kernel(config, device=params[0].device)
         kernel.adopt_parameters(params)
         self._kernel = kernel
@@ -243,8 +253,8 @@ class _BatchedCollection(nn.Module):
         return self.fused_optimizer
 
     @property
-    def kernel(self) -> BatchedEmbeddingKernel:
-        """The batched kernel running the lookups (backend, optimizer and storage)."""
+    def kernel(self) -> Optional[BatchedEmbeddingKernel]:
+        """The batched kernel running the lookups (backend, optimizer and storage); None for tables=[]."""
         return self._kernel
 
     @property
@@ -265,11 +275,13 @@ class _BatchedCollection(nn.Module):
         after `.half()` / `.float()` (or .to(dtype)) the kernel is rebuilt in the tables' new type."""
         params = self._table_parameters()
         kernel = self._kernel
+        if not params:  # tables=[]: nothing to look up
+            return
         if params[0].device != kernel.device or params[0].dtype != self._dtype:
-            if params[0].dtype not in (torch.float32, torch.float16):
-                raise TypeError(f"{type(self).__name__}: its tables can be torch.float32 or torch.float16 (the "
-                                f"kernels' types), not {params[0].dtype}; convert the other modules alone (e.g. "
-                                "model.over_arch.double()), or the tables with .half() / .float()")
+            if params[0].dtype not in _TABLE_DTYPES:  # (TorchRec's nn.EmbeddingBag fails in its lookup)
+                raise TypeError(f"{type(self).__name__}: its tables can be {', '.join(map(str, _TABLE_DTYPES))} "
+                                f"(torch's embedding types), not {params[0].dtype}; convert the other modules alone "
+                                "(e.g. model.over_arch.to(...)), or the tables with .float()")
             old_states = kernel.split_optimizer_states() if kernel.optimizer is not None else []
             self._device, self._dtype = params[0].device, params[0].dtype
             self._kernel = self._make_kernel(kernel.optimizer, device=params[0].device)
@@ -349,6 +361,9 @@ class EmbeddingBagCollection(_BatchedCollection, EmbeddingBagCollectionInterface
         inverse_indices (B = their width), as TorchRec does."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embedding_bags, features)
+        if not self._embedding_bag_configs:  # TorchRec's fails in torch.cat, with a ValueError too
+            raise ValueError("EmbeddingBagCollection(tables=[]) has no tables, so no pooled output to build; give it "
+                             "at least one EmbeddingBagConfig, or leave the collection out of the model")
         values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted, variable_batch=True)
         inverse_indices = self._layout.inverse_indices(features)
         pooled = self._lookup(values, self._complete_cumsum(lengths), weights)
@@ -438,6 +453,8 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection, Embed
         size, as TorchRec's unsharded EmbeddingCollection does (its inverse indices are not applied)."""
         if isinstance(features, torch.fx.Proxy):  # torch.fx.symbolic_trace: one node (modules.fx_call)
             return trace_as_one_call(self, self.embeddings, features)
+        if not self._embedding_configs:  # as TorchRec's: no tables, no outputs
+            return {}
         gathered = self._layout.gather(features, weighted=False, variable_batch=True)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them

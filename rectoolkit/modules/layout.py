@@ -33,7 +33,7 @@ The two finiteness checks cost a reduction per batch; switch them off with the e
     ...               weighted=False)
     Traceback (most recent call last):
     ...
-    ValueError: EmbeddingBagCollection: the ids of the KeyedJaggedTensor are torch.float32; ids must be integers (a float id column usually comes from missing values: drop or fill them, then convert with .long())
+    rectoolkit.sparse.validation.IdsError: EmbeddingBagCollection: the ids of the KeyedJaggedTensor are torch.float32; ids must be integers (a float id column usually comes from missing values: drop or fill them, then convert with .long())
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
-from rectoolkit.sparse.validation import check_not_padded, is_tracing
+from rectoolkit.sparse.validation import IdsError, MissingFeatureError, check_not_padded, is_tracing
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -120,7 +120,7 @@ class FeatureLayout:
             missing = [f for f in self.feature_names if f not in position]
             if missing:
                 needed_by = {f: self.table_names[self.feature_names.index(f)] for f in missing}
-                raise ValueError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
+                raise MissingFeatureError(f"{self.owner}: the KeyedJaggedTensor has no feature(s) {missing} (needed by tables "
                                  f"{needed_by}); it has keys {list(keys)}. Add them (empty lengths are fine).")
             order = [position[f] for f in self.feature_names]
             if is_tracing():  # one gather of static size: slicing by key would need the lengths' values
@@ -186,7 +186,7 @@ class FeatureLayout:
 
     def refuse_float_ids(self, values: torch.Tensor) -> None:
         if values.is_floating_point():
-            raise ValueError(f"{self.owner}: the ids of the KeyedJaggedTensor are {values.dtype}; ids must be integers "
+            raise IdsError(f"{self.owner}: the ids of the KeyedJaggedTensor are {values.dtype}; ids must be integers "
                              "(a float id column usually comes from missing values: drop or fill them, then convert "
                              "with .long())")
 
