@@ -99,7 +99,8 @@ class _Rank:
     conn: Optional[Connection]
     last_message_s: float
     output: Deque[str] = field(default_factory=lambda: deque(maxlen=200))
-    started: bool = False
+    started: bool = False  # up: its function has been called
+    reports: int = 0
     has_result: bool = False
     result: Any = None
     returned_s: Optional[float] = None
@@ -123,6 +124,13 @@ class _Rank:
         if self.returncode is not None:
             return "stopped"
         return "running" if self.started else "starting"
+
+
+def _last_sign_of_life(state: _Rank) -> str:
+    """What a rank last did that the launcher saw: 'its last report (step 7)', 'its function started'."""
+    if not state.reports:
+        return "its function started (no report yet)"
+    return f"its last report (step {state.last_step})" if state.last_step is not None else "its last report"
 
 
 class Job:
@@ -185,6 +193,7 @@ class Job:
         # The caller's thread (where Ctrl-C strikes) only sets these flags, reads the SimpleQueue and joins the
         # monitor thread; it never holds a lock the monitor needs, so an interrupt anywhere cannot hang the job.
         self._stop_requested = False
+        self._kill_requested = False
         self._cooperative_stop_requested = False
         self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._finished = False
@@ -273,6 +282,10 @@ class Job:
                     self._receive(next(r for r in self._ranks if r.conn is conn))
                 if self._stop_requested:
                     self._begin_stop("user")
+                if self._kill_requested:  # kill() or an interrupt while the job was already stopping
+                    self._kill_requested = False
+                    self._begin_stop("user")
+                    self._kill_deadline = time.monotonic()
                 if self._cooperative_stop_requested:
                     self._cooperative_stop_requested = False
                     self._send_all("stop")
@@ -305,6 +318,7 @@ class Job:
         elif kind == "metrics":
             metrics = {"rank": state.rank, "time_s": round(time.time() - self._start_wall, 4), **payload}
             state.last_step = payload.get("step", state.last_step)
+            state.reports += 1
             self.history.append(metrics)
             self._events.put(metrics)
             if self._on_metrics is not None and self._callback_error is None:
@@ -406,18 +420,27 @@ class Job:
                                       f"{self._straggler_timeout_s:g} s after rank(s) {[r.rank for r in returned]} "
                                       f"returned", "otherwise raise straggler_timeout_s (None: wait forever)")
         elif self._idle_timeout_s is not None:
-            idle = [r.rank for r in self._ranks if r.rank in unfinished
+            # counted from when a rank is up (its function called), not from its spawn: starting a rank (python,
+            # torch, unpickling fn, the rendezvous, bounded by collective_timeout_s) may take long on a busy machine
+            idle = [r for r in self._ranks if r.rank in unfinished and r.started
                     and now - r.last_message_s > self._idle_timeout_s]
             if idle:
-                self._timeout(idle, f"rank(s) {idle} sent nothing for idle_timeout_s={self._idle_timeout_s:g} s",
-                              "otherwise report metrics more often or raise idle_timeout_s")
+                silences = "; ".join(f"rank {r.rank} since {_last_sign_of_life(r)}" for r in idle)
+                self._timeout([r.rank for r in idle],
+                              f"rank(s) {[r.rank for r in idle]} reported nothing for idle_timeout_s="
+                              f"{self._idle_timeout_s:g} s ({silences})",
+                              "if it was working, call ctx.report() more often or raise idle_timeout_s (None: no "
+                              "limit)")
 
     def _timeout(self, ranks: List[int], what: str, fix: str) -> None:
         """Ask the late ranks where they are, then stop the job with a LaunchTimeout that says it."""
         def stop_with_timeout() -> None:
-            self._error = LaunchTimeout(
-                f"{what}: {self._whereabouts(ranks)}. A rank waiting in a collective that another rank never "
-                f"entered, or stuck in a loop, looks like this; {fix}.", ranks)
+            if any(self._ranks[r].where and in_collective(self._ranks[r].where) for r in ranks):
+                looks = "a rank waiting in a collective that another rank never entered"
+            else:
+                looks = "a rank busy or stuck in its own code (a loop, a slow import or step, a wait on a lock)"
+            self._error = LaunchTimeout(f"{what}: {self._whereabouts(ranks)}. {looks[0].upper()}{looks[1:]} "
+                                        f"looks like this; {fix}.", ranks)
 
         self._probe_then([self._ranks[r] for r in ranks], stop_with_timeout)
 
@@ -461,7 +484,7 @@ class Job:
         self._signal_all(signal.SIGTERM)
 
     def _escalate(self) -> None:
-        if self._kill_deadline is not None and time.monotonic() > self._kill_deadline:
+        if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:
             self._kill_deadline = time.monotonic() + 1.0  # again later, for a process slow to go
             self._signal_all(signal.SIGKILL)
 
@@ -576,10 +599,30 @@ class Job:
 
     def stop(self) -> None:
         """Stop every worker now (SIGTERM to its process group, SIGKILL after `grace_s`) and wait until all
-        have exited. Called from `on_metrics` (the monitor's thread), it only asks."""
+        have exited. An interrupt (Ctrl-C) while it waits kills them at once (as `kill`), then is re-raised.
+        Called from `on_metrics` (the monitor's thread), it only asks."""
         self._stop_requested = True
-        if threading.current_thread() is not self._monitor_thread:
-            self._join(None)
+        self._wait_until_stopped()
+
+    def kill(self) -> None:
+        """Stop every worker at once (SIGKILL to its process group, no grace) and wait until all have exited:
+        for a job whose ranks do not go when asked (a SIGTERM handler that keeps running, a rank stuck in
+        native code). `launch` does this when it is interrupted while the job is already stopping."""
+        self._kill_requested = True
+        self._wait_until_stopped()
+
+    def _wait_until_stopped(self) -> None:
+        if threading.current_thread() is self._monitor_thread:
+            return
+        interrupt: Optional[KeyboardInterrupt] = None
+        while not self._finished:
+            try:
+                self._join(None)
+            except KeyboardInterrupt as again:  # Ctrl-C while the ranks get grace_s to go: kill them now
+                interrupt = interrupt or again
+                self._kill_requested = True
+        if interrupt is not None:
+            raise interrupt
 
     def __repr__(self) -> str:
         states = ", ".join(f"{r.rank}:{r.state}" for r in self._ranks)
@@ -597,7 +640,9 @@ def start(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optio
     - `backend`: "gloo" or "nccl"; default nccl when `world_size` GPUs are visible, gloo otherwise.
     - `num_threads`: torch threads per worker (default: cores // world_size, at least 1).
     - `timeout_s`: the whole job's time limit (default: none); `idle_timeout_s`: limit on a rank's silence
-      (no report; default: none).
+      (no `ctx.report`; default: none), counted from its last report or from when its function started: a rank
+      still starting (Python, torch, unpickling fn, the rendezvous) is not idle; its peers' rendezvous waits for
+      it up to `collective_timeout_s`.
     - `straggler_timeout_s`: once one rank has returned, how long the others get to return too (default
       120 s, None: no limit); a rank still running then is reported (a LaunchTimeout naming it and where
       its main thread is) and the job stopped.
@@ -638,9 +683,29 @@ def launch(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Opti
             if on_metrics is not None:
                 on_metrics(metrics)
         return job.wait()
+    except KeyboardInterrupt as interrupt:
+        try:  # a job already stopping (a rank failed, a timeout) is killed: its ranks had their SIGTERM
+            job.kill() if job._stop_reason is not None else job.stop()
+        finally:
+            _keep_the_failure(interrupt, job)
+        raise
     except BaseException:
         job.stop()
         raise
+
+
+def _keep_the_failure(interrupt: KeyboardInterrupt, job: Job) -> None:
+    """An interrupt that came after the job had failed keeps that failure: as its __context__ (so the
+    traceback shows the rank's error above the interrupt) and in a note that says what had happened."""
+    error = job.error
+    if error is None or isinstance(error, JobStopped):
+        return
+    if interrupt.__context__ is None:
+        interrupt.__context__ = error
+    what = (f"rank {error.rank} had already failed ({error.exc_type}: {error.exc_message})"
+            if isinstance(error, WorkerError) else f"the job had already failed ({str(error).splitlines()[0]})")
+    interrupt.add_note(f"launch was interrupted after {what:.1000}; any rank still running was killed at once. "
+                       f"The error is shown above and kept in job.error.")
 
 
 @atexit.register
