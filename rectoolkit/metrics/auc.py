@@ -74,6 +74,7 @@ class AUCMetric(SampleWindowMetric):
     """Window AUC per task, over all ranks' windows."""
 
     _namespace = "auc"
+    _float32_values = frozenset({("window", "auc")})  # computed in float64, reported in TorchRec's float32
 
     def _task_values(self, states: List[torch.Tensor], task_index: int) -> Iterator[Tuple[str, str, torch.Tensor]]:
         predictions, labels, weights = states[task_index]

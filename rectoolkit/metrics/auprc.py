@@ -49,6 +49,7 @@ class AUPRCMetric(SampleWindowMetric):
     order as TorchRec's). `grouped_auprc=True` is not implemented."""
 
     _namespace = "auprc"
+    _float32_values = frozenset({("window", "auprc")})  # computed in float64, reported in TorchRec's float32
     _options = {"grouped_auprc": False}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -64,7 +65,8 @@ class AUPRCMetric(SampleWindowMetric):
 
     def _report(self, states: List[torch.Tensor], key_prefix: str = "") -> Dict[str, torch.Tensor]:
         """Computes the window values, folds them into the lifetime average, then reports both."""
-        window = [weighted_auprc(*samples) for samples in states]
+        # TorchRec's lifetime averages the float32 window values it reports
+        window = [weighted_auprc(*samples).float().double() for samples in states]
         for computation, rows in enumerate(self._computations):
             window_weight = sum(states[row][2].sum() for row in rows)
             self._lifetime_sums[computation] += torch.stack([sum(window[row] for row in rows) * window_weight,

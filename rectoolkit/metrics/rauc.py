@@ -72,6 +72,7 @@ class RAUCMetric(SampleWindowMetric):
     `grouping_keys` from the model outputs, is not implemented and refused)."""
 
     _namespace = "rauc"
+    _float32_values = frozenset({("window", "rauc")})  # computed in float64, reported in TorchRec's float32
     _options = {"grouped_rauc": False}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -164,6 +164,10 @@ class RecMetric(nn.Module):
 
     _namespace: str = ""
     _options: Dict[str, Any] = {}  # the metric's own keyword arguments and their defaults
+    # A metric written as TorchRec's: its RecMetricComputation class (rectoolkit.metrics.computation runs it)
+    _computation_class: Optional[type] = None
+    # (prefix, name) of the values TorchRec reports in float32 (the window AUCs); the others are float64
+    _float32_values: frozenset = frozenset()
 
     def __init__(self, world_size: int, my_rank: int, batch_size: int, tasks: List[RecTaskInfo],
                  compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION, window_size: int = 100,
@@ -187,6 +191,8 @@ class RecMetric(nn.Module):
                              "raise window_size")
         self._options = dict(type(self)._options)
         for key, value in kwargs.items():
+            if self._computation_class is not None:
+                break  # its computations take the keywords (and refuse those they do not know)
             if key in self._options:
                 self._options[key] = value
             elif key not in _PASSED_BY_TORCHREC or value:
@@ -198,12 +204,29 @@ class RecMetric(nn.Module):
         self._compute_on_all_ranks = compute_on_all_ranks
         self._process_group = process_group
         self._synced_states: Optional[Any] = None
+        if self._computation_class is not None:
+            from rectoolkit.metrics import computation  # (it imports this module)
+            self._computation_required_inputs: Set[str] = set()
+            for key in _PASSED_BY_TORCHREC:
+                kwargs.pop(key, None)
+            self._metrics_computations = computation.build_computations(self, kwargs)
         self.reset()
 
     # ------------------------------------------------------------------ what a metric defines
     def reset(self) -> None:
         """Forget every update (lifetime and window) and any sync()."""
-        raise NotImplementedError
+        if self._computation_class is None:
+            raise NotImplementedError
+        for computation in self._metrics_computations:
+            computation.reset()
+
+    def _get_task_kwargs(self, task_config: Union[RecTaskInfo, List[RecTaskInfo]]) -> Dict[str, Any]:
+        """TorchRec's hook: keywords for the computation of these task(s), beside the metric's own."""
+        return {}
+
+    def _get_task_required_inputs(self, task_config: Union[RecTaskInfo, List[RecTaskInfo]]) -> Set[str]:
+        """TorchRec's hook: the model outputs the computation of these task(s) reads (get_required_inputs)."""
+        return set()
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
                      weights: torch.Tensor, **inputs: Any) -> None:
@@ -224,7 +247,7 @@ class RecMetric(nn.Module):
     def get_required_inputs(self) -> Set[str]:
         """Model outputs this metric reads beyond labels, predictions and weights (NDCG: its session key);
         RecMetricModule.update passes them in `required_inputs`."""
-        return set()
+        return set(self._computation_required_inputs) if self._computation_class is not None else set()
 
     def _batch_inputs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """What this metric reads from update()'s other keywords (`required_inputs`, GAUC's `num_candidates`),
@@ -237,6 +260,12 @@ class RecMetric(nn.Module):
         (`required_inputs={name: tensor}`, `num_candidates=...`) reach every metric, and a metric reads only its
         own (one RecMetricModule.update feeds them all); a keyword no metric reads (a misspelling) is refused."""
         kwargs.pop("_log_tensors", None)  # TorchRec's RecMetricList passes it; it only logs
+        if self._computation_class is not None:  # TorchRec's update: the computation reads the keywords
+            from rectoolkit.metrics import computation
+            if any(c._is_synced for c in self._metrics_computations):
+                raise RecMetricException(f"{type(self).__name__}.update: the metric is synced; call unsync() first")
+            computation.update_computations(self, predictions, labels, weights, kwargs)
+            return
         unknown = sorted(set(kwargs) - UPDATE_KEYWORDS)
         if unknown:
             raise TypeError(f"{type(self).__name__}.update got unexpected keywords {unknown}: the metrics read "
@@ -267,6 +296,9 @@ class RecMetric(nn.Module):
     def compute(self) -> Dict[str, torch.Tensor]:
         """The metrics over all ranks' updates (a collective: every rank calls it); {} on ranks other than 0
         unless compute_on_all_ranks."""
+        if self._computation_class is not None:
+            from rectoolkit.metrics import computation
+            return computation.report_computations(self, "")
         states = self._synced_states if self._synced_states is not None else self.global_states()
         if self._my_rank != 0 and not self._compute_on_all_ranks:
             return {}
@@ -275,6 +307,9 @@ class RecMetric(nn.Module):
     def local_compute(self) -> Dict[str, torch.Tensor]:
         """The metrics over this rank's updates only (no communication); over all ranks' while synced. Keys as
         TorchRec's: ``"ctr-click|local_lifetime_ctr"``."""
+        if self._computation_class is not None:
+            from rectoolkit.metrics import computation
+            return computation.report_computations(self, "local_")
         states = self._synced_states if self._synced_states is not None else self._local_states()
         return self._report(states, key_prefix="local_")
 
@@ -286,10 +321,19 @@ class RecMetric(nn.Module):
     def sync(self) -> None:
         """Hold all ranks' states (a collective) until unsync(): local_compute() then reports the global
         metrics, compute() communicates no more, and update() is refused."""
+        if self._computation_class is not None:
+            for computation in self._metrics_computations:
+                computation.sync()
+            return
         self._synced_states = self.global_states()
 
     def unsync(self) -> None:
         """Back to this rank's own states after sync()."""
+        if self._computation_class is not None:
+            for computation in self._metrics_computations:
+                if computation._is_synced:
+                    computation.unsync()
+            return
         self._synced_states = None
 
     def _report(self, states: Any, key_prefix: str = "") -> Dict[str, torch.Tensor]:
@@ -302,7 +346,7 @@ class RecMetric(nn.Module):
         out: Dict[str, torch.Tensor] = {}
         for task, position in order:
             prefix, name, value = per_task[task][position]
-            value = value.double()
+            value = value.float() if (prefix, name) in self._float32_values else value.double()
             out[metric_key(self._namespace, self._tasks[task].name, key_prefix + prefix, name)] = (value.reshape(()) if fused
                                                                                      else value.view(1))
         return out
@@ -473,5 +517,7 @@ class RecMetricList(nn.Module):
             metric.reset()
 
 
-__all__ = ["MAX_BUFFER_COUNT", "MissingRequiredInputError", "RecMetric", "RecMetricException", "RecMetricList",
-           "SumStateMetric", "WindowBuffer", "metric_key"]
+from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation  # noqa: E402  (TorchRec's path)
+
+__all__ = ["MAX_BUFFER_COUNT", "MetricComputationReport", "MissingRequiredInputError", "RecMetric",
+           "RecMetricComputation", "RecMetricException", "RecMetricList", "SumStateMetric", "WindowBuffer", "metric_key"]
