@@ -80,6 +80,11 @@ class DataParallelSharding(ShardingGroup):
         return [None] * len(grads)
 
     # -------------------------------------------------------------- state
+    def set_learning_rate(self, lr: float) -> None:
+        """The replicas' fused rule runs here (apply_table_update), with this group's own config."""
+        if self.optimizer is not None:
+            self.optimizer.lr = float(lr)
+
     def local_shards(self) -> List[LocalShard]:
         return [(t.name, ShardMetadata.on_rank(self.env.rank, 0, 0, t.num_embeddings, t.embedding_dim), param, state)
                 for t, param, state in zip(self.tables, self.weights.values(), self.states)]

@@ -65,6 +65,13 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
             return
         module = dmp._dmp_wrapped_module
         ignore = set(type(dmp)._sharded_parameter_names(module)) | self._additional_params_to_ignore
+        meta = [name for name, p in module.named_parameters() if name not in ignore and p.device.type == "meta"]
+        if meta:  # TorchRec's DDP fails on them too ("Cannot copy out of meta tensor")
+            raise NotImplementedError(
+                f"DistributedModelParallel: parameter(s) {meta} are still on the meta device (init_parameters=False "
+                "leaves them there) and DDP cannot replicate a tensor without data; materialize them first (e.g. "
+                "dmp.module.<module>.to_empty(device=...) and initialize them) and then call init_data_parallel(), or "
+                "build the DMP with init_parameters=True")
         dense = [p for name, p in module.named_parameters() if p.requires_grad and name not in ignore]
         if env.world_size == 1 or not dense:
             return

@@ -1,18 +1,26 @@
-"""The fused optimizer of sharded collections: TorchRec's `DMP.fused_optimizer` and `sharded_module.fused_optimizer`.
+"""The fused optimizers of sharded collections: TorchRec's `sharded_module.fused_optimizer` and `DMP.fused_optimizer`.
 
-The updates themselves happen in backward, inside each shard's kernel; this KeyedOptimizer shows the shards'
-weights and optimizer state under the unsharded model's names, and pushes a changed lr into every shard.
+The updates themselves happen in backward, inside each shard's kernel. These keyed optimizers show the shards'
+weights and optimizer state under TorchRec's names and push a changed lr into the kernels, nested as TorchRec
+nests them:
+
+    dmp.fused_optimizer                    CombinedOptimizer([("ebc", ...), ("ec", ...)])  one entry per sharded module
+      dmp.module.ebc.fused_optimizer       CombinedOptimizer([("", ...), ("", ...)])       one entry per sharding group
+        GroupFusedOptimizer                params "embedding_bags.<table>.weight", one param group {"params", "lr"}
+
+so `dmp.fused_optimizer.params` holds "ebc.embedding_bags.t1.weight", `param_groups` one group per sharding group
+(each its own lr, as TorchRec's per-lookup optimizers), and `CombinedOptimizer([("fused", dmp.fused_optimizer),
+("dense", ...)])` works as in TorchRec.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
-
 import torch
+from typing import Any, Dict, List, Mapping
 
 from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.kernels.optimizer_state import EmbOptimType
-from rectoolkit.optim.keyed import KeyedOptimizer
+from rectoolkit.optim.keyed import CombinedOptimizer, KeyedOptimizer
 
 
 # fbgemm's names of the optimizer states after the first, which TorchRec calls "momentum1" whatever the optimizer
@@ -31,45 +39,68 @@ def torchrec_state_names(table: str, state: Mapping[str, torch.Tensor],
     return {f"{table}.{name}": value for name, value in zip(names, state.values())}
 
 
-class ShardedFusedOptimizer(KeyedOptimizer):
-    """The fused embedding optimizer of every local shard, keyed like TorchRec's DMP.fused_optimizer.
+class GroupFusedOptimizer(KeyedOptimizer):
+    """The fused optimizer of one sharding group's shards on this rank (TorchRec's EmbeddingFusedOptimizer, one per
+    lookup). Keys "<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when this rank holds several shards
+    of the table); state "<table>.momentum1" for the first state, then fbgemm's name of the next ("<table>.exp_avg_sq"
+    for Adam's second moment), this rank's tensors (TorchRec: ShardedTensors). step() and zero_grad() push
+    param_groups[0]["lr"] into the group's kernel, as TorchRec's do."""
 
-    Updates happen in backward; step() pushes a changed lr (param_groups[0]["lr"]) into every shard.
-    Keys: "<collection path>.<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when a rank
-    holds several shards of one table). Each shard's state is named as in TorchRec: "<table>.momentum1" for the
-    first state, then fbgemm's name of the next ("<table>.exp_avg_sq" for Adam's second moment). TorchRec holds each
-    as a ShardedTensor; here it is this rank's shard of it, a plain tensor.
-    """
-
-    def __init__(self, sharded: Mapping[str, Any]) -> None:
-        self._collections = [c for c in sharded.values() if c.fused_optimizer_config is not None]
+    def __init__(self, group: Any, prefix: str, optimizer: EmbOptimType, lr: float) -> None:
+        self._group = group
+        entries = [e for e in group.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
+        per_table: Dict[str, int] = {}
+        for table, _, _, _ in entries:
+            per_table[table] = per_table.get(table, 0) + 1
         params: Dict[str, torch.Tensor] = {}
         states: Dict[Any, Any] = {}
-        for path, collection in sharded.items():
-            if collection.fused_optimizer_config is None:
-                continue
-            prefix = (path + "." if path else "") + collection_state_prefix(collection)
-            # only the shards whose optimizer is fused (compute_kernel "dense" shards belong to the dense one)
-            entries = [e for e in collection.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
-            per_table: Dict[str, int] = {}
-            for table, _, _, _ in entries:
-                per_table[table] = per_table.get(table, 0) + 1
-            for table, shard, weight, state in entries:
-                key = f"{prefix}{table}.weight"
-                if per_table[table] > 1:
-                    key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
-                params[key] = weight
-                # listed even without state (SGD), as in TorchRec
-                states[weight] = torchrec_state_names(table, state, collection.fused_optimizer_config.optimizer)
-        lr = self._collections[0].fused_optimizer_config.lr if self._collections else 0.0
-        super().__init__(params, states, [{"params": list(params.values()), "lr": lr}])
+        for table, shard, weight, state in entries:
+            key = f"{prefix}{table}.weight"
+            if per_table[table] > 1:
+                key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
+            params[key] = weight
+            states[weight] = torchrec_state_names(table, state, optimizer)  # listed even without state (SGD)
+        self._pushed_lr = float(lr)
+        super().__init__(params, states, [{"params": list(params.values()), "lr": float(lr)}])
+
+    def _push_lr(self) -> None:
+        lr = float(self.param_groups[0]["lr"])
+        if lr != self._pushed_lr:
+            self._group.set_learning_rate(lr)
+            self._pushed_lr = lr
 
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
-        lr = float(self.param_groups[0]["lr"])
-        for collection in self._collections:
-            collection.set_learning_rate(lr)
+        self._push_lr()
         return loss
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to clear: fused updates never write .grad."""
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Nothing to clear (fused updates never write .grad); pushes the lr, as TorchRec's."""
+        self._push_lr()
+
+    def post_load_state_dict(self) -> None:
+        self._push_lr()
+
+    def __repr__(self) -> str:  # TorchRec's name, in torch's layout ("EmbeddingFusedOptimizer (\nParameter Group 0 ...")
+        return torch.optim.Optimizer.__repr__(self).replace(type(self).__name__, "EmbeddingFusedOptimizer", 1)
+
+
+def collection_fused_optimizer(collection: Any) -> CombinedOptimizer:
+    """A sharded collection's fused optimizer: a CombinedOptimizer of one GroupFusedOptimizer per sharding group that
+    holds fused shards on this rank, keyed "" (so its keys are the groups' own), in TorchRec's order: sharding types
+    by their first table in the collection's order."""
+    config = collection.fused_optimizer_config
+    if config is None:
+        return CombinedOptimizer([])
+    first_table = {table.name: index for index, table in enumerate(collection.embedding_configs())}
+    groups = sorted(collection.groups.values(), key=lambda g: min(first_table[t.name] for t in g.tables))
+    prefix = collection_state_prefix(collection)
+    optimizers: List[GroupFusedOptimizer] = [GroupFusedOptimizer(group, prefix, config.optimizer, config.lr)
+                                             for group in groups]
+    return CombinedOptimizer([("", optimizer) for optimizer in optimizers if optimizer.params])
+
+
+def model_fused_optimizer(sharded: Mapping[str, Any]) -> CombinedOptimizer:
+    """DistributedModelParallel's fused optimizer: each sharded collection's, keyed by its path in the model (TorchRec
+    lists every sharded module, an empty one too)."""
+    return CombinedOptimizer([(path, collection.fused_optimizer) for path, collection in sharded.items()])

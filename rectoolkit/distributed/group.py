@@ -100,6 +100,12 @@ class ShardingGroup(nn.Module):
     def shard_memory_bytes(self) -> Dict[str, int]:
         raise NotImplementedError
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the lr of the optimizer fused into this group's shards (their kernel's; none: nothing to change)."""
+        kernel = getattr(getattr(self, "local", None), "kernel", None)
+        if kernel is not None and kernel.optimizer is not None:
+            kernel.set_learning_rate(float(lr))
+
 
 class RoutedShardingGroup(ShardingGroup):
     """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).

@@ -43,7 +43,8 @@ from rectoolkit.distributed.agree import check_same_plan
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.dense_wrapper import (
     DataParallelWrapper, DefaultDataParallelWrapper, replicated_parameters, sharded_state_names)
-from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
+from rectoolkit.distributed.fused_optimizer import model_fused_optimizer
+from rectoolkit.distributed.meta_init import init_meta_parameters, move_dense_part
 from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbeddingCollection
 from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection, sharded_mc_buffers
 from rectoolkit.distributed.sharded_ebc import (
@@ -52,6 +53,7 @@ from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.table_sources import wrapped_collections
+from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
 from rectoolkit.plan.types import ShardingPlan, ShardingType
@@ -251,8 +253,11 @@ class DistributedModelParallel(nn.Module):
     `_apply_optimizer_in_backward` recorded on the tables' weights, or the collection's own optimizer; with none of
     them, SGD with lr 0.01 is fused into the tables planned with a "fused" kernel (the "dense" ones and
     DATA_PARALLEL replicas keep plain gradients). `fused_optimizer` shows them all.
-        init_parameters: must be True (TorchRec's default): shards are always initialized, from the module's
-            weights, or with each table's init_fn when the module is on the meta device; False is refused.
+        init_parameters: as TorchRec's, what happens to meta-device parameters and buffers outside the sharded
+            collections (rectoolkit.distributed.meta_init): True (default) gives them memory on `device` (parameters
+            reset by their module's `reset_parameters()`, buffers zeros), here and in `init_data_parallel()`; False
+            leaves them on meta for you to materialize before `init_data_parallel()`. The shards are initialized
+            either way (from the module's weights, or each table's init_fn on the meta device).
         local_world_size: ranks per host (TABLE_ROW_WISE / GRID_SHARD gateways); default LOCAL_WORLD_SIZE env
             variable, else all ranks on one host.
         backend: kernel backend of the shards ("auto" | "torch" | "fbgemm").
@@ -264,10 +269,7 @@ class DistributedModelParallel(nn.Module):
                  init_parameters: bool = True, data_parallel_wrapper: Optional[DataParallelWrapper] = None,
                  local_world_size: Optional[int] = None, backend: str = "auto") -> None:
         super().__init__()
-        if not init_parameters:
-            raise ValueError("DistributedModelParallel(init_parameters=False) is not supported: rectoolkit always "
-                             "initializes the shards (from the module's weights, or with each table's init_fn when "
-                             "the module is on the meta device); leave init_parameters at True")
+        self.init_parameters = init_parameters
         if not isinstance(env, ShardingEnv):
             env = ShardingEnv.from_process_group(env, local_world_size=local_world_size,
                                                  device=torch.device(device) if device is not None else None)
@@ -295,13 +297,15 @@ class DistributedModelParallel(nn.Module):
         sharded = shard_collections(module, at_collections, env, backend, sharders)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]
+        if init_parameters:
+            init_meta_parameters(module, env.device)
         if env.device.type != "cpu":
-            module.to(env.device)  # the dense part (shards are already there)
+            move_dense_part(module, env.device)  # shards are already there; meta tensors stay (init_parameters=False)
         self._sharded = sharded
         self._plain_module = module
         self._dmp_wrapped_module = module
         self._data_parallel = False
-        self.fused_optimizer = ShardedFusedOptimizer(sharded)
+        self._optim = model_fused_optimizer(sharded)
         if init_data_parallel:
             self.init_data_parallel()
 
@@ -309,8 +313,17 @@ class DistributedModelParallel(nn.Module):
         """Wrap the dense part in DDP (world size > 1 and dense parameters); for a DMP built with
         init_data_parallel=False (e.g. to move the dense part first). Calling it again does nothing."""
         if not self._data_parallel:
+            if self.init_parameters:  # what became meta since (TorchRec does it here too)
+                init_meta_parameters(self._plain_module, self.env.device)
             self._data_parallel_wrapper.wrap(self, self.env, self.env.device)
             self._data_parallel = True
+
+    @property
+    def fused_optimizer(self) -> CombinedOptimizer:
+        """TorchRec's: a CombinedOptimizer of each sharded collection's fused optimizer, keyed by its path
+        (rectoolkit.distributed.fused_optimizer); `.params` "ebc.embedding_bags.t0.weight", one param group per
+        sharding group. Its step() and zero_grad() only push a changed lr (the updates happen in backward)."""
+        return self._optim
 
     @property
     def device(self) -> torch.device:
@@ -447,33 +460,21 @@ class DistributedModelParallel(nn.Module):
         return keys
 
     def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, torch.Tensor]:
-        """The unsharded model's state_dict: same names, full-size tables (collective: every rank calls it)."""
+        """The unsharded model's state_dict: same names, full-size tables (collective: every rank calls it). Keys in
+        sorted order, as TorchRec's DMP gives them (its add_prefix_to_state_dict sorts; `destination`'s own keys
+        too)."""
         plain = self._plain_module.state_dict(keep_vars=keep_vars) if "" not in self._sharded else {}
-        tables = self._sharded_keys()
-        by_collection: Dict[int, List[str]] = {}
-        for key, (collection, _) in tables.items():
-            by_collection.setdefault(id(collection), []).append(key)
-        out: Dict[str, torch.Tensor] = OrderedDict()
-
-        def visit(module: nn.Module, path: str) -> None:  # nn.Module.state_dict's order, tables in place
-            if id(module) in by_collection:
-                for key in by_collection[id(module)]:
-                    collection, table = tables[key]
-                    out[prefix + key] = gather_table(collection, table)
-                return
-            for name in list(module._parameters) + list(module._buffers):
-                key = path + name
-                if key in plain:
-                    out[prefix + key] = plain[key]
-            for name, child in module._modules.items():
-                if child is not None:
-                    visit(child, path + name + ".")
-
-        visit(self._plain_module, "")
+        shard_prefixes = tuple(path + "." for path in self._sharded if path)  # the sharded modules' own bookkeeping
+        out: Dict[str, torch.Tensor] = OrderedDict((prefix + key, value) for key, value in plain.items()
+                                                   if not key.startswith(shard_prefixes))
+        for key, (collection, table) in self._sharded_keys().items():  # the same order on every rank
+            out[prefix + key] = gather_table(collection, table)
+        result = destination if destination is not None else out
         if destination is not None:
             destination.update(out)
-            return destination
-        return out
+        for key in sorted(result):
+            result[key] = result.pop(key)
+        return result
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], prefix: str = "",
                         strict: bool = True) -> _IncompatibleKeys:

@@ -27,7 +27,7 @@ from torch import nn
 
 from rectoolkit.distributed.awaitable import EmbeddingBagCollectionAwaitable
 from rectoolkit.distributed.feature_shards import FeatureBatch, PooledBlocks, ShardingGroupSpec
-from rectoolkit.distributed.fused_optimizer import ShardedFusedOptimizer
+from rectoolkit.distributed.fused_optimizer import collection_fused_optimizer
 from rectoolkit.distributed.fused_params import TORCHREC_DEFAULT, fused_optimizer_for, with_table_options
 from rectoolkit.distributed.steps import RunGroups, group_steps, steps_repr
 from rectoolkit.distributed.column_wise import ColumnWiseSharding
@@ -43,6 +43,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
+from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.layout import FeatureLayout, expand_blocks, expand_pooled, guard_gradient
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_module_plan
@@ -180,7 +181,9 @@ class ShardedCollection(nn.Module):
             spec = ShardingGroupSpec(
                 env=env, tables=group_tables, output_keys=[keys for _, keys in chosen],
                 module_plan=plan_for_tables(group_tables, self.module_plan), key_offsets=offsets, pooled=pooled,
-                weighted=is_weighted, optimizer=None if dense_kernel else optimizer,
+                weighted=is_weighted,
+                # a config of its own: each group's lr can be set apart (TorchRec: one optimizer per lookup)
+                optimizer=None if dense_kernel or optimizer is None else dataclasses.replace(optimizer),
                 initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
                 backend=backend, dtype=dtype, embedding_dim=embedding_dim,
                 qcomm_codecs_registry=self.qcomm_codecs_registry)
@@ -262,16 +265,15 @@ class ShardedCollection(nn.Module):
             raise ValueError("this sharded collection has no fused optimizer; set the lr of your dense optimizer")
         self._optimizer.lr = float(lr)
         for group in self.groups.values():
-            kernel = getattr(getattr(group, "local", None), "kernel", None)
-            if kernel is not None and getattr(kernel, "optimizer", None) is not None:  # not the dense-kernel groups
-                kernel.set_learning_rate(float(lr))
+            group.set_learning_rate(float(lr))
 
     @property
-    def fused_optimizer(self):
-        """TorchRec's `sharded_module.fused_optimizer`: the fused optimizer of this rank's shards (a KeyedOptimizer
-        keyed "embedding_bags.<table>.weight"; empty when no shard has a fused optimizer)."""
+    def fused_optimizer(self) -> CombinedOptimizer:
+        """TorchRec's `sharded_module.fused_optimizer`: a CombinedOptimizer of one keyed optimizer per sharding group
+        with fused shards on this rank (keys "embedding_bags.<table>.weight"; empty when no shard has a fused
+        optimizer), rectoolkit.distributed.fused_optimizer."""
         if "_fused_optimizer" not in self.__dict__:
-            self.__dict__["_fused_optimizer"] = ShardedFusedOptimizer({"": self})
+            self.__dict__["_fused_optimizer"] = collection_fused_optimizer(self)
         return self.__dict__["_fused_optimizer"]
 
     def extra_repr(self) -> str:

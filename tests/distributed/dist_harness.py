@@ -68,6 +68,17 @@ def run_workers(fn: Callable, world_size: int, *args, backend: str = "gloo") -> 
                            nprocs=world_size, join=True, start_method=start_method)
 
 
+def run_side_by_side(fn: Callable, out_dir: str, world_size: int = 2) -> List[tuple]:
+    """Run fn(rank, world_size, lib_name, out_dir) for "torchrec", then for "rectoolkit"; each rank writes what it
+    saw to out_dir/<lib_name>_<rank>.json. Returns (TorchRec's, rectoolkit's) of each rank."""
+    import json
+
+    for lib_name in ("torchrec", "rectoolkit"):
+        run_workers(fn, world_size, lib_name, out_dir)
+    return [tuple(json.loads(open(os.path.join(out_dir, f"{lib_name}_{rank}.json")).read())
+                  for lib_name in ("torchrec", "rectoolkit")) for rank in range(world_size)]
+
+
 # ------------------------------------------------------------------------------------------------ plans
 def table_wise(rank: int, rows: int, dim: int) -> ParameterSharding:
     return ParameterSharding("table_wise", ranks=[rank], shards=[ShardMetadata.on_rank(rank, 0, 0, rows, dim)])

@@ -52,7 +52,8 @@ def expected_states():
 
 
 def states_equal(a, b) -> bool:
-    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    """The same keys (a DMP's come sorted, as TorchRec's; a plain module's in module order) and the same values."""
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ------------------------------------------------------------------------------------------------ kill -9 during save
