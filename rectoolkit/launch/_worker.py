@@ -1,11 +1,13 @@
-"""The bootstrap every launched worker runs: `python -m rectoolkit.launch._worker FD`.
+"""The bootstrap every launched worker runs: `python -m rectoolkit.launch._worker FD KEEPER_PID`.
 
-It reads its spec from the socket FD that the launcher passed it (rank, world size, the rendezvous
-store's address, the cloudpickled worker function), sets up torch.distributed, calls `fn(ctx, *args)`, and
-sends back metrics, the return value or the formatted traceback. The function travels by value
+Its parent is the rank's keeper (`_keeper`), which kills what the worker started once the worker has gone, even
+when it was SIGKILLed. The worker reads its spec from the socket FD that the launcher passed it (rank, world
+size, the rendezvous store's address, the cloudpickled worker function), sets up torch.distributed, calls
+`fn(ctx, *args)`, and sends back metrics, the return value or the formatted traceback. The function travels by value
 (cloudpickle), so a function defined in a notebook cell or a `__main__` script works. A watcher thread
 answers the launcher's requests (stop, "where are you?") and, as soon as the launcher goes away, kills
-this worker with its whole process group and everything carrying its tag, so nothing outlives its caller.
+this worker with its whole process group and everything carrying its tag, so nothing outlives its caller; it
+does the same when its keeper dies.
 """
 
 from __future__ import annotations
@@ -58,10 +60,10 @@ def _where_main_thread_is() -> str:
     return "".join(traceback.format_stack(frame)) if frame is not None else "(main thread not found)"
 
 
-def _watch_parent(conn: Connection, parent_pid: int, stop_event: threading.Event, send) -> None:
-    """Answer the launcher's requests; die at once when the launcher dies (socket closed or parent changed)."""
+def _watch_parent(conn: Connection, keeper_pid: int, stop_event: threading.Event, send) -> None:
+    """Answer the launcher's requests; die at once when the launcher dies (socket closed) or the keeper does."""
     while True:
-        if os.getppid() != parent_pid:
+        if os.getppid() != keeper_pid:
             _die_with_helpers()
         try:
             if conn.poll(0.5):
@@ -83,7 +85,7 @@ def _pick_device(backend: str, local_rank: int):
     return torch.device("cpu")
 
 
-def main(fd: int) -> None:
+def main(fd: int, keeper_pid: int) -> None:
     conn = Connection(fd)
     faulthandler.enable(all_threads=False)  # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack
     become_subreaper()  # what this worker starts stays its descendant, so that it can be killed with it
@@ -101,7 +103,7 @@ def main(fd: int) -> None:
             conn.send_bytes(data)
 
     stop_event = threading.Event()
-    threading.Thread(target=_watch_parent, args=(conn, spec["parent_pid"], stop_event, send), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(conn, keeper_pid, stop_event, send), daemon=True).start()
 
     rank = spec["rank"]
     exit_code = 0
@@ -148,7 +150,7 @@ def main(fd: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     conn.close()
-    launcher_gone = exit_code == 3 or os.getppid() != spec["parent_pid"]
+    launcher_gone = exit_code == 3 or os.getppid() != keeper_pid
     if launcher_gone:  # nobody else will kill what this worker started
         _die_with_helpers()
     kill_descendants(os.getpid())  # a helper that left this worker's group and tag: nothing outlives the job
@@ -156,4 +158,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))

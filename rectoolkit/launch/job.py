@@ -44,6 +44,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import cloudpickle
@@ -68,6 +69,7 @@ _PROBE_S = 3.0  # how long ranks get to say where their main thread is
 _SETTLE_S = 5.0
 STRAGGLER_TIMEOUT_S = 120.0  # default: as long as a collective may wait for a late rank
 _LIVE_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()
+_KEEPER = str(Path(__file__).with_name("_keeper.py"))  # run by its path: see _keeper
 
 
 BACKENDS = ("gloo", "nccl")  # the torch.distributed backends a local job runs on
@@ -232,8 +234,8 @@ class Job:
             "OMP_NUM_THREADS": str(self.num_threads), TAG_VARIABLE: f"{self._tag}.{rank}",
         })
         worker_env.update({str(k): str(v) for k, v in (env or {}).items()})
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rectoolkit.launch._worker", str(child_end.fileno())],
+        process = subprocess.Popen(  # the rank's keeper, which starts its worker (see _keeper)
+            [sys.executable, _KEEPER, str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=worker_env, start_new_session=True,
         )
@@ -246,7 +248,7 @@ class Job:
             "store_host": "127.0.0.1", "store_port": self._store.port,
             "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
             "cpus": self.cpus[rank],
-            "sys_path": [p for p in sys.path if p], "payload": payload, "parent_pid": os.getpid(),
+            "sys_path": [p for p in sys.path if p], "payload": payload,
             "linecache": notebook_sources(),
         }
         state.conn.send_bytes(cloudpickle.dumps(spec))

@@ -410,17 +410,23 @@ def alive(pids):
 '''
 
 
-@pytest.mark.parametrize("end", ["a rank fails", "the caller stops the job", "every rank returns"])
+@pytest.mark.parametrize("end", ["a rank fails", "a rank is SIGKILLed", "the caller stops the job",
+                                 "every rank returns"])
 def test_helpers_that_left_session_and_environment_die_with_the_job(tmp_path, end):
-    """Each worker is a child subreaper: what it starts, even daemonized with no tag, is killed with it."""
+    """Each worker is a child subreaper: what it starts, even daemonized with no tag, is killed with it; and its
+    keeper is one too, for a worker that was SIGKILLed (no clean-up of its own ran)."""
     result = run_case(tmp_path, ESCAPEES + f'''
 END = {end!r}
 
 def work(ctx):
     pids = start_escapees()
     Path(f"{{os.environ['FAULT_MARK']}}-{{ctx.rank}}.pids").write_text(json.dumps(pids))
+    import torch.distributed as dist
+    dist.barrier()  # rank 1 ends only once rank 0 has written its pids (the job's stop would cut that short)
     if END == "a rank fails" and ctx.rank == 1:
         raise ValueError("boom")
+    if END == "a rank is SIGKILLed" and ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
     if END == "the caller stops the job":
         ctx.report(started=True)
         time.sleep(120)
@@ -450,5 +456,6 @@ emit(started=len(pids), running_at_end=running_at_end, leftover=alive(pids), err
 ''')
     assert result["started"] == 4
     assert result["leftover"] == [], result
-    assert result["error"] == {"a rank fails": "WorkerError", "the caller stops the job": "JobStopped",
+    assert result["error"] == {"a rank fails": "WorkerError", "a rank is SIGKILLed": "WorkerError",
+                               "the caller stops the job": "JobStopped",
                                "every rank returns": "NoneType"}[end]
