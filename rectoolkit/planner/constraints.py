@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Union
 
@@ -18,6 +19,14 @@ __all__ = ["CacheParams", "ParameterConstraints", "check_per_feature"]
 RAISING_BOUNDS_CHECK_MODES = {"FATAL", "V2_FATAL"}
 
 
+POOLING_FACTOR = 1.0  # TorchRec's default mean ids per sample (torchrec.distributed.planner.constants)
+
+
+class DefaultPoolingFactors(list):
+    """TorchRec's default `pooling_factors`, [1.0], marked as not given: the planner then takes a table's pooling
+    factors from its workload stats or DataFrame (1.0 per feature without them), one per feature."""
+
+
 @dataclass
 class ParameterConstraints:
     """What the planner may do with one table, and what it should assume about its features.
@@ -26,7 +35,8 @@ class ParameterConstraints:
         sharding_types: allowed types (ShardingType members or TorchRec's strings); None = all.
         compute_kernels: allowed kernels ("fused", "fused_uvm", "fused_uvm_caching", "dense"); None = default.
         min_partition: smallest column block for COLUMN_WISE / GRID_SHARD (TorchRec's meaning).
-        pooling_factors: mean ids per sample, one per feature of the table.
+        pooling_factors: mean ids per sample, one per feature of the table. Default TorchRec's [1.0]; left at it,
+            the planner reads them from its stats or DataFrame, else 1.0 for every feature.
         num_poolings: poolings per sample, one per feature: only 1.0 (rectoolkit's collections pool each feature
             once per sample); other values are refused.
         batch_sizes: samples per rank, one per feature (default: the topology's batch_size). When the features of
@@ -50,7 +60,7 @@ class ParameterConstraints:
     sharding_types: Optional[List[Union[str, ShardingType]]] = None
     compute_kernels: Optional[List[Union[str, EmbeddingComputeKernel]]] = None
     min_partition: Optional[int] = None
-    pooling_factors: List[float] = field(default_factory=list)
+    pooling_factors: List[float] = field(default_factory=lambda: DefaultPoolingFactors([POOLING_FACTOR]))
     num_poolings: Optional[List[float]] = None
     batch_sizes: Optional[List[int]] = None
     is_weighted: bool = False
@@ -76,7 +86,8 @@ class ParameterConstraints:
             if isinstance(self.compute_kernels, (str, EmbeddingComputeKernel)):
                 self.compute_kernels = [self.compute_kernels]
             self.compute_kernels = [EmbeddingComputeKernel.parse(k).value for k in self.compute_kernels]
-        self.pooling_factors = [float(p) for p in (self.pooling_factors or [])]
+        if not isinstance(self.pooling_factors, DefaultPoolingFactors):
+            self.pooling_factors = [float(p) for p in (self.pooling_factors or [])]
         if any(p < 0 for p in self.pooling_factors):
             raise ValueError(f"ParameterConstraints: pooling_factors must be >= 0, got {self.pooling_factors}")
         if self.batch_sizes is not None:
@@ -107,6 +118,13 @@ class ParameterConstraints:
             raise NotImplementedError("ParameterConstraints(key_value_params=..., use_virtual_table=True): SSD and "
                                       "virtual tables are not implemented in rectoolkit; leave them None / False")
 
+    def given_pooling_factors(self) -> List[float]:
+        """The pooling factors the caller gave ([] when left at TorchRec's default)."""
+        return [] if isinstance(self.pooling_factors, DefaultPoolingFactors) else list(self.pooling_factors)
+
+    def __hash__(self) -> int:  # TorchRec's ParameterConstraints is hashable (by its fields)
+        return hash(tuple(_hashable(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
     def allowed_sharding_types(self) -> Optional[List[ShardingType]]:
         return None if self.sharding_types is None else [ShardingType(t) for t in self.sharding_types]
 
@@ -125,6 +143,16 @@ class ParameterConstraints:
         if self.ranks is not None:
             parts.append(f"ranks={self.ranks}")
         return ", ".join(parts) or "no restrictions"
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:  # a mutable dataclass (cache_params): by its fields, as printed
+        return repr(value)
+    return value
 
 
 def _name_of(value: Any) -> str:

@@ -20,7 +20,6 @@ reserved in HBM on cuda and in host memory on cpu.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional, Tuple
 
 from rectoolkit.planner.topology import Topology
@@ -46,7 +45,7 @@ def _check_percentage(owner: str, percentage: float) -> float:
 
 
 def _with_hbm(topology: Topology, cap_of: Any) -> Topology:
-    return dataclasses.replace(topology, hbm_cap=[int(cap_of(cap)) for cap in topology.hbm_caps()])
+    return topology.replace(hbm_cap=[int(cap_of(cap)) for cap in topology.hbm_caps()])
 
 
 class FixedPercentageStorageReservation(StorageReservation):

@@ -134,7 +134,7 @@ def collect_tables(
         if num_features == 0:
             raise ValueError(f"planner input: table {config.name!r} has no feature_names; give it at least one")
         if c is not None:
-            check_per_feature("pooling_factors", c.pooling_factors, num_features, config.name)
+            check_per_feature("pooling_factors", c.given_pooling_factors(), num_features, config.name)
             check_per_feature("batch_sizes", c.batch_sizes, num_features, config.name)
             check_per_feature("num_poolings", c.num_poolings, num_features, config.name)
             if c.feature_names is not None and list(c.feature_names) != list(config.feature_names):
@@ -143,8 +143,8 @@ def collect_tables(
                                  "feature names in its order, or leave feature_names None")
         factors = []
         for index, feature in enumerate(config.feature_names):
-            if c is not None and c.pooling_factors:
-                factors.append(c.pooling_factors[index])
+            if c is not None and c.given_pooling_factors():
+                factors.append(c.given_pooling_factors()[index])
             elif stats is not None and feature in stats.pooling_factors:
                 factors.append(float(stats.pooling_factors[feature]))
             elif pooling_factor is not None:

@@ -10,10 +10,12 @@ millisecond. Estimated times are in milliseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import copy
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from rectoolkit.planner.hardware import DeviceHardware, Perf, Storage
 from rectoolkit.planner.load import load_factors
 from rectoolkit.planner.profile import CalibrationProfile, load_profile
 
@@ -22,6 +24,7 @@ GIB = 1024 ** 3
 # TorchRec's defaults (torchrec/distributed/planner/constants.py), bytes per millisecond.
 HBM_CAP = 32 * GIB
 DDR_CAP = 128 * GIB
+SSD_CAP = 2 * 1024 * GIB
 HBM_MEM_BW = 897 * GIB / 1000
 DDR_MEM_BW = 51 * GIB / 1000
 HBM_TO_DDR_MEM_BW = 32 * GIB / 1000
@@ -66,6 +69,13 @@ class Topology:
         load_factor_alone: the same with one rank working and the other local ranks waiting
             (`probe.factor_alone`); a plan whose ranks are unequally busy is priced between the two
             (cost.step_at_load). Default 1.0: such a plan gets none of the load. `topology.at_load(probe)` sets both.
+
+    `devices` is TorchRec's list of DeviceHardware, one per rank (rectoolkit.planner.hardware): each rank's capacities
+    in bytes (hbm 0 on "cpu"; ssd 2 TiB unless ssd_cap is given, as TorchRec) and a zero Perf. The planner reads the
+    capacities from there, so editing `topology.devices[1].storage.hbm` plans for it, as in TorchRec.
+
+        >>> Topology(world_size=2, compute_device="cpu", ddr_cap=[8, 16]).devices[1].storage
+        Storage(hbm=0, ddr=16, ssd=2199023255552)
     """
 
     world_size: int
@@ -93,6 +103,7 @@ class Topology:
     cores_per_host: Optional[int] = None
     load_factor: float = 1.0
     load_factor_alone: float = 1.0
+    devices: List[DeviceHardware] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size <= 0:
@@ -130,6 +141,12 @@ class Topology:
             setattr(self, name, float(value))
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ValueError(f"Topology: batch_size must be a positive int, got {self.batch_size!r}")
+        hbm = _per_rank(self.hbm_cap, self.world_size) if self.uses_hbm else [0] * self.world_size
+        ddr = _per_rank(self.ddr_cap, self.world_size)
+        ssd = _per_rank(self.ssd_cap if self.ssd_cap is not None else SSD_CAP, self.world_size)
+        self.devices = [DeviceHardware(rank, Storage(hbm=int(hbm[rank]), ddr=int(ddr[rank]), ssd=int(ssd[rank])),
+                                       Perf(fwd_compute=0, fwd_comms=0, bwd_compute=0, bwd_comms=0))
+                        for rank in range(self.world_size)]
 
     def _refuse_what_the_model_cannot_price(self) -> None:
         """TorchRec's fields that change its plans but have no counterpart in this cost model are refused by name
@@ -171,7 +188,23 @@ class Topology:
             factor, alone = load_factors(probe)
         except TypeError as error:
             raise TypeError(f"Topology.at_load: {error}") from None
-        return replace(self, load_factor=factor, load_factor_alone=alone)
+        return self.replace(load_factor=factor, load_factor_alone=alone)
+
+    def replace(self, **changes) -> "Topology":
+        """dataclasses.replace, keeping the devices as edited (`devices[r].storage`, `.perf`) where `changes` does
+        not set their capacity (hbm_cap, ddr_cap, ssd_cap)."""
+        new = replace(self, **changes)
+        if new.world_size == self.world_size:
+            for mine, theirs in zip(self.devices, new.devices):
+                theirs.storage = Storage(*(getattr(theirs.storage if f"{tier}_cap" in changes else mine.storage, tier)
+                                           for tier in ("hbm", "ddr", "ssd")))
+                theirs.perf = copy.copy(mine.perf)
+        return new
+
+    @property
+    def intra_group_size(self) -> int:
+        """TorchRec's: the ranks of one pod (pod_size hosts), or of one host when pod_size is None."""
+        return self.local_world_size * (self.pod_size or 1)
 
     @property
     def num_hosts(self) -> int:
@@ -186,20 +219,19 @@ class Topology:
         return self.compute_device != "cpu"
 
     def hbm_caps(self) -> List[float]:
-        """HBM capacity of each rank in bytes (0 on cpu)."""
-        if not self.uses_hbm:
-            return [0.0] * self.world_size
-        return _per_rank(self.hbm_cap, self.world_size)
+        """HBM capacity of each rank in bytes (0 on cpu), from `devices`."""
+        return [float(device.storage.hbm) for device in self.devices]
 
     def ddr_caps(self) -> List[float]:
-        return _per_rank(self.ddr_cap, self.world_size)
+        """Host memory of each rank in bytes, from `devices`."""
+        return [float(device.storage.ddr) for device in self.devices]
 
     def link_bw(self, src: int, dst: int) -> float:
         """Bytes/ms between two ranks: intra-host if they share a host, else inter-host."""
         return self.intra_host_bw if self.host_of(src) == self.host_of(dst) else self.inter_host_bw
 
     def with_batch_size(self, batch_size: int) -> "Topology":
-        return replace(self, batch_size=int(batch_size))
+        return self.replace(batch_size=int(batch_size))
 
     @property
     def time_profile(self) -> CalibrationProfile:

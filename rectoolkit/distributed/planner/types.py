@@ -6,5 +6,7 @@ have (docs/cost_model.md)."""
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import BoundsCheckMode, CacheParams
 from rectoolkit.planner import ParameterConstraints, PlannerError, Topology
+from rectoolkit.planner.hardware import DeviceHardware, Perf, Storage
 
-__all__ = ["BoundsCheckMode", "CacheParams", "DataType", "ParameterConstraints", "PlannerError", "Topology"]
+__all__ = ["BoundsCheckMode", "CacheParams", "DataType", "DeviceHardware", "ParameterConstraints", "Perf", "PlannerError",
+           "Storage", "Topology"]
