@@ -12,7 +12,7 @@ here). Under DistributedModelParallel a plan keyed by the collection's path (Tor
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -24,7 +24,7 @@ from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
-from rectoolkit.plan.types import ParameterSharding, ShardingType
+from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType
 from rectoolkit.sparse import KeyedJaggedTensor
 
 
@@ -67,6 +67,12 @@ class ManagedCollisionEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharde
     module_type = ManagedCollisionEmbeddingBagCollection
     sharded_type = ShardedManagedCollisionEmbeddingBagCollection
     _types = [ShardingType.ROW_WISE]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        """TorchRec's list on every device, in its order (without its "key_value": rectoolkit has no such kernel)."""
+        super().compute_kernels(sharding_type, compute_device_type)  # refuses another type or device, naming them
+        return [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM_CACHING.value,
+                EmbeddingComputeKernel.FUSED_UVM.value]
 
     def shard(self, module: nn.Module, params: Mapping[str, Any], env: Any, device: Any = None,
               module_fqn: Optional[str] = None) -> ShardedManagedCollisionLookup:

@@ -9,7 +9,9 @@ collection by its part of a plan:
     sharded = EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.02}).shard(ebc, plan.plan[""], env)
 
     >>> EmbeddingCollectionSharder().sharding_types("cuda")
-    ['table_wise', 'column_wise', 'row_wise', 'data_parallel']
+    ['data_parallel', 'table_wise', 'column_wise', 'row_wise']
+    >>> EmbeddingCollectionSharder().compute_kernels("row_wise", "cpu")
+    ['fused']
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.plan.types import CPU_KERNELS, CUDA_KERNELS, EmbeddingComputeKernel, ShardingType
 
-# the planner's kernels per device, plus "dense" (plain weights), which a plan may also ask for
+# TorchRec's lists of the kernels its planner may pick for a model-parallel table, in its order, without the
+# key-value and virtual-table kernels (rectoolkit has none). A plan may still ask for "dense" (plain weights): it runs
+# here, as in TorchRec, whose sharders do not offer it either ("re-enable model parallel and dense").
 _TRAINING_KERNELS = {
-    "cuda": [EmbeddingComputeKernel.DENSE, *CUDA_KERNELS],
-    "cpu": [EmbeddingComputeKernel.DENSE, *CPU_KERNELS],
+    "cuda": [EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING],
+    "cpu": [EmbeddingComputeKernel.FUSED],
 }
+assert set(_TRAINING_KERNELS["cuda"]) == set(CUDA_KERNELS) and _TRAINING_KERNELS["cpu"] == list(CPU_KERNELS)
 
 
 M = TypeVar("M", bound=nn.Module)
@@ -105,8 +110,9 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
     """
 
     module_type: Type[nn.Module] = EmbeddingBagCollection
-    _types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_ROW_WISE,
-              ShardingType.GRID_SHARD, ShardingType.DATA_PARALLEL, ShardingType.TABLE_COLUMN_WISE]
+    # TorchRec's order (its CUDA list; on CPU TorchRec 1.8 offers the first four, rectoolkit runs all seven there)
+    _types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+              ShardingType.TABLE_COLUMN_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD]
 
     def __init__(self, fused_params: Optional[Dict[str, Any]] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
@@ -163,7 +169,7 @@ class EmbeddingCollectionSharder(EmbeddingBagCollectionSharder):
     """Shards EmbeddingCollection (sequence embeddings): table-, column-, row-wise and data parallel."""
 
     module_type = EmbeddingCollection
-    _types = [ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL]
+    _types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE]
 
     def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
         """Table name -> its weight, the names a plan uses."""
