@@ -33,7 +33,8 @@ from rectoolkit.kernels.backend import fbgemm_available
 from rectoolkit.kernels.batched_embedding import BatchedEmbeddingKernel, TableSpec, make_batched_embedding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.kernels.traced_lookup import traced_lookup
-from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from rectoolkit.modules import mixed_dtypes
+from rectoolkit.modules.configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, expand_pooled, guard_gradient, rows_per_feature
 from rectoolkit.optim.fused import EmbeddingFusedOptimizer
@@ -140,21 +141,28 @@ class _BatchedCollection(nn.Module):
         self._layout = FeatureLayout(type(self).__name__, self._flat_features,
                                      [tables[t].name for t in self._feature_table_map],
                                      [tables[t].num_embeddings for t in self._feature_table_map])
-        dtypes = {torch.float32 if t.data_type == DataType.FP32 else torch.float16 for t in tables}
-        if len(dtypes) > 1:
-            raise ValueError("all tables of one collection must share a data_type (FP32 or FP16 here)")
-        self._dtype = dtypes.pop() if dtypes else torch.float32
+        dtypes = [mixed_dtypes.table_dtype(t.data_type) for t in tables]
+        self._dtype = dtypes[0] if dtypes else torch.float32
         self._pooling = "sum" if pooled else "none"
         config = _optimizer_config(optimizer, lr, fused_params, optimizer_kwargs)
         if not tables and config is not None:
             raise ValueError(f"{type(self).__name__}(tables=[]): no tables to fuse the optimizer "
                              f"{config.optimizer.value!r} into; add tables or leave the optimizer out")
+        # tables of several dtypes: one part per dtype (modules.mixed_dtypes), no kernel of its own
+        self._parts: List[_BatchedCollection] = []
+        if len(set(dtypes)) > 1:
+            if config is not None:
+                mixed_dtypes.refuse_fused_optimizer(self, tables, "a fused optimizer")
+            self._parts = mixed_dtypes.build_parts(self, tables, dtypes, self._part)
         # tables=[] (TorchRec builds such a collection): no kernel, nothing to look up
-        self._kernel: Optional[BatchedEmbeddingKernel] = self._make_kernel(config) if tables else None
-        modules = nn.ModuleDict()
-        for t, table in enumerate(tables):
-            modules[table.name] = self._table_module(table)
-            modules[table.name].weight = self._kernel.table_weights[t]
+        self._kernel: Optional[BatchedEmbeddingKernel] = self._make_kernel(config) if tables and not self._parts else None
+        if self._parts:
+            modules = mixed_dtypes.table_modules(self)
+        else:
+            modules = nn.ModuleDict()
+            for t, table in enumerate(tables):
+                modules[table.name] = self._table_module(table)
+                modules[table.name].weight = self._kernel.table_weights[t]
         setattr(self, self._dict_name, modules)
         self.fused_optimizer: Optional[EmbeddingFusedOptimizer] = None
         self._mark_fused_parameters()
@@ -184,6 +192,10 @@ class _BatchedCollection(nn.Module):
             self.reset_parameters()
 
     def _table_module(self, table: BaseEmbeddingConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def _part(self, tables: List[BaseEmbeddingConfig], device: str) -> "_BatchedCollection":
+        """A collection of this kind over some of the tables (one dtype of a mixed collection)."""
         raise NotImplementedError
 
     def _configs(self) -> List[BaseEmbeddingConfig]:
@@ -246,6 +258,8 @@ class _BatchedCollection(nn.Module):
         params = self._table_parameters()
         if not params:
             raise ValueError(f"{type(self).__name__}(tables=[]).fuse_optimizer: no tables to fuse an optimizer into")
+        if self._parts:
+            mixed_dtypes.refuse_fused_optimizer(self, self._configs(), "fuse_optimizer")
         kernel = self._make_kernel(config, device=params[0].device)
         kernel.adopt_parameters(params)
         self._kernel = kernel
@@ -254,7 +268,8 @@ class _BatchedCollection(nn.Module):
 
     @property
     def kernel(self) -> Optional[BatchedEmbeddingKernel]:
-        """The batched kernel running the lookups (backend, optimizer and storage); None for tables=[]."""
+        """The batched kernel running the lookups (backend, optimizer and storage); None for tables=[] and for
+        tables of several dtypes (each dtype's part has its own)."""
         return self._kernel
 
     @property
@@ -276,6 +291,10 @@ class _BatchedCollection(nn.Module):
         params = self._table_parameters()
         kernel = self._kernel
         if not params:  # tables=[]: nothing to look up
+            return
+        if self._parts:  # each part follows its own tables (the collection's modules are theirs)
+            for part in self._parts:
+                part._sync_kernel()
             return
         if params[0].device != kernel.device or params[0].dtype != self._dtype:
             if params[0].dtype not in _TABLE_DTYPES:  # (TorchRec's nn.EmbeddingBag fails in its lookup)
@@ -346,6 +365,12 @@ class EmbeddingBagCollection(_BatchedCollection, EmbeddingBagCollectionInterface
         self._mean_features = torch.tensor(mean)
         if any(t.pooling == PoolingType.NONE for t in tables):
             raise ValueError("EmbeddingBagCollection tables need SUM or MEAN pooling; use EmbeddingCollection for NONE")
+        if self._parts:
+            self._mixed_columns = mixed_dtypes.pooled_columns(self)
+
+    def _part(self, tables: List[EmbeddingBagConfig], device: str) -> "EmbeddingBagCollection":
+        return EmbeddingBagCollection(tables, is_weighted=self._is_weighted, device=device, backend=self._backend,
+                                      ids_out_of_range=self._ids_out_of_range)
 
     def _table_module(self, table: EmbeddingBagConfig) -> nn.Module:
         return nn.EmbeddingBag(table.num_embeddings, table.embedding_dim, mode=table.pooling.value.lower(),
@@ -364,6 +389,8 @@ class EmbeddingBagCollection(_BatchedCollection, EmbeddingBagCollectionInterface
         if not self._embedding_bag_configs:  # TorchRec's fails in torch.cat, with a ValueError too
             raise ValueError("EmbeddingBagCollection(tables=[]) has no tables, so no pooled output to build; give it "
                              "at least one EmbeddingBagConfig, or leave the collection out of the model")
+        if self._parts:
+            return mixed_dtypes.pooled_forward(self, features)
         values, lengths, weights, batch_size = self._layout.gather(features, self._is_weighted, variable_batch=True)
         inverse_indices = self._layout.inverse_indices(features)
         pooled = self._lookup(values, self._complete_cumsum(lengths), weights)
@@ -443,6 +470,10 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection, Embed
     def _table_module(self, table: EmbeddingConfig) -> nn.Module:
         return nn.Embedding(table.num_embeddings, table.embedding_dim, device="meta", dtype=self._dtype)
 
+    def _part(self, tables: List[EmbeddingConfig], device: str) -> "EmbeddingCollection":
+        return EmbeddingCollection(tables, device=device, need_indices=self._need_indices, backend=self._backend,
+                                   ids_out_of_range=self._ids_out_of_range)
+
     def _configs(self) -> List[EmbeddingConfig]:
         return self._embedding_configs
 
@@ -455,6 +486,8 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection, Embed
             return trace_as_one_call(self, self.embeddings, features)
         if not self._embedding_configs:  # as TorchRec's: no tables, no outputs
             return {}
+        if self._parts:
+            return mixed_dtypes.sequence_forward(self, features)
         gathered = self._layout.gather(features, weighted=False, variable_batch=True)
         rows = self._lookup(gathered.values, self._complete_cumsum(gathered.lengths))
         if self._kernel.optimizer is not None:  # refuse NaN/inf gradients before the fused update writes them
