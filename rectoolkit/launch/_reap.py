@@ -1,15 +1,15 @@
 """Finding and killing every process a worker started, so that nothing outlives its job.
 
-Each worker is the leader of a session and process group of its own (`start_new_session=True`), and its
+Each rank (its keeper and worker, see `_keeper`) is a session and process group of its own, and its
 environment carries a tag (`RECTOOLKIT_LAUNCH_TAG=<job id>.<rank>`) that every process it starts inherits.
 A worker's group is killed as a whole when the worker exits (helpers die with it), and at the end of the job
 `/proc` is swept for anything still carrying the job's tag or still in a worker's session: a helper that
 moved to a process group of its own, or even daemonized into a new session, is found by its tag. A helper that
 also dropped the tag (started with an environment of its own) is found by its parent: each worker is a child
 subreaper (`become_subreaper`), so what it starts stays its descendant even after a double fork: the worker
-kills its descendants (`kill_descendants`) before it exits, and the launcher, before it signals a worker's group,
-kills the descendants that left that group (`kill_escaped_descendants`; once the worker is gone they would be
-init's).
+kills its descendants (`kill_descendants`) before it exits, its keeper (a subreaper above it, see `_keeper`) kills
+those left when the worker could not (it was SIGKILLed), and the launcher, before it signals a rank's group, kills
+the descendants that left that group (`kill_escaped_descendants`; once the rank is gone they would be init's).
 
 The group is killed while the worker is still an unreaped zombie (`exit_status` looks without reaping), so
 its process-group id cannot have been reused by an unrelated process.
@@ -55,7 +55,6 @@ def tagged_processes(tag_prefix: str, sessions: Iterable[int] = (), variable: st
     """Live pids (not ours, not zombies) whose environment sets `variable` to `tag_prefix` or to a tag under
     it (`job` finds `job.0`, `job.1`; `job.1` does not find `job.10`), or that are in one of `sessions`.
     Linux only (reads /proc); returns [] where /proc is missing."""
-    marker = f"{variable}={tag_prefix}".encode()
     sessions = set(sessions)
     found, own = [], os.getpid()
     proc = Path("/proc")
@@ -74,9 +73,23 @@ def tagged_processes(tag_prefix: str, sessions: Iterable[int] = (), variable: st
             environ = (pid_dir / "environ").read_bytes()
         except (OSError, IndexError, ValueError):  # gone, another user's, or a kernel thread
             continue
-        if any(entry == marker or entry.startswith(marker + b".") for entry in environ.split(b"\0")):
+        if _has_tag(environ, tag_prefix, variable, under=True):
             found.append(int(pid_dir.name))
     return found
+
+
+def _has_tag(environ: bytes, tag: str, variable: str = TAG_VARIABLE, under: bool = False) -> bool:
+    """Whether a /proc/PID/environ sets `variable` to `tag` (or, `under`, to a tag under it: `job.1`)."""
+    marker = f"{variable}={tag}".encode()
+    return any(entry == marker or (under and entry.startswith(marker + b".")) for entry in environ.split(b"\0"))
+
+
+def carries_tag(pid: int, tag: str) -> bool:
+    """Whether live process `pid` carries exactly `tag` (so a pid reused by an unrelated process is not taken for it)."""
+    try:
+        return _has_tag(Path(f"/proc/{pid}/environ").read_bytes(), tag)
+    except OSError:  # gone, or another user's
+        return False
 
 
 def kill_tagged(tag_prefix: str, sessions: Iterable[int] = (), rounds: int = 5) -> List[int]:
@@ -139,9 +152,10 @@ def descendants(pid: int, outside_group: Optional[int] = None) -> List[int]:
     return [p for p in found if outside_group is None or groups.get(p) != outside_group]
 
 
-def kill_escaped_descendants(pid: int) -> List[int]:
-    """SIGKILL the live descendants of worker `pid` that left its process group (its group's signal misses them)."""
-    return kill_descendants(pid, outside_group=pid)
+def kill_escaped_descendants(pid: int, group: Optional[int] = None) -> List[int]:
+    """SIGKILL the live descendants of `pid` that left process group `group` (default: the one `pid` leads), which
+    a signal to that group misses."""
+    return kill_descendants(pid, outside_group=pid if group is None else group)
 
 
 def kill_descendants(pid: int, rounds: int = 5, outside_group: Optional[int] = None) -> List[int]:

@@ -13,8 +13,9 @@
         print(metrics)
     results = job.results()            # each rank's return value, or raises WorkerError / LaunchTimeout
 
-How it works: every worker is a fresh `python -m rectoolkit.launch._worker` process, the leader of a session
-and process group of its own, talking to the caller over a socket pair. The worker function travels by value
+How it works: every rank is a fresh keeper process (`_keeper`: the leader of a session and process group of its
+own, which kills what its worker left once the worker has gone, even SIGKILLed) and its worker (`python -m
+rectoolkit.launch._worker`, in that group), talking to the caller over a socket pair. The worker function travels by value
 with cloudpickle, so functions defined in a notebook cell or a `__main__` script work. The caller hosts the
 rendezvous TCPStore (so the port is free by construction). A monitor thread reads metrics, results and
 tracebacks; on the first failure, a timeout or `stop()`, it sends SIGTERM to every worker's process group
@@ -51,7 +52,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from rectoolkit.launch._reap import TAG_VARIABLE, exit_status, kill_escaped_descendants, kill_group, kill_tagged
+from rectoolkit.launch._reap import (TAG_VARIABLE, carries_tag, exit_status, kill_escaped_descendants, kill_group,
+                                    kill_tagged)
 from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
                                     never_arrived)
@@ -102,6 +104,7 @@ class _Rank:
     last_message_s: float
     output: Deque[str] = field(default_factory=lambda: deque(maxlen=200))
     started: bool = False  # up: its function has been called
+    worker_pid: Optional[int] = None  # known once started; the process the launcher started is its keeper
     reports: int = 0
     has_result: bool = False
     result: Any = None
@@ -314,7 +317,7 @@ class Job:
                                                  f"{state.rank}: {exc}"}
         state.last_message_s = time.monotonic()
         if kind == "started":
-            state.started = True
+            state.started, state.worker_pid = True, payload["pid"]
         elif kind == "where":
             state.where = payload
         elif kind == "metrics":
@@ -375,7 +378,10 @@ class Job:
                 if code is None:
                     continue
                 # whatever it started dies with it: its group, its session, its tag (while it is an unreaped
-                # zombie, its pid, group and session ids cannot be reused by an unrelated process)
+                # zombie, its pid, group and session ids cannot be reused by an unrelated process); a keeper killed
+                # before its worker could not sweep: the helpers that left the group are still the worker's
+                if state.worker_pid is not None and carries_tag(state.worker_pid, f"{self._tag}.{state.rank}"):
+                    kill_escaped_descendants(state.worker_pid, group=state.process.pid)
                 kill_group(state.process.pid, signal.SIGKILL)
                 kill_tagged(f"{self._tag}.{state.rank}", sessions=[state.process.pid])
                 state.returncode = state.process.wait()
@@ -540,8 +546,14 @@ class Job:
 
     @property
     def pids(self) -> List[int]:
-        """The worker process ids, by rank."""
+        """The process the launcher started for each rank, by rank: its keeper, the leader of the rank's process
+        group (`os.killpg(pid, signal.SIGKILL)` ends the rank and what it started; see `_keeper`)."""
         return [r.process.pid for r in self._ranks]
+
+    @property
+    def worker_pids(self) -> List[Optional[int]]:
+        """The process that runs fn on each rank (for py-spy, gdb, top), by rank; None until the rank is up."""
+        return [r.worker_pid for r in self._ranks]
 
     def status(self) -> List[Dict[str, Any]]:
         """One row per rank: rank, pid, state (starting/running/finishing/finished/failed/stopped), last step."""

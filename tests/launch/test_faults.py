@@ -410,11 +410,12 @@ def alive(pids):
 '''
 
 
-@pytest.mark.parametrize("end", ["a rank fails", "a rank is SIGKILLed", "the caller stops the job",
-                                 "every rank returns"])
+@pytest.mark.parametrize("end", ["a rank fails", "a rank is SIGKILLed", "the caller SIGKILLs a rank's pid",
+                                 "the caller stops the job", "every rank returns"])
 def test_helpers_that_left_session_and_environment_die_with_the_job(tmp_path, end):
     """Each worker is a child subreaper: what it starts, even daemonized with no tag, is killed with it; and its
-    keeper is one too, for a worker that was SIGKILLed (no clean-up of its own ran)."""
+    keeper is one too, for a worker that was SIGKILLed (no clean-up of its own ran); and when the keeper itself
+    (job.pids) is killed first, the launcher kills them from the worker it knows."""
     result = run_case(tmp_path, ESCAPEES + f'''
 END = {end!r}
 
@@ -427,20 +428,22 @@ def work(ctx):
         raise ValueError("boom")
     if END == "a rank is SIGKILLed" and ctx.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    if END == "the caller stops the job":
+    if END in ("the caller stops the job", "the caller SIGKILLs a rank's pid"):
         ctx.report(started=True)
         time.sleep(120)
     return pids
 
 os.chdir({str(tmp_path)!r})
 try:
-    if END == "the caller stops the job":
+    if END in ("the caller stops the job", "the caller SIGKILLs a rank's pid"):
         job = start(work, 2, echo_output=False)
         reported = set()
         for metrics in job.metrics():
             reported.add(metrics["rank"])
-            if reported == {{0, 1}}:
+            if reported == {{0, 1}} and END == "the caller stops the job":
                 job.stop()
+            elif reported == {{0, 1}}:
+                os.kill(job.pids[1], signal.SIGKILL)
         error = job.error
     else:
         launch(work, 2, echo_output=False)
@@ -457,5 +460,6 @@ emit(started=len(pids), running_at_end=running_at_end, leftover=alive(pids), err
     assert result["started"] == 4
     assert result["leftover"] == [], result
     assert result["error"] == {"a rank fails": "WorkerError", "a rank is SIGKILLed": "WorkerError",
+                               "the caller SIGKILLs a rank's pid": "WorkerError",
                                "the caller stops the job": "JobStopped",
                                "every rank returns": "NoneType"}[end]
