@@ -45,7 +45,8 @@ import torch
 
 from rectoolkit.kernels.id_ranges import IdRanges
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
-from rectoolkit.sparse.validation import IdsError, MissingFeatureError, check_not_padded, is_tracing
+from rectoolkit.sparse.validation import (IdsError, JaggedAssertionError, MissingFeatureError, check_not_padded,
+                                          is_tracing)
 
 FINITE_CHECKS_ENV = "RECTOOLKIT_CHECK_FINITE"
 _finite_checks_override: Optional[bool] = None
@@ -134,7 +135,9 @@ class FeatureLayout:
             lengths = lengths.view(len(keys), stride)[order].reshape(-1)
         self.refuse_float_ids(values)
         if weighted and weights is None:
-            raise ValueError(f"{self.owner}(is_weighted=True) needs a KeyedJaggedTensor with weights (per-id weights)")
+            raise JaggedAssertionError(f"{self.owner}(is_weighted=True) needs a KeyedJaggedTensor with weights (per-id "
+                                       "weights): pass weights= to the KeyedJaggedTensor, or build the collection "
+                                       "with is_weighted=False")
         if not weighted and weights is not None:
             fix = ("build the collection with is_weighted=True, or drop the weights" if "Bag" in self.owner else
                    "a sequence collection pools nothing, so no weights apply: drop them")

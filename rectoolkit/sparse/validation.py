@@ -81,8 +81,8 @@ class JaggedIndexError(ValueError, IndexError):
 
 
 class MissingFeatureError(ValueError, KeyError):
-    """A feature a collection needs is not in the KJT: TorchRec's collections fail with KeyError(feature); this is
-    a KeyError too (printed as its message, not quoted), and a ValueError naming the tables and the fix."""
+    """A key that is not there (`kjt["z"]`, a feature a collection needs): TorchRec fails with KeyError(key); this
+    is a KeyError too (printed as its message, not quoted), and a ValueError naming the keys there and the fix."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -240,4 +240,4 @@ def check_keys_and_stride(
 
 
 def unknown_key_error(key: object, keys: Sequence[str], owner: str) -> KeyError:
-    return KeyError(f"{owner}: unknown key {key!r}; the keys are {_short_keys(keys, 30)}")
+    return MissingFeatureError(f"{owner}: unknown key {key!r}; the keys are {_short_keys(keys, 30)}")

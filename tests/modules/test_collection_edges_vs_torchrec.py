@@ -177,3 +177,18 @@ def test_a_collection_of_mixed_types_refuses_a_fused_optimizer_naming_the_types(
         rtk.EmbeddingBagCollection(tables=tables, optimizer="sgd", lr=0.1)
     with pytest.raises(NotImplementedError, match="fuse_optimizer needs the tables in one data type"):
         rtk.EmbeddingBagCollection(tables=tables).fuse_optimizer("sgd", lr=0.1)
+
+
+@pytest.mark.parametrize("lib", [rtk, torchrec], ids=["rectoolkit", "torchrec"])
+def test_a_weighted_collection_fed_no_weights_raises_an_assertion_error_as_torchrecs(lib):
+    with pytest.raises(AssertionError):
+        _ebc(lib, weighted=True)(_kjt(lib))
+
+
+@pytest.mark.parametrize("lib", [rtk, torchrec], ids=["rectoolkit", "torchrec"])
+def test_an_unknown_key_is_a_key_error_whose_message_is_not_quoted(lib):
+    with pytest.raises(KeyError) as error:
+        _kjt(lib)["z"]
+    assert "z" in str(error.value)
+    if lib is rtk:
+        assert str(error.value) == "KeyedJaggedTensor: unknown key 'z'; the keys are ['a', 'b']"
