@@ -85,6 +85,9 @@ class DataParallelSharding(ShardingGroup):
         if self.optimizer is not None:
             self.optimizer.lr = float(lr)
 
+    def set_optimizer_step(self, step: int) -> None:
+        self.num_updates = int(step)
+
     def local_shards(self) -> List[LocalShard]:
         return [(t.name, ShardMetadata.on_rank(self.env.rank, 0, 0, t.num_embeddings, t.embedding_dim), param, state)
                 for t, param, state in zip(self.tables, self.weights.values(), self.states)]

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping
 
 from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.kernels.optimizer_state import EmbOptimType
+from rectoolkit.optim.fused import set_lr_only
 from rectoolkit.optim.keyed import CombinedOptimizer, KeyedOptimizer
 
 
@@ -80,6 +81,15 @@ class GroupFusedOptimizer(KeyedOptimizer):
 
     def post_load_state_dict(self) -> None:
         self._push_lr()
+
+    def set_optimizer_step(self, step: int) -> None:
+        """TorchRec's: the fused optimizer's step count from here on (Adam's bias correction reads it)."""
+        self._group.set_optimizer_step(step)
+
+    def update_hyper_parameters(self, params_dict: Mapping[str, Any]) -> None:
+        """TorchRec's: new hyper-parameters for the kernel; here "lr" (the param group's lr, pushed at once)."""
+        if set_lr_only(self, params_dict, "after sharding here (only 'lr'); set them in the sharder's fused_params"):
+            self._push_lr()
 
     def __repr__(self) -> str:  # TorchRec's name, in torch's layout ("EmbeddingFusedOptimizer (\nParameter Group 0 ...")
         return torch.optim.Optimizer.__repr__(self).replace(type(self).__name__, "EmbeddingFusedOptimizer", 1)

@@ -106,6 +106,17 @@ class ShardingGroup(nn.Module):
         if kernel is not None and kernel.optimizer is not None:
             kernel.set_learning_rate(float(lr))
 
+    def set_optimizer_step(self, step: int) -> None:
+        """Set the fused optimizer's step count (Adam's bias correction reads it): fbgemm's TBE by its own
+        set_optimizer_step, as TorchRec calls it; the torch kernel's count of updates."""
+        kernel = getattr(getattr(self, "local", None), "kernel", None)
+        if kernel is None or kernel.optimizer is None:
+            return
+        if hasattr(kernel, "tbe"):
+            kernel.tbe.set_optimizer_step(int(step))
+        else:
+            kernel.num_updates = int(step)
+
 
 class RoutedShardingGroup(ShardingGroup):
     """Base of the types whose ids travel to the shards' owners (all but DATA_PARALLEL).

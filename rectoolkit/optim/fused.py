@@ -53,3 +53,27 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
 
     def post_load_state_dict(self) -> None:
         self.sync_hyperparameters()
+
+    def set_optimizer_step(self, step: int) -> None:
+        """TorchRec's: the step count the next updates continue from (Adam's bias correction reads it)."""
+        if hasattr(self.kernel, "tbe"):
+            self.kernel.tbe.set_optimizer_step(int(step))  # fbgemm's own, as TorchRec calls it
+        else:
+            self.kernel.num_updates = int(step)
+
+    def update_hyper_parameters(self, params_dict: Mapping[str, Any]) -> None:
+        """TorchRec's: here "lr" (the param group's, pushed at once); other hyper-parameters are refused by name."""
+        if set_lr_only(self, params_dict, "after the collection is built (only 'lr'); rebuild it with the new values"):
+            self.sync_hyperparameters()
+
+
+def set_lr_only(optimizer: KeyedOptimizer, params_dict: Mapping[str, Any], fix: str) -> bool:
+    """update_hyper_parameters of a fused optimizer: "lr" goes into param_groups[0] (True: push it); other keys are
+    refused, naming them (`fix`: why and what to do instead)."""
+    others = sorted(set(params_dict) - {"lr"})
+    if others:
+        raise NotImplementedError(f"{type(optimizer).__name__}.update_hyper_parameters: {others} cannot be changed {fix}")
+    if "lr" not in params_dict:
+        return False
+    optimizer.param_groups[0]["lr"] = float(params_dict["lr"])
+    return True

@@ -152,10 +152,18 @@ class KeyedOptimizerWrapper(KeyedOptimizer):
         return cls(params, lambda _: optimizer)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients dropped, as TorchRec's (its wrapper calls torch's zero_grad() whatever set_to_none says; here
+        set_to_none=False zeroes them in place)."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Any = None) -> Any:
         return self._optimizer.step(closure=closure)
+
+    def set_optimizer_step(self, step: int) -> None:
+        _forward(self._optimizer, "set_optimizer_step", step)
+
+    def update_hyper_parameters(self, params_dict: Dict[str, Any]) -> None:
+        _forward(self._optimizer, "update_hyper_parameters", params_dict)
 
     def __repr__(self) -> str:
         return repr(self._optimizer)
@@ -206,6 +214,12 @@ class OptimizerWrapper(KeyedOptimizer):
 
     def save_param_groups(self, save: bool) -> None:
         self._optimizer.save_param_groups(save)
+
+    def set_optimizer_step(self, step: int) -> None:
+        _forward(self._optimizer, "set_optimizer_step", step)
+
+    def update_hyper_parameters(self, params_dict: Dict[str, Any]) -> None:
+        _forward(self._optimizer, "update_hyper_parameters", params_dict)
 
 
 class CombinedOptimizer(KeyedOptimizer):
@@ -264,6 +278,15 @@ class CombinedOptimizer(KeyedOptimizer):
         for _, opt in self._optims:
             opt.zero_grad(set_to_none=set_to_none)
 
+    def set_optimizer_step(self, step: int) -> None:
+        """Each optimizer that has a step count (the fused ones) starts counting from `step`, as TorchRec's."""
+        for _, opt in self._optims:
+            _forward(opt, "set_optimizer_step", step)
+
+    def update_hyper_parameters(self, params_dict: Dict[str, Any]) -> None:
+        for _, opt in self._optims:
+            _forward(opt, "update_hyper_parameters", params_dict)
+
     def state_dict(self) -> Dict[str, Any]:
         result: Dict[str, Any] = {"state": {}}
         groups = []
@@ -294,6 +317,13 @@ class CombinedOptimizer(KeyedOptimizer):
 
     def __repr__(self) -> str:
         return ",".join(f"{key}: {opt!r}" for key, opt in self._optims)
+
+
+def _forward(optimizer: Any, method: str, argument: Any) -> None:
+    """TorchRec's wrappers call `method` of the optimizers that have it (torch's own have neither
+    set_optimizer_step nor update_hyper_parameters: TorchRec skips them too)."""
+    if hasattr(optimizer, method):
+        getattr(optimizer, method)(argument)
 
 
 def in_backward_optimizer_filter(named_parameters: Iterable[Tuple[str, torch.Tensor]], include: bool = False):
