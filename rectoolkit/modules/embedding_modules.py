@@ -268,9 +268,9 @@ class _BatchedCollection(nn.Module):
 
     @property
     def kernel(self) -> Optional[BatchedEmbeddingKernel]:
-        """The batched kernel running the lookups (backend, optimizer and storage); None for tables=[] and for
-        tables of several dtypes (each dtype's part has its own)."""
-        return self._kernel
+        """The batched kernel running the lookups (backend, optimizer and storage); None for tables=[]. Tables of
+        several dtypes have a kernel per dtype (`_parts`): the first one's, whose optimizer (none) they all share."""
+        return self._parts[0]._kernel if self._parts else self._kernel
 
     @property
     def device(self) -> torch.device:
