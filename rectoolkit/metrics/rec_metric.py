@@ -26,6 +26,7 @@ window's samples themselves and all-gathers them.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import deque
 from typing import Any, Deque, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
@@ -335,6 +336,26 @@ class RecMetric(nn.Module):
                     computation.unsync()
             return
         self._synced_states = None
+
+    def get_memory_usage(self) -> Dict[torch.Tensor, int]:
+        """{tensor: bytes} of every tensor this metric holds (states, window batches, computations), as TorchRec's."""
+        sizes: Dict[torch.Tensor, int] = {}
+        seen: Set[int] = set()
+        pending: Deque[Any] = deque(self.__dict__.values())
+        while pending:
+            item = pending.popleft()
+            if id(item) in seen or isinstance(item, (str, bytes, int, float, bool, enum.Enum, type)) or item is None:
+                continue
+            seen.add(id(item))
+            if isinstance(item, torch.Tensor):
+                sizes[item] = item.numel() * item.element_size()
+            elif isinstance(item, Mapping):
+                pending.extend(item.values())
+            elif isinstance(item, (list, tuple, deque)):
+                pending.extend(item)
+            elif hasattr(item, "__dict__"):
+                pending.extend(vars(item).values())
+        return sizes
 
     def _report(self, states: Any, key_prefix: str = "") -> Dict[str, torch.Tensor]:
         fused = self._compute_mode != RecComputeMode.UNFUSED_TASKS_COMPUTATION

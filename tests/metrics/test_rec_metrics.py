@@ -315,3 +315,18 @@ def test_metric_module_state_dict_round_trip_and_a_wrong_shape_changes_nothing()
     assert all(float(v) == 0 for v in other.state_dict().values())
     with pytest.raises(RuntimeError, match="Missing key"):
         other.load_state_dict({k: v for k, v in state.items() if "neg_labels" not in k})
+
+
+def test_get_memory_usage_maps_every_tensor_held_to_its_bytes():
+    # TorchRec's RecMetric.get_memory_usage: {tensor: bytes}; counted here by hand from what the metrics keep
+    tasks = [RecTaskInfo(name="t")]
+    ctr = CTRMetric(world_size=1, my_rank=0, batch_size=2, tasks=tasks, window_size=4)
+    auc = AUCMetric(world_size=1, my_rank=0, batch_size=2, tasks=tasks, window_size=4)
+    for metric in (ctr, auc):
+        for _ in range(3):
+            metric.update(predictions={"t": torch.tensor([0.2, 0.7])}, labels={"t": torch.tensor([0.0, 1.0])},
+                          weights=None)
+    # CTR: lifetime [1 task, 2 sums] + window total [2] + the window's 2 batches [2] each, all float64
+    assert sorted(ctr.get_memory_usage().values()) == [16, 16, 16, 16]
+    # AUC: the window's 2 batches of [3 (prediction, label, weight), 2 samples] float64
+    assert sorted(auc.get_memory_usage().values()) == [48, 48]
