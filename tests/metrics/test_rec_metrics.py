@@ -123,7 +123,7 @@ def test_torchrecs_other_task_fields_are_accepted_and_change_nothing_as_in_torch
 
 
 @pytest.mark.parametrize("name", ["metrics_namespace", "metric_module", "metrics_config", "rec_metric", "ne", "auc",
-                                  "calibration", "ctr", "mse"])
+                                  "calibration", "ctr", "mse", "computation"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -16,7 +16,8 @@ from rectoolkit.modules.mlp import MLP, Perceptron
 
 
 @pytest.mark.parametrize("name", ["rectoolkit.modules.mlp", "rectoolkit.modules.activation",
-                                  "rectoolkit.modules.crossnet", "rectoolkit.modules.deepfm"])
+                                  "rectoolkit.modules.crossnet", "rectoolkit.modules.deepfm",
+                                  "rectoolkit.modules.mixed_dtypes", "rectoolkit.modules.layout"])
 def test_docstring_examples(name):
     assert doctest.testmod(importlib.import_module(name)).failed == 0
 
