@@ -236,9 +236,13 @@ class ShardedCollection(nn.Module):
     def torchrec_named_parameters(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
         """This rank's shard weights under TorchRec's names: "<prefix>embedding_bags.<table>.weight" (sequence
         collections: "embeddings."), one entry per local shard (a table with two column shards here gives its
-        name twice, as TorchRec's sharded modules do); tables with no shard on this rank are absent."""
-        for table, _, weight, _ in self.local_shards():
-            yield f"{prefix}{collection_state_prefix(self)}{table}.weight", weight
+        name twice, as TorchRec's sharded modules do), in the collection's table order as TorchRec's; tables with no
+        shard on this rank are absent (TorchRec lists an empty placeholder for them)."""
+        shards = self.local_shards()
+        for config in self._tables:
+            for table, _, weight, _ in shards:
+                if table == config.name:
+                    yield f"{prefix}{collection_state_prefix(self)}{table}.weight", weight
 
     def memory_bytes(self) -> Dict[str, int]:
         """Bytes this rank holds: shard weights and fused optimizer state, and where they live ("device": GPU

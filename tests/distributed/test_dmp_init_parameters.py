@@ -4,7 +4,8 @@ A model built on the meta device: with init_parameters=True TorchRec's DMP gives
 sharded collections memory on its device, calls reset_parameters() of each module that had one, and zeroes meta
 buffers; with False it leaves them on meta, and DDP (init_data_parallel) then fails with NotImplementedError. The
 shards are real either way. state_dict() keys come in sorted order (TorchRec's add_prefix_to_state_dict sorts them,
-with the keys already in `destination`).
+with the keys already in `destination`); named_parameters() in the collections' table order (TorchRec also lists an
+empty placeholder for a table with no shard on the rank: left out of the comparison).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _dmp(lib_name: str, device: str, **kwargs):
         from rectoolkit.distributed import sharding_plan as sp
     model = _model(lib, device)
     plan = mp.ShardingPlan({
-        "ebc": sp.construct_module_sharding_plan(model.ebc, {"t0": sp.table_wise(rank=1), "t1": sp.row_wise()},
+        "ebc": sp.construct_module_sharding_plan(model.ebc, {"t0": sp.row_wise(), "t1": sp.table_wise(rank=1)},
                                                  world_size=2, device_type="cpu"),
         "ec": sp.construct_module_sharding_plan(model.ec, {"e0": sp.table_wise(rank=0)}, world_size=2,
                                                 device_type="cpu")})
@@ -76,6 +77,7 @@ def worker(rank: int, world_size: int, lib_name: str, out_dir: str) -> None:
     seen = {"state_dict": list(_dmp(lib_name, "cpu").state_dict()),
             "into_destination": list(_dmp(lib_name, "cpu").state_dict(
                 destination=OrderedDict(zzz=torch.zeros(1), aaa=torch.zeros(1))))}
+    seen["named_parameters"] = [name for name, p in _dmp(lib_name, "cpu").named_parameters() if p.numel()]
     seen["init_true"] = _seen(_dmp(lib_name, "meta"))
     lazy = _dmp(lib_name, "meta", init_data_parallel=False)
     seen["init_true_lazy"] = _seen(lazy)
@@ -109,4 +111,5 @@ def test_init_parameters_and_state_dict_order_match_torchrec(tmp_path):
     assert ours["init_true"]["filled"] == [7.0] * 3 and ours["init_false"]["filled"] is None
     assert ours["init_true"]["buffers"]["step"] == ["cpu", [0.0, 0.0]]  # a meta buffer becomes zeros
     assert ours["init_false"]["parameters"]["lin.weight"] == ["meta", [1, 4]]
-    assert ours["init_false"]["parameters"]["ebc.embedding_bags.t1.weight"] == ["cpu", [4, 4]]  # shards are real
+    assert ours["init_false"]["parameters"]["ebc.embedding_bags.t0.weight"] == ["cpu", [3, 4]]  # shards are real
+    assert seen[1][1]["named_parameters"][:2] == ["ebc.embedding_bags.t0.weight", "ebc.embedding_bags.t1.weight"]
