@@ -14,9 +14,10 @@ steps and zero_grads both, and its state_dict is keyed by "<optimizer key>.<para
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from copy import deepcopy
-from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Tuple, Union
+from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -115,12 +116,22 @@ class KeyedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: Any) -> None:
         raise NotImplementedError("KeyedOptimizer: parameter groups are fixed at construction")
 
-    def init_state(self, sparse_grad_parameter_names: Iterable[str] = ()) -> None:
+    def init_state(self, sparse_grad_parameter_names: Optional[Iterable[str]] = None) -> None:
         """Materialize lazy state by stepping once with zero gradients (TorchRec's init_state: any gradient the
-        parameters hold is replaced, so the step moves no weight unless the optimizer decays weights)."""
-        for param in self.params.values():
+        parameters hold is replaced, so the step moves no weight unless the optimizer decays weights). The
+        parameters named in `sparse_grad_parameter_names` (this optimizer's keys) get sparse zero gradients, for
+        optimizers that take only those (torch.optim.SparseAdam); a name it has no parameter of is warned about
+        (TorchRec ignores it: a model's name given to a CombinedOptimizer, whose keys carry the optimizer's key)."""
+        sparse = set(sparse_grad_parameter_names or ())
+        unknown = sorted(sparse - set(self.params))
+        if unknown:
+            warnings.warn(f"{type(self).__name__}.init_state: sparse_grad_parameter_names {unknown} name no parameter "
+                          f"of this optimizer (its keys: {sorted(self.params)[:10]}); those get dense gradients, if "
+                          "any: give the optimizer's own keys", stacklevel=2)
+        for key, param in self.params.items():
             if param.requires_grad:
-                param.grad = torch.zeros_like(param)
+                grad = torch.zeros_like(param)
+                param.grad = grad.to_sparse() if key in sparse else grad
         self.step()
         self.zero_grad(set_to_none=True)
 

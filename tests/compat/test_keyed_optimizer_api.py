@@ -102,3 +102,23 @@ def test_an_unsharded_collections_fused_optimizer_takes_them_too():
     assert ebc.fused_optimizer.param_groups[0]["lr"] == 0.5
     with pytest.raises(NotImplementedError, match=r"\['beta1'\] cannot be changed"):
         ebc.fused_optimizer.update_hyper_parameters({"beta1": 0.5})
+
+
+def _sparse_adam_state(keyed) -> list:
+    """init_state with the parameter named sparse: torch's SparseAdam takes only sparse gradients."""
+    weight = torch.nn.Parameter(torch.ones(3, 2))
+    optimizer = keyed.CombinedOptimizer([("emb", keyed.KeyedOptimizerWrapper(
+        {"w": weight}, lambda params: torch.optim.SparseAdam(params, lr=0.1)))])
+    optimizer.init_state({"emb.w"})
+    return [sorted(state) for state in optimizer.state_dict()["state"].values()] + [weight.tolist()]
+
+
+def test_init_state_gives_the_named_parameters_sparse_gradients():
+    torchrec_keyed = pytest.importorskip("torchrec.optim.keyed")
+    from rectoolkit.optim import keyed
+
+    assert _sparse_adam_state(keyed) == _sparse_adam_state(torchrec_keyed)
+    assert _sparse_adam_state(keyed)[0] == ["exp_avg", "exp_avg_sq", "step"]
+    with pytest.warns(UserWarning, match=r"\['w'\] name no parameter of this optimizer"):
+        keyed.CombinedOptimizer([("emb", keyed.KeyedOptimizerWrapper(
+            {"w": torch.nn.Parameter(torch.ones(2))}, lambda params: torch.optim.SGD(params, lr=0.1)))]).init_state({"w"})
