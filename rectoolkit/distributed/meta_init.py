@@ -15,9 +15,6 @@ stay on meta, for the caller to materialize (`to_empty` and an init of their own
 
 from __future__ import annotations
 
-import itertools
-from typing import List
-
 import torch
 from torch import nn
 
@@ -49,12 +46,6 @@ def init_meta_parameters(module: nn.Module, device: torch.device) -> None:
             module._buffers[name] = torch.zeros_like(buffer, device=device)
     if has_meta_parameter and hasattr(module, "reset_parameters"):
         module.reset_parameters()
-
-
-def meta_tensor_names(module: nn.Module) -> List[str]:
-    """The names of `module`'s parameters and buffers that are still on the meta device."""
-    return [name for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers())
-            if tensor.device.type == "meta"]
 
 
 def move_dense_part(module: nn.Module, device: torch.device) -> None:
