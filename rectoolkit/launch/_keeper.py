@@ -9,7 +9,9 @@ FD KEEPER_PID`, in the keeper's process group and session), waits for it, and wh
 however it exited, kills every descendant left (the worker's helpers, now the keeper's), then ends the way the
 worker did (its exit code, or the signal that killed it), so the launcher sees the worker's own end. The
 launcher's signals to the group reach both; the keeper ignores SIGTERM and SIGINT (it goes when the worker has
-gone), not SIGKILL. A worker whose keeper is gone kills its helpers and itself (`_worker._watch_parent`).
+gone), not SIGKILL. A worker whose keeper is gone kills its helpers and itself (`_worker._watch_parent`); a
+keeper whose launcher is gone kills its worker and everything below it, even when the launcher's socket stays
+open in a process it forked (a multiprocessing pool of the notebook).
 
 The launcher runs this file by its path, `python .../_keeper.py FD`, not with `-m`: importing the rectoolkit
 package (torch) would cost every rank seconds of start-up and hundreds of MB for a process that only waits.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -43,9 +46,25 @@ def keep(fd: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # set after the start: the worker keeps the default actions
         signal.signal(sig, signal.SIG_IGN)
     os.close(fd)  # only the worker holds it now, so the launcher sees it close when the worker is gone
-    returncode = worker.wait()
+    returncode = _wait_watching_the_launcher(worker, reap)
     reap.kill_descendants(os.getpid())
     _end_like(returncode)
+
+
+def _wait_watching_the_launcher(worker: subprocess.Popen, reap) -> int:
+    """Wait for the worker; if the launcher (this keeper's parent) dies first, kill the worker and its helpers."""
+    launcher_pid = os.getppid()
+    try:
+        pidfd = os.pidfd_open(worker.pid)  # readable once the worker has exited (Linux 5.3 and later)
+    except (AttributeError, OSError):
+        return worker.wait()  # elsewhere the worker watches the launcher's socket alone
+    try:
+        while not select.select([pidfd], [], [], 0.5)[0]:
+            if os.getppid() != launcher_pid:
+                reap.kill_descendants(os.getpid())
+    finally:
+        os.close(pidfd)
+    return worker.wait()
 
 
 def _end_like(returncode: int) -> None:

@@ -147,8 +147,11 @@ def main(fd: int, keeper_pid: int) -> None:
             exit_code = 3
     if exit_code == 0 and dist.is_initialized():
         dist.destroy_process_group()  # only on success: after a failure a peer may be gone, so just exit
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # fn closed or replaced it: what it printed is gone already
+            pass
     conn.close()
     launcher_gone = exit_code == 3 or os.getppid() != keeper_pid
     if launcher_gone:  # nobody else will kill what this worker started

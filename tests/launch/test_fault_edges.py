@@ -1,5 +1,5 @@
 """Faults at the edges of a job's life: ranks slow to start under `idle_timeout_s`, an interrupt while a failed
-job is stopping. Each case runs as a caller script in a subprocess (`test_faults.run_case`), so a hang fails the
+job is stopping, a function that closes its stdout. Each case runs as a caller script in a subprocess (`test_faults.run_case`), so a hang fails the
 case instead of hanging the suite; the cases wait on files and reports, never on a guessed delay."""
 
 from __future__ import annotations
@@ -115,3 +115,19 @@ except KeyboardInterrupt as interrupt:
     assert "rank 1's own error" in context["text"]
     assert any("rank 1 had already failed" in note for note in result["notes"]), result["notes"]
     assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
+
+
+def test_a_function_that_closes_its_stdout_returns_cleanly(tmp_path):
+    result = run_case(tmp_path, '''
+def work(ctx):
+    print("rank", ctx.rank, "closes its stdout", flush=True)
+    sys.stdout.close()
+    return ctx.rank
+
+job = start(work, 2, echo_output=False)
+emit(results=job.wait(timeout=120), output=[job.output(rank) for rank in range(2)], leftover=marked_processes())
+''')
+    assert result["results"] == [0, 1]
+    for rank, output in enumerate(result["output"]):
+        assert f"rank {rank} closes its stdout" in output and "Traceback" not in output, output
+    assert result["leftover"] == []

@@ -360,23 +360,41 @@ emit(helpers=sum(len(h) for h in results), leftover=marked_processes())
     assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
 
 
-def test_killing_the_caller_takes_workers_and_their_helpers_with_it(tmp_path):
-    # the script runs itself as a child that launches, and SIGKILLs that child mid-training (a crashed kernel)
-    result = run_case(tmp_path, TRAIN + '''
+@pytest.mark.parametrize("forked", [False, True], ids=["sockets-close", "a-fork-keeps-the-sockets"])
+def test_killing_the_caller_takes_workers_and_their_helpers_with_it(tmp_path, forked):
+    # the script runs itself as a child that launches, and SIGKILLs that child mid-training (a crashed kernel);
+    # `forked`: the child has forked a process that keeps running with the launcher's sockets open (as a
+    # multiprocessing pool started with fork does), so the workers do not see their sockets close
+    result = run_case(tmp_path, TRAIN + f'''
+FORKED = {forked!r}
+HOLDER_FILE = Path({str(tmp_path / "holder.pid")!r})
 if os.environ.get("ROLE") == "child":
-    launch(train, 2, echo_output=False)
+    job = start(train, 2, echo_output=False)
+    if FORKED:
+        holder = os.fork()
+        if holder == 0:
+            time.sleep(300)
+            os._exit(0)
+        HOLDER_FILE.write_text(str(holder))
+    job.wait()
     sys.exit(0)
 child = subprocess.Popen([sys.executable, __file__], env=dict(os.environ, ROLE="child"))
 deadline = time.time() + 120
-while len(marked_processes()) < 7 and time.time() < deadline:  # the child, 2 workers, 2 helpers each
-    time.sleep(0.2)
+while (len(marked_processes()) < 7 + FORKED or (FORKED and not HOLDER_FILE.exists())) and time.time() < deadline:
+    time.sleep(0.2)  # the child, 2 keepers, 2 workers (and helpers), the holder
+holder = int(HOLDER_FILE.read_text()) if FORKED else None
 running = len(marked_processes())
 child.kill()
 child.wait()
 deadline = time.time() + 30
-while marked_processes() and time.time() < deadline:
+while [pid for pid in marked_processes() if pid != holder] and time.time() < deadline:
     time.sleep(0.2)
-emit(running=running, leftover=marked_processes())
+leftover = [pid for pid in marked_processes() if pid != holder]
+if holder is not None:  # the caller's own process: not the launcher's to end
+    os.kill(holder, signal.SIGKILL)
+    while holder in marked_processes():
+        time.sleep(0.05)
+emit(running=running, leftover=leftover)
 ''')
     assert result["running"] >= 7
     assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
