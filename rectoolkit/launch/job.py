@@ -615,26 +615,32 @@ class Job:
         """Stop every worker now (SIGTERM to its process group, SIGKILL after `grace_s`) and wait until all
         have exited. An interrupt (Ctrl-C) while it waits kills them at once (as `kill`), then is re-raised.
         Called from `on_metrics` (the monitor's thread), it only asks."""
-        self._stop_requested = True
-        self._wait_until_stopped()
+        self._ask_and_wait(kill=False)
 
     def kill(self) -> None:
         """Stop every worker at once (SIGKILL to its process group, no grace) and wait until all have exited:
         for a job whose ranks do not go when asked (a SIGTERM handler that keeps running, a rank stuck in
         native code). `launch` does this when it is interrupted while the job is already stopping."""
-        self._kill_requested = True
-        self._wait_until_stopped()
+        self._ask_and_wait(kill=True)
 
-    def _wait_until_stopped(self) -> None:
-        if threading.current_thread() is self._monitor_thread:
-            return
+    def _ask_and_wait(self, kill: bool) -> None:
         interrupt: Optional[KeyboardInterrupt] = None
-        while not self._finished:
+        try:  # asked inside the try: an interrupt that comes once the ranks were signalled is caught below
+            if kill:
+                self._kill_requested = True
+            else:
+                self._stop_requested = True
+            if threading.current_thread() is self._monitor_thread:
+                return
+            self._join(None)
+        except KeyboardInterrupt as first:
+            interrupt = first
+        while interrupt is not None and not self._finished:
+            self._kill_requested = True  # Ctrl-C while the ranks get grace_s to go: kill them now
             try:
                 self._join(None)
-            except KeyboardInterrupt as again:  # Ctrl-C while the ranks get grace_s to go: kill them now
-                interrupt = interrupt or again
-                self._kill_requested = True
+            except KeyboardInterrupt:
+                pass  # the same request again, while the ranks are being killed; the first is re-raised
         if interrupt is not None:
             raise interrupt
 

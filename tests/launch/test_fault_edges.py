@@ -131,3 +131,38 @@ emit(results=job.wait(timeout=120), output=[job.output(rank) for rank in range(2
     for rank, output in enumerate(result["output"]):
         assert f"rank {rank} closes its stdout" in output and "Traceback" not in output, output
     assert result["leftover"] == []
+
+
+def test_a_second_interrupt_while_launch_stops_the_job_kills_at_once(tmp_path):
+    # The first Ctrl-C stops the job gracefully (SIGTERM, grace_s); rank 0 ignores its SIGTERM, so the stop
+    # would wait grace_s (an hour). A second Ctrl-C then must kill it at once.
+    result = run_case(tmp_path, f'''
+IGNORING = Path({str(tmp_path / "ignoring")!r})
+
+def work(ctx):
+    if ctx.rank == 0:
+        signal.signal(signal.SIGTERM, lambda *_: IGNORING.write_text("rank 0 ignores its SIGTERM"))
+    ctx.report(ready=True)
+    while True:
+        time.sleep(0.1)
+
+def interrupt_again_once_rank_0_ignores_its_sigterm():
+    while not IGNORING.exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+
+ready = set()
+def interrupt_once_both_ranks_are_ready(metrics):
+    ready.add(metrics["rank"])
+    if ready == {{0, 1}}:
+        threading.Thread(target=interrupt_again_once_rank_0_ignores_its_sigterm, daemon=True).start()
+        os.kill(os.getpid(), signal.SIGINT)
+
+try:
+    launch(work, 2, grace_s=3600.0, on_metrics=interrupt_once_both_ranks_are_ready, echo_output=False)
+    emit(outcome="returned")
+except KeyboardInterrupt:
+    emit(outcome="KeyboardInterrupt", ignored=IGNORING.exists(), leftover=marked_processes())
+''')
+    assert result["outcome"] == "KeyboardInterrupt" and result["ignored"] is True, result
+    assert result["leftover"] == [] and result["leftover_after_caller_exit"] == []
