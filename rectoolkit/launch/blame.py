@@ -120,6 +120,31 @@ def location(stack: str) -> str:
     return f"{lines[last]}: {code}" if code else lines[last]
 
 
+def last_sign_of_life(reports: int, last_step) -> str:
+    """What a silent rank last did that the launcher saw, after 'since':
+
+        >>> last_sign_of_life(0, None), last_sign_of_life(3, 7)
+        ('its function started (no report yet)', 'its last report (step 7)')
+    """
+    if not reports:
+        return "its function started (no report yet)"
+    return f"its last report (step {last_step})" if last_step is not None else "its last report"
+
+
+def what_a_late_rank_looks_like(stacks: Sequence[str]) -> str:
+    """The likely story of late ranks from where their main threads are ('' for no answer): a collective that
+    a peer never entered only when one of them is inside torch.distributed, else their own code.
+
+        >>> what_a_late_rank_looks_like(['File "train.py", line 3, in step']).split(" (")[0]
+        'A rank busy or stuck in its own code'
+        >>> what_a_late_rank_looks_like(['File ".../torch/distributed/c10d.py", line 9, in all_reduce', ''])[:26]
+        'A rank waiting in a collec'
+    """
+    if any(in_collective(stack) for stack in stacks):
+        return "A rank waiting in a collective that another rank never entered looks like this"
+    return "A rank busy or stuck in its own code (a loop, a slow import or step, a wait on a lock) looks like this"
+
+
 @dataclass
 class Failure:
     """One rank's failure as the launcher saw it; `primary` is False for a consequence of another failure."""

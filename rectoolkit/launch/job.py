@@ -26,7 +26,8 @@ Workers kill themselves (and their helpers) when the caller goes away.
 Interrupts: the caller's thread, where Ctrl-C / Jupyter's interrupt raises KeyboardInterrupt at any
 bytecode, only reads a lock-free SimpleQueue, sets flags and joins the monitor; everything else (signals,
 reaping, errors) happens in the monitor thread. So an interrupt at any moment stops the job and re-raises,
-and the next launch works. Which rank is blamed for a failure is decided in `blame`.
+and the next launch works; an interrupt while the job is already stopping (a rank failed, a timeout, an earlier
+interrupt) kills its ranks at once, and `launch`'s KeyboardInterrupt keeps the failure already known. Which rank is blamed for a failure is decided in `blame`.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ import torch.distributed as dist
 from rectoolkit.launch._reap import (TAG_VARIABLE, carries_tag, exit_status, kill_escaped_descendants, kill_group,
                                     kill_tagged)
 from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
-from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout, location,
-                                    never_arrived)
+from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout,
+                                    last_sign_of_life, location, never_arrived, what_a_late_rank_looks_like)
 from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
 from rectoolkit.launch.shipping import dumps_keeping_file_names, notebook_sources
 
@@ -129,13 +130,6 @@ class _Rank:
         if self.returncode is not None:
             return "stopped"
         return "running" if self.started else "starting"
-
-
-def _last_sign_of_life(state: _Rank) -> str:
-    """What a rank last did that the launcher saw: 'its last report (step 7)', 'its function started'."""
-    if not state.reports:
-        return "its function started (no report yet)"
-    return f"its last report (step {state.last_step})" if state.last_step is not None else "its last report"
 
 
 class Job:
@@ -433,7 +427,8 @@ class Job:
             idle = [r for r in self._ranks if r.rank in unfinished and r.started
                     and now - r.last_message_s > self._idle_timeout_s]
             if idle:
-                silences = "; ".join(f"rank {r.rank} since {_last_sign_of_life(r)}" for r in idle)
+                silences = "; ".join(f"rank {r.rank} since {last_sign_of_life(r.reports, r.last_step)}"
+                                     for r in idle)
                 self._timeout([r.rank for r in idle],
                               f"rank(s) {[r.rank for r in idle]} reported nothing for idle_timeout_s="
                               f"{self._idle_timeout_s:g} s ({silences})",
@@ -443,12 +438,8 @@ class Job:
     def _timeout(self, ranks: List[int], what: str, fix: str) -> None:
         """Ask the late ranks where they are, then stop the job with a LaunchTimeout that says it."""
         def stop_with_timeout() -> None:
-            if any(self._ranks[r].where and in_collective(self._ranks[r].where) for r in ranks):
-                looks = "a rank waiting in a collective that another rank never entered"
-            else:
-                looks = "a rank busy or stuck in its own code (a loop, a slow import or step, a wait on a lock)"
-            self._error = LaunchTimeout(f"{what}: {self._whereabouts(ranks)}. {looks[0].upper()}{looks[1:]} "
-                                        f"looks like this; {fix}.", ranks)
+            looks = what_a_late_rank_looks_like([self._ranks[r].where or "" for r in ranks])
+            self._error = LaunchTimeout(f"{what}: {self._whereabouts(ranks)}. {looks}; {fix}.", ranks)
 
         self._probe_then([self._ranks[r] for r in ranks], stop_with_timeout)
 
