@@ -9,7 +9,7 @@ Used by the batched kernels (their `ids_out_of_range` argument) and by every col
     >>> ranges.check(torch.tensor([1, 4, 9]), torch.tensor([2, 1]), mode="error")
     Traceback (most recent call last):
     ...
-    ValueError: id 4 of feature 'user' is out of range for table 't_user' with num_embeddings=4 (valid ids are 0..3; 1 bad ids in this batch). Fix the ids, enlarge the table, or pass ids_out_of_range='hash' to map ids into range with a modulo.
+    rectoolkit.sparse.validation.IdsError: id 4 of feature 'user' is out of range for table 't_user' with num_embeddings=4 (valid ids are 0..3; 1 bad ids in this batch). Fix the ids, enlarge the table, or pass ids_out_of_range='hash' to map ids into range with a modulo.
 """
 
 from __future__ import annotations
