@@ -28,7 +28,9 @@ from torch import nn
 from rectoolkit.metrics.accuracy import AccuracyMetric
 from rectoolkit.metrics.auc import AUCMetric
 from rectoolkit.metrics.auprc import AUPRCMetric
+from rectoolkit.metrics.cali_free_ne import CaliFreeNEMetric
 from rectoolkit.metrics.calibration import CalibrationMetric
+from rectoolkit.metrics.calibration_with_recalibration import RecalibratedCalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
 from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
@@ -36,6 +38,8 @@ from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.ndcg import NDCGMetric, session_ids_to_tensor
 from rectoolkit.metrics.mse import MSEMetric
 from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.ne_with_recalibration import RecalibratedNEMetric
+from rectoolkit.metrics.nmse import NMSEMetric
 from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
@@ -43,7 +47,19 @@ from rectoolkit.metrics.rauc import RAUCMetric
 from rectoolkit.metrics.recall import RecallMetric
 from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.throughput import ThroughputMetric
+from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
+# counting, averaging, session and QPS metrics (imports)
+from rectoolkit.metrics.average import AverageMetric
+from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
+from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
+from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
+from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
+from rectoolkit.metrics.sum_weights import SumWeightsMetric
+from rectoolkit.metrics.tower_qps import TowerQPSMetric
+from rectoolkit.metrics.weighted_sum_predictions import WeightedSumPredictionsMetric
+from rectoolkit.metrics.xauc import XAUCMetric
+
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
@@ -60,6 +76,21 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
     RecMetricEnum.RAUC: RAUCMetric,
     RecMetricEnum.NDCG: NDCGMetric,
+    # counting, averaging, session and QPS metrics
+    RecMetricEnum.TOWER_QPS: TowerQPSMetric,
+    RecMetricEnum.MULTICLASS_RECALL: MulticlassRecallMetric,
+    RecMetricEnum.HINDSIGHT_TARGET_PR: HindsightTargetPRMetric,
+    RecMetricEnum.XAUC: XAUCMetric,
+    RecMetricEnum.NUM_POSITIVE_SAMPLES: NumPositiveSamplesMetric,
+    RecMetricEnum.NUM_MISSING_LABELS: NumMissingLabelsMetric,
+    RecMetricEnum.SUM_WEIGHTS: SumWeightsMetric,
+    RecMetricEnum.WEIGHTED_SUM_PREDICTIONS: WeightedSumPredictionsMetric,
+    RecMetricEnum.AVERAGE: AverageMetric,
+    RecMetricEnum.RECALIBRATED_NE: RecalibratedNEMetric,
+    RecMetricEnum.RECALIBRATED_CALIBRATION: RecalibratedCalibrationMetric,
+    RecMetricEnum.CALI_FREE_NE: CaliFreeNEMetric,
+    RecMetricEnum.UNWEIGHTED_NE: UnweightedNEMetric,
+    RecMetricEnum.NMSE: NMSEMetric,
 }
 
 

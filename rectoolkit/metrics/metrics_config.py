@@ -39,6 +39,21 @@ class RecMetricEnum(Enum):
     WEIGHTED_AVG = "weighted_avg"
     RAUC = "rauc"
     NDCG = "ndcg"
+    # counting, averaging, session and QPS metrics
+    TOWER_QPS = "tower_qps"
+    MULTICLASS_RECALL = "multiclass_recall"
+    HINDSIGHT_TARGET_PR = "hindsight_target_pr"
+    XAUC = "xauc"
+    NUM_POSITIVE_SAMPLES = "num_positive_samples"
+    NUM_MISSING_LABELS = "num_missing_labels"
+    SUM_WEIGHTS = "sum_weights"
+    WEIGHTED_SUM_PREDICTIONS = "weighted_sum_predictions"
+    AVERAGE = "average"
+    RECALIBRATED_NE = "recalibrated_ne"
+    RECALIBRATED_CALIBRATION = "recalibrated_calibration"
+    CALI_FREE_NE = "cali_free_ne"
+    UNWEIGHTED_NE = "unweighted_ne"
+    NMSE = "nmse"
 
     def __str__(self) -> str:
         return self.value

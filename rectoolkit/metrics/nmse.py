@@ -1,0 +1,49 @@
+"""Normalized MSE (`torchrec.metrics.nmse.NMSEMetric`): the weighted MSE (see mse.py) divided by the MSE of always
+predicting 1, and the RMSE by that baseline's RMSE (0 where the baseline is 0, as TorchRec's):
+
+    nmse = sum w (y - p)^2 / sum w (y - 1)^2,   nrmse = sqrt(nmse)
+
+States: MSE's and `const_pred_error_sum` (the baseline's squared error). include_r_squared only adds the label
+sums to the state_dict, as TorchRec's (NMSE reports no R^2).
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = NMSEMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([1., 2.])}, labels={"t": torch.tensor([2., 3.])},
+    ...               weights=None)
+    >>> {key: float(value) for key, value in metric.compute().items() if "lifetime" in key}   # 2 / 5
+    {'nmse-t|lifetime_nmse': 0.4, 'nmse-t|lifetime_nrmse': 0.6324555320336759}
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+from rectoolkit.metrics.mse import MSEMetric
+
+
+class NMSEMetric(MSEMetric):
+    """Lifetime and window NMSE and NRMSE per task (`nmse-{task}|{lifetime,window}_{nmse,nrmse}`)."""
+
+    _namespace = "nmse"
+    _state_names = MSEMetric._state_names + ("const_pred_error_sum",)
+    _report_groups = (("nmse", "nrmse"),)
+
+    def _persistent_states(self) -> Tuple[str, ...]:
+        return super()._persistent_states() + ("const_pred_error_sum",)
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        mse_states = super()._batch_states(predictions, labels, weights)
+        return torch.cat([mse_states, (weights * (labels - 1) ** 2).sum().view(1)])
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        error, weight, baseline_error = states[0], states[1], states[4]
+        if weight == 0 or baseline_error == 0:  # TorchRec's 0 for an empty task or a zero baseline
+            zero = torch.zeros((), dtype=torch.float64)
+            return {"nmse": zero, "nrmse": zero}
+        mse, baseline_mse = error / weight, baseline_error / weight
+        return {"nmse": mse / baseline_mse, "nrmse": mse.sqrt() / baseline_mse.sqrt()}
+
+
+__all__ = ["NMSEMetric"]

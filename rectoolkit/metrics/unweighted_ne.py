@@ -1,0 +1,42 @@
+"""Unweighted NE (`torchrec.metrics.unweighted_ne.UnweightedNEMetric`): NE (see ne.py) with every sample's weight
+taken as 1, whatever weights are given; `weighted_num_samples` is then the sample count.
+
+    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> metric = UnweightedNEMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
+    >>> metric.update(predictions={"t": torch.tensor([0.5, 0.5])}, labels={"t": torch.tensor([0., 1.])},
+    ...               weights={"t": torch.tensor([9., 0.])})
+    >>> float(metric.compute()["unweighted_ne-t|lifetime_unweighted_ne"])   # the weights do not count
+    1.0
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from rectoolkit.metrics.ne import ETA, NEMetric, normalized_entropy
+
+
+class UnweightedNEMetric(NEMetric):
+    """Lifetime and window unweighted NE per task (`unweighted_ne-{task}|{lifetime,window}_unweighted_ne`);
+    state_dict as NEMetric's.
+
+    Option: allow_missing_label_with_zero_weight (1e-12 instead of nan while a task has no sample; per task here,
+    where TorchRec's fused modes report 1e-12 for the first task only, once any task has none).
+    """
+
+    _namespace = "unweighted_ne"
+    _options = {"allow_missing_label_with_zero_weight": False}
+    _report_groups = ()
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return super()._batch_states(predictions, labels, torch.ones_like(weights))
+
+    def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
+            return {"unweighted_ne": torch.tensor(ETA, dtype=torch.float64)}
+        return {"unweighted_ne": normalized_entropy(*states)}
+
+
+__all__ = ["UnweightedNEMetric"]

@@ -1,0 +1,188 @@
+"""The NE / calibration family (cali-free NE, recalibrated NE and calibration, unweighted NE, NMSE, serving NE and
+calibration, segmented NE) against TorchRec 1.8's classes on the same batches: keys in order, values, dtypes and
+shapes, state_dict; through generate_metric_module; hand-worked values; bad inputs; 2 gloo ranks."""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from tests.metrics.test_rec_metrics import batches as random_batches
+
+torchrec = pytest.importorskip("torchrec")
+
+TASKS = ["click", "like"]
+BATCH = 8
+MODULES = {"CaliFreeNEMetric": "cali_free_ne", "RecalibratedNEMetric": "ne_with_recalibration",
+           "RecalibratedCalibrationMetric": "calibration_with_recalibration", "UnweightedNEMetric": "unweighted_ne",
+           "NMSEMetric": "nmse"}
+CASES = [("CaliFreeNEMetric", {}), ("CaliFreeNEMetric", {"allow_missing_label_with_zero_weight": True}),
+         ("RecalibratedNEMetric", {}), ("RecalibratedNEMetric", {"recalibration_coefficient": 0.25}),
+         ("RecalibratedCalibrationMetric", {}), ("RecalibratedCalibrationMetric", {"recalibration_coefficient": 0.1}),
+         ("UnweightedNEMetric", {}), ("UnweightedNEMetric", {"allow_missing_label_with_zero_weight": True}),
+         ("NMSEMetric", {}), ("NMSEMetric", {"include_r_squared": True})]
+MODES = ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION", "FUSED_TASKS_AND_STATES_COMPUTATION"]
+
+
+def batches(count=12, seed=0, tasks=TASKS, regression=False):
+    """test_rec_metrics' stream (predictions in (0, 1), 0/1 labels, weights in [0.5, 2]); with regression, labels
+    and predictions in [0, 3)."""
+    stream = random_batches(count=count, seed=seed, tasks=tasks, batch=BATCH)
+    if not regression:
+        return stream
+    return [({t: p[t] * 3 for t in tasks}, {t: (l[t] + p[t]) * 1.5 for t in tasks}, w) for p, l, w in stream]
+
+
+def make(library, name, mode, window_size, world_size=1, rank=0, tasks=TASKS, **extra):
+    package = "torchrec" if library == "torchrec" else "rectoolkit"
+    cls = getattr(importlib.import_module(f"{package}.metrics.{MODULES[name]}"), name)
+    config = importlib.import_module(f"{package}.metrics.metrics_config")
+    return cls(world_size=world_size, my_rank=rank, batch_size=BATCH, tasks=[config.RecTaskInfo(name=t) for t in tasks],
+               compute_mode=getattr(config.RecComputeMode, mode), window_size=window_size, **extra)
+
+
+def feed(metric, stream, **kwargs):
+    for predictions, labels, weights in stream:
+        metric.update(predictions=predictions, labels=labels, weights=weights, **kwargs)
+    return metric.compute()
+
+
+def assert_same_values(got, expected):
+    assert list(got) == list(expected)  # the same keys in the same order
+    for key, value in expected.items():
+        # dtype and shape as TorchRec's; TorchRec sums float32 products into float64 states, rectoolkit in float64
+        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-7, equal_nan=True, msg=key)
+
+
+def assert_same_state_dict(ours, theirs):
+    their_state, our_state = theirs.state_dict(), ours.state_dict()
+    assert list(our_state) == list(their_state)
+    for key, value in their_state.items():
+        torch.testing.assert_close(our_state[key], value, rtol=1e-6, atol=1e-6, msg=key)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name, extra", CASES)
+@pytest.mark.parametrize("window_size", [20, 10_000])  # 20: the window drops batches, windowed != lifetime
+def test_same_keys_values_and_state_dict_as_torchrec(name, extra, mode, window_size):
+    theirs = make("torchrec", name, mode, window_size, **extra)
+    ours = make("rectoolkit", name, mode, window_size, **extra)
+    stream = batches(regression=name == "NMSEMetric")
+    expected, got = feed(theirs, stream), feed(ours, stream)
+    assert_same_values(got, expected)
+    if window_size == 20:
+        first = list(got)[0]
+        assert not torch.equal(got[first], got[first.replace("|lifetime_", "|window_")])
+    assert_same_state_dict(ours, theirs)
+    # and each loads the other's lifetime sums
+    fresh = make("rectoolkit", name, mode, window_size, **extra)
+    fresh.load_state_dict(theirs.state_dict())
+    for key, value in fresh.compute().items():
+        if "lifetime" in key:
+            torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES[:2])
+@pytest.mark.parametrize("name", ["CaliFreeNEMetric", "UnweightedNEMetric", "NMSEMetric",
+                                  "RecalibratedCalibrationMetric"])
+def test_empty_and_zero_weight_tasks_as_torchrec(name, mode):
+    """A task whose weights are all 0 (UnweightedNE still counts its samples), and one never fed."""
+    stream = [(p, l, {"click": torch.zeros(BATCH), "like": w["like"]}) for p, l, w in batches(count=3)]
+    theirs = make("torchrec", name, mode, 10_000)
+    ours = make("rectoolkit", name, mode, 10_000)
+    assert_same_values(feed(ours, stream), feed(theirs, stream))
+
+
+def test_hand_worked_values():
+    from rectoolkit.metrics.cali_free_ne import CaliFreeNEMetric
+    from rectoolkit.metrics.calibration_with_recalibration import RecalibratedCalibrationMetric
+    from rectoolkit.metrics.metrics_config import RecTaskInfo
+    from rectoolkit.metrics.ne_with_recalibration import RecalibratedNEMetric
+    from rectoolkit.metrics.nmse import NMSEMetric
+    from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
+
+    def one(cls, predictions, labels, weights=None, **extra):
+        metric = cls(world_size=1, my_rank=0, batch_size=len(predictions), tasks=[RecTaskInfo(name="t")], **extra)
+        metric.update(predictions={"t": torch.tensor(predictions)}, labels={"t": torch.tensor(labels)},
+                      weights=None if weights is None else {"t": torch.tensor(weights)})
+        return {key.split("|")[1]: float(value) for key, value in metric.compute().items() if "lifetime" in key}
+
+    # p = 0.5 with c = 1/3: p' = 0.5 / (0.5 + 0.5 * 3) = 1/4; labels 1, 0: CE = 2 + log2(4/3) bits; base 2 bits
+    ne = one(RecalibratedNEMetric, [0.5, 0.5], [1.0, 0.0], recalibration_coefficient=1 / 3)["lifetime_ne"]
+    assert ne == pytest.approx((2 + math.log2(4 / 3)) / 2)
+    calibration = one(RecalibratedCalibrationMetric, [0.5, 0.5], [1.0, 0.0], recalibration_coefficient=1 / 3)
+    assert calibration["lifetime_calibration"] == pytest.approx(0.5)
+    # weights 3 and 1 ignored: two samples, CE of p = 0.8 on labels 1, 0 = log2(1.25) + log2(5) bits over 2 bits
+    unweighted = one(UnweightedNEMetric, [0.8, 0.8], [1.0, 0.0], [3.0, 1.0])["lifetime_unweighted_ne"]
+    assert unweighted == pytest.approx((math.log2(1.25) + math.log2(5)) / 2)
+    # NE of p = 0.8 on labels 1, 0 over the entropy of always predicting the mean prediction 0.8
+    cali_free = one(CaliFreeNEMetric, [0.8, 0.8], [1.0, 0.0])["lifetime_cali_free_ne"]
+    assert cali_free == pytest.approx(((math.log2(1.25) + math.log2(5)) / 2) / (math.log2(1.25) + math.log2(5)))
+    # errors 1, 4 (weights 1, 2) over the errors of predicting 1: (2 - 1)^2 + 2 (3 - 1)^2
+    nmse = one(NMSEMetric, [1.0, 1.0], [2.0, 3.0], [1.0, 2.0])
+    assert nmse["lifetime_nmse"] == pytest.approx(9 / 9) and nmse["lifetime_nrmse"] == pytest.approx(1.0)
+    nmse = one(NMSEMetric, [2.0, 3.0], [2.0, 5.0], [1.0, 1.0])
+    assert nmse["lifetime_nmse"] == pytest.approx(4 / 17) and nmse["lifetime_nrmse"] == pytest.approx(math.sqrt(4 / 17))
+
+
+@pytest.mark.parametrize("value", [0, -0.5, float("inf"), float("nan"), "0.5", True])
+@pytest.mark.parametrize("name", ["RecalibratedNEMetric", "RecalibratedCalibrationMetric"])
+def test_bad_recalibration_coefficient_is_refused_by_name(name, value):
+    with pytest.raises(ValueError, match="recalibration_coefficient"):
+        make("rectoolkit", name, MODES[0], 100, recalibration_coefficient=value)
+
+
+@pytest.mark.parametrize("option", ["include_logloss", "allow_missing_label_with_zero_weight"])
+def test_recalibrated_ne_refuses_the_options_torchrec_ignores(option):
+    with pytest.raises(ValueError, match=option):
+        make("rectoolkit", "RecalibratedNEMetric", MODES[0], 100, **{option: True})
+    make("rectoolkit", "RecalibratedNEMetric", MODES[0], 100, **{option: False})
+
+
+@pytest.mark.parametrize("name, extra", [("UnweightedNEMetric", {"include_logloss": True}),
+                                         ("CaliFreeNEMetric", {"include_logloss": False}), ("NMSEMetric", {"foo": 1})])
+def test_unknown_arguments_are_refused_as_torchrec(name, extra):
+    with pytest.raises(ValueError, match=list(extra)[0]):
+        make("torchrec", name, MODES[0], 100, **extra)
+    with pytest.raises(ValueError, match=list(extra)[0]):
+        make("rectoolkit", name, MODES[0], 100, **extra)
+
+
+GENERATED = {"RECALIBRATED_NE": {"recalibration_coefficient": 0.5},
+             "RECALIBRATED_CALIBRATION": {"recalibration_coefficient": 0.5}, "CALI_FREE_NE": None,
+             "UNWEIGHTED_NE": None, "NMSE": None}
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_generate_metric_module_builds_them_as_torchrec(mode):
+    from torchrec.metrics import metric_module as theirs_module
+    from torchrec.metrics import metrics_config as theirs_config
+
+    from rectoolkit.metrics import metric_module as ours_module
+    from rectoolkit.metrics import metrics_config as ours_config
+
+    def config(package):
+        tasks = [package.RecTaskInfo(name=t, label_name=f"y_{t}", prediction_name=f"p_{t}", weight_name=f"w_{t}")
+                 for t in TASKS]
+        metrics = {getattr(package.RecMetricEnum, member): package.RecMetricDef(
+            rec_task_indices=[0, 1], window_size=24, arguments=arguments) for member, arguments in GENERATED.items()}
+        return package.MetricsConfig(rec_tasks=tasks, rec_metrics=metrics, throughput_metric=None,
+                                     rec_compute_mode=getattr(package.RecComputeMode, mode))
+
+    modules = [library.generate_metric_module(library.RecMetricModule, config(package), batch_size=BATCH,
+                                              world_size=1, my_rank=0, state_metrics_mapping={},
+                                              device=torch.device("cpu"))
+               for library, package in ((theirs_module, theirs_config), (ours_module, ours_config))]
+    for predictions, labels, weights in batches(count=5):
+        model_out = {f"{name}_{t}": value[t] for t in TASKS
+                     for name, value in (("p", predictions), ("y", labels), ("w", weights))}
+        for module in modules:
+            module.update(model_out)
+    expected, got = (dict(module.compute()) for module in modules)
+    assert len(expected) == 2 * 2 * 6
+    assert_same_values(got, expected)
+    assert list(modules[1].state_dict()) == list(modules[0].state_dict())
