@@ -23,6 +23,8 @@ from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.recall import RecallMetric
+from rectoolkit.metrics.serving_calibration import ServingCalibrationMetric
+from rectoolkit.metrics.serving_ne import ServingNEMetric
 from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 
@@ -31,4 +33,4 @@ __all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "Calibrati
            "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum", "RecMetricException", "RecMetricList",
            "RecMetricModule", "RecTaskInfo", "RecallMetric", "WeightedAvgMetric", "generate_metric_module"]
 __all__ += ["CaliFreeNEMetric", "NMSEMetric", "RecalibratedCalibrationMetric", "RecalibratedNEMetric",
-            "UnweightedNEMetric"]
+            "ServingCalibrationMetric", "ServingNEMetric", "UnweightedNEMetric"]

@@ -45,6 +45,8 @@ from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
 from rectoolkit.metrics.rauc import RAUCMetric
 from rectoolkit.metrics.recall import RecallMetric
+from rectoolkit.metrics.serving_calibration import ServingCalibrationMetric
+from rectoolkit.metrics.serving_ne import ServingNEMetric
 from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.throughput import ThroughputMetric
 from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
@@ -70,6 +72,8 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.CALI_FREE_NE: CaliFreeNEMetric,
     RecMetricEnum.UNWEIGHTED_NE: UnweightedNEMetric,
     RecMetricEnum.NMSE: NMSEMetric,
+    RecMetricEnum.SERVING_NE: ServingNEMetric,
+    RecMetricEnum.SERVING_CALIBRATION: ServingCalibrationMetric,
 }
 
 

@@ -44,6 +44,8 @@ class RecMetricEnum(Enum):
     CALI_FREE_NE = "cali_free_ne"
     UNWEIGHTED_NE = "unweighted_ne"
     NMSE = "nmse"
+    SERVING_NE = "serving_ne"
+    SERVING_CALIBRATION = "serving_calibration"
 
     def __str__(self) -> str:
         return self.value

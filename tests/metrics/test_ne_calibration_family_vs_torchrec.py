@@ -16,12 +16,14 @@ TASKS = ["click", "like"]
 BATCH = 8
 MODULES = {"CaliFreeNEMetric": "cali_free_ne", "RecalibratedNEMetric": "ne_with_recalibration",
            "RecalibratedCalibrationMetric": "calibration_with_recalibration", "UnweightedNEMetric": "unweighted_ne",
-           "NMSEMetric": "nmse"}
+           "NMSEMetric": "nmse", "ServingNEMetric": "serving_ne", "ServingCalibrationMetric": "serving_calibration",
+           "SegmentedNEMetric": "segmented_ne"}
 CASES = [("CaliFreeNEMetric", {}), ("CaliFreeNEMetric", {"allow_missing_label_with_zero_weight": True}),
          ("RecalibratedNEMetric", {}), ("RecalibratedNEMetric", {"recalibration_coefficient": 0.25}),
          ("RecalibratedCalibrationMetric", {}), ("RecalibratedCalibrationMetric", {"recalibration_coefficient": 0.1}),
          ("UnweightedNEMetric", {}), ("UnweightedNEMetric", {"allow_missing_label_with_zero_weight": True}),
-         ("NMSEMetric", {}), ("NMSEMetric", {"include_r_squared": True})]
+         ("NMSEMetric", {}), ("NMSEMetric", {"include_r_squared": True}), ("ServingNEMetric", {}),
+         ("ServingCalibrationMetric", {})]
 MODES = ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION", "FUSED_TASKS_AND_STATES_COMPUTATION"]
 
 
@@ -87,10 +89,12 @@ def test_same_keys_values_and_state_dict_as_torchrec(name, extra, mode, window_s
 @pytest.mark.torchrec
 @pytest.mark.parametrize("mode", MODES[:2])
 @pytest.mark.parametrize("name", ["CaliFreeNEMetric", "UnweightedNEMetric", "NMSEMetric",
-                                  "RecalibratedCalibrationMetric"])
+                                  "RecalibratedCalibrationMetric", "ServingNEMetric", "ServingCalibrationMetric"])
 def test_empty_and_zero_weight_tasks_as_torchrec(name, mode):
-    """A task whose weights are all 0 (UnweightedNE still counts its samples), and one never fed."""
-    stream = [(p, l, {"click": torch.zeros(BATCH), "like": w["like"]}) for p, l, w in batches(count=3)]
+    """A task whose weights are all 0 (UnweightedNE still counts its samples), one with some weights 0 (the serving
+    metrics do not count them)."""
+    stream = [(p, l, {"click": torch.zeros(BATCH), "like": w["like"] * (torch.arange(BATCH) % 3 > 0)})
+              for p, l, w in batches(count=3)]
     theirs = make("torchrec", name, mode, 10_000)
     ours = make("rectoolkit", name, mode, 10_000)
     assert_same_values(feed(ours, stream), feed(theirs, stream))
@@ -153,7 +157,7 @@ def test_unknown_arguments_are_refused_as_torchrec(name, extra):
 
 GENERATED = {"RECALIBRATED_NE": {"recalibration_coefficient": 0.5},
              "RECALIBRATED_CALIBRATION": {"recalibration_coefficient": 0.5}, "CALI_FREE_NE": None,
-             "UNWEIGHTED_NE": None, "NMSE": None}
+             "UNWEIGHTED_NE": None, "NMSE": None, "SERVING_NE": None, "SERVING_CALIBRATION": None}
 
 
 @pytest.mark.torchrec
@@ -183,6 +187,29 @@ def test_generate_metric_module_builds_them_as_torchrec(mode):
         for module in modules:
             module.update(model_out)
     expected, got = (dict(module.compute()) for module in modules)
-    assert len(expected) == 2 * 2 * 6
+    assert len(expected) == 2 * 2 * 6 + 2 * 3 * 2
     assert_same_values(got, expected)
     assert list(modules[1].state_dict()) == list(modules[0].state_dict())
+
+
+@pytest.mark.parametrize("name", ["ServingNEMetric", "ServingCalibrationMetric"])
+def test_serving_metrics_refuse_what_torchrec_ignores_and_mismatched_inputs(name):
+    with pytest.raises(ValueError, match="allow_missing_label_with_zero_weight"):
+        make("rectoolkit", name, MODES[0], 100, allow_missing_label_with_zero_weight=True)
+    metric = make("rectoolkit", name, MODES[0], 100)
+    with pytest.raises(ValueError, match="weights"):
+        metric.update(predictions={"click": torch.rand(BATCH)}, labels={"click": torch.ones(BATCH)},
+                      weights={"click": torch.ones(BATCH - 1)})
+
+
+def test_serving_total_examples_hand_worked():
+    metric = make("rectoolkit", "ServingNEMetric", "FUSED_TASKS_COMPUTATION", 100)
+    weights = {"click": torch.tensor([0.0, 1, 2, 0, 0, 1, 1, 1]), "like": torch.zeros(BATCH)}
+    for _ in range(2):
+        metric.update(predictions={t: torch.full((BATCH,), 0.5) for t in TASKS},
+                      labels={t: torch.ones(BATCH) for t in TASKS}, weights=weights)
+    values = metric.compute()
+    assert values["serving_ne-click|total_examples"].tolist() == 10
+    assert values["serving_ne-like|total_examples"].dtype == torch.int64
+    assert values["serving_ne-like|total_examples"].tolist() == 0
+    assert list(metric.local_compute())[-1] == "serving_ne-like|local_total_examples"
