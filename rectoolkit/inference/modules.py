@@ -46,7 +46,9 @@ from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from rectoolkit.quant.config import make_qconfig
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+from rectoolkit.quant.lookup import QuantBatchedLookup
 from rectoolkit.quant.one_process import shard_quant_in_one_process
+from rectoolkit.quant.pruning import MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT
 from rectoolkit.quant.shard_modules import shard_modules
 from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder
 
@@ -222,6 +224,91 @@ def quantize_inference_model(model: nn.Module, quantization_mapping: Optional[Di
     logger.info("Default quantization dtype is %s, per_table_weight_dtype=%s.", quantization_dtype,
                 per_table_weight_dtype)
     return model
+
+
+def set_pruning_data(model: nn.Module, tables_to_rows_post_pruning: Dict[str, int],
+                     module_types: Optional[List[Type[nn.Module]]] = None) -> nn.Module:
+    """Mark the float collections of `model` (of exactly one of `module_types`; default EmbeddingBagCollection and
+    FeatureProcessedEmbeddingBagCollection) with {table name: rows kept after pruning}; returns `model`.
+
+    quantize_inference_model then stores only the first `rows` rows of each named table, so its memory shrinks by
+    the rows pruned; an id of a pruned row reads row 0, as in TorchRec (rectoolkit.quant.pruning). Call it before
+    quantizing. A name that is no table of a marked collection is refused (TorchRec ignores it: a typo would
+    prune nothing); a quantized EmbeddingCollection refuses pruning (TorchRec's keeps every row).
+
+    >>> import rectoolkit as rtk
+    >>> model = torch.nn.Sequential(rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(
+    ...     name="t", num_embeddings=100, embedding_dim=8, feature_names=["f"])]))
+    >>> quant_model = quantize_inference_model(set_pruning_data(model, {"t": 10}))
+    >>> quant_model[0].embedding_bags["t"].weight.shape       # 10 rows of 4 + 8 bytes, padded to 16
+    torch.Size([10, 16])
+    """
+    if module_types is None:
+        module_types = [EmbeddingBagCollection, FeatureProcessedEmbeddingBagCollection]
+    for table, rows in tables_to_rows_post_pruning.items():
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"set_pruning_data: tables_to_rows_post_pruning[{table!r}] = {rows!r}; give the number "
+                             "of rows the table keeps, an int >= 1")
+    marked = [module for module in model.modules() if type(module) in module_types]
+    tables = {t.name: t.num_embeddings for module in marked for t in _table_configs(module)}
+    unknown = sorted(set(tables_to_rows_post_pruning) - set(tables))
+    if unknown:
+        raise ValueError(f"set_pruning_data: tables {unknown} are no tables of the model's "
+                         f"{[t.__name__ for t in module_types]} (their tables: {sorted(tables)}); name only those, or "
+                         "pass the module_types that hold them")
+    too_many = {t: r for t, r in tables_to_rows_post_pruning.items() if r > tables[t]}
+    if too_many:
+        raise ValueError(f"set_pruning_data: {too_many} keep more rows than the tables have "
+                         f"({ {t: tables[t] for t in too_many} }); keep at most num_embeddings rows")
+    for module in marked:
+        setattr(module, MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT, tables_to_rows_post_pruning)
+    return model
+
+
+def _quantized_lookups(model: nn.Module) -> List[QuantBatchedLookup]:
+    return [module for module in model.modules() if isinstance(module, QuantBatchedLookup)]
+
+
+def get_table_to_weights_from_tbe(model: nn.Module) -> Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """{table name: (weight, scale_bias or None)} of every quantized lookup of `model` (rectoolkit's counterpart of
+    TorchRec's IntNBit TBE modules): views of the stored rows, shaped as fbgemm's split_embedding_weights gives
+    them (INT8 [rows, dim] codes with [rows, 4] fp16 scale and bias bytes; FP16 / FP32 [rows, bytes], None).
+
+    >>> import rectoolkit as rtk
+    >>> model = quantize_inference_model(torch.nn.Sequential(rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(
+    ...     name="t", num_embeddings=10, embedding_dim=8, feature_names=["f"])])))
+    >>> {name: (tuple(w.shape), tuple(sb.shape)) for name, (w, sb) in get_table_to_weights_from_tbe(model).items()}
+    {'t': ((10, 8), (10, 4))}
+    """
+    return {table.name: weights for lookup in _quantized_lookups(model)
+            for table, weights in zip(lookup.tables, lookup.split_embedding_weights())}
+
+
+def assign_weights_to_tbe(model: nn.Module,
+                          table_to_weight: Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
+    """Write `table_to_weight` {table name: (weight, scale_bias or None)} into the storage of every quantized lookup
+    of `model`, shaped as get_table_to_weights_from_tbe gives them (uint8; a pruned table: its kept rows).
+
+    Every table of every lookup must be named (TorchRec asserts the same). TorchRec finds its TBEs only where they
+    are registered modules (quantize_inference_model registers them); rectoolkit's lookups always are, so a
+    collection quantized any other way is assigned too. A sharded model's lookups hold shards ('<table>__<k>'):
+    assign before sharding.
+
+    >>> import rectoolkit as rtk
+    >>> model = quantize_inference_model(torch.nn.Sequential(rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(
+    ...     name="t", num_embeddings=10, embedding_dim=8, feature_names=["f"])])))
+    >>> weights = {name: (torch.zeros_like(w), sb) for name, (w, sb) in get_table_to_weights_from_tbe(model).items()}
+    >>> assign_weights_to_tbe(model, weights)
+    >>> int(model[0].embedding_bags["t"].weight[:, 4:12].sum())    # the codes are now 0
+    0
+    """
+    for lookup in _quantized_lookups(model):
+        missing = [table.name for table in lookup.tables if table.name not in table_to_weight]
+        if missing:
+            raise AssertionError(f"assign_weights_to_tbe: tables {missing} not in table_to_weight (it names "
+                                 f"{sorted(table_to_weight)}); give (weight, scale_bias) for every table of the "
+                                 "model, as get_table_to_weights_from_tbe returns them")
+        lookup.assign_embedding_weights([table_to_weight[table.name] for table in lookup.tables])
 
 
 def _check_devices(compute_device: str, sharding_device: str) -> None:

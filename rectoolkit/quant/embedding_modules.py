@@ -50,6 +50,8 @@ from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
+from rectoolkit.quant.pruning import (apply_pruning_dict, pruned_ids_read_row_zero, pruning_dict_of, stored_rows,
+                                      warn_pruned_ids)
 from rectoolkit.quant.rowwise import (
     DEFAULT_ROW_ALIGNMENT,
     INTEGER_DATA_TYPES,
@@ -95,8 +97,12 @@ class _QuantCollection(nn.Module):
         self._feature_table_names = [tables[i].name for i in feature_table_map]
         self._layout = FeatureLayout(type(self).__name__, self._feature_names, self._feature_table_names,
                                      [tables[i].num_embeddings for i in feature_table_map], hash_allowed=False)
+        rows = [stored_rows(t) for t in tables]  # fewer than num_embeddings for a pruned table (quant.pruning)
+        self._pruned = any(r < t.num_embeddings for r, t in zip(rows, tables))
+        self.register_buffer("_stored_rows_per_feature", torch.tensor([rows[i] for i in feature_table_map],
+                                                                      device=self._device), persistent=False)
         self._lookup = QuantBatchedLookup(
-            [QuantTableSpec(t.num_embeddings, t.embedding_dim, t.data_type, t.name) for t in tables],
+            [QuantTableSpec(r, t.embedding_dim, t.data_type, t.name) for r, t in zip(rows, tables)],
             feature_table_map=feature_table_map, pooled=pooled, row_alignment=row_alignment, backend=backend,
             output_dtype=output_dtype, device=self._device)
         self._table_names = names
@@ -161,14 +167,17 @@ class _QuantCollection(nn.Module):
                 view[:, start:start + nbytes].copy_(codes[:, :nbytes])
 
     def load_float_weights(self, weights: Dict[str, torch.Tensor], backend: str = "auto") -> None:
-        """Quantize float tables {table name: [rows, dim]} into this collection's storage."""
+        """Quantize float tables {table name: [rows, dim]} into this collection's storage (a pruned table: its
+        kept rows, or the whole table of which the first rows are kept, as TorchRec's quantization does)."""
         for table, view in zip(self._configs(), self._lookup.table_weights()):
             if table.name not in weights:
                 continue
             weight = weights[table.name]
-            if tuple(weight.shape) != (table.num_embeddings, table.embedding_dim):
+            shapes = {(table.num_embeddings, table.embedding_dim), tuple(view.shape[:1]) + (table.embedding_dim,)}
+            if tuple(weight.shape) not in shapes:
                 raise ValueError(f"table {table.name!r}: float weight has shape {tuple(weight.shape)}, expected "
-                                 f"{(table.num_embeddings, table.embedding_dim)}")
+                                 f"one of {sorted(shapes)}")
+            weight = weight[:view.shape[0]]
             with torch.no_grad():
                 view.copy_(quantize_rowwise(weight, table.data_type, self.row_alignment, backend=backend))
 
@@ -185,6 +194,16 @@ class _QuantCollection(nn.Module):
         if not is_tracing():
             self._layout.check_ids(GatheredFeatures(values, lengths, None, batch_size), self._ids_out_of_range,
                                    subject=f"{type(self).__name__}: ")
+
+    def _read_pruned_ids(self, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Ids of pruned rows replaced by 0, the row TorchRec reads for them (quant.pruning); others as given."""
+        if not self._pruned:
+            return values
+        ids_per_feature = lengths.view(len(self._feature_names), -1).sum(1)
+        if not is_tracing():
+            warn_pruned_ids(type(self).__name__, values, ids_per_feature, self._stored_rows_per_feature,
+                            self._feature_names, self._feature_table_names, self._layout.id_ranges.rows_list)
+        return pruned_ids_read_row_zero(values, ids_per_feature, self._stored_rows_per_feature)
 
     @staticmethod
     def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
@@ -276,6 +295,7 @@ class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterf
             if self._is_weighted and weights is None:
                 raise ValueError(f"{type(self).__name__}(is_weighted=True) needs a KeyedJaggedTensor with weights")
         self._check_ids(values, lengths, batch_size)
+        values = self._read_pruned_ids(values, lengths)
         pooled = self._lookup(values, self._complete_cumsum(lengths), weights if self._is_weighted else None)
         if self._has_mean:
             pooled = mean_pooled(pooled, lengths, self._mean_features, self._dims_per_feature)
@@ -290,10 +310,12 @@ class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterf
         """Quantize a float EmbeddingBagCollection (rectoolkit's or TorchRec's).
 
         The storage dtype comes from `dtype` (and `per_table_weight_dtype`), or else from `module.qconfig`
-        (a QuantConfig, as set by torch.ao.quantization.quantize_dynamic).
+        (a QuantConfig, as set by torch.ao.quantization.quantize_dynamic). Tables named by set_pruning_data keep
+        only their first rows (rectoolkit.quant.pruning).
         """
         configs, data_types, out_dtype = _quantized_configs(module, module.embedding_bag_configs(), dtype,
                                                             per_table_weight_dtype, output_dtype)
+        apply_pruning_dict(configs, pruning_dict_of(module))
         quantized = cls(configs, module.is_weighted(), device=_module_device(module), output_dtype=out_dtype,
                         row_alignment=row_alignment, backend=backend)
         quantized.load_float_weights(_float_weights(module, "embedding_bags", configs))
@@ -340,6 +362,11 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
                  ids_out_of_range: str = "error") -> None:
         if quant_state_dict_split_scale_bias:
             raise NotImplementedError("quant_state_dict_split_scale_bias=True is not supported")
+        pruned = [t.name for t in tables if getattr(t, "num_embeddings_post_pruning", None) is not None]
+        if pruned:  # TorchRec's quantized EC stores every row whatever the config says; refused, not ignored
+            raise ValueError(f"{type(self).__name__}: tables {pruned} set num_embeddings_post_pruning, but a quantized "
+                             "EmbeddingCollection keeps every row (TorchRec's ignores the field); leave it None, or "
+                             "prune EmbeddingBagCollections (set_pruning_data's default module_types)")
         dims = {t.embedding_dim for t in tables}
         if len(dims) > 1:
             raise ValueError("All tables in a EmbeddingCollection are required to have same embedding dimension; got "
@@ -380,7 +407,13 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
                    per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
                    output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
                    row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantEmbeddingCollection":
-        """Quantize a float EmbeddingCollection (see QuantEmbeddingBagCollection.from_float)."""
+        """Quantize a float EmbeddingCollection (see QuantEmbeddingBagCollection.from_float); pruning data
+        naming its tables is refused (TorchRec's quantized EC ignores it and keeps every row)."""
+        pruned = sorted(set(pruning_dict_of(module)) & {t.name for t in module.embedding_configs()})
+        if pruned:
+            raise ValueError(f"QuantEmbeddingCollection.from_float: set_pruning_data names tables {pruned} of an "
+                             "EmbeddingCollection, which TorchRec's quantization ignores (it keeps every row); "
+                             "prune EmbeddingBagCollections only (set_pruning_data's default module_types)")
         configs, _, out_dtype = _quantized_configs(module, module.embedding_configs(), dtype,
                                                    per_table_weight_dtype, output_dtype)
         quantized = cls(configs, device=_module_device(module), need_indices=module.need_indices(),

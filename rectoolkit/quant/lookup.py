@@ -35,6 +35,7 @@ from rectoolkit.modules.configs import DataType
 from rectoolkit.quant.rowwise import (
     DEFAULT_ROW_ALIGNMENT,
     FLOAT_DATA_TYPES,
+    SCALE_BIAS_BYTES,
     SPARSE_TYPE_INT,
     _check_data_type,
     _check_dim,
@@ -42,6 +43,7 @@ from rectoolkit.quant.rowwise import (
     _unpack_codes,
     split_scale_bias,
     row_size_in_bytes,
+    unpadded_row_size_in_bytes,
 )
 
 _DEVICE_PLACEMENT, _HOST_PLACEMENT = 0, 3  # fbgemm EmbeddingLocation.DEVICE / HOST
@@ -175,6 +177,48 @@ class QuantBatchedLookup(nn.Module):
         """One [rows, row bytes] uint8 view of the flat storage per table."""
         return [self.weights[o:o + t.num_embeddings * b].view(t.num_embeddings, b)
                 for t, o, b in zip(self.tables, self.byte_offsets, self.row_bytes)]
+
+    def split_embedding_weights(self, split_scale_shifts: bool = True) -> List[Tuple[torch.Tensor,
+                                                                                     Optional[torch.Tensor]]]:
+        """fbgemm's IntNBitTableBatchedEmbeddingBagsCodegen.split_embedding_weights: per table, views of the
+        storage: (codes [rows, code bytes], scale_bias [rows, 4]) for INT types, (values [rows, bytes], None) for
+        FP16 / FP32, without the row padding; `split_scale_shifts=False`: (whole padded rows, None)."""
+        splits: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []
+        for table, rows in zip(self.tables, self.table_weights()):
+            if not split_scale_shifts:
+                splits.append((rows, None))
+                continue
+            rows = rows[:, :unpadded_row_size_in_bytes(table.embedding_dim, table.data_type)]
+            if table.data_type in FLOAT_DATA_TYPES:
+                splits.append((rows, None))
+            else:
+                splits.append((rows[:, SCALE_BIAS_BYTES:], rows[:, :SCALE_BIAS_BYTES]))
+        return splits
+
+    def assign_embedding_weights(self, q_weight_list: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
+        """fbgemm's assign_embedding_weights: copy, table by table, (codes, scale_bias or None) shaped as
+        `split_embedding_weights()` gives them into the storage."""
+        destinations = self.split_embedding_weights()
+        if len(q_weight_list) != len(destinations):
+            raise ValueError(f"assign_embedding_weights: {len(q_weight_list)} (weight, scale_bias) pairs for "
+                             f"{len(destinations)} tables {[t.name for t in self.tables]}; give one per table")
+        with torch.no_grad():
+            for table, dest, given in zip(self.tables, destinations, q_weight_list):
+                if not isinstance(given, (tuple, list)) or len(given) != 2:
+                    raise ValueError(f"table {table.name!r}: expected a (weight, scale_bias) pair, got "
+                                     f"{type(given).__name__}")
+                for part, want, have in (("weight", dest[0], given[0]), ("scale_bias", dest[1], given[1])):
+                    if (want is None) != (have is None):
+                        raise ValueError(f"table {table.name!r} ({table.data_type.value}): {part} must be "
+                                         f"{'None' if want is None else 'given'}, got "
+                                         f"{'None' if have is None else tuple(have.shape)}")
+                    if want is None:
+                        continue
+                    if tuple(have.shape) != tuple(want.shape) or have.dtype != torch.uint8:
+                        raise ValueError(f"table {table.name!r} ({table.data_type.value}): {part} must be uint8 "
+                                         f"{tuple(want.shape)} (as split_embedding_weights gives it), got "
+                                         f"{have.dtype} {tuple(have.shape)}")
+                    want.copy_(have)
 
     def _group_view(self, g: int) -> torch.Tensor:
         data_type, dim = self.group_keys[g]

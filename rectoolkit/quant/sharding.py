@@ -46,6 +46,7 @@ from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
+from rectoolkit.quant.pruning import stored_rows
 from rectoolkit.quant.rowwise import _check_dim, slice_columns_rowwise
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -85,6 +86,13 @@ def check_quant_plan(collection: str, configs: Sequence[BaseEmbeddingConfig],
     """Refuse, on every rank alike, what a quantized collection cannot shard: a sharding type it does not support,
     and column blocks whose edges fall inside a byte of packed codes (INT4: 2 columns per byte, INT2: 4)."""
     data_types = {t.name: t.data_type for t in configs}
+    pruned = {t.name: (stored_rows(t), t.num_embeddings) for t in configs
+              if t.name in module_plan and stored_rows(t) < t.num_embeddings}
+    if pruned:
+        raise NotImplementedError(
+            f"{collection}: tables {sorted(pruned)} are pruned (rows kept of num_embeddings: {pruned}); rectoolkit "
+            "does not shard pruned quantized tables (TorchRec 1.8 shards quantized models for CUDA only); serve the "
+            "unsharded quantized model, or quantize without set_pruning_data to shard")
     for name, ps in module_plan.items():
         kind = ShardingType.parse(ps.sharding_type)
         if kind not in supported:

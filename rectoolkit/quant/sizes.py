@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
 from rectoolkit.quant.config import weight_data_type
+from rectoolkit.quant.pruning import stored_rows
 from rectoolkit.quant.rowwise import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 
 DataTypeLike = Union[DataType, str, "torch.dtype"]  # noqa: F821
@@ -42,8 +43,9 @@ def shard_bytes(rows: int, cols: int, data_type: DataTypeLike, row_alignment: in
 
 def quantized_table_bytes(table: BaseEmbeddingConfig, data_type: Optional[DataTypeLike] = None,
                           row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> int:
-    """Bytes of a whole table stored as `data_type` (default: the table's own data_type)."""
-    return shard_bytes(table.num_embeddings, table.embedding_dim,
+    """Bytes of a whole table stored as `data_type` (default: the table's own data_type); a pruned table stores
+    only its `num_embeddings_post_pruning` rows (rectoolkit.quant.pruning)."""
+    return shard_bytes(stored_rows(table), table.embedding_dim,
                        table.data_type if data_type is None else data_type, row_alignment)
 
 

@@ -14,6 +14,7 @@ MODULES = [
     "rectoolkit.quant.sizes",
     "rectoolkit.quant.accuracy",
     "rectoolkit.quant.export",
+    "rectoolkit.quant.pruning",
 ]
 
 
