@@ -199,7 +199,8 @@ class _QuantCollection(nn.Module):
         """Ids of pruned rows replaced by 0, the row TorchRec reads for them (quant.pruning); others as given."""
         if not self._pruned:
             return values
-        ids_per_feature = lengths.view(len(self._feature_names), -1).sum(1)
+        num_features = len(self._feature_names)
+        ids_per_feature = lengths.view(num_features, lengths.shape[0] // num_features).sum(1)  # (not -1: no bags)
         if not is_tracing():
             warn_pruned_ids(type(self).__name__, values, ids_per_feature, self._stored_rows_per_feature,
                             self._feature_names, self._feature_table_names, self._layout.id_ranges.rows_list)

@@ -121,3 +121,10 @@ def test_pruned_config_values_are_checked():
     with pytest.raises(ValueError, match="keeps every row"):
         rtk.quant.QuantEmbeddingCollection([rtk.EmbeddingConfig(name="s", embedding_dim=8, num_embeddings=10,
                                                                 num_embeddings_post_pruning=4)])
+
+
+def test_an_empty_batch_of_a_pruned_collection():
+    pruned, _ = _pruned_and_whole()
+    empty = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["a", "b", "c"], values=torch.tensor([], dtype=torch.int64),
+                                                    lengths=torch.tensor([], dtype=torch.int64))
+    assert pruned(empty).values().shape == (0, 8 + 8 + 16)
