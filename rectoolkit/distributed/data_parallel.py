@@ -73,7 +73,7 @@ class DataParallelSharding(ShardingGroup):
         """All-reduce the gradients; apply the fused optimizer (nothing for autograd) or return them (.grad)."""
         all_reduce_gradients(self.env, flat, [g.numel() for g in grads])
         if self.optimizer is None:
-            return list(grads)
+            return [grad.to(param.dtype) for grad, param in zip(grads, self.weights.values())]  # (float16 replicas)
         self.num_updates += 1
         for param, grad, state in zip(self.weights.values(), grads, self.states):
             apply_table_update(self.optimizer, param.data, state, grad, self.num_updates)

@@ -53,7 +53,9 @@ class GradientBuffer:
         """(flat buffer, per-table [rows, dim] views of it)."""
         flat = self.flat
         if flat is None:
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            # float32 whatever the tables' dtype (float16 replicas too): their gradients are summed and all-reduced
+            # in float32, the precision (and bytes, rectoolkit.plan.traffic) of the other types' gradients
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
             if self.reuse:
                 self.flat = flat
         else:
@@ -97,11 +99,12 @@ class ReplicaLookup(torch.autograd.Function):
             if group.pooled:
                 offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
                 torch.cumsum(lengths, 0, out=offsets[1:])
-                psw = batch.weights[f] if group.weighted else None
+                psw = batch.weights[f].to(weights[t].dtype) if group.weighted else None
+                # a float16 table is looked up in its dtype and gives float32, as the batched kernels do
                 outputs.append(F.embedding_bag(ids, weights[t], offsets, mode="sum", per_sample_weights=psw,
-                                               include_last_offset=True).t())
+                                               include_last_offset=True).float().t())
             else:
-                outputs.append(F.embedding(ids, weights[t]).reshape(-1))
+                outputs.append(F.embedding(ids, weights[t]).float().reshape(-1))
         return torch.cat(outputs) if len(outputs) > 1 else outputs[0].contiguous()
 
     @staticmethod

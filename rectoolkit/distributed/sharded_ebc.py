@@ -45,6 +45,7 @@ from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingTyp
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
 from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.layout import FeatureLayout, expand_blocks, expand_pooled, guard_gradient
+from rectoolkit.modules.mixed_dtypes import table_dtype
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -155,8 +156,6 @@ class ShardedCollection(nn.Module):
             offsets[name], running = running, running + (dim if pooled else 0)
         self._key_offsets = offsets
         self._output_width = running
-        dtypes = {torch.float16 if t.data_type == DataType.FP16 else torch.float32 for t in tables}
-        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
         embedding_dim = tables[0].embedding_dim if tables else 0
         # TorchRec's default (`default_optimizer`, fused SGD) fuses into the "fused" kernels only: a DATA_PARALLEL
         # replica without an optimizer of its own keeps plain gradients, as TorchRec's dense replicas do
@@ -170,11 +169,14 @@ class ShardedCollection(nn.Module):
         if optimizer is None and default_optimizer is not None and not all(dense.values()):
             self._optimizer = optimizer = default_optimizer
         self.groups = nn.ModuleDict()
-        # one group per (sharding type, kernel), in a fixed order: every rank runs the groups alike
-        for (kind, group_class), dense_kernel in itertools.product(GROUP_CLASSES.items(), (False, True)):
+        # one group per (sharding type, kernel, dtype), in a fixed order: every rank runs the groups alike. A batched
+        # kernel stores its tables in one dtype, so each table keeps its own (FP32 -> float32, other DataTypes ->
+        # float16, as the unsharded collection, modules.mixed_dtypes) in a group of its dtype
+        for (kind, group_class), dense_kernel, dtype in itertools.product(
+                GROUP_CLASSES.items(), (False, True), (torch.float32, torch.float16)):
             chosen = [(t, keys) for t, keys in zip(tables, self._embedding_names_by_table)
                       if ShardingType.parse(self.module_plan[t.name].sharding_type) == kind
-                      and dense[t.name] == dense_kernel]
+                      and dense[t.name] == dense_kernel and table_dtype(t.data_type) == dtype]
             if not chosen:
                 continue
             group_tables = [t for t, _ in chosen]
@@ -187,7 +189,8 @@ class ShardedCollection(nn.Module):
                 initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
                 backend=backend, dtype=dtype, embedding_dim=embedding_dim,
                 qcomm_codecs_registry=self.qcomm_codecs_registry)
-            self.groups[kind.value + ("_dense" if dense_kernel else "")] = group_class(spec)
+            name = kind.value + ("_dense" if dense_kernel else "") + ("" if dtype == torch.float32 else "_fp16")
+            self.groups[name] = group_class(spec)
         # TorchRec's view of the groups, one entry per group (plain lists, as in TorchRec: nothing registered twice)
         self._input_dists, self._lookups, self._output_dists = group_steps(self.groups)
         self._run_groups = RunGroups(self)

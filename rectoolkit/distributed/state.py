@@ -20,6 +20,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from rectoolkit.modules.mixed_dtypes import table_dtype
 from rectoolkit.plan.types import ShardingType
 
 
@@ -45,13 +46,14 @@ def gather_table(collection, table: str, local: Optional[Dict] = None) -> torch.
     ps = collection.module_plan[table]
     if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL:
         return local[(table, 0, 0)].detach().clone()
-    full = torch.empty(config.num_embeddings, config.embedding_dim, device=env.device)
+    full = torch.empty(config.num_embeddings, config.embedding_dim, dtype=table_dtype(config.data_type),
+                       device=env.device)
     for shard in ps.shards:
         (r0, r1), (c0, c1) = shard.rows, shard.columns
         if shard.rank == env.rank:
             buffer = local[(table, r0, c0)].detach().to(full.dtype).contiguous()
         else:
-            buffer = torch.empty(r1 - r0, c1 - c0, device=env.device)
+            buffer = torch.empty(r1 - r0, c1 - c0, dtype=full.dtype, device=env.device)
         if env.world_size > 1:
             dist.broadcast(buffer, src=shard.rank, group=env.pg)
         full[r0:r1, c0:c1] = buffer
