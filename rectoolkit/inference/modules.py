@@ -25,6 +25,9 @@ Where rectoolkit differs (an error says so, nothing is dropped silently):
 - A quantization_mapping value must be a class with `from_float` (rectoolkit's quantized collections, or yours).
 - PredictModule, PredictFactory, BatchingMetadata, QualNameMetadata (rectoolkit.inference.predict) are TorchRec's
   serving interfaces; PredictModule(device=None) runs on the CPU where there is no CUDA (TorchRec's fails).
+- set_pruning_data: quantized bag tables keep their first rows, an id of a pruned row reads row 0 (as TorchRec);
+  refused where TorchRec would prune nothing silently or fail later (rectoolkit.quant.pruning). assign_weights_to_tbe
+  writes into the quantized collections' lookups, rectoolkit's counterpart of fbgemm's IntNBit TBE modules.
 - TorchRec's next step, torch.jit.script of the traced model, does not work: rectoolkit's KeyedJaggedTensor is a
   Python class, not a TorchScript one. Serve the traced module, or torch.export (rectoolkit.quant.export).
 """
@@ -254,8 +257,8 @@ def set_pruning_data(model: nn.Module, tables_to_rows_post_pruning: Dict[str, in
     unknown = sorted(set(tables_to_rows_post_pruning) - set(tables))
     if unknown:
         raise ValueError(f"set_pruning_data: tables {unknown} are no tables of the model's "
-                         f"{[t.__name__ for t in module_types]} (their tables: {sorted(tables)}); name only those, or "
-                         "pass the module_types that hold them")
+                         f"{[t.__name__ for t in module_types]} (their tables: {sorted(tables)}); name only those, "
+                         "pass the module_types that hold them, and call it before quantize_inference_model")
     too_many = {t: r for t, r in tables_to_rows_post_pruning.items() if r > tables[t]}
     if too_many:
         raise ValueError(f"set_pruning_data: {too_many} keep more rows than the tables have "

@@ -20,7 +20,8 @@ Two ways to get one from a trained (float) collection, as in TorchRec's tutorial
     torch.Size([2, 64])
 
 Tables may differ in data type (FP32, FP16, INT8, INT4, INT2): `per_table_weight_dtype` (of `from_float` or of
-QuantConfig) picks a table's type; each table is stored and looked up in its own, as in TorchRec.
+QuantConfig) picks a table's type; each table is stored and looked up in its own, as in TorchRec. A bag table with
+`num_embeddings_post_pruning` (set_pruning_data) stores only its first rows (rectoolkit.quant.pruning).
 
 Weights are buffers (uint8 rows in fbgemm's layout, see rectoolkit.quant.rowwise), one [rows, row bytes]
 view per table of one flat storage. Lookups run fbgemm's int-n-bit TBE op when fbgemm is available and a

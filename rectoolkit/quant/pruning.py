@@ -72,18 +72,18 @@ def pruned_ids_read_row_zero(ids: torch.Tensor, ids_per_feature: torch.Tensor,
 
 def warn_pruned_ids(owner: str, ids: torch.Tensor, ids_per_feature: torch.Tensor,
                     stored_rows_per_feature: torch.Tensor, feature_names: List[str], table_names: List[str],
-                    rows_per_feature: List[int]) -> None:
+                    num_embeddings_per_feature: List[int]) -> None:
     """Warn (eager calls only) when a batch holds ids of pruned rows: which feature, table, how many."""
     limit = stored_rows_per_feature.repeat_interleave(ids_per_feature, output_size=ids.shape[0])
     pruned = ids >= limit
     if not bool(pruned.any()):
         return
-    counts = torch.zeros(len(feature_names), dtype=torch.int64, device=ids.device)
     feature_of_id = torch.arange(len(feature_names), device=ids.device).repeat_interleave(
         ids_per_feature, output_size=ids.shape[0])
+    counts = torch.zeros(len(feature_names), dtype=torch.int64, device=ids.device)
     counts.index_add_(0, feature_of_id, pruned.to(torch.int64))
-    details = "; ".join(
-        f"{int(c)} of feature {feature_names[f]!r} (table {table_names[f]!r} keeps rows 0..{int(stored) - 1} of "
-        f"{rows_per_feature[f]})" for f, (c, stored) in enumerate(zip(counts.tolist(), stored_rows_per_feature.tolist()))
-        if c)
+    stored = stored_rows_per_feature.tolist()
+    details = "; ".join(f"{count} of feature {feature_names[f]!r} (table {table_names[f]!r} keeps rows "
+                        f"0..{stored[f] - 1} of {num_embeddings_per_feature[f]})"
+                        for f, count in enumerate(counts.tolist()) if count)
     warnings.warn(f"{owner}: ids of pruned rows read row 0, as TorchRec's lookup does: {details}", stacklevel=3)

@@ -224,10 +224,10 @@ def test_constructor_with_pruned_configs_and_torchrec_weights_equals_torchrec():
     _, theirs = _pair(seed=2)
     trec_inference.set_pruning_data(theirs, PRUNING)
     _quiet(trec_inference.quantize_inference_model, theirs, quantization_dtype=torch.quint4x2)
-    configs = [rtk.EmbeddingBagConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
-                                      feature_names=list(c.feature_names), data_type=c.data_type.value,
-                                      pooling=c.pooling.value, num_embeddings_post_pruning=c.num_embeddings_post_pruning)
-               for c in theirs.ebc.embedding_bag_configs()]
+    configs = [rtk.EmbeddingBagConfig(
+        name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings, feature_names=list(c.feature_names),
+        data_type=c.data_type.value, pooling=c.pooling.value, num_embeddings_post_pruning=c.num_embeddings_post_pruning)
+        for c in theirs.ebc.embedding_bag_configs()]
     assert [c.num_embeddings_post_pruning for c in configs] == [4, 5, None]
     weights = {name: (w.clone(), sb.clone()) for name, (w, sb) in
                trec_inference.get_table_to_weights_from_tbe(theirs).items()}
