@@ -27,6 +27,16 @@ from rectoolkit.metrics.serving_calibration import ServingCalibrationMetric
 from rectoolkit.metrics.serving_ne import ServingNEMetric
 from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
+# counting, averaging, session and QPS metrics (imports)
+from rectoolkit.metrics.average import AverageMetric
+from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
+from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
+from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
+from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
+from rectoolkit.metrics.sum_weights import SumWeightsMetric
+from rectoolkit.metrics.tower_qps import TowerQPSMetric
+from rectoolkit.metrics.weighted_sum_predictions import WeightedSumPredictionsMetric
+from rectoolkit.metrics.xauc import XAUCMetric
 
 __all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "CalibrationMetric", "GAUCMetric", "MAEMetric",
            "MSEMetric", "MetricsConfig", "NDCGMetric", "NEMetric", "NEPositiveMetric", "PrecisionMetric",
@@ -34,3 +44,7 @@ __all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "Calibrati
            "RecMetricModule", "RecTaskInfo", "RecallMetric", "WeightedAvgMetric", "generate_metric_module"]
 __all__ += ["CaliFreeNEMetric", "NMSEMetric", "RecalibratedCalibrationMetric", "RecalibratedNEMetric",
             "ServingCalibrationMetric", "ServingNEMetric", "UnweightedNEMetric"]
+# counting, averaging, session and QPS metrics
+__all__ += ["AverageMetric", "HindsightTargetPRMetric", "MulticlassRecallMetric", "NumMissingLabelsMetric",
+            "NumPositiveSamplesMetric", "SumWeightsMetric", "TowerQPSMetric", "WeightedSumPredictionsMetric",
+            "XAUCMetric"]

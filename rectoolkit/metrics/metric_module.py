@@ -51,6 +51,17 @@ from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetric, 
 from rectoolkit.metrics.throughput import ThroughputMetric
 from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
 from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
+# counting, averaging, session and QPS metrics (imports)
+from rectoolkit.metrics.average import AverageMetric
+from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
+from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
+from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
+from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
+from rectoolkit.metrics.sum_weights import SumWeightsMetric
+from rectoolkit.metrics.tower_qps import TowerQPSMetric
+from rectoolkit.metrics.weighted_sum_predictions import WeightedSumPredictionsMetric
+from rectoolkit.metrics.xauc import XAUCMetric
+
 
 REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NE: NEMetric,
@@ -67,6 +78,16 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.WEIGHTED_AVG: WeightedAvgMetric,
     RecMetricEnum.RAUC: RAUCMetric,
     RecMetricEnum.NDCG: NDCGMetric,
+    # counting, averaging, session and QPS metrics
+    RecMetricEnum.TOWER_QPS: TowerQPSMetric,
+    RecMetricEnum.MULTICLASS_RECALL: MulticlassRecallMetric,
+    RecMetricEnum.HINDSIGHT_TARGET_PR: HindsightTargetPRMetric,
+    RecMetricEnum.XAUC: XAUCMetric,
+    RecMetricEnum.NUM_POSITIVE_SAMPLES: NumPositiveSamplesMetric,
+    RecMetricEnum.NUM_MISSING_LABELS: NumMissingLabelsMetric,
+    RecMetricEnum.SUM_WEIGHTS: SumWeightsMetric,
+    RecMetricEnum.WEIGHTED_SUM_PREDICTIONS: WeightedSumPredictionsMetric,
+    RecMetricEnum.AVERAGE: AverageMetric,
     RecMetricEnum.RECALIBRATED_NE: RecalibratedNEMetric,
     RecMetricEnum.RECALIBRATED_CALIBRATION: RecalibratedCalibrationMetric,
     RecMetricEnum.CALI_FREE_NE: CaliFreeNEMetric,

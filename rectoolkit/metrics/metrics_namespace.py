@@ -40,11 +40,25 @@ _METRICS = {"NE": "ne", "CTR": "ctr", "CALIBRATION": "calibration", "MSE": "mse"
             "AUPRC": "auprc", "ACCURACY": "accuracy", "PRECISION": "precision", "RECALL": "recall",
             "WEIGHTED_AVG": "weighted_avg", "THROUGHPUT": "throughput", "NE_POSITIVE": "ne_positive",
             "RAUC": "rauc", "GAUC": "gauc", "NDCG": "ndcg"}
-MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS}, module=__name__)
+# the counting, averaging, session and QPS metrics (namespace and name alike; tower QPS's is "qps")
+_METRICS.update({"TOWER_QPS": "qps", "MULTICLASS_RECALL": "multiclass_recall", "HINDSIGHT_TARGET_PR": "hindsight_target_pr",
+                 "XAUC": "xauc", "NUM_POSITIVE_SAMPLES": "num_positive_samples",
+                 "NUM_MISSING_LABELS": "num_missing_labels", "SUM_WEIGHTS": "sum_weights",
+                 "WEIGHTED_SUM_PREDICTIONS": "weighted_sum_predictions",
+                 "TENSOR_WEIGHTED_AVG": "tensor_weighted_avg", "SCALAR": "scalar", "OUTPUT": "output",
+                 "MULTI_LABEL_PRECISION": "multi_label_precision", "PRECISION_SESSION_LEVEL": "precision_session_level",
+                 "RECALL_SESSION_LEVEL": "recall_session_level"})
+_NAMESPACES_ONLY = {"AVERAGE": "average"}  # its values are named label_average, prediction_average, ...
+# names that are no namespace of their own
+_NAMES_ONLY = {"HINDSIGHT_TARGET_PRECISION": "hindsight_target_precision",
+               "HINDSIGHT_TARGET_RECALL": "hindsight_target_recall", "DATA_LABEL_AVERAGE": "data_label_average",
+               "LABEL_AVERAGE": "label_average", "PREDICTION_AVERAGE": "prediction_average"}
+MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS, **_NAMESPACES_ONLY},
+                                     module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
                                            "R_SQUARED": "r_squared", "TOTAL_EXAMPLES": "total_examples",
                                            "GAUC_NUM_SAMPLES": "gauc_num_samples",
-                                           "ATTEMPT_EXAMPLES": "attempt_examples", "BATCH_SIZE": "batch_size"},
+                                           "ATTEMPT_EXAMPLES": "attempt_examples", "BATCH_SIZE": "batch_size", **_NAMES_ONLY},
                             module=__name__)
 
 
