@@ -23,6 +23,7 @@ from rectoolkit.metrics.ne_positive import NEPositiveMetric
 from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException, RecMetricList
 from rectoolkit.metrics.recall import RecallMetric
+from rectoolkit.metrics.segmented_ne import SegmentedNEMetric
 from rectoolkit.metrics.serving_calibration import ServingCalibrationMetric
 from rectoolkit.metrics.serving_ne import ServingNEMetric
 from rectoolkit.metrics.unweighted_ne import UnweightedNEMetric
@@ -43,7 +44,7 @@ __all__ = ["AUCMetric", "AUPRCMetric", "AccuracyMetric", "CTRMetric", "Calibrati
            "RecComputeMode", "RecMetric", "RecMetricDef", "RecMetricEnum", "RecMetricException", "RecMetricList",
            "RecMetricModule", "RecTaskInfo", "RecallMetric", "WeightedAvgMetric", "generate_metric_module"]
 __all__ += ["CaliFreeNEMetric", "NMSEMetric", "RecalibratedCalibrationMetric", "RecalibratedNEMetric",
-            "ServingCalibrationMetric", "ServingNEMetric", "UnweightedNEMetric"]
+            "SegmentedNEMetric", "ServingCalibrationMetric", "ServingNEMetric", "UnweightedNEMetric"]
 # counting, averaging, session and QPS metrics
 __all__ += ["AverageMetric", "HindsightTargetPRMetric", "MulticlassRecallMetric", "NumMissingLabelsMetric",
             "NumPositiveSamplesMetric", "SumWeightsMetric", "TowerQPSMetric", "WeightedSumPredictionsMetric",

@@ -45,6 +45,7 @@ from rectoolkit.metrics.precision import PrecisionMetric
 from rectoolkit.metrics import pre_compute_states
 from rectoolkit.metrics.rauc import RAUCMetric
 from rectoolkit.metrics.recall import RecallMetric
+from rectoolkit.metrics.segmented_ne import SegmentedNEMetric
 from rectoolkit.metrics.serving_calibration import ServingCalibrationMetric
 from rectoolkit.metrics.serving_ne import ServingNEMetric
 from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetric, RecMetricException, RecMetricList
@@ -95,6 +96,7 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.NMSE: NMSEMetric,
     RecMetricEnum.SERVING_NE: ServingNEMetric,
     RecMetricEnum.SERVING_CALIBRATION: ServingCalibrationMetric,
+    RecMetricEnum.SEGMENTED_NE: SegmentedNEMetric,
 }
 
 

@@ -56,6 +56,7 @@ class RecMetricEnum(Enum):
     NMSE = "nmse"
     SERVING_NE = "serving_ne"
     SERVING_CALIBRATION = "serving_calibration"
+    SEGMENTED_NE = "segmented_ne"
 
     def __str__(self) -> str:
         return self.value

@@ -160,9 +160,9 @@ GENERATED = {"RECALIBRATED_NE": {"recalibration_coefficient": 0.5},
              "UNWEIGHTED_NE": None, "NMSE": None, "SERVING_NE": None, "SERVING_CALIBRATION": None}
 
 
-@pytest.mark.torchrec
-@pytest.mark.parametrize("mode", MODES[:2])
-def test_generate_metric_module_builds_them_as_torchrec(mode):
+def generated_modules(mode, arguments_by_member):
+    """TorchRec's and rectoolkit's RecMetricModule from one MetricsConfig: the members with their arguments, over
+    both tasks, each task's label, prediction and weight under y_, p_ and w_{task}."""
     from torchrec.metrics import metric_module as theirs_module
     from torchrec.metrics import metrics_config as theirs_config
 
@@ -173,19 +173,28 @@ def test_generate_metric_module_builds_them_as_torchrec(mode):
         tasks = [package.RecTaskInfo(name=t, label_name=f"y_{t}", prediction_name=f"p_{t}", weight_name=f"w_{t}")
                  for t in TASKS]
         metrics = {getattr(package.RecMetricEnum, member): package.RecMetricDef(
-            rec_task_indices=[0, 1], window_size=24, arguments=arguments) for member, arguments in GENERATED.items()}
+            rec_task_indices=[0, 1], window_size=24, arguments=arguments)
+            for member, arguments in arguments_by_member.items()}
         return package.MetricsConfig(rec_tasks=tasks, rec_metrics=metrics, throughput_metric=None,
                                      rec_compute_mode=getattr(package.RecComputeMode, mode))
 
-    modules = [library.generate_metric_module(library.RecMetricModule, config(package), batch_size=BATCH,
-                                              world_size=1, my_rank=0, state_metrics_mapping={},
-                                              device=torch.device("cpu"))
-               for library, package in ((theirs_module, theirs_config), (ours_module, ours_config))]
+    return [library.generate_metric_module(library.RecMetricModule, config(package), batch_size=BATCH,
+                                           world_size=1, my_rank=0, state_metrics_mapping={},
+                                           device=torch.device("cpu"))
+            for library, package in ((theirs_module, theirs_config), (ours_module, ours_config))]
+
+
+def model_output(predictions, labels, weights):
+    return {f"{name}_{t}": value[t] for t in TASKS for name, value in (("p", predictions), ("y", labels), ("w", weights))}
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_generate_metric_module_builds_them_as_torchrec(mode):
+    modules = generated_modules(mode, GENERATED)
     for predictions, labels, weights in batches(count=5):
-        model_out = {f"{name}_{t}": value[t] for t in TASKS
-                     for name, value in (("p", predictions), ("y", labels), ("w", weights))}
         for module in modules:
-            module.update(model_out)
+            module.update(model_output(predictions, labels, weights))
     expected, got = (dict(module.compute()) for module in modules)
     assert len(expected) == 2 * 2 * 6 + 2 * 3 * 2
     assert_same_values(got, expected)
@@ -213,3 +222,155 @@ def test_serving_total_examples_hand_worked():
     assert values["serving_ne-like|total_examples"].dtype == torch.int64
     assert values["serving_ne-like|total_examples"].tolist() == 0
     assert list(metric.local_compute())[-1] == "serving_ne-like|local_total_examples"
+
+
+# ------------------------------------------------------------------------------------------------ segmented NE
+def segment_stream(count=12, seed=5, names=("grouping_keys",), num_groups=(3,), dtype=torch.int64):
+    """batches() with a group id per sample under each name; group 2 of 3 is left empty in the first batches."""
+    generator = torch.Generator().manual_seed(seed)
+    stream = []
+    for index, (p, l, w) in enumerate(batches(count=count, seed=seed)):
+        groups = {name: torch.randint(0, n if index > 3 else max(n - 1, 1), (BATCH,), generator=generator).to(dtype)
+                  for name, n in zip(names, num_groups)}
+        stream.append((p, l, w, groups))
+    return stream
+
+
+def feed_segments(metric, stream):
+    for predictions, labels, weights, groups in stream:
+        metric.update(predictions=predictions, labels=labels, weights=weights, required_inputs=groups)
+    return metric.compute()
+
+
+def grouping_configs(library):
+    config = getattr(importlib.import_module(f"{library}.metrics.segmented_ne"), "GroupingKeyConfig")
+    return [config(name="age", num_groups=3), config(name="country", num_groups=2, cast_keys_to_int=True)]
+
+
+SEGMENT_CASES = [  # (arguments, key names, their group counts, key dtype)
+    ({"num_groups": 3}, ("grouping_keys",), (3,), torch.int64),
+    ({"num_groups": 3, "include_logloss": True}, ("grouping_keys",), (3,), torch.int64),
+    ({"num_groups": 2, "grouping_keys": "segment", "cast_keys_to_int": True}, ("segment",), (2,), torch.float32),
+    ({"num_groups": 3, "grouping_keys": ["age", {"name": "country", "num_groups": 2}], "include_logloss": True},
+     ("age", "country"), (3, 2), torch.int64),
+    ({"grouping_keys": "configs"}, ("age", "country"), (3, 2), torch.float64),
+]
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", range(len(SEGMENT_CASES)))
+@pytest.mark.parametrize("window_size", [24, 10_000])
+def test_segmented_ne_same_keys_values_and_state_dict_as_torchrec(case, mode, window_size):
+    extra, names, num_groups, dtype = SEGMENT_CASES[case]
+    stream = segment_stream(names=names, num_groups=num_groups, dtype=dtype)
+    if dtype == torch.float64:  # GroupingKeyConfigs: only "country" casts its float keys
+        stream = [(p, l, w, {"age": g["age"].long(), "country": g["country"]}) for p, l, w, g in stream]
+    metrics = []
+    for library in ("torchrec", "rectoolkit"):
+        arguments = dict(extra, grouping_keys=grouping_configs(library)) if extra.get("grouping_keys") == "configs" \
+            else extra
+        metrics.append(make(library, "SegmentedNEMetric", mode, window_size, **arguments))
+    theirs, ours = metrics
+    assert ours.get_required_inputs() == set(theirs.get_required_inputs()) == set(names)
+    expected, got = feed_segments(theirs, stream), feed_segments(ours, stream)
+    assert len(expected) == 2 * 2 * sum(num_groups) * (2 if extra.get("include_logloss") else 1)
+    assert_same_values(got, expected)
+    assert_same_state_dict(ours, theirs)
+
+
+def test_segmented_ne_hand_worked():
+    metric = make("rectoolkit", "SegmentedNEMetric", "UNFUSED_TASKS_COMPUTATION", 100, tasks=["t"], num_groups=3,
+                  include_logloss=True)
+    metric.update(predictions={"t": torch.tensor([0.5, 0.5, 0.8, 0.8, 0.5, 0.5, 0.5, 0.5])},
+                  labels={"t": torch.tensor([1.0, 0, 1, 0, 1, 1, 1, 0])},
+                  weights={"t": torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0])},
+                  required_inputs={"grouping_keys": torch.tensor([0, 0, 1, 1, 0, 0, 0, 0])})
+    values = {key.split("|")[1]: float(value) for key, value in metric.compute().items()}
+    # group 0: p = 1/2 at the base rate 1/2: NE 1, logloss 1 bit; group 1: CE log2(1.25) + log2(5) over 2 bits
+    assert values["lifetime_segmented_ne_0"] == pytest.approx(1.0)
+    assert values["lifetime_logloss_0"] == pytest.approx(1.0)
+    assert values["lifetime_segmented_ne_1"] == pytest.approx((math.log2(1.25) + math.log2(5)) / 2, rel=1e-6)
+    assert math.isnan(values["lifetime_segmented_ne_2"]) and values["lifetime_logloss_2"] == 0.0
+
+
+@pytest.mark.parametrize("required, match", [
+    ({}, "grouping_keys"),
+    ({"grouping_keys": torch.zeros(BATCH, dtype=torch.int32)}, "torch.int32"),
+    ({"grouping_keys": torch.zeros(BATCH)}, "cast_keys_to_int"),
+    ({"grouping_keys": torch.tensor([0, 1, 2, 3, 0, 0, 0, 0])}, "value 3 outside"),
+    ({"grouping_keys": torch.tensor([0, -1, 0, 0, 0, 0, 0, 0])}, "value -1 outside"),
+    ({"grouping_keys": torch.zeros(BATCH - 1, dtype=torch.int64)}, "7 values for 8 samples"),
+])
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_segmented_ne_bad_grouping_keys_are_refused_by_name(required, match, mode):
+    metric = make("rectoolkit", "SegmentedNEMetric", mode, 100, num_groups=3)
+    with pytest.raises((ValueError, KeyError, torchrec_exception()), match=match):
+        metric.update(predictions={t: torch.rand(BATCH) for t in TASKS}, labels={t: torch.ones(BATCH) for t in TASKS},
+                      weights=None, required_inputs=required)
+
+
+def torchrec_exception():
+    from rectoolkit.metrics.rec_metric import RecMetricException
+    return RecMetricException
+
+
+@pytest.mark.parametrize("extra, match", [({"num_groups": 0}, "num_groups=0"), ({"grouping_keys": []}, "empty"),
+                                          ({"grouping_keys": ["a", "a"]}, "repeat"),
+                                          ({"grouping_keys": [3]}, "Invalid grouping_keys item type"),
+                                          ({"allow_missing_label_with_zero_weight": True}, "allow_missing")])
+def test_segmented_ne_bad_arguments_are_refused_by_name(extra, match):
+    with pytest.raises(ValueError, match=match):
+        make("rectoolkit", "SegmentedNEMetric", MODES[0], 100, **extra)
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_generate_metric_module_feeds_segmented_ne_its_grouping_keys_as_torchrec(mode):
+    modules = generated_modules(mode, {"SEGMENTED_NE": {"num_groups": 3, "grouping_keys": "country"}})
+    assert modules[1].get_required_inputs() == modules[0].get_required_inputs() == ["country"]
+    for predictions, labels, weights, groups in segment_stream(count=6, names=("country",)):
+        for module in modules:
+            module.update({**model_output(predictions, labels, weights), "country": groups["country"]})
+    expected, got = (dict(module.compute()) for module in modules)
+    assert len(expected) == 2 * 2 * 3
+    assert_same_values(got, expected)
+    assert list(modules[1].state_dict()) == list(modules[0].state_dict())
+
+
+# ------------------------------------------------------------------------------------------------ 2 ranks
+RANK_CASES = [("SegmentedNEMetric", {"num_groups": 3, "include_logloss": True}), ("ServingNEMetric", {}),
+              ("ServingCalibrationMetric", {}), ("CaliFreeNEMetric", {}), ("NMSEMetric", {})]
+
+
+def _rank_values(stream, world_size, rank, mode):
+    values = {}
+    for name, extra in RANK_CASES:
+        metric = make("rectoolkit", name, mode, 4 * BATCH, world_size, rank, compute_on_all_ranks=True, **extra)
+        values.update(feed_segments(metric, stream[rank::world_size]))
+    return values
+
+
+def _two_rank_worker(rank, world_size, stream, expected_by_mode):
+    for mode, expected in expected_by_mode.items():
+        got = _rank_values(stream, world_size, rank, mode)
+        assert list(got) == list(expected)
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-12, equal_nan=True,
+                                       msg=f"rank {rank} {mode} {key}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
+    from tests.distributed.dist_harness import run_workers
+
+    # rank r gets batches r, r + 2, ...; the global window (32 samples) is the last 4 batches in one process and
+    # the last 2 of each rank, so windowed and lifetime values differ and both must match
+    stream = segment_stream(count=10)
+    expected_by_mode = {mode: _rank_values(stream, 1, 0, mode) for mode in MODES[:2]}
+    expected = expected_by_mode[MODES[0]]
+    assert float(expected["segmented_ne-click|lifetime_segmented_ne_1"]) != float(
+        expected["segmented_ne-click|window_segmented_ne_1"])
+    assert int(expected["serving_ne-like|total_examples"]) == 10 * BATCH
+    run_workers(_two_rank_worker, 2, stream, expected_by_mode)
