@@ -51,7 +51,8 @@ from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
-from rectoolkit.quant.pruning import (apply_pruning_dict, pruned_ids_read_row_zero, pruning_dict_of, stored_rows,
+from rectoolkit.quant.pruning import (MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT,  # noqa: F401
+                                      apply_pruning_dict, pruned_ids_read_row_zero, pruning_dict_of, stored_rows,
                                       warn_pruned_ids)
 from rectoolkit.quant.rowwise import (
     DEFAULT_ROW_ALIGNMENT,

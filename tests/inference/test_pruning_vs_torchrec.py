@@ -236,3 +236,17 @@ def test_constructor_with_pruned_configs_and_torchrec_weights_equals_torchrec():
         with pytest.warns(UserWarning, match="pruned rows read row 0"):
             got = ours(_batch(rtk, seed)).to_dict()
         _assert_same(got, _quiet(theirs, _batch(torchrec, seed)))
+
+
+def test_the_pruning_attribute_is_torchrecs():
+    from torchrec.quant import embedding_modules as theirs
+
+    from rectoolkit.quant import embedding_modules as ours
+    assert ours.MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT == \
+        theirs.MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT
+    # a float collection marked by TorchRec's set_pruning_data is pruned by rectoolkit's quantization
+    ours_model, _ = _pair()
+    trec_inference.set_pruning_data(ours_model, PRUNING, module_types=[rtk.EmbeddingBagCollection])
+    quantize_inference_model(ours_model)
+    assert [ours_model.ebc.embedding_bags[t].weight.shape[0] for t in ("t1", "t2", "t3")] == [4, 5, 6]
+
