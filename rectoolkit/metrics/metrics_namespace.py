@@ -53,6 +53,11 @@ _NAMESPACES_ONLY = {"AVERAGE": "average"}  # its values are named label_average,
 _NAMES_ONLY = {"HINDSIGHT_TARGET_PRECISION": "hindsight_target_precision",
                "HINDSIGHT_TARGET_RECALL": "hindsight_target_recall", "DATA_LABEL_AVERAGE": "data_label_average",
                "LABEL_AVERAGE": "label_average", "PREDICTION_AVERAGE": "prediction_average"}
+# the NE / calibration family (the recalibrated metrics are namespaces only, NRMSE a name only)
+_METRICS.update({"SEGMENTED_NE": "segmented_ne", "SERVING_NE": "serving_ne", "SERVING_CALIBRATION": "serving_calibration",
+                 "CALI_FREE_NE": "cali_free_ne", "UNWEIGHTED_NE": "unweighted_ne", "NMSE": "nmse"})
+_NAMESPACES_ONLY.update({"RECALIBRATED_NE": "recalibrated_ne", "RECALIBRATED_CALIBRATION": "recalibrated_calibration"})
+_NAMES_ONLY.update({"NRMSE": "nrmse"})
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS, **_NAMESPACES_ONLY},
                                      module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",

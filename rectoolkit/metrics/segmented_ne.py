@@ -35,7 +35,6 @@ from rectoolkit.metrics.serving_ne import checked_batch
 
 _STATES = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
 _DEFAULT_KEY = "grouping_keys"
-SEGMENTED_NE = "segmented_ne"  # TorchRec's MetricName.SEGMENTED_NE
 
 
 @dataclass
@@ -168,7 +167,7 @@ class SegmentedNEMetricComputation(RecMetricComputation):
             sums = {metric_prefix: [read(prefix + state) for state in _STATES] for metric_prefix, read in
                     ((MetricPrefix.LIFETIME, lambda name: getattr(self, name)),
                      (MetricPrefix.WINDOW, self.get_window_state))}
-            values = {(SEGMENTED_NE, metric_prefix): normalized_entropy(*states).float()
+            values = {(MetricName.SEGMENTED_NE, metric_prefix): normalized_entropy(*states).float()
                       for metric_prefix, states in sums.items()}
             if self._include_logloss:
                 values.update({(MetricName.LOG_LOSS, metric_prefix): ce / (pos + neg).clamp(min=ETA)

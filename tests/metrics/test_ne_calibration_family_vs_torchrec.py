@@ -374,3 +374,14 @@ def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
         expected["segmented_ne-click|window_segmented_ne_1"])
     assert int(expected["serving_ne-like|total_examples"]) == 10 * BATCH
     run_workers(_two_rank_worker, 2, stream, expected_by_mode)
+
+
+@pytest.mark.parametrize("enum", ["MetricName", "MetricNamespace"])
+@pytest.mark.parametrize("member", ["SEGMENTED_NE", "SERVING_NE", "SERVING_CALIBRATION", "CALI_FREE_NE", "UNWEIGHTED_NE",
+                                    "NMSE", "NRMSE", "RECALIBRATED_NE", "RECALIBRATED_CALIBRATION"])
+def test_metric_names_and_namespaces_as_torchrec(enum, member):
+    theirs, ours = (getattr(importlib.import_module(f"{package}.metrics.metrics_namespace"), enum)
+                    for package in ("torchrec", "rectoolkit"))
+    assert hasattr(ours, member) == hasattr(theirs, member)
+    if hasattr(theirs, member):
+        assert getattr(ours, member).value == getattr(theirs, member).value
