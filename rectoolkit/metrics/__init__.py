@@ -34,7 +34,10 @@ from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
 from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
 from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
 from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
+from rectoolkit.metrics.output import OutputMetric
+from rectoolkit.metrics.scalar import ScalarMetric
 from rectoolkit.metrics.sum_weights import SumWeightsMetric
+from rectoolkit.metrics.tensor_weighted_avg import TensorWeightedAvgMetric
 from rectoolkit.metrics.tower_qps import TowerQPSMetric
 from rectoolkit.metrics.weighted_sum_predictions import WeightedSumPredictionsMetric
 from rectoolkit.metrics.xauc import XAUCMetric
@@ -49,3 +52,4 @@ __all__ += ["CaliFreeNEMetric", "NMSEMetric", "RecalibratedCalibrationMetric", "
 __all__ += ["AverageMetric", "HindsightTargetPRMetric", "MulticlassRecallMetric", "NumMissingLabelsMetric",
             "NumPositiveSamplesMetric", "SumWeightsMetric", "TowerQPSMetric", "WeightedSumPredictionsMetric",
             "XAUCMetric"]
+__all__ += ["OutputMetric", "ScalarMetric", "TensorWeightedAvgMetric"]

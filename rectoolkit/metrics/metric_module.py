@@ -58,7 +58,10 @@ from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
 from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
 from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
 from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
+from rectoolkit.metrics.output import OutputMetric
+from rectoolkit.metrics.scalar import ScalarMetric
 from rectoolkit.metrics.sum_weights import SumWeightsMetric
+from rectoolkit.metrics.tensor_weighted_avg import TensorWeightedAvgMetric
 from rectoolkit.metrics.tower_qps import TowerQPSMetric
 from rectoolkit.metrics.weighted_sum_predictions import WeightedSumPredictionsMetric
 from rectoolkit.metrics.xauc import XAUCMetric
@@ -89,6 +92,9 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.SUM_WEIGHTS: SumWeightsMetric,
     RecMetricEnum.WEIGHTED_SUM_PREDICTIONS: WeightedSumPredictionsMetric,
     RecMetricEnum.AVERAGE: AverageMetric,
+    RecMetricEnum.TENSOR_WEIGHTED_AVG: TensorWeightedAvgMetric,
+    RecMetricEnum.SCALAR: ScalarMetric,
+    RecMetricEnum.OUTPUT: OutputMetric,
     RecMetricEnum.RECALIBRATED_NE: RecalibratedNEMetric,
     RecMetricEnum.RECALIBRATED_CALIBRATION: RecalibratedCalibrationMetric,
     RecMetricEnum.CALI_FREE_NE: CaliFreeNEMetric,

@@ -49,6 +49,9 @@ class RecMetricEnum(Enum):
     SUM_WEIGHTS = "sum_weights"
     WEIGHTED_SUM_PREDICTIONS = "weighted_sum_predictions"
     AVERAGE = "average"
+    TENSOR_WEIGHTED_AVG = "tensor_weighted_avg"
+    SCALAR = "scalar"
+    OUTPUT = "output"
     RECALIBRATED_NE = "recalibrated_ne"
     RECALIBRATED_CALIBRATION = "recalibrated_calibration"
     CALI_FREE_NE = "cali_free_ne"
@@ -76,9 +79,8 @@ class RecTaskInfo:
     """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight.
 
     TorchRec's other fields are accepted: NDCGMetric reads `is_negative_task` (it ranks 1 - prediction by
-    1 - label), as TorchRec's; `session_metric_def`, `tensor_name` and `weighted` are read only by TorchRec's
-    session-level and tensor-weighted-average metrics, which rectoolkit does not have; the other metrics here do
-    not read any of them in TorchRec either.
+    1 - label), TensorWeightedAvgMetric `tensor_name` (the model output it averages) and `weighted`, as TorchRec's;
+    `session_metric_def` is read only by TorchRec's session-level metrics, which rectoolkit does not have.
     """
 
     name: str = "DefaultTask"
