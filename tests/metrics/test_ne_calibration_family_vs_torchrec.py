@@ -385,3 +385,19 @@ def test_metric_names_and_namespaces_as_torchrec(enum, member):
     assert hasattr(ours, member) == hasattr(theirs, member)
     if hasattr(theirs, member):
         assert getattr(ours, member).value == getattr(theirs, member).value
+
+
+@pytest.mark.torchrec
+@pytest.mark.parametrize("mode", MODES[:2])
+@pytest.mark.parametrize("name, extra", [("CaliFreeNEMetric", {}), ("RecalibratedNEMetric", {}), ("NMSEMetric", {}),
+                                         ("ServingNEMetric", {}), ("SegmentedNEMetric", {"num_groups": 3})])
+def test_local_compute_and_reset_as_torchrec(name, extra, mode):
+    theirs, ours = (make(library, name, mode, 24, **extra) for library in ("torchrec", "rectoolkit"))
+    stream = segment_stream(count=5)
+    for metric in (theirs, ours):
+        feed_segments(metric, stream)
+    assert_same_values(ours.local_compute(), theirs.local_compute())
+    for metric in (theirs, ours):
+        metric.reset()
+        feed_segments(metric, stream[:2])
+    assert_same_values(ours.compute(), theirs.compute())
