@@ -32,9 +32,12 @@ from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 from rectoolkit.metrics.average import AverageMetric
 from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
 from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
+from rectoolkit.metrics.multi_label_precision import MultiLabelPrecisionMetric
 from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
 from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
 from rectoolkit.metrics.output import OutputMetric
+from rectoolkit.metrics.precision_session import PrecisionSessionMetric
+from rectoolkit.metrics.recall_session import RecallSessionMetric
 from rectoolkit.metrics.scalar import ScalarMetric
 from rectoolkit.metrics.sum_weights import SumWeightsMetric
 from rectoolkit.metrics.tensor_weighted_avg import TensorWeightedAvgMetric
@@ -53,3 +56,4 @@ __all__ += ["AverageMetric", "HindsightTargetPRMetric", "MulticlassRecallMetric"
             "NumPositiveSamplesMetric", "SumWeightsMetric", "TowerQPSMetric", "WeightedSumPredictionsMetric",
             "XAUCMetric"]
 __all__ += ["OutputMetric", "ScalarMetric", "TensorWeightedAvgMetric"]
+__all__ += ["MultiLabelPrecisionMetric", "PrecisionSessionMetric", "RecallSessionMetric"]

@@ -56,9 +56,12 @@ from rectoolkit.metrics.weighted_avg import WeightedAvgMetric
 from rectoolkit.metrics.average import AverageMetric
 from rectoolkit.metrics.hindsight_target_pr import HindsightTargetPRMetric
 from rectoolkit.metrics.multiclass_recall import MulticlassRecallMetric
+from rectoolkit.metrics.multi_label_precision import MultiLabelPrecisionMetric
 from rectoolkit.metrics.num_missing_labels import NumMissingLabelsMetric
 from rectoolkit.metrics.num_positive_samples import NumPositiveSamplesMetric
 from rectoolkit.metrics.output import OutputMetric
+from rectoolkit.metrics.precision_session import PrecisionSessionMetric
+from rectoolkit.metrics.recall_session import RecallSessionMetric
 from rectoolkit.metrics.scalar import ScalarMetric
 from rectoolkit.metrics.sum_weights import SumWeightsMetric
 from rectoolkit.metrics.tensor_weighted_avg import TensorWeightedAvgMetric
@@ -95,6 +98,9 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
     RecMetricEnum.TENSOR_WEIGHTED_AVG: TensorWeightedAvgMetric,
     RecMetricEnum.SCALAR: ScalarMetric,
     RecMetricEnum.OUTPUT: OutputMetric,
+    RecMetricEnum.MULTI_LABEL_PRECISION: MultiLabelPrecisionMetric,
+    RecMetricEnum.PRECISION_SESSION_LEVEL: PrecisionSessionMetric,
+    RecMetricEnum.RECALL_SESSION_LEVEL: RecallSessionMetric,
     RecMetricEnum.RECALIBRATED_NE: RecalibratedNEMetric,
     RecMetricEnum.RECALIBRATED_CALIBRATION: RecalibratedCalibrationMetric,
     RecMetricEnum.CALI_FREE_NE: CaliFreeNEMetric,

@@ -52,6 +52,9 @@ class RecMetricEnum(Enum):
     TENSOR_WEIGHTED_AVG = "tensor_weighted_avg"
     SCALAR = "scalar"
     OUTPUT = "output"
+    MULTI_LABEL_PRECISION = "multi_label_precision"
+    PRECISION_SESSION_LEVEL = "precision_session_level"
+    RECALL_SESSION_LEVEL = "recall_session_level"
     RECALIBRATED_NE = "recalibrated_ne"
     RECALIBRATED_CALIBRATION = "recalibrated_calibration"
     CALI_FREE_NE = "cali_free_ne"
@@ -75,12 +78,23 @@ class RecComputeMode(Enum):
 
 
 @dataclass(unsafe_hash=True, eq=True)
+class SessionMetricDef:
+    """How the session-level precision and recall read a task: `session_var_name`, the model output holding each
+    sample's session id; `top_threshold`, how many top-ranked predictions of a session count as predicted positive
+    (required by those metrics); `run_ranking_of_labels`, rank the labels too (the top ones are the positives)."""
+
+    session_var_name: str
+    top_threshold: Optional[int] = None
+    run_ranking_of_labels: bool = False
+
+
+@dataclass(unsafe_hash=True, eq=True)
 class RecTaskInfo:
     """One task: its name (in the metric keys) and the model-output names of its label, prediction and weight.
 
     TorchRec's other fields are accepted: NDCGMetric reads `is_negative_task` (it ranks 1 - prediction by
     1 - label), TensorWeightedAvgMetric `tensor_name` (the model output it averages) and `weighted`, as TorchRec's;
-    `session_metric_def` is read only by TorchRec's session-level metrics, which rectoolkit does not have.
+    `session_metric_def` (a SessionMetricDef) by the session-level precision and recall.
     """
 
     name: str = "DefaultTask"
@@ -143,4 +157,5 @@ class MetricsConfig:
 DefaultTaskInfo = RecTaskInfo()
 
 __all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo",
+           "SessionMetricDef",
            "ThroughputDef"]

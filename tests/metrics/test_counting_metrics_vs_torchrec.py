@@ -10,6 +10,8 @@ import torch
 
 torchrec = pytest.importorskip("torchrec")
 
+from tests.metrics.torchrec_pairs import assert_same_values, feed_both, generate_both  # noqa: E402
+
 TASKS = ["click", "like"]
 BATCH, CLASSES = 6, 4
 # module: (class, extra arguments, input kind)
@@ -66,17 +68,13 @@ def feed(metric, stream):
     return metric.compute()
 
 
+def assert_same_values_(got, expected):
+    """TorchRec's threshold index is torch.Tensor(index), an uninitialized tensor of index elements: not compared."""
+    assert_same_values(got, expected, skip=is_threshold_index)
+
+
 def is_threshold_index(key):
     return key.endswith("_hindsight_target_pr")
-
-
-def assert_same_values(got, expected):
-    assert list(got) == list(expected)  # the same keys in the same order
-    for key, value in expected.items():
-        if is_threshold_index(key):  # TorchRec's is torch.Tensor(index): an uninitialized tensor of index elements
-            continue
-        assert got[key].shape == value.shape and got[key].dtype == value.dtype, key
-        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-9, equal_nan=True, msg=key)
 
 
 def their_threshold_index(metric, window, task_index):
@@ -108,9 +106,9 @@ def test_same_keys_values_and_state_dict_as_torchrec(module, mode, window_size):
     expected, got = feed(theirs, stream), feed(ours, stream)
     if not supported(module, mode):  # against TorchRec's unfused values, whose keys come task by task
         expected, got = dict(sorted(expected.items())), dict(sorted(got.items()))
-    assert_same_values(got, expected)
+    assert_same_values_(got, expected)
     if supported(module, mode):
-        assert_same_values(ours.local_compute(), theirs.local_compute())
+        assert_same_values_(ours.local_compute(), theirs.local_compute())
     if window_size == 2 * BATCH:  # the window is not the lifetime
         lifetime, window = [got[key] for key in got if "lifetime" in key], [got[key] for key in got if "window" in key]
         assert any(not torch.equal(a, b) for a, b in zip(lifetime, window))
@@ -132,7 +130,7 @@ def test_same_keys_values_and_state_dict_as_torchrec(module, mode, window_size):
     resumed_ours.load_state_dict(their_state)
     resumed_theirs.load_state_dict(our_state)
     later = batches(CASES[module][2], count=2, seed=7)
-    assert_same_values(feed(resumed_ours, later), feed(resumed_theirs, later))
+    assert_same_values_(feed(resumed_ours, later), feed(resumed_theirs, later))
 
 
 @pytest.mark.torchrec
@@ -150,20 +148,9 @@ def test_generate_metric_module_builds_them_as_torchrec():
               (["HINDSIGHT_TARGET_PR"], {"target_precision": 0.7}, "informative"),
               (["MULTICLASS_RECALL"], {"number_of_classes": CLASSES}, "multiclass")]
     for members, arguments, kind in groups:
-        modules = []
-        for library in ("torchrec", "rectoolkit"):
-            package = importlib.import_module(f"{library}.metrics.metrics_config")
-            generate = importlib.import_module(f"{library}.metrics.metric_module")
-            modules.append(generate.generate_metric_module(
-                generate.RecMetricModule, config(package, members, arguments), batch_size=BATCH, world_size=1,
-                my_rank=0, state_metrics_mapping={}, device=torch.device("cpu")))
-        for predictions, labels, weights in batches(kind):
-            model_out = {f"{t}_{suffix}": source[t] for t in TASKS
-                         for suffix, source in (("p", predictions), ("y", labels), ("w", weights))}
-            for module in modules:
-                module.update(model_out)
-        expected, got = (dict(module.compute()) for module in modules)
-        assert_same_values(got, expected)
+        modules = generate_both(lambda package: config(package, members, arguments), BATCH)
+        expected, got = feed_both(modules, batches(kind), TASKS)
+        assert_same_values_(got, expected)
         assert len(got) >= 4 * len(members)
         assert list(modules[1].state_dict()) == list(modules[0].state_dict())
 

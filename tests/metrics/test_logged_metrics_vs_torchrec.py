@@ -8,6 +8,8 @@ import torch
 
 torchrec = pytest.importorskip("torchrec")
 
+from tests.metrics.torchrec_pairs import assert_same_values, feed_both, generate_both  # noqa: E402
+
 TASKS = ["click", "like"]
 BATCH = 4
 MODES = ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"]
@@ -49,13 +51,6 @@ def feed(metric, stream):
     return metric.compute()
 
 
-def assert_same_values(got, expected):
-    assert list(got) == list(expected)
-    for key, value in expected.items():
-        assert got[key].shape == value.shape and got[key].dtype == value.dtype, key
-        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-9, equal_nan=True, msg=key)
-
-
 @pytest.mark.torchrec
 @pytest.mark.parametrize("window_size", [2, 10_000])  # these count rows, not samples: 2 updates (1 fused)
 @pytest.mark.parametrize("mode", MODES)
@@ -82,23 +77,14 @@ def test_same_keys_values_and_state_dict_as_torchrec(module, mode, window_size):
 
 @pytest.mark.torchrec
 def test_generate_metric_module_builds_them_as_torchrec():
-    modules = []
-    for library in ("torchrec", "rectoolkit"):
-        package = importlib.import_module(f"{library}.metrics.metrics_config")
-        generate = importlib.import_module(f"{library}.metrics.metric_module")
+    def config(package):
         metrics = {getattr(package.RecMetricEnum, member): package.RecMetricDef(rec_task_indices=[0, 1], window_size=8)
                    for member in ("TENSOR_WEIGHTED_AVG", "SCALAR", "OUTPUT")}
-        config = package.MetricsConfig(rec_tasks=task_infos(package), rec_metrics=metrics)
-        modules.append(generate.generate_metric_module(generate.RecMetricModule, config, batch_size=BATCH, world_size=1,
-                                                       my_rank=0, state_metrics_mapping={},
-                                                       device=torch.device("cpu")))
+        return package.MetricsConfig(rec_tasks=task_infos(package), rec_metrics=metrics)
+
+    modules = generate_both(config, BATCH)
     assert sorted(modules[1].get_required_inputs()) == sorted(modules[0].get_required_inputs())
-    for predictions, labels, weights, required in batches():
-        model_out = {**required, **{f"{t}_{suffix}": source[t] for t in TASKS
-                                    for suffix, source in (("p", predictions), ("y", labels), ("w", weights))}}
-        for module in modules:
-            module.update(model_out)
-    expected, got = (dict(module.compute()) for module in modules)
+    expected, got = feed_both(modules, batches(), TASKS)
     assert_same_values(got, expected)
     assert len(got) == 4 + 4 + 4
 
