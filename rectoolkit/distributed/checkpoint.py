@@ -58,6 +58,7 @@ import torch
 from rectoolkit.distributed.agree import all_gather_bytes
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.mc_embeddingbag import sharded_mc_buffers
+from rectoolkit.distributed.table_view import table_state_skipped
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.plan.validation import check_tiling
 
@@ -147,7 +148,9 @@ def _dense_state(model) -> Dict[str, torch.Tensor]:
     if "" in model.sharded_modules:
         return {}
     prefixes = tuple(p + "." for p in model.sharded_modules)
-    return {k: v.detach().cpu().clone() for k, v in model.module.state_dict().items() if not k.startswith(prefixes)}
+    with table_state_skipped(model.sharded_modules.values()):  # (their whole tables would be a collective)
+        state = model.module.state_dict()
+    return {k: v.detach().cpu().clone() for k, v in state.items() if not k.startswith(prefixes)}
 
 
 class CheckpointPeerError(CheckpointError):

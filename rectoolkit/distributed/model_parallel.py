@@ -386,7 +386,8 @@ class DistributedModelParallel(nn.Module):
     def named_parameters(self, prefix: str = "", recurse: bool = True,
                          remove_duplicate: bool = True) -> Iterator[Tuple[str, nn.Parameter]]:
         """The model's parameters under the unsharded model's names: this rank's shard of table t0 of the
-        collection at "ebc" is "ebc.embedding_bags.t0.weight" (tables without a shard here are left out)."""
+        collection at "ebc" is "ebc.embedding_bags.t0.weight" (a table without a shard here: TorchRec's empty
+        placeholder of shape (0,), see table_view.py)."""
         return _unique(self._named_members("parameters", self._plain_module, prefix, recurse), remove_duplicate)
 
     def bare_named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[Tuple[str, nn.Parameter]]:
@@ -463,12 +464,17 @@ class DistributedModelParallel(nn.Module):
         """The unsharded model's state_dict: same names, full-size tables (collective: every rank calls it). Keys in
         sorted order, as TorchRec's DMP gives them (its add_prefix_to_state_dict sorts; `destination`'s own keys
         too)."""
-        plain = self._plain_module.state_dict(keep_vars=keep_vars) if "" not in self._sharded else {}
-        shard_prefixes = tuple(path + "." for path in self._sharded if path)  # the sharded modules' own bookkeeping
-        out: Dict[str, torch.Tensor] = OrderedDict((prefix + key, value) for key, value in plain.items()
-                                                   if not key.startswith(shard_prefixes))
-        for key, (collection, table) in self._sharded_keys().items():  # the same order on every rank
-            out[prefix + key] = gather_table(collection, table)
+        # the sharded collections' own state_dict holds their whole tables (table_view.py: gathered, in the same order
+        # on every rank); anything else under their paths is their own bookkeeping
+        plain = self._plain_module.state_dict(keep_vars=keep_vars)
+        sharded_keys = self._sharded_keys()
+        shard_prefixes = tuple(path + "." for path in self._sharded if path)
+        out: Dict[str, torch.Tensor] = OrderedDict(
+            (prefix + key, value) for key, value in plain.items()
+            if key in sharded_keys or ("" not in self._sharded and not key.startswith(shard_prefixes)))
+        for key, (collection, table) in sharded_keys.items():  # the same order on every rank
+            if prefix + key not in out:
+                out[prefix + key] = gather_table(collection, table)
         result = destination if destination is not None else out
         if destination is not None:
             destination.update(out)

@@ -39,6 +39,7 @@ from rectoolkit.distributed.row_wise import RowWiseSharding
 from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.distributed.table_column_wise import TableColumnWiseSharding
 from rectoolkit.distributed.table_row_wise import TableRowWiseSharding
+from rectoolkit.distributed.table_view import table_view
 from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
@@ -128,6 +129,7 @@ class ShardedCollection(nn.Module):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
     takes_variable_batch = False  # a batch size per feature (VBE): taken by the bag and sequence collections
+    own_table_view = True  # TorchRec's module view, "embedding_bags.<table>.weight" (table_view.py)
 
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], module_plan: Mapping[str, ParameterSharding],
                  env: ShardingEnv, pooled: bool, is_weighted: bool, optimizer: Optional[FusedOptimizerConfig],
@@ -191,6 +193,13 @@ class ShardedCollection(nn.Module):
                 qcomm_codecs_registry=self.qcomm_codecs_registry)
             name = kind.value + ("_dense" if dense_kernel else "") + ("" if dtype == torch.float32 else "_fp16")
             self.groups[name] = group_class(spec)
+        # the groups are not submodules (TorchRec's lookups are a plain list): the module's own view is one module per
+        # table under TorchRec's names, "embedding_bags.<table>.weight" (table_view.py)
+        if self.own_table_view:
+            self.__dict__["groups"] = self._modules.pop("groups")
+            fused = [t.name for t in tables if not dense[t.name]
+                     and ShardingType.parse(self.module_plan[t.name].sharding_type) != ShardingType.DATA_PARALLEL]
+            setattr(self, collection_state_prefix(self)[:-1], table_view(self, fused))
         # TorchRec's view of the groups, one entry per group (plain lists, as in TorchRec: nothing registered twice)
         self._input_dists, self._lookups, self._output_dists = group_steps(self.groups)
         self._run_groups = RunGroups(self)
@@ -237,10 +246,15 @@ class ShardedCollection(nn.Module):
         return [entry for group in self.groups.values() for entry in group.local_shards()]
 
     def torchrec_named_parameters(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
-        """This rank's shard weights under TorchRec's names: "<prefix>embedding_bags.<table>.weight" (sequence
-        collections: "embeddings."), one entry per local shard (a table with two column shards here gives its
-        name twice, as TorchRec's sharded modules do), in the collection's table order as TorchRec's; tables with no
-        shard on this rank are absent (TorchRec lists an empty placeholder for them)."""
+        """named_parameters() with `prefix` put before each name as it is: this rank's shards under TorchRec's names,
+        "<prefix>embedding_bags.<table>.weight" (sequence collections: "embeddings."), in the collection's table
+        order, with TorchRec's empty placeholder of shape (0,) for a table with no shard here; a table with several
+        shards here lists the others as "weight_1", ... (table_view.py). Without that view (the quantized
+        collections): one entry per local shard, tables with no shard here left out."""
+        if self.own_table_view:
+            for name, weight in self.named_parameters():
+                yield prefix + name, weight
+            return
         shards = self.local_shards()
         for config in self._tables:
             for table, _, weight, _ in shards:

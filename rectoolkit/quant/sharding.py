@@ -116,6 +116,8 @@ def check_quant_plan(collection: str, configs: Sequence[BaseEmbeddingConfig],
 class QuantizedShards:
     """What both sharded quantized collections say about their shards: stored bytes, no optimizer state."""
 
+    own_table_view = False  # their state is the stored rows of their groups (not the float table view)
+
     def memory_bytes(self) -> Dict[str, int]:
         """Bytes of the quantized shards on this rank, and where they live (as ShardedCollection.memory_bytes)."""
         held = self.quantized_bytes
