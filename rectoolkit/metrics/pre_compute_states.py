@@ -1,5 +1,6 @@
 """RecMetricModule's pre-compute states (TorchRec's `get_pre_compute_states` / `load_pre_compute_states`): every
-sum-state metric's lifetime and window sums, reduced over the ranks, in TorchRec's nested layout
+sum-state metric's lifetime and window sums (a metric written as TorchRec's computations: each of their states, by
+its dist_reduce_fx), reduced over the ranks, in TorchRec's nested layout
 
     {metric namespace: {task name: {state name: tensor}}}
 
@@ -36,6 +37,9 @@ def get_pre_compute_states(metrics: List[RecMetric]) -> States:
     """The states of every metric, reduced over the ranks (a collective: every rank calls it)."""
     states: States = {}
     for rec_metric in metrics:
+        if rec_metric._computation_class is not None:
+            states[str(rec_metric._namespace)] = _computation_states(rec_metric)
+            continue
         metric = _sum_state_metric(rec_metric)
         reduced = metric.global_states()  # [tasks, (lifetime, window), states]
         per_task: Dict[str, Dict[str, torch.Tensor]] = {}
@@ -52,6 +56,9 @@ def load_pre_compute_states(metrics: List[RecMetric], source: States) -> None:
     """Set every metric's lifetime and window sums from ``source`` (no collective). The loaded window counts as
     full: the batches fed next push it out as they fill the window."""
     for rec_metric in metrics:
+        if rec_metric._computation_class is not None:
+            _load_computation_states(rec_metric, source)
+            continue
         metric = _sum_state_metric(rec_metric)
         if metric._namespace not in source:
             raise KeyError(f"load_pre_compute_states: no states for metric {metric._namespace!r}; the source has "
@@ -74,3 +81,35 @@ def load_pre_compute_states(metrics: List[RecMetric], source: States) -> None:
         metric._windows = [WindowBuffer(metric._window_size) for _ in metric._tasks]
         for task_index, buffer in enumerate(metric._windows):
             buffer.add(window[task_index], metric._window_size)
+
+
+# ---------------------------------------------------------------------- metrics written as TorchRec's computations
+def _computation_states(metric: RecMetric) -> Dict[str, Dict[str, torch.Tensor]]:
+    """{task: {state: value}} of every state of each computation (window states included), reduced over the ranks
+    by the state's dist_reduce_fx, keyed by the first task of each computation, as TorchRec's."""
+    from rectoolkit.metrics.computation import _group_of, _reduce
+
+    group = _group_of(metric._process_group)
+    per_task: Dict[str, Dict[str, torch.Tensor]] = {}
+    for task, computation in zip(metric._tasks, metric._metrics_computations):
+        entry = per_task.setdefault(task.name, {})
+        for name, reduction in computation._reductions.items():
+            value = getattr(computation, name)
+            if group is not None:
+                entry[name] = _reduce(value, reduction, group)
+            else:
+                entry[name] = (torch.cat(value) if value else []) if isinstance(value, list) else value.clone()
+    return per_task
+
+
+def _load_computation_states(metric: RecMetric, source: States) -> None:
+    """Set each computation's states from ``source`` as TorchRec's: the window buffers are not restored."""
+    namespace = str(metric._namespace)
+    if namespace not in source:
+        raise KeyError(f"load_pre_compute_states: no states for metric {namespace!r}; the source has {sorted(source)}")
+    for task, computation in zip(metric._tasks, metric._metrics_computations):
+        if task.name not in source[namespace]:
+            raise KeyError(f"load_pre_compute_states: metric {namespace!r} has no states for task {task.name!r}; "
+                           f"the source has {sorted(source[namespace])}")
+        for name, value in source[namespace][task.name].items():
+            setattr(computation, name, value)
