@@ -161,6 +161,17 @@ def dense_gradient_worker(rank: int, world_size: int) -> None:
                                    msg=lambda m: f"rank {rank} {table} {shard.rows} {shard.columns}: {m}")
         held += (r1 - r0) * (c1 - c0) * (2 if table in fp16 else 4)
     assert sharded.memory_bytes()["weights"] == held  # by hand: 2 bytes per FP16 value, 4 per FP32 value
+    # the planner's estimate of this rank's weight bytes is exact for mixed dtypes too
+    from rectoolkit.plan.types import ShardingPlan
+    from rectoolkit.planner import Topology
+    from rectoolkit.planner.cost import CostModel
+    from rectoolkit.planner.measure import estimate_plan
+    from rectoolkit.planner.tables import collect_tables
+
+    estimate = estimate_plan(CostModel(Topology(world_size=world_size, compute_device="cpu"), "sgd"),
+                             ShardingPlan({"": _plan(our_sp, reference, world_size)}),
+                             collect_tables(reference.embedding_bag_configs(), 2))
+    assert int(estimate["est_memory_weights_bytes"][rank]) == held
 
 
 @pytest.mark.multiprocess
