@@ -190,6 +190,11 @@ def test_hand_worked_values():
     metric.update(predictions={"t": torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]])},
                   labels={"t": torch.tensor([1.0, 0.0])}, weights={"t": torch.tensor([1.0, 3.0])})
     assert metric.compute()["multiclass_recall-t|lifetime_multiclass_recall"].tolist() == [[0.75, 1.0, 1.0]]
+    # without weights every sample weighs 1 (TorchRec's default weights have the predictions' shape and fail)
+    metric.reset()
+    metric.update(predictions={"t": torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]])},
+                  labels={"t": torch.tensor([1.0, 0.0])}, weights=None)
+    assert metric.compute()["multiclass_recall-t|lifetime_multiclass_recall"].tolist() == [[0.5, 1.0, 1.0]]
 
 
 def test_bad_input_is_refused_by_name():

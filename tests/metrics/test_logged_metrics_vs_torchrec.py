@@ -125,3 +125,35 @@ def test_refusals():
     output = OutputMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
     with pytest.raises(RecMetricException, match="requires 'latest_imp' and 'total_latest_imp'"):
         output.update(predictions={"t": torch.zeros(2)}, labels={"t": torch.zeros(2)}, weights=None)
+
+
+# ------------------------------------------------------------------------------------------------ 2 ranks
+def _two_rank_worker(rank, world_size, stream, expected):
+    for module in CLASSES:
+        cls = getattr(importlib.import_module(f"rectoolkit.metrics.{module}"), CLASSES[module])
+        config = importlib.import_module("rectoolkit.metrics.metrics_config")
+        metric = cls(world_size=world_size, my_rank=rank, batch_size=BATCH, tasks=task_infos(config),
+                     window_size=10_000, compute_on_all_ranks=True)
+        got = feed(metric, stream[rank::world_size])
+        assert list(got) == list(expected[module])
+        for key, value in expected[module].items():
+            if "window" not in key:
+                torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-12, msg=f"rank {rank} {key}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_reduce_as_torchrecs_dist_reduce_fx():
+    """Tensor weighted average: sums over all ranks' batches; scalar: the mean of the ranks' latest values; output:
+    the sum of the ranks' latest values (each computed here from one-process metrics of each rank's batches)."""
+    from tests.distributed.dist_harness import run_workers
+
+    stream = batches(count=6, seed=2)
+    per_rank = [{module: feed(make("rectoolkit", module, "UNFUSED_TASKS_COMPUTATION", 10_000), stream[rank::2])
+                 for module in CLASSES} for rank in range(2)]
+    expected = {"tensor_weighted_avg": feed(make("rectoolkit", "tensor_weighted_avg", "UNFUSED_TASKS_COMPUTATION",
+                                                 10_000), stream),
+                "scalar": {key: (per_rank[0]["scalar"][key] + per_rank[1]["scalar"][key]) / 2
+                           for key in per_rank[0]["scalar"]},
+                "output": {key: per_rank[0]["output"][key] + per_rank[1]["output"][key] for key in per_rank[0]["output"]}}
+    run_workers(_two_rank_worker, 2, stream, expected)

@@ -41,11 +41,13 @@ def batches(kind, count=6, seed=0):
     return stream
 
 
-def make(library, module, cls_name, mode="UNFUSED_TASKS_COMPUTATION", window_size=2 * BATCH, ranking=False, **kwargs):
+def make(library, module, cls_name, mode="UNFUSED_TASKS_COMPUTATION", window_size=2 * BATCH, ranking=False,
+         world_size=1, rank=0, **kwargs):
     cls = getattr(importlib.import_module(f"{library}.metrics.{module}"), cls_name)
     config = importlib.import_module(f"{library}.metrics.metrics_config")
     tasks = session_tasks(config, ranking) if "session" in module else [config.RecTaskInfo(name=t) for t in TASKS]
-    return cls(world_size=1, my_rank=0, batch_size=BATCH, tasks=tasks, compute_mode=getattr(config.RecComputeMode, mode),
+    return cls(world_size=world_size, my_rank=rank, batch_size=BATCH, tasks=tasks,
+               compute_mode=getattr(config.RecComputeMode, mode),
                window_size=window_size, **kwargs)
 
 
@@ -150,3 +152,35 @@ def test_refusals():
     with pytest.raises(ValueError, match="2 label_names"):
         MultiLabelPrecisionMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")], num_labels=3,
                                   label_names=["a", "b"])
+
+
+# ------------------------------------------------------------------------------------------------ 2 ranks
+RANK_CASES = [case for case in CASES if case[2] == "UNFUSED_TASKS_COMPUTATION"]
+
+
+def _rank_metrics(world_size=1, rank=0):
+    return [make("rectoolkit", module, cls_name, mode, 10_000, ranking, world_size, rank, compute_on_all_ranks=True,
+                 **extra) for module, cls_name, mode, ranking, extra in RANK_CASES]
+
+
+def _streams(seed):
+    return [batches("multi_label" if case[0] == "multi_label_precision" else "session", count=6, seed=seed)
+            for case in RANK_CASES]
+
+
+def _two_rank_worker(rank, world_size, expected):
+    for metric, stream, values in zip(_rank_metrics(world_size, rank), _streams(4), expected):
+        got = feed(metric, stream[rank::world_size])
+        assert list(got) == list(values)
+        for key, value in values.items():
+            torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"rank {rank} {key}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_each_with_half_the_data_equal_one_process_with_all():
+    from tests.distributed.dist_harness import run_workers
+
+    # the window holds everything (10_000 samples), so lifetime and window both equal one process's
+    expected = [feed(metric, stream) for metric, stream in zip(_rank_metrics(), _streams(4))]
+    run_workers(_two_rank_worker, 2, expected)
