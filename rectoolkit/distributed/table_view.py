@@ -17,6 +17,17 @@ model holding one, give TorchRec's keys; the sharding groups (input_dist, lookup
 - `state_dict()` is a collective (every rank calls it, in the same order): it holds whole tables, as
   DistributedModelParallel.state_dict() does, so it loads into a collection of any plan. TorchRec's holds a
   ShardedTensor per table.
+
+    >>> import rectoolkit as rtk
+    >>> from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
+    >>> ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
+    ...                                                           feature_names=["f"])])
+    >>> plan = {"t": rtk.ParameterSharding("row_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 4, 2)])}
+    >>> sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local())
+    >>> [(name, tuple(weight.shape)) for name, weight in sharded.named_parameters()]
+    [('embedding_bags.t.weight', (4, 2))]
+    >>> torch.equal(sharded.state_dict()["embedding_bags.t.weight"], ebc.embedding_bags["t"].weight)
+    True
 """
 
 from __future__ import annotations

@@ -148,3 +148,12 @@ def state_worker(rank: int, world_size: int) -> None:
 @pytest.mark.timeout(240)
 def test_sharded_modules_state_dict_round_trips_and_trains_with_its_parameters():
     run_workers(state_worker, 2)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from rectoolkit.distributed import table_view
+
+    result = doctest.testmod(table_view)
+    assert result.attempted > 0 and result.failed == 0, result
