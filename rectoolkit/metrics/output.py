@@ -3,7 +3,7 @@
 under `output-{task}|output_latest_imp` and `|output_total_latest_imp`; summed over the ranks and not saved, as
 TorchRec's.
 
-    >>> from rectoolkit.metrics.metrics_config import RecTaskInfo
+    >>> from rectoolkit.metrics.metrics_config import RecComputeMode, RecTaskInfo
     >>> metric = OutputMetric(world_size=1, my_rank=0, batch_size=2, tasks=[RecTaskInfo(name="t")])
     >>> sorted(metric.get_required_inputs())
     ['latest_imp', 'total_latest_imp']
@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Set, Union
 import torch
 
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation
-from rectoolkit.metrics.metrics_config import RecTaskInfo
+from rectoolkit.metrics.metrics_config import RecComputeMode, RecTaskInfo
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace, MetricPrefix
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException
 
@@ -51,10 +51,18 @@ class OutputMetricComputation(RecMetricComputation):
 
 
 class OutputMetric(RecMetric):
-    """The latest `latest_imp` / `total_latest_imp` per task (TorchRec's constructor)."""
+    """The latest `latest_imp` / `total_latest_imp` per task (TorchRec's constructor; the fused modes, which fail in
+    TorchRec's compute(), are refused here)."""
 
     _namespace = MetricNamespace.OUTPUT
     _computation_class = OutputMetricComputation
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._compute_mode != RecComputeMode.UNFUSED_TASKS_COMPUTATION:
+            raise RecMetricException(f"OutputMetric: compute_mode={self._compute_mode.name} is not supported (its "
+                                     "states hold one value for all tasks, and TorchRec's compute() fails on them); "
+                                     "use RecComputeMode.UNFUSED_TASKS_COMPUTATION")
 
     def _get_task_required_inputs(self, task_config: Union[RecTaskInfo, List[RecTaskInfo]]) -> Set[str]:
         return set(_OUTPUTS)

@@ -43,7 +43,8 @@ def assert_same_values(got, expected):
 
 
 @pytest.mark.torchrec
-@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
+@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION",
+                                  "FUSED_TASKS_AND_STATES_COMPUTATION"])
 @pytest.mark.parametrize("warmup_steps", [0, 2])
 def test_keys_values_and_state_dict_equal_torchrecs(monkeypatch, mode, warmup_steps):
     clock = FakeClock(monkeypatch)
