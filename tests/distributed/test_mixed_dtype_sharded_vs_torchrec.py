@@ -91,6 +91,12 @@ def fused_sgd_worker(rank: int, world_size: int) -> None:
             for offsets, sizes, local in _local_slices(their_value) if hasattr(their_value, "local_shards") \
                     else [((0,) * value.dim(), value.shape, their_value)]:
                 local.copy_(value[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))])
+    # the fused optimizer's keys, one param group per sharding type and dtype, as TorchRec's (rectoolkit's replicas
+    # get the sharder's optimizer too: see below)
+    replica_keys = {f"ebc.embedding_bags.{name}.weight" for name, _, _, _, kind in TABLES if kind == "data_parallel"}
+    our_params = [key for key in sorted(ours.fused_optimizer.params) if key not in replica_keys]
+    assert our_params == sorted(theirs.fused_optimizer.params)
+    assert len(ours.fused_optimizer.param_groups) - 2 == len(theirs.fused_optimizer.param_groups)  # (2 replica groups)
     # every shard this rank holds is in its table's dtype
     fp16_tables = {name for name, _, _, fp16, _ in TABLES if fp16}
     collection = ours.sharded_modules["ebc"]
