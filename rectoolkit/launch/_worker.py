@@ -28,6 +28,7 @@ import cloudpickle
 
 from rectoolkit.launch._reap import TAG_VARIABLE, become_subreaper, kill_descendants, kill_group, kill_tagged
 from rectoolkit.launch.affinity import bind_this_process
+from rectoolkit.launch.errors import exception_text
 
 
 _DYING = threading.Lock()
@@ -45,13 +46,27 @@ def _die_with_helpers() -> None:
         os._exit(3)
 
 
+def _error_payload(exc: BaseException) -> Dict[str, Any]:
+    """What the caller gets of a rank's exception: plain strings only, so that shipping it cannot fail however odd
+    the exception is (a __reduce__, __str__ or __getattr__ that raises)."""
+    try:  # raised because another rank failed (e.g. a checkpoint's CheckpointPeerError)
+        peer_failure = bool(getattr(exc, "peer_failure", False))
+    except BaseException:
+        peer_failure = False
+    return {"exc_type": type(exc).__name__, "message": exception_text(exc), "traceback": traceback.format_exc(),
+            "time": time.time(), "peer_failure": peer_failure}
 
-def _message(exc: BaseException) -> str:
-    """str(exc), or what can be said when that raises too (an exception class with a broken __str__)."""
+
+def _pickled_result(rank: int, result: Any) -> bytes:
+    """The "result" message, or a TypeError that names the rank and the value's type when it cannot be pickled:
+    whatever its __reduce__ raises, an Exception or a BaseException (KeyboardInterrupt, SystemExit, one of the
+    caller's own), which would otherwise pass for the rank's own failure."""
     try:
-        return str(exc)
-    except Exception as broken:
-        return f"<str() of this {type(exc).__name__} raised {type(broken).__name__}: {broken}>"
+        return cloudpickle.dumps(("result", result))
+    except BaseException as exc:
+        raise TypeError(f"rank {rank}'s return value of type {type(result).__name__} cannot be pickled back to the "
+                        f"caller ({type(exc).__name__}: {exception_text(exc)}); return plain values (numbers, "
+                        f"strings, lists, dicts, tensors) or give its class a __reduce__ that works") from exc
 
 
 def _where_main_thread_is() -> str:
@@ -97,10 +112,12 @@ def main(fd: int, keeper_pid: int) -> None:
     linecache.cache.update(spec["linecache"])  # notebook cells' source, for readable tracebacks
     send_lock = threading.Lock()
 
-    def send(kind: str, payload: Any) -> None:
-        data = cloudpickle.dumps((kind, payload))
+    def send_bytes(data: bytes) -> None:
         with send_lock:
             conn.send_bytes(data)
+
+    def send(kind: str, payload: Any) -> None:
+        send_bytes(cloudpickle.dumps((kind, payload)))
 
     stop_event = threading.Event()
     threading.Thread(target=_watch_parent, args=(conn, keeper_pid, stop_event, send), daemon=True).start()
@@ -131,18 +148,11 @@ def main(fd: int, keeper_pid: int) -> None:
             if exiting.code not in (None, 0):
                 raise
             result = None
-        try:
-            send("result", result)
-        except Exception as exc:  # an unpicklable return value is the worker's error, reported as such
-            raise TypeError(f"rank {rank}'s return value of type {type(result).__name__} cannot be "
-                            f"pickled back to the caller: {exc}") from exc
+        send_bytes(_pickled_result(rank, result))  # an unpicklable return value is the worker's error
     except BaseException as exc:  # ship every failure home, with its traceback
         exit_code = 1
         try:
-            send("error", {"exc_type": type(exc).__name__, "message": _message(exc),
-                           "traceback": traceback.format_exc(), "time": time.time(),
-                           # raised because another rank failed (e.g. a checkpoint's CheckpointPeerError)
-                           "peer_failure": bool(getattr(exc, "peer_failure", False))})
+            send("error", _error_payload(exc))
         except OSError:  # the launcher is gone
             exit_code = 3
     if exit_code == 0 and dist.is_initialized():

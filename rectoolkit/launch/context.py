@@ -34,7 +34,7 @@ def _picklable(value: Any) -> bool:
 
     try:
         cloudpickle.dumps(value)
-    except Exception:
+    except BaseException:  # a __reduce__ may raise anything, KeyboardInterrupt included
         return False
     return True
 
@@ -78,12 +78,13 @@ class WorkerContext:
             return
         try:
             self._send(metrics)
-        except Exception as exc:
+        except BaseException as exc:  # a metric's __reduce__ may raise anything; a real interrupt is re-raised
             unpicklable = [key for key, value in metrics.items() if not _picklable(value)]
             if not unpicklable:
                 raise
-            raise TypeError(f"ctx.report: metric(s) {unpicklable} cannot be pickled to the caller ({exc}); report "
-                            "numbers, strings, lists, dicts or tensors") from exc
+            raise TypeError(f"ctx.report: metric(s) {unpicklable} cannot be pickled to the caller "
+                            f"({type(exc).__name__}: {exc}); report numbers, strings, lists, dicts or "
+                            f"tensors") from exc
 
     def stop_requested(self) -> bool:
         """True once the caller asked the job to stop; check it between steps and return early."""

@@ -5,6 +5,26 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 
+def exception_text(exc: BaseException) -> str:
+    """str(exc), or what can be said when that raises too (an exception class with a broken __str__, even one
+    that raises KeyboardInterrupt or another BaseException).
+
+        >>> class Unprintable(Exception):
+        ...     def __str__(self):
+        ...         raise KeyboardInterrupt
+        >>> exception_text(ValueError("bad")), exception_text(Unprintable())
+        ('bad', '<str() of this Unprintable raised KeyboardInterrupt: >')
+    """
+    try:
+        return str(exc)
+    except BaseException as broken:
+        try:
+            said = str(broken)
+        except BaseException:
+            said = "(its str() raised too)"
+        return f"<str() of this {type(exc).__name__} raised {type(broken).__name__}: {said}>"
+
+
 class LaunchError(RuntimeError):
     """Base class of everything `rectoolkit.launch` raises about a job."""
 

@@ -19,7 +19,8 @@ rectoolkit.launch._worker`, in that group), talking to the caller over a socket 
 with cloudpickle, so functions defined in a notebook cell or a `__main__` script work. The caller hosts the
 rendezvous TCPStore (so the port is free by construction). A monitor thread reads metrics, results and
 tracebacks; on the first failure, a timeout or `stop()`, it sends SIGTERM to every worker's process group
-and SIGKILL after `grace_s`. A worker's group is killed as soon as the worker exits, and at the end of the
+and SIGKILL after `grace_s` (at once for a rank stuck in a collective that a failed rank will never join:
+see `stopping`). A worker's group is killed as soon as the worker exits, and at the end of the
 job everything still carrying the job's tag is killed (see `_reap`), so no helper a worker started survives.
 Workers kill themselves (and their helpers) when the caller goes away.
 
@@ -43,11 +44,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import cloudpickle
 import torch
@@ -58,8 +57,11 @@ from rectoolkit.launch._reap import (TAG_VARIABLE, carries_tag, exit_status, kil
 from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
 from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout,
                                     last_sign_of_life, location, never_arrived, what_a_late_rank_looks_like)
-from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError
+from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError, exception_text
+from rectoolkit.launch.output import Echo, RankOutput, read_output
+from rectoolkit.launch.rank import RankState
 from rectoolkit.launch.shipping import dumps_keeping_file_names, notebook_sources
+from rectoolkit.launch.stopping import StopPolicy
 
 _END = object()
 _POLL_S = 0.1
@@ -95,41 +97,7 @@ def default_num_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-@dataclass
-class _Rank:
-    """What the monitor knows about one worker. Only the monitor thread changes it."""
-
-    rank: int
-    process: subprocess.Popen
-    conn: Optional[Connection]
-    last_message_s: float
-    output: Deque[str] = field(default_factory=lambda: deque(maxlen=200))
-    started: bool = False  # up: its function has been called
-    worker_pid: Optional[int] = None  # known once started; the process the launcher started is its keeper
-    reports: int = 0
-    has_result: bool = False
-    result: Any = None
-    returned_s: Optional[float] = None
-    failure: Optional[Failure] = None
-    last_step: Any = None
-    returncode: Optional[int] = None  # set once the monitor has reaped the process
-    exited_s: Optional[float] = None
-    signals_sent: List[int] = field(default_factory=list)  # what the launcher sent it while it was alive
-    where: Optional[str] = None  # its answer to the last "where is your main thread?"
-
-    @property
-    def error(self) -> Optional[WorkerError]:
-        return self.failure.error if self.failure is not None else None
-
-    @property
-    def state(self) -> str:
-        if self.failure is not None:
-            return "failed"
-        if self.has_result:
-            return "finished" if self.returncode is not None else "finishing"
-        if self.returncode is not None:
-            return "stopped"
-        return "running" if self.started else "starting"
+_Rank = RankState  # its name before it moved to rectoolkit.launch.rank
 
 
 class Job:
@@ -187,7 +155,7 @@ class Job:
         self._collective_timeout_s = collective_timeout_s
         self._grace_s = grace_s
         self._on_metrics = on_metrics
-        self._echo_output = echo_output
+        self._echo = Echo() if echo_output else None  # one for all ranks: they share the caller's stdout
         self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # inherited by everything the workers start
         # The caller's thread (where Ctrl-C strikes) only sets these flags, reads the SimpleQueue and joins the
         # monitor thread; it never holds a lock the monitor needs, so an interrupt anywhere cannot hang the job.
@@ -196,8 +164,6 @@ class Job:
         self._cooperative_stop_requested = False
         self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._finished = False
-        self._stop_reason: Optional[str] = None
-        self._kill_deadline: Optional[float] = None
         self._probe: Optional[Tuple[float, List[_Rank], Callable[[], None]]] = None
         self._probe_at: Optional[float] = None  # when to ask the ranks still running where they are (see _fail)
         self._error: Optional[LaunchError] = None
@@ -205,6 +171,7 @@ class Job:
         self._start_monotonic = time.monotonic()
         self._start_wall = time.time()
         self._ranks: List[_Rank] = []
+        self._stopping = StopPolicy(self._ranks, grace_s, lambda state: self._send(state, "where"))
         self._output_threads: List[threading.Thread] = []
         self._monitor_thread = threading.Thread(target=self._monitor, name="rectoolkit-launch-monitor", daemon=True)
         try:
@@ -249,8 +216,9 @@ class Job:
             "linecache": notebook_sources(),
         }
         state.conn.send_bytes(cloudpickle.dumps(spec))
-        reader = threading.Thread(target=self._read_output, args=(state,), daemon=True,
-                                  name=f"rectoolkit-launch-output-{rank}")
+        reader = threading.Thread(target=read_output, args=(state.process.stdout, RankOutput(rank, state.output,
+                                                                                             self._echo)),
+                                  daemon=True, name=f"rectoolkit-launch-output-{rank}")
         reader.start()
         self._output_threads.append(reader)
 
@@ -261,13 +229,6 @@ class Job:
             state.conn.close()
         kill_tagged(self._tag)  # a worker spawned but not yet recorded
 
-    def _read_output(self, state: _Rank) -> None:
-        for raw in iter(state.process.stdout.readline, b""):
-            line = raw.decode(errors="replace")
-            state.output.append(line)
-            if self._echo_output:
-                sys.stdout.write(f"[rank {state.rank}] {line}")
-        state.process.stdout.close()
 
     # ---------------------------------------------------------------- monitor thread
     def _monitor(self) -> None:
@@ -280,21 +241,20 @@ class Job:
                 for conn in ready:
                     self._receive(next(r for r in self._ranks if r.conn is conn))
                 if self._stop_requested:
-                    self._begin_stop("user")
+                    self._stopping.begin("user")
                 if self._kill_requested:  # kill() or an interrupt while the job was already stopping
                     self._kill_requested = False
-                    self._begin_stop("user")
-                    self._kill_deadline = time.monotonic()
+                    self._stopping.kill_now()
                 if self._cooperative_stop_requested:
                     self._cooperative_stop_requested = False
                     self._send_all("stop")
                 self._check_processes()
                 self._check_timeouts()
                 self._check_probe()
-                self._escalate()
+                self._stopping.tick()
         except BaseException as exc:  # a bug here must not leave workers behind
             self._error = LaunchError(f"the launch monitor failed: {exc!r}")
-            self._signal_all(signal.SIGKILL)
+            self._stopping.signal_all(signal.SIGKILL)
         finally:
             self._finish()
 
@@ -305,15 +265,20 @@ class Job:
             state.conn.close()
             state.conn = None
             return
-        except Exception as exc:  # e.g. a result whose class the caller cannot import
+        except BaseException as exc:  # a result whose class the caller cannot import, or whose unpickling raises
+            # anything (KeyboardInterrupt, SystemExit: signals never reach this thread, so it came from the message)
             kind, payload = "error", {"exc_type": type(exc).__name__, "time": time.time(), "traceback": "",
-                                      "message": f"the caller could not unpickle a message from rank "
-                                                 f"{state.rank}: {exc}"}
+                                      "message": f"the caller could not unpickle a message from rank {state.rank} "
+                                                 f"(its return value or a metric; {type(exc).__name__}: {exception_text(exc)}): "
+                                                 f"it cannot be pickled back to the caller; send plain values "
+                                                 f"(numbers, strings, lists, dicts, tensors) or make its class "
+                                                 f"importable in the caller"}
         state.last_message_s = time.monotonic()
         if kind == "started":
             state.started, state.worker_pid = True, payload["pid"]
         elif kind == "where":
             state.where = payload
+            self._stopping.answered_where(state)
         elif kind == "metrics":
             metrics = {"rank": state.rank, "time_s": round(time.time() - self._start_wall, 4), **payload}
             state.last_step = payload.get("step", state.last_step)
@@ -346,7 +311,7 @@ class Job:
             return
         if failure.primary:
             self._probe = self._probe_at = None
-            self._begin_stop("failure")
+            self._stopping.begin("failure")
         elif self._probe is None and self._probe_at is None:
             settle = min(_SETTLE_S, (self._collective_timeout_s or 2 * _SETTLE_S) / 2)
             self._probe_at = time.monotonic() + settle
@@ -462,7 +427,7 @@ class Job:
         self._probe = None
         if self._stop_reason is None:
             then()
-            self._begin_stop("timeout" if isinstance(self._error, LaunchTimeout) else "failure")
+            self._stopping.begin("timeout" if isinstance(self._error, LaunchTimeout) else "failure")
 
     def _send(self, state: _Rank, kind: str) -> None:
         if state.conn is not None:
@@ -474,29 +439,6 @@ class Job:
     def _send_all(self, kind: str) -> None:
         for state in self._ranks:
             self._send(state, kind)
-
-    def _begin_stop(self, reason: str) -> None:
-        if self._stop_reason is not None:
-            return
-        self._stop_reason = reason
-        self._kill_deadline = time.monotonic() + self._grace_s
-        self._signal_all(signal.SIGTERM)
-
-    def _escalate(self) -> None:
-        if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:
-            self._kill_deadline = time.monotonic() + 1.0  # again later, for a process slow to go
-            self._signal_all(signal.SIGKILL)
-
-    def _signal_all(self, sig: int) -> None:
-        """Send `sig` to every live worker's whole process group (the worker and anything it started); first
-        SIGKILL what it started that left the group (once the worker is gone, nothing would find those)."""
-        for state in self._ranks:
-            if state.returncode is not None:
-                continue
-            if exit_status(state.process.pid) is None:  # an exit we have not seen yet was not our doing
-                state.signals_sent.append(sig)
-            kill_escaped_descendants(state.process.pid)
-            kill_group(state.process.pid, sig)
 
     def _all_exited_and_drained(self) -> bool:
         now = time.monotonic()
@@ -523,6 +465,11 @@ class Job:
         _LIVE_JOBS.discard(self)
         self._finished = True
         self._events.put(_END)
+
+    @property
+    def _stop_reason(self) -> Optional[str]:
+        """Why the job is stopping ("user", "failure", "timeout"), None while it runs."""
+        return self._stopping.reason
 
     # ---------------------------------------------------------------- public API
     @property
@@ -605,7 +552,13 @@ class Job:
     def stop(self) -> None:
         """Stop every worker now (SIGTERM to its process group, SIGKILL after `grace_s`) and wait until all
         have exited. An interrupt (Ctrl-C) while it waits kills them at once (as `kill`), then is re-raised.
-        Called from `on_metrics` (the monitor's thread), it only asks."""
+        Called from `on_metrics` (the monitor's thread), it only asks.
+
+        In a job where a rank has already failed (as when the job stops itself for that failure), a rank found
+        waiting inside torch.distributed (a collective the failed rank will never join; asked every half second)
+        is killed at once instead of after grace_s, and the failed rank's error stays the job's error (`wait()`
+        raises it, not JobStopped); a rank in its own code (a SIGTERM handler saving a checkpoint) still gets
+        grace_s. `rectoolkit.launch.stopping` says why."""
         self._ask_and_wait(kill=False)
 
     def kill(self) -> None:
@@ -662,7 +615,9 @@ def start(fn: Callable[..., Any], world_size: int = 1, *args: Any, kwargs: Optio
     - `grace_s`: how long a stopped worker gets after SIGTERM before SIGKILL.
     - `on_metrics(metrics)`: called in the job's monitor thread for each report (widgets); metrics are also
       kept in `job.history` and streamed by `job.metrics()`.
-    - `env`: extra environment variables for the workers; `echo_output`: print worker output as "[rank r] ...".
+    - `env`: extra environment variables for the workers; `echo_output`: print worker output as "[rank r] ..."
+      as it arrives, a progress bar's line (tqdm's "\\r 10%|...") included: its latest state, a few times a second
+      (see `rectoolkit.launch.output`).
     - `cpu_binding`: which cores each rank runs on (`job.cpus`, `ctx.cpus`): "none" (default) leaves it to the
       scheduler, "auto" gives each rank its own even share of the cores this process may use when there are at
       least as many cores as ranks (and binds nothing otherwise), or one list of cores per rank. Which is faster
