@@ -10,7 +10,8 @@ model holding one, give TorchRec's keys; the sharding groups (input_dist, lookup
 (TorchRec's `_lookups` are a plain list too), so their internal names never show.
 
 - A table with no shard on this rank has TorchRec's placeholder: an empty float32 `weight` of shape (0,) (marked as
-  fused into backward when the table's kernel is, as TorchRec marks it), so every rank lists every table.
+  fused into backward when the table's kernel is, as TorchRec marks it), so every rank lists every table; it lives
+  on the shards' device (TorchRec's on the CPU), so that all of a DMP's parameters are on its device.
 - A table with several shards on this rank (column shards placed on one rank) registers the first as `weight` and
   the others as `weight_1`, `weight_2`, ... (TorchRec lists one `weight` spanning them: its kernel stores them
   back to back); they are all in `parameters()`, and state_dict still has one whole table under `weight`.
@@ -51,8 +52,8 @@ class ShardedTable(nn.Module):
             self.weight = shards[0]
             for k, extra in enumerate(shards[1:], start=1):
                 self.register_parameter(f"weight_{k}", extra)
-        else:  # TorchRec's placeholder for a table with no shard here
-            self.weight = nn.Parameter(torch.empty(0))
+        else:  # TorchRec's placeholder for a table with no shard here (on the shards' device: TorchRec's is on CPU)
+            self.weight = nn.Parameter(torch.empty(0, device=collection.env.device))
             if fused:
                 self.weight._in_backward_optimizers = ["fused"]
 
