@@ -48,7 +48,7 @@ from rectoolkit.modules.configs import EmbeddingBagConfig, EmbeddingConfig
 from rectoolkit.plan.traffic import (COLLECTIVES, FORWARD_COLLECTIVES, LENGTH_BYTES, VALUE_BYTES,
                                      expected_id_counter, step_traffic)
 from rectoolkit.plan.types import EmbeddingComputeKernel as K
-from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardingType
 from rectoolkit.planner.enumerate import DEFAULT_CACHE_LOAD_FACTOR, HostTime, RankTime, ShardingOption
 from rectoolkit.planner.profile import COLLECTIVE_KINDS, ROW_ROUTED
 from rectoolkit.planner.tables import PlannerTable, tables_by_module
@@ -491,7 +491,9 @@ class CostModel:
         comm_bwd = sum(comm[name] for name in comm if name not in FORWARD_COLLECTIVES)
         calls = collective_calls(ShardingType(sharding_type), len(module_plan), W)
         latency = sum(count * self.profile.collective(kind).alpha_ms for kind, count in calls.items())
-        return GroupTime(path, sharding_type, self.profile.group_fixed_ms(sharding_type), latency,
+        # the engine runs one group per kernel and dtype within a sharding type, each with its own collectives
+        runs = engine_groups(module_plan, {t.name: t for t in tables if t.module_path == path})
+        return GroupTime(path, sharding_type, runs * self.profile.group_fixed_ms(sharding_type), runs * latency,
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
 
     def load_share(self, work_ms: np.ndarray, quiet_ms: float) -> float:
@@ -627,6 +629,30 @@ def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: i
     else:
         calls["all_to_all"] = 4
     return calls
+
+
+def engine_groups(module_plan: Dict[str, ParameterSharding], tables: Dict[str, PlannerTable]) -> int:
+    """How many groups the sharded collection runs for these tables of one sharding type: one per plain ("dense"
+    kernel) or fused weights and per dtype (FP32 tables apart from the others, rectoolkit.distributed.sharded_ebc),
+    each with its own input_dist and output_dist. Data-parallel replicas split by dtype only.
+
+    >>> from rectoolkit.modules.configs import DataType
+    >>> fp32 = PlannerTable("", EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=4, feature_names=["f"]),
+    ...                     [1.0], [8], False)
+    >>> fp16 = dataclasses.replace(fp32, config=dataclasses.replace(fp32.config, name="b", data_type=DataType.FP16))
+    >>> tw = ParameterSharding("table_wise", "fused", ranks=[0])
+    >>> engine_groups({"a": tw, "b": tw}, {"a": fp32, "b": fp16})
+    2
+    >>> engine_groups({"a": tw, "b": dataclasses.replace(tw, compute_kernel="dense")}, {"a": fp32, "b": fp32})
+    2
+    """
+    runs = set()
+    for name, ps in module_plan.items():
+        table = tables.get(name)
+        fp32 = table is None or getattr(table.config.data_type, "name", "FP32") == "FP32"
+        plain = ps.compute_kernel == K.DENSE.value and ps.sharding_type != ShardingType.DATA_PARALLEL.value
+        runs.add((plain, fp32))
+    return max(1, len(runs))
 
 
 def _groups(plan: ShardingPlan) -> List[Tuple[str, str]]:

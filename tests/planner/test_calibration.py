@@ -1,6 +1,7 @@
 """Calibration profiles and the time terms they give the cost model: hand-worked step times, JSON round trips,
 the fits, and a real calibration on 2 local ranks."""
 
+import dataclasses
 import json
 import math
 import os
@@ -11,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from rectoolkit.modules.configs import EmbeddingBagConfig
+from rectoolkit.modules.configs import DataType, EmbeddingBagConfig
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner.calibrate import calibrate_profile, fastest_each, timed_each
 from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, CalibrationError, fixed_terms, group_terms_beside,
@@ -87,7 +88,6 @@ def test_table_wise_step_time_by_hand():
 
 
 def test_the_engine_cost_per_id_follows_the_row_bytes_and_routing_the_share_of_the_row():
-    import dataclasses
 
     wide = EmbeddingBagConfig(name="w", num_embeddings=100, embedding_dim=64, feature_names=["f"])
     (table,) = collect_tables([wide], batch_size=4)  # 8 ids received per shard on 2 ranks
@@ -142,6 +142,27 @@ def test_groups_add_fixed_costs_and_latency():
     assert mixed.step.parts()["fixed_ms"] == pytest.approx(3.0 + 4.0)
     assert mixed.step.parts()["latency_ms"] == pytest.approx(8 * 0.5)
 
+
+
+def test_a_sharding_type_with_fp16_and_fp32_tables_runs_two_groups():
+    # the engine runs one group per dtype (and per plain / fused kernel) within a sharding type, each with its own
+    # four all-to-alls and its own fixed work: the PROFILE prices a table-wise group 3.0 ms and a call 0.5 ms
+    half = EmbeddingBagConfig(name="u", num_embeddings=100, embedding_dim=8, feature_names=["g"],
+                              data_type=DataType.FP16)
+    topo = Topology(world_size=2, compute_device="cpu", batch_size=4, profile=PROFILE)
+    tw = ParameterSharding("table_wise", ranks=[0], shards=[ShardMetadata.on_rank(0, 0, 0, 100, 8)])
+    plan = ShardingPlan({"": {"t": tw, "u": tw}})
+    one_dtype = CostModel(topo).evaluate(plan, collect_tables([TABLE, dataclasses.replace(half, data_type=DataType.FP32)],
+                                                              batch_size=4))
+    two_dtypes = CostModel(topo).evaluate(plan, collect_tables([TABLE, half], batch_size=4))
+    assert one_dtype.step.parts()["fixed_ms"] == pytest.approx(3.0)
+    assert one_dtype.step.parts()["latency_ms"] == pytest.approx(4 * 0.5)
+    assert two_dtypes.step.parts()["fixed_ms"] == pytest.approx(2 * 3.0)
+    assert two_dtypes.step.parts()["latency_ms"] == pytest.approx(2 * 4 * 0.5)
+    plain = CostModel(topo).evaluate(ShardingPlan({"": {"t": tw, "u": dataclasses.replace(tw, compute_kernel="dense")}}),
+                                     collect_tables([TABLE, dataclasses.replace(half, data_type=DataType.FP32)],
+                                                    batch_size=4))
+    assert plain.step.parts()["latency_ms"] == pytest.approx(2 * 4 * 0.5)
 
 def test_collective_calls_per_group():
     def calls(all_to_all, all_reduce):  # the engine calls no backend reduce-scatter or all-gather
