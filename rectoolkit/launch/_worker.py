@@ -69,6 +69,14 @@ def _pickled_result(rank: int, result: Any) -> bytes:
                         f"strings, lists, dicts, tensors) or give its class a __reduce__ that works") from exc
 
 
+def _wait_for_every_rank(store: Any, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Return once every rank's process group is up. gloo's start-up can return on one rank while a peer is still
+    connecting to it: a rank whose function then returns at once (or raises) and exits would break that peer's
+    start-up ("Connection closed by peer"), which would be blamed on the peer."""
+    store.set(f"rectoolkit.launch/up/{rank}", "1")
+    store.wait([f"rectoolkit.launch/up/{peer}" for peer in range(world_size)], timeout)
+
+
 def _where_main_thread_is() -> str:
     """The main thread's current stack, for the launcher's "which rank hangs, and where?" question."""
     frame = sys._current_frames().get(threading.main_thread().ident)
@@ -137,6 +145,7 @@ def main(fd: int, keeper_pid: int) -> None:
         store = dist.TCPStore(spec["store_host"], spec["store_port"], is_master=False, timeout=timeout)
         dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=spec["world_size"],
                                 timeout=timeout)
+        _wait_for_every_rank(store, rank, spec["world_size"], timeout)
         ctx = WorkerContext(rank=rank, world_size=spec["world_size"], local_rank=spec["local_rank"],
                             local_world_size=spec["world_size"], device=device, backend=spec["backend"],
                             cpus=spec["cpus"],

@@ -13,7 +13,8 @@
         print(metrics)
     results = job.results()            # each rank's return value, or raises WorkerError / LaunchTimeout
 
-How it works: every rank is a fresh keeper process (`_keeper`: the leader of a session and process group of its
+How it works (one module per part: `arguments`, `spawning`, `output`, `watchdog`, `stopping`, `blame`, `rank`;
+this one holds the job and its monitor thread): every rank is a fresh keeper process (`_keeper`: the leader of a session and process group of its
 own, which kills what its worker left once the worker has gone, even SIGKILLed) and its worker (`python -m
 rectoolkit.launch._worker`, in that group), talking to the caller over a socket pair. The worker function travels by value
 with cloudpickle, so functions defined in a notebook cell or a `__main__` script work. The caller hosts the
@@ -37,66 +38,35 @@ import atexit
 import os
 import queue
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 import weakref
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from multiprocessing.connection import wait
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import cloudpickle
-import torch
 import torch.distributed as dist
 
-from rectoolkit.launch._reap import (TAG_VARIABLE, carries_tag, exit_status, kill_escaped_descendants, kill_group,
-                                    kill_tagged)
+from rectoolkit.launch._reap import carries_tag, exit_status, kill_escaped_descendants, kill_group, kill_tagged
 from rectoolkit.launch.affinity import CpuBinding, all_rank_cpus
-from rectoolkit.launch.blame import (Failure, culprit, died, in_collective, is_consequence, is_timeout,
-                                    last_sign_of_life, location, never_arrived, what_a_late_rank_looks_like)
-from rectoolkit.launch.errors import JobStopped, LaunchError, LaunchTimeout, WorkerError, exception_text
+from rectoolkit.launch.arguments import BACKENDS, check_arguments, default_backend, default_num_threads
+from rectoolkit.launch.blame import Failure, culprit, died, is_consequence, is_timeout
+from rectoolkit.launch.errors import JobStopped, LaunchError, WorkerError, exception_text
 from rectoolkit.launch.output import Echo, RankOutput, read_output
-from rectoolkit.launch.rank import RankState
-from rectoolkit.launch.shipping import dumps_keeping_file_names, notebook_sources
+from rectoolkit.launch.rank import RankState, unfinished_ranks
+from rectoolkit.launch.shipping import dumps_keeping_file_names
+from rectoolkit.launch.spawning import send_spec, start_rank
 from rectoolkit.launch.stopping import StopPolicy
+from rectoolkit.launch.watchdog import Watchdog
+
+__all__ = ["BACKENDS", "Job", "STRAGGLER_TIMEOUT_S", "default_backend", "default_num_threads", "launch", "start"]
 
 _END = object()
 _POLL_S = 0.1
 _DRAIN_S = 1.0  # how long an exited worker's last messages get to arrive
-_PROBE_S = 3.0  # how long ranks get to say where their main thread is
-# After a rank times out in a collective, how long the others get to report their own timeout before the
-# launcher asks who is elsewhere: peers waiting in the same collective time out within moments of each other (a
-# busy machine spreads that by seconds), and a peer caught between its timeout and its report is not the one
-# that hung. At most half the collective timeout.
-_SETTLE_S = 5.0
 STRAGGLER_TIMEOUT_S = 120.0  # default: as long as a collective may wait for a late rank
 _LIVE_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()
-_KEEPER = str(Path(__file__).with_name("_keeper.py"))  # run by its path: see _keeper
-
-
-BACKENDS = ("gloo", "nccl")  # the torch.distributed backends a local job runs on
-
-
-def _positive_number(value: Any) -> bool:
-    """A number > 0 (a bool is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def default_backend(world_size: int) -> str:
-    """"nccl" when at least `world_size` GPUs are visible (and NCCL is built in), else "gloo"."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def default_num_threads(world_size: int) -> int:
-    """CPU threads per worker: the machine's cores shared evenly, at least 1."""
-    return max(1, (os.cpu_count() or 1) // world_size)
-
-
 _Rank = RankState  # its name before it moved to rectoolkit.launch.rank
 
 
@@ -111,32 +81,8 @@ class Job:
                  idle_timeout_s: Optional[float], straggler_timeout_s: Optional[float], collective_timeout_s: float,
                  grace_s: float, on_metrics: Optional[Callable[[Dict[str, Any]], None]],
                  env: Optional[Mapping[str, str]], echo_output: bool, cpu_binding: CpuBinding) -> None:
-        if not callable(fn):
-            raise TypeError(f"launch: fn must be the function each rank runs, fn(ctx, *args), got a "
-                            f"{type(fn).__name__} ({fn!r:.80})")
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be an int >= 1 (the number of ranks), got {world_size!r}")
-        for name, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s),
-                            ("straggler_timeout_s", straggler_timeout_s)):
-            if value is not None and not _positive_number(value):
-                raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
-        if not _positive_number(collective_timeout_s) or collective_timeout_s == float("inf"):
-            raise ValueError(f"collective_timeout_s must be a positive number of seconds (how long a collective may "
-                             f"wait for its peers), got {collective_timeout_s!r}")
-        if not (_positive_number(grace_s) or (isinstance(grace_s, (int, float)) and grace_s == 0)):
-            raise ValueError(f"grace_s must be a number of seconds >= 0 (how long stopped ranks get before they are "
-                             f"killed), got {grace_s!r}")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                        or num_threads < 1):
-            raise ValueError(f"num_threads must be an int >= 1 (torch threads per rank) or None (the default), got "
-                             f"{num_threads!r}")
-        if backend is not None and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)} or None (nccl with a GPU per rank, else "
-                             f"gloo), got {backend!r}")
-        backend = backend or default_backend(world_size)
-        if backend == "nccl" and torch.cuda.device_count() < world_size:
-            raise ValueError(f"backend='nccl' needs {world_size} visible GPUs but {torch.cuda.device_count()} "
-                             f"are visible; use backend='gloo' or a smaller world_size")
+        backend = check_arguments(fn, world_size, backend, num_threads, timeout_s, idle_timeout_s,
+                                  straggler_timeout_s, collective_timeout_s, grace_s)
         try:
             payload = dumps_keeping_file_names((fn, tuple(args), dict(kwargs)))
         except Exception as exc:
@@ -149,11 +95,7 @@ class Job:
         # the cores each rank is bound to (None: not bound); rectoolkit.launch.affinity says why and how
         self.cpus: List[Optional[List[int]]] = all_rank_cpus(cpu_binding, world_size)
         self.history: List[Dict[str, Any]] = []
-        self._timeout_s = timeout_s
-        self._idle_timeout_s = idle_timeout_s
-        self._straggler_timeout_s = straggler_timeout_s
         self._collective_timeout_s = collective_timeout_s
-        self._grace_s = grace_s
         self._on_metrics = on_metrics
         self._echo = Echo() if echo_output else None  # one for all ranks: they share the caller's stdout
         self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # inherited by everything the workers start
@@ -164,14 +106,13 @@ class Job:
         self._cooperative_stop_requested = False
         self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._finished = False
-        self._probe: Optional[Tuple[float, List[_Rank], Callable[[], None]]] = None
-        self._probe_at: Optional[float] = None  # when to ask the ranks still running where they are (see _fail)
         self._error: Optional[LaunchError] = None
         self._callback_error: Optional[BaseException] = None
-        self._start_monotonic = time.monotonic()
         self._start_wall = time.time()
         self._ranks: List[_Rank] = []
         self._stopping = StopPolicy(self._ranks, grace_s, lambda state: self._send(state, "where"))
+        self._watchdog = Watchdog(self._ranks, self._stopping, lambda state: self._send(state, "where"), timeout_s,
+                                  idle_timeout_s, straggler_timeout_s, collective_timeout_s)
         self._output_threads: List[threading.Thread] = []
         self._monitor_thread = threading.Thread(target=self._monitor, name="rectoolkit-launch-monitor", daemon=True)
         try:
@@ -189,36 +130,14 @@ class Job:
 
     # ---------------------------------------------------------------- spawning
     def _spawn(self, rank: int, payload: bytes, env: Optional[Mapping[str, str]]) -> None:
-        parent_end, child_end = socket.socketpair()
-        worker_env = dict(os.environ)
-        worker_env.update({
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.world_size), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(self._store.port), "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": str(self.num_threads), TAG_VARIABLE: f"{self._tag}.{rank}",
-        })
-        worker_env.update({str(k): str(v) for k, v in (env or {}).items()})
-        process = subprocess.Popen(  # the rank's keeper, which starts its worker (see _keeper)
-            [sys.executable, _KEEPER, str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=worker_env, start_new_session=True,
-        )
-        state = _Rank(rank=rank, process=process, conn=Connection(parent_end.detach()),
-                      last_message_s=time.monotonic())
+        state = start_rank(rank, self.world_size, self._store.port, self.num_threads, self._tag, env)
         self._ranks.append(state)
-        child_end.close()
-        spec = {
-            "rank": rank, "world_size": self.world_size, "local_rank": rank, "backend": self.backend,
-            "store_host": "127.0.0.1", "store_port": self._store.port,
-            "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
-            "cpus": self.cpus[rank],
-            "sys_path": [p for p in sys.path if p], "payload": payload,
-            "linecache": notebook_sources(),
-        }
-        state.conn.send_bytes(cloudpickle.dumps(spec))
-        reader = threading.Thread(target=read_output, args=(state.process.stdout, RankOutput(rank, state.output,
-                                                                                             self._echo)),
-                                  daemon=True, name=f"rectoolkit-launch-output-{rank}")
+        send_spec(state, {"world_size": self.world_size, "backend": self.backend, "store_port": self._store.port,
+                          "collective_timeout_s": self._collective_timeout_s, "num_threads": self.num_threads,
+                          "payload": payload}, self.cpus[rank])
+        output = RankOutput(rank, state.output, self._echo)
+        reader = threading.Thread(target=read_output, args=(state.process.stdout, output), daemon=True,
+                                  name=f"rectoolkit-launch-output-{rank}")
         reader.start()
         self._output_threads.append(reader)
 
@@ -228,7 +147,6 @@ class Job:
             state.process.wait()
             state.conn.close()
         kill_tagged(self._tag)  # a worker spawned but not yet recorded
-
 
     # ---------------------------------------------------------------- monitor thread
     def _monitor(self) -> None:
@@ -249,8 +167,7 @@ class Job:
                     self._cooperative_stop_requested = False
                     self._send_all("stop")
                 self._check_processes()
-                self._check_timeouts()
-                self._check_probe()
+                self._watchdog.check()
                 self._stopping.tick()
         except BaseException as exc:  # a bug here must not leave workers behind
             self._error = LaunchError(f"the launch monitor failed: {exc!r}")
@@ -267,12 +184,12 @@ class Job:
             return
         except BaseException as exc:  # a result whose class the caller cannot import, or whose unpickling raises
             # anything (KeyboardInterrupt, SystemExit: signals never reach this thread, so it came from the message)
+            why = f"{type(exc).__name__}: {exception_text(exc)}"
             kind, payload = "error", {"exc_type": type(exc).__name__, "time": time.time(), "traceback": "",
                                       "message": f"the caller could not unpickle a message from rank {state.rank} "
-                                                 f"(its return value or a metric; {type(exc).__name__}: {exception_text(exc)}): "
-                                                 f"it cannot be pickled back to the caller; send plain values "
-                                                 f"(numbers, strings, lists, dicts, tensors) or make its class "
-                                                 f"importable in the caller"}
+                                                 f"(its return value or a metric; {why}): it cannot be pickled "
+                                                 f"back to the caller; send plain values (numbers, strings, lists, "
+                                                 f"dicts, tensors) or make its class importable in the caller"}
         state.last_message_s = time.monotonic()
         if kind == "started":
             state.started, state.worker_pid = True, payload["pid"]
@@ -300,34 +217,7 @@ class Job:
                 message += (" (a collective did not complete within collective_timeout_s: did every rank call "
                             "the same collectives in the same order?)")
             error = WorkerError(state.rank, payload["exc_type"], message, payload["traceback"])
-            self._fail(state, Failure(error, payload["time"], not consequence))
-
-    def _fail(self, state: _Rank, failure: Failure) -> None:
-        """Record a rank's failure; stop the job, after asking the others where they are if it may be a
-        consequence of a rank that hangs elsewhere."""
-        if state.failure is None:
-            state.failure = failure
-        if self._stop_reason is not None:
-            return
-        if failure.primary:
-            self._probe = self._probe_at = None
-            self._stopping.begin("failure")
-        elif self._probe is None and self._probe_at is None:
-            settle = min(_SETTLE_S, (self._collective_timeout_s or 2 * _SETTLE_S) / 2)
-            self._probe_at = time.monotonic() + settle
-
-    def _blame_the_absent(self) -> None:
-        """After a collective timed out: a rank still running that is not inside a collective, or that does not
-        answer, is the one its peers waited for. (A lost peer is found by its exit instead.)"""
-        failed = [r for r in self._ranks if r.failure is not None]
-        if any(r.failure.primary for r in failed) or not any(is_timeout(r.error.exc_message) for r in failed):
-            return
-        waiting = [r.rank for r in failed]
-        first = min(r.failure.time for r in failed)
-        for state in self._running_ranks():
-            if state.where is None or not in_collective(state.where):
-                state.failure = Failure(never_arrived(state.rank, waiting, state.where or "",
-                                                      self._collective_timeout_s), first, True)
+            self._watchdog.fail(state, Failure(error, payload["time"], not consequence))
 
     def _check_processes(self) -> None:
         now = time.monotonic()
@@ -352,82 +242,8 @@ class Job:
             stopped_by_us = state.signals_sent and (state.returncode >= 0 or -state.returncode in state.signals_sent)
             if not stopped_by_us:
                 tail = "".join(list(state.output)[-20:])
-                self._fail(state, Failure(died(state.rank, state.returncode, tail),
-                                          time.time() - (now - state.exited_s) - _POLL_S, True))
-
-    def _running_ranks(self) -> List[_Rank]:
-        return [r for r in self._ranks if r.returncode is None and not r.has_result and r.failure is None]
-
-    def _unfinished_ranks(self) -> List[int]:
-        return [r.rank for r in self._ranks if not r.has_result and r.failure is None]
-
-    def _whereabouts(self, ranks: Sequence[int]) -> str:
-        parts = []
-        for rank in ranks:
-            state = self._ranks[rank]
-            step = state.last_step if state.last_step is not None else "none"
-            place = location(state.where) if state.where else "(no answer)"
-            parts.append(f"rank {rank} (last reported step: {step}) is at {place}")
-        return "; ".join(parts)
-
-    def _check_timeouts(self) -> None:
-        if self._stop_reason is not None or self._probe is not None or self._probe_at is not None:
-            return
-        now = time.monotonic()
-        unfinished = self._unfinished_ranks()
-        if not unfinished:
-            return
-        returned = [r for r in self._ranks if r.returned_s is not None]
-        if self._timeout_s is not None and now - self._start_monotonic > self._timeout_s:
-            self._timeout(unfinished, f"the job did not finish within timeout_s={self._timeout_s:g}: rank(s) "
-                                      f"{unfinished} were still running", "otherwise raise timeout_s")
-        elif (self._straggler_timeout_s is not None and returned
-              and now - min(r.returned_s for r in returned) > self._straggler_timeout_s):
-            self._timeout(unfinished, f"rank(s) {unfinished} were still running straggler_timeout_s="
-                                      f"{self._straggler_timeout_s:g} s after rank(s) {[r.rank for r in returned]} "
-                                      f"returned", "otherwise raise straggler_timeout_s (None: wait forever)")
-        elif self._idle_timeout_s is not None:
-            # counted from when a rank is up (its function called), not from its spawn: starting a rank (python,
-            # torch, unpickling fn, the rendezvous, bounded by collective_timeout_s) may take long on a busy machine
-            idle = [r for r in self._ranks if r.rank in unfinished and r.started
-                    and now - r.last_message_s > self._idle_timeout_s]
-            if idle:
-                silences = "; ".join(f"rank {r.rank} since {last_sign_of_life(r.reports, r.last_step)}"
-                                     for r in idle)
-                self._timeout([r.rank for r in idle],
-                              f"rank(s) {[r.rank for r in idle]} reported nothing for idle_timeout_s="
-                              f"{self._idle_timeout_s:g} s ({silences})",
-                              "if it was working, call ctx.report() more often or raise idle_timeout_s (None: no "
-                              "limit)")
-
-    def _timeout(self, ranks: List[int], what: str, fix: str) -> None:
-        """Ask the late ranks where they are, then stop the job with a LaunchTimeout that says it."""
-        def stop_with_timeout() -> None:
-            looks = what_a_late_rank_looks_like([self._ranks[r].where or "" for r in ranks])
-            self._error = LaunchTimeout(f"{what}: {self._whereabouts(ranks)}. {looks}; {fix}.", ranks)
-
-        self._probe_then([self._ranks[r] for r in ranks], stop_with_timeout)
-
-    def _probe_then(self, ranks: List[_Rank], then: Callable[[], None]) -> None:
-        for state in ranks:
-            state.where = None
-            self._send(state, "where")
-        self._probe = (time.monotonic() + _PROBE_S, ranks, then)
-
-    def _check_probe(self) -> None:
-        if self._probe_at is not None and time.monotonic() >= self._probe_at:
-            self._probe_at = None
-            if self._stop_reason is None and self._probe is None:
-                self._probe_then(self._running_ranks(), self._blame_the_absent)
-        if self._probe is None:
-            return
-        deadline, ranks, then = self._probe
-        if time.monotonic() < deadline and any(r.where is None and r.returncode is None for r in ranks):
-            return
-        self._probe = None
-        if self._stop_reason is None:
-            then()
-            self._stopping.begin("timeout" if isinstance(self._error, LaunchTimeout) else "failure")
+                exited_wall_s = time.time() - (now - state.exited_s) - _POLL_S
+                self._watchdog.fail(state, Failure(died(state.rank, state.returncode, tail), exited_wall_s, True))
 
     def _send(self, state: _Rank, kind: str) -> None:
         if state.conn is not None:
@@ -457,8 +273,9 @@ class Job:
         for thread in self._output_threads:
             thread.join(timeout=1.0)
         failures = [r.failure for r in self._ranks if r.failure is not None]
+        self._error = self._error or self._watchdog.timeout_error
         if self._error is None and self._stop_reason == "user":  # what stopped ranks raised is no failure
-            self._error = JobStopped(f"the job was stopped before rank(s) {self._unfinished_ranks()} finished")
+            self._error = JobStopped(f"the job was stopped before rank(s) {unfinished_ranks(self._ranks)} finished")
         elif self._error is None and failures:
             self._error = culprit(failures, [r.rank for r in self._ranks if r.has_result])
         del self._store
@@ -536,7 +353,7 @@ class Job:
         (seconds, for this call only) passes first.
         """
         if not self._join(timeout):
-            raise TimeoutError(f"the job is still running after {timeout} s (ranks {self._unfinished_ranks()})")
+            raise TimeoutError(f"the job is still running after {timeout} s (ranks {unfinished_ranks(self._ranks)})")
         if self._error is not None:
             raise self._error
         if self._callback_error is not None:

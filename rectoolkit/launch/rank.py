@@ -62,3 +62,13 @@ class RankState:
         if self.returncode is not None:
             return "stopped"
         return "running" if self.started else "starting"
+
+
+def running_ranks(ranks: List[RankState]) -> List[RankState]:
+    """The ranks still running their function: not exited, not returned, not failed."""
+    return [r for r in ranks if r.returncode is None and not r.has_result and r.failure is None]
+
+
+def unfinished_ranks(ranks: List[RankState]) -> List[int]:
+    """The ranks (numbers) that have neither returned nor failed."""
+    return [r.rank for r in ranks if not r.has_result and r.failure is None]

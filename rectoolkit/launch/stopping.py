@@ -7,13 +7,14 @@ that finishes its step, peers that run their SIGTERM handlers' collectives toget
 one cannot even run its SIGTERM handler (Python runs handlers between bytecodes, not inside gloo's or NCCL's wait;
 a rank that retries a failed collective is no better off): it would only sit out `grace_s`. So, while a job in
 which a rank has failed stops, the launcher asks every rank still running where its main thread is, at once and
-every `REPROBE_S` until the job ends, and kills at once (SIGKILL to its group) a rank whose main thread was inside
-torch.distributed (a collective, a store wait, the rendezvous) at two answers in a row: twice, so that a rank whose
-collective has just failed, on its way to its SIGTERM handler or an `except` that saves, is not taken for a stuck
-one. A rank in its own code, or one that does not answer (busy in native code), keeps its `grace_s`; `job.kill()`
-or an interrupt kills every rank at once. With no failed rank (a plain `stop()`, a timeout), every rank gets
-`grace_s`: its peers may be running the same collectives in their own SIGTERM handlers. The failed rank's error is
-the job's error whatever the stop did to the others: a rank the launcher signalled is no failure of its own.
+every `REPROBE_S` until the job ends, and kills at once (SIGKILL to its group) a rank whose innermost frame was
+torch.distributed's (a collective, a store wait, the rendezvous) at two answers in a row: twice, so that a rank
+whose collective has just failed, on its way to its SIGTERM handler or an `except` that saves, is not taken for a
+stuck one. A rank in its own code (a SIGTERM handler saving, even one that runs on top of a collective's frame),
+or one that does not answer (busy in native code), keeps its `grace_s`; `job.kill()` or an interrupt kills every
+rank at once. With no failed rank (a plain `stop()`, a timeout), every rank gets `grace_s`: its peers may be
+running the same collectives in their own SIGTERM handlers. The failed rank's error is the job's error whatever
+the stop did to the others: a rank the launcher signalled is no failure of its own.
 """
 
 from __future__ import annotations
@@ -23,11 +24,24 @@ import time
 from typing import Callable, List, Optional
 
 from rectoolkit.launch._reap import exit_status, kill_escaped_descendants, kill_group
-from rectoolkit.launch.blame import in_collective
+from rectoolkit.launch.blame import in_collective, location
 from rectoolkit.launch.rank import RankState
 
 REPROBE_S = 0.5  # while a failed job stops: how often the ranks still running are asked where they are
 _AGAIN_S = 1.0  # after a SIGKILL: when to send it again, to a process slow to go
+
+
+def waits_in_torch_distributed(stack: str) -> bool:
+    """True if the innermost frame of a rank's main-thread stack is torch.distributed's (a collective, a store
+    wait, the rendezvous); not when a SIGTERM handler or an `except` block runs on top of such a frame.
+
+        >>> waits_in_torch_distributed('  File "/t/torch/distributed/distributed_c10d.py", line 2, in barrier\\n')
+        True
+        >>> waits_in_torch_distributed('  File "/t/torch/distributed/distributed_c10d.py", line 2, in barrier\\n'
+        ...                            '  File "/home/me/train.py", line 9, in on_sigterm\\n')
+        False
+    """
+    return bool(stack.strip()) and in_collective(location(stack))
 
 
 class StopPolicy:
@@ -82,7 +96,7 @@ class StopPolicy:
         for the second answer in a row."""
         if self.reason is None or not self.a_rank_failed() or state.returncode is not None:
             return
-        waiting = in_collective(state.where or "")
+        waiting = waits_in_torch_distributed(state.where or "")
         self._in_collective[state.rank] = self._in_collective.get(state.rank, 0) + 1 if waiting else 0
         if self._in_collective[state.rank] >= 2:
             self.signal(state, signal.SIGKILL)

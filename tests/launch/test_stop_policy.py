@@ -19,6 +19,8 @@ from rectoolkit.launch.stopping import StopPolicy
 IN_A_COLLECTIVE = ('  File "/x/torch/distributed/distributed_c10d.py", line 2, in all_reduce\n'
                    '    work.wait()\n')
 IN_ITS_OWN_CODE = '  File "/home/me/train.py", line 9, in save_checkpoint\n    torch.save(state, path)\n'
+# a SIGTERM handler that Python ran when a barrier returned, on top of the barrier's frame
+IN_A_HANDLER_ON_A_COLLECTIVE = IN_A_COLLECTIVE + '  File "/home/me/train.py", line 3, in on_sigterm\n    save()\n'
 
 
 @pytest.fixture
@@ -73,6 +75,16 @@ def test_answers_from_a_collective_between_other_answers_do_not_add_up(ranks):
     policy.begin("failure")
     for stack in (IN_A_COLLECTIVE, IN_ITS_OWN_CODE, IN_A_COLLECTIVE):
         _answer(policy, ranks[0], stack)
+    assert ranks[0].process.poll() is None
+
+
+def test_a_sigterm_handler_running_on_top_of_a_collectives_frame_keeps_its_grace(ranks):
+    policy = StopPolicy(ranks, grace_s=3600.0, ask_where=lambda state: None)
+    policy.signal_all = lambda sig: None
+    _fail(ranks[2])
+    policy.begin("failure")
+    for _ in range(3):
+        _answer(policy, ranks[0], IN_A_HANDLER_ON_A_COLLECTIVE)
     assert ranks[0].process.poll() is None
 
 
