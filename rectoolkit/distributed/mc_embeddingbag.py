@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
+from rectoolkit.distributed.interfaces import ShardedModule
 from rectoolkit.distributed.mc_modules import ShardedManagedCollisionCollection
 from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import shard_embedding_collection
@@ -28,7 +29,7 @@ from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, Sha
 from rectoolkit.sparse import KeyedJaggedTensor
 
 
-class ShardedManagedCollisionLookup(nn.Module):
+class ShardedManagedCollisionLookup(ShardedModule):
     """Remap on the row blocks' owners, then the sharded lookup: returns (the sharded collection's awaitable,
     remapped KJT or None), as TorchRec's. The bag and sequence versions below differ only in the lookup."""
 

@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv, all_to_all
+from rectoolkit.distributed.interfaces import ShardedModule
 from rectoolkit.modules.mc_modules import (
     ManagedCollisionCollection, MCHManagedCollisionModule, features_by_table, with_remapped_ids)
 from rectoolkit.plan.types import ParameterSharding, ShardingType
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 
-class ShardedManagedCollisionCollection(nn.Module):
+class ShardedManagedCollisionCollection(ShardedModule):
     """This rank's managed-collision modules (one per table whose row block it owns) and the routing of ids."""
 
     def __init__(self, module: ManagedCollisionCollection, module_plan: Mapping[str, ParameterSharding],

@@ -35,6 +35,7 @@ from rectoolkit.distributed.comm import ShardingEnv, divide_gradient
 from rectoolkit.distributed.data_parallel import DataParallelSharding
 from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodecs, check_qcomm_codecs_registry
 from rectoolkit.distributed.grid import GridSharding
+from rectoolkit.distributed.interfaces import ShardedModule
 from rectoolkit.distributed.row_wise import RowWiseSharding
 from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.distributed.table_column_wise import TableColumnWiseSharding
@@ -125,7 +126,7 @@ def plan_for_tables(tables: Sequence[BaseEmbeddingConfig],
     return {t.name: module_plan[t.name] for t in tables}
 
 
-class ShardedCollection(nn.Module):
+class ShardedCollection(ShardedModule):
     """Shared by the bag (pooled) and sequence collections: groups, local shards, memory, optimizer."""
 
     takes_variable_batch = False  # a batch size per feature (VBE): taken by the bag and sequence collections
@@ -325,6 +326,9 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                          ids_out_of_range, default_optimizer, qcomm_codecs_registry)
         mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
         self._mean_features = mean if any(mean) else None
+
+    def unsharded_module_type(self) -> type:
+        return EmbeddingBagCollection
 
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
         """The pooled embeddings of this rank's samples, as TorchRec's awaitable: `.wait()` gives the KeyedTensor

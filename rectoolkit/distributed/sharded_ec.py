@@ -56,6 +56,9 @@ class ShardedEmbeddingCollection(ShardedCollection):
         self._need_indices = need_indices
         self._dim = tables[0].embedding_dim
 
+    def unsharded_module_type(self) -> type:
+        return EmbeddingCollection
+
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
         """{feature: JaggedTensor} of this rank's ids, as TorchRec's awaitable (`.wait()` gives the dict; `[name]`,
         `.items()` work on the awaitable too)."""

@@ -1,6 +1,8 @@
 """TorchRec's module path torchrec.distributed.types (a path module: re-exports only; see rectoolkit.compat).
 
-The plan types (defined in rectoolkit.plan.types), the sharding environment (rectoolkit.distributed.comm) and
+The plan types (defined in rectoolkit.plan.types), the sharding environment (rectoolkit.distributed.comm), TorchRec's
+interfaces and enums (ShardedModule, ParameterStorage, ...: rectoolkit.distributed.interfaces; ShardingPlanner:
+rectoolkit.planner.interface) and
 LazyAwaitable (rectoolkit.distributed.awaitable), CommOp and QuantizedCommCodecs
 (rectoolkit.distributed.fbgemm_qcomm_codec). ParameterConstraints is here too, where some tutorials import it from
 (TorchRec itself keeps it in torchrec.distributed.planner.types).
@@ -8,7 +10,20 @@ LazyAwaitable (rectoolkit.distributed.awaitable), CommOp and QuantizedCommCodecs
 
 from rectoolkit.distributed.awaitable import Awaitable, LazyAwaitable, LazyNoWait, NoWait
 from rectoolkit.distributed.comm import ShardingEnv
-from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, QuantizedCommCodecs
+from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, QuantizedCommCodec, QuantizedCommCodecs
+from rectoolkit.distributed.interfaces import (
+    ComputeDevice,
+    ComputeKernel,
+    NullShardedModuleContext,
+    NullShardingContext,
+    ParameterStorage,
+    PipelineType,
+    ShardedModule,
+    ShardingStrategy,
+    StorageUsageType,
+    get_tensor_size_bytes,
+    rank_device,
+)
 from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import (
@@ -17,12 +32,19 @@ from rectoolkit.plan.types import (
     CacheParams,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
+    ModuleShardingPlan,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
     ShardMetadata,
 )
 from rectoolkit.planner.constraints import ParameterConstraints
+from rectoolkit.planner.interface import ShardingPlanner
 
-__all__ = ["Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "LazyNoWait", "ModuleSharder", "NoWait", "ParameterConstraints", "ParameterSharding", "QuantizedCommCodecs", "ShardingEnv", "ShardingPlan",
-           "ShardingType", "ShardMetadata"]
+__all__ = [
+    "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "ComputeDevice", "ComputeKernel",
+    "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "LazyNoWait",
+    "ModuleSharder", "ModuleShardingPlan", "NoWait", "NullShardedModuleContext", "NullShardingContext",
+    "ParameterConstraints", "ParameterSharding", "ParameterStorage", "PipelineType", "QuantizedCommCodec",
+    "QuantizedCommCodecs", "ShardedModule", "ShardingEnv", "ShardingPlan", "ShardingPlanner", "ShardingStrategy",
+    "ShardingType", "ShardMetadata", "StorageUsageType", "get_tensor_size_bytes", "rank_device"]

@@ -323,7 +323,14 @@ def _tabulate(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-class EmbeddingModuleShardingPlan(Dict[str, ParameterSharding]):
+class ModuleShardingPlan:
+    """The plan of one module (TorchRec's base class): EmbeddingModuleShardingPlan for the embedding collections."""
+
+    def _serialize(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} does not serialize itself; see rectoolkit.plan.serialization")
+
+
+class EmbeddingModuleShardingPlan(ModuleShardingPlan, Dict[str, ParameterSharding]):
     """Table name -> ParameterSharding for one embedding module; prints as TorchRec prints it."""
 
     def __str__(self) -> str:

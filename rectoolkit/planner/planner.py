@@ -24,6 +24,7 @@ from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan, ShardingType
 from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.cost import CostModel, id_senders, shard_ids
+from rectoolkit.planner.interface import ShardingPlanner
 from rectoolkit.planner.enumerate import ShardingOption, enumerate_options, to_parameter_sharding
 from rectoolkit.planner.search import Searcher
 from rectoolkit.planner.state import Assignment, SearchState
@@ -93,7 +94,7 @@ def _gc_paused():
             gc.enable()
 
 
-class EmbeddingShardingPlanner:
+class EmbeddingShardingPlanner(ShardingPlanner):
     """Plans how to shard every embedding table (TorchRec's class name and calls).
 
     Args:

@@ -135,6 +135,9 @@ class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCol
     """A QuantEmbeddingBagCollection sharded for inference: forward gives the KeyedTensor itself (TorchRec's
     inference modules return no awaitable)."""
 
+    def unsharded_module_type(self) -> type:
+        return QuantEmbeddingBagCollection
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         return self._run_groups(features)
 
@@ -145,6 +148,9 @@ class ShardedQuantEmbeddingCollection(QuantizedShards, ShardedEmbeddingCollectio
     (VBE) is refused, as by the unsharded QuantEmbeddingCollection."""
 
     takes_variable_batch = False
+
+    def unsharded_module_type(self) -> type:
+        return QuantEmbeddingCollection
 
     def __init__(self, tables, module_plan, env: ShardingEnv, backend: str = "auto", ids_out_of_range: str = "error",
                  need_indices: bool = False, output_dtype: torch.dtype = torch.float32) -> None:
