@@ -509,3 +509,28 @@ class DistributedModelParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank={self.env.rank}, world_size={self.env.world_size}, local_world_size={self.env.local_world_size}"
+
+
+# ------------------------------------------------------------------------------------------------ TorchRec's helpers
+def get_unwrapped_module(module: nn.Module) -> nn.Module:
+    """TorchRec's: the module inside every DMP / DDP / FSDP wrapper (a DMP's dense DDP wrapper included), e.g. the
+    model with its collections sharded for a DMP; any other module is returned as is."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    while isinstance(module, (DistributedModelParallel, DistributedDataParallel, FullyShardedDataParallel)):
+        if isinstance(module, DistributedModelParallel):
+            module = module._dmp_wrapped_module
+        elif isinstance(module, FullyShardedDataParallel):
+            module = module._fsdp_wrapped_module
+        else:
+            module = module.module
+    return module
+
+
+def get_module(module: nn.Module) -> nn.Module:
+    """TorchRec's: the module inside DMP wrappers only; a data-parallel wrapper (DDP / FSDP, e.g. the DDP around a
+    DMP's dense part after init_data_parallel()) is kept, so that its overrides apply."""
+    while isinstance(module, DistributedModelParallel):
+        module = module._dmp_wrapped_module
+    return module

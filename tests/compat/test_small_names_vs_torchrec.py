@@ -1,0 +1,93 @@
+"""Small TorchRec names beside TorchRec 1.8's: get_unwrapped_module / get_module (DMP, DDP, FSDP wrappers),
+torchrec.optim.fused, and the helpers of torchrec.modules.embedding_configs. The DMP checks run the same script on
+2 gloo ranks for each library and compare what it saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+torchrec = pytest.importorskip("torchrec")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distributed"))
+from dist_harness import run_workers  # noqa: E402
+
+
+def _libs(lib_name: str):
+    if lib_name == "torchrec":
+        import torchrec as lib
+        from torchrec.distributed import model_parallel, sharding_plan
+        from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    else:
+        import rectoolkit as lib
+        from rectoolkit.distributed import model_parallel, sharding_plan
+        from rectoolkit.distributed.types import ShardingEnv, ShardingPlan
+    return lib, model_parallel, sharding_plan, ShardingEnv, ShardingPlan
+
+
+def _model(lib) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.ebc = lib.EmbeddingBagCollection(tables=[
+        lib.EmbeddingBagConfig(name=f"t{i}", num_embeddings=6 + i, embedding_dim=4, feature_names=[f"f{i}"])
+        for i in range(2)], device=torch.device("cpu"))
+    model.lin = nn.Linear(4, 1)
+    return model
+
+
+def _unwrap_worker(rank: int, world_size: int, lib_name: str, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    lib, mp_, sp, ShardingEnv, ShardingPlan = _libs(lib_name)
+    seen = {}
+    plain = nn.Linear(2, 2)
+    seen["plain"] = [mp_.get_unwrapped_module(plain) is plain, mp_.get_module(plain) is plain]
+    ddp = DistributedDataParallel(nn.Linear(2, 2))
+    seen["ddp"] = [mp_.get_unwrapped_module(ddp) is ddp.module, mp_.get_module(ddp) is ddp]
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    for init_dp in (False, True):
+        model = _model(lib)
+        plan = ShardingPlan({"ebc": sp.construct_module_sharding_plan(
+            model.ebc, {"t0": sp.table_wise(rank=0), "t1": sp.row_wise()}, world_size=world_size,
+            device_type="cpu")})
+        dmp = mp_.DistributedModelParallel(model, env=env, device=torch.device("cpu"), plan=plan,
+                                           init_data_parallel=init_dp)
+        unwrapped, got = mp_.get_unwrapped_module(dmp), mp_.get_module(dmp)
+        seen[f"dmp_{init_dp}"] = {
+            "unwrapped_is_module": unwrapped is dmp.module,
+            "unwrapped_has_ebc": hasattr(unwrapped, "ebc"),
+            "get_module_is_ddp": isinstance(got, DistributedDataParallel),
+            "get_module_is_wrapped": got is dmp._dmp_wrapped_module,
+            "get_module_is_module": got is dmp.module,
+            "idempotent": mp_.get_unwrapped_module(unwrapped) is unwrapped,
+        }
+    with open(os.path.join(out_dir, f"{lib_name}_{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+@pytest.mark.timeout(300)
+def test_get_unwrapped_module_and_get_module_match_torchrec(tmp_path):
+    for lib_name in ("torchrec", "rectoolkit"):
+        run_workers(_unwrap_worker, 2, lib_name, str(tmp_path))
+    for rank in range(2):
+        theirs = json.loads((tmp_path / f"torchrec_{rank}.json").read_text())
+        ours = json.loads((tmp_path / f"rectoolkit_{rank}.json").read_text())
+        assert ours == theirs
+    assert ours["dmp_True"]["get_module_is_ddp"] and ours["dmp_True"]["unwrapped_is_module"], ours
+    assert ours["dmp_False"]["get_module_is_module"] and ours["dmp_False"]["unwrapped_has_ebc"], ours
+
+
+def test_get_unwrapped_module_single_process():
+    from rectoolkit.distributed import model_parallel as ours
+    from torchrec.distributed import model_parallel as theirs
+
+    for mp_ in (ours, theirs):
+        m = nn.Sequential(nn.Linear(2, 2))
+        assert mp_.get_unwrapped_module(m) is m and mp_.get_module(m) is m
+
