@@ -12,11 +12,32 @@ with the label itself, so a fractional label never counts as right.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
+from rectoolkit.metrics.rec_metric import ratio_or_zero
 from rectoolkit.metrics.thresholded import ThresholdedMetric
+
+
+def compute_accuracy(accuracy_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.accuracy.compute_accuracy`: per-task accuracy (float64), 0 where there is no weight."""
+    return ratio_or_zero(accuracy_sum, weighted_num_samples)
+
+
+def compute_accuracy_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                         threshold: float = 0.5) -> torch.Tensor:
+    """`torchrec.metrics.accuracy.compute_accuracy_sum`: the weight of the right predictions over the last dim."""
+    return torch.sum(weights * ((predictions.double() >= threshold) == labels), dim=-1)
+
+
+def get_accuracy_states(labels: torch.Tensor, predictions: torch.Tensor, weights: Optional[torch.Tensor],
+                        threshold: float = 0.5) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.accuracy.get_accuracy_states`: a batch's sums (weights None: all ones)."""
+    if weights is None:
+        weights = torch.ones_like(predictions)
+    return {"accuracy_sum": compute_accuracy_sum(labels, predictions, weights, threshold),
+            "weighted_num_samples": torch.sum(weights, dim=-1)}
 
 
 class AccuracyMetric(ThresholdedMetric):
@@ -35,4 +56,4 @@ class AccuracyMetric(ThresholdedMetric):
         return {"accuracy": right / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["AccuracyMetric"]
+__all__ = ["AccuracyMetric", "compute_accuracy", "compute_accuracy_sum", "get_accuracy_states"]

@@ -15,7 +15,20 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+
+
+def compute_calibration(calibration_num: torch.Tensor, calibration_denom: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.calibration.compute_calibration`: per-task calibration (float64), 0 where the weighted
+    label sum is not positive."""
+    return ratio_or_zero(calibration_num, calibration_denom, calibration_denom <= 0.0)
+
+
+def get_calibration_states(labels: torch.Tensor, predictions: torch.Tensor,
+                           weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.calibration.get_calibration_states`: a batch's sums over the last dim."""
+    return {"calibration_num": torch.sum(predictions * weights, dim=-1),
+            "calibration_denom": torch.sum(labels * weights, dim=-1)}
 
 
 class CalibrationMetric(SumStateMetric):
@@ -32,4 +45,4 @@ class CalibrationMetric(SumStateMetric):
         return {"calibration": predicted / observed if observed > 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["CalibrationMetric"]
+__all__ = ["CalibrationMetric", "compute_calibration", "get_calibration_states"]

@@ -14,7 +14,17 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+
+
+def compute_ctr(ctr_num: torch.Tensor, ctr_denom: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.ctr.compute_ctr`: per-task CTR (float64), 0 where there is no weight."""
+    return ratio_or_zero(ctr_num, ctr_denom)
+
+
+def get_ctr_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.ctr.get_ctr_states`: a batch's sums over the last dim."""
+    return {"ctr_num": torch.sum(labels * weights, dim=-1), "ctr_denom": torch.sum(weights, dim=-1)}
 
 
 class CTRMetric(SumStateMetric):
@@ -31,4 +41,4 @@ class CTRMetric(SumStateMetric):
         return {"ctr": clicks / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["CTRMetric"]
+__all__ = ["CTRMetric", "compute_ctr", "get_ctr_states"]

@@ -15,7 +15,23 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+
+
+def compute_mae(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mae.compute_mae`: per-task MAE (float64), 0 where there is no weight."""
+    return ratio_or_zero(error_sum, weighted_num_samples)
+
+
+def compute_error_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mae.compute_error_sum`: the weighted absolute error summed over the last dim."""
+    return torch.sum(weights * torch.abs(labels - predictions.double()), dim=-1)
+
+
+def get_mae_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.mae.get_mae_states`: a batch's sums over the last dim."""
+    return {"error_sum": compute_error_sum(labels, predictions, weights),
+            "weighted_num_samples": torch.sum(weights, dim=-1)}
 
 
 class MAEMetric(SumStateMetric):
@@ -32,4 +48,4 @@ class MAEMetric(SumStateMetric):
         return {"mae": error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["MAEMetric"]
+__all__ = ["MAEMetric", "compute_error_sum", "compute_mae", "get_mae_states"]

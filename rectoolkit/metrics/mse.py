@@ -15,7 +15,39 @@ from typing import Dict, Tuple
 
 import torch
 
-from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+
+
+def compute_mse(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mse.compute_mse`: per-task MSE (float64), 0 where there is no weight."""
+    return ratio_or_zero(error_sum, weighted_num_samples)
+
+
+def compute_rmse(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mse.compute_rmse`: per-task RMSE (float64), 0 where there is no weight."""
+    return torch.where(weighted_num_samples == 0.0, 0.0, torch.sqrt(error_sum / weighted_num_samples)).double()
+
+
+def compute_r_squared(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor, label_sum: torch.Tensor,
+                      label_squared_sum: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mse.compute_r_squared`: per-task R^2 (float64), 1 where the labels do not vary."""
+    total_sum = label_squared_sum.double() - torch.square(label_sum.double()) / weighted_num_samples.double()
+    return torch.where(total_sum == 0.0, 1.0, 1.0 - error_sum / total_sum).double()
+
+
+def compute_error_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.mse.compute_error_sum`: the weighted squared error summed over the last dim."""
+    return torch.sum(weights * torch.square(labels - predictions.double()), dim=-1)
+
+
+def get_mse_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.mse.get_mse_states`: a batch's sums over the last dim."""
+    return {
+        "error_sum": compute_error_sum(labels, predictions, weights),
+        "weighted_num_samples": torch.sum(weights, dim=-1),
+        "label_sum": torch.sum(weights * labels, dim=-1),
+        "label_squared_sum": torch.sum(weights * torch.square(labels), dim=-1),
+    }
 
 
 class MSEMetric(SumStateMetric):
@@ -45,4 +77,4 @@ class MSEMetric(SumStateMetric):
         return values
 
 
-__all__ = ["MSEMetric"]
+__all__ = ["MSEMetric", "compute_error_sum", "compute_mse", "compute_r_squared", "compute_rmse", "get_mse_states"]

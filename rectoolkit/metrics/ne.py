@@ -25,17 +25,51 @@ from rectoolkit.metrics.rec_metric import SumStateMetric
 ETA = 1e-12
 
 
-def cross_entropy_bits(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Per-sample weighted binary cross-entropy in bits, predictions clamped to [ETA, 1 - ETA]."""
-    p = predictions.double().clamp(ETA, 1 - ETA)
+def cross_entropy_bits(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                       eta: float = ETA) -> torch.Tensor:
+    """Per-sample weighted binary cross-entropy in bits, predictions clamped to [eta, 1 - eta]."""
+    p = predictions.double().clamp(eta, 1 - eta)
     return -weights * (labels * torch.log2(p) + (1 - labels) * torch.log2(1 - p))
 
 
 def normalized_entropy(cross_entropy_sum: torch.Tensor, weighted_num_samples: torch.Tensor,
-                       positives: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+                       positives: torch.Tensor, negatives: torch.Tensor, eta: float = ETA) -> torch.Tensor:
     """NE from the four sums (see the module docstring)."""
-    ctr = (positives / weighted_num_samples.clamp(min=ETA)).clamp(ETA, 1 - ETA)
+    ctr = (positives / weighted_num_samples.clamp(min=eta)).clamp(eta, 1 - eta)
     return cross_entropy_sum / (-positives * torch.log2(ctr) - negatives * torch.log2(1 - ctr))
+
+
+def compute_cross_entropy(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                          eta: float) -> torch.Tensor:
+    """`torchrec.metrics.ne.compute_cross_entropy`: per-sample weighted cross-entropy in bits (float64)."""
+    return cross_entropy_bits(labels, predictions, weights, eta)
+
+
+def compute_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+               neg_labels: torch.Tensor, eta: float, allow_missing_label_with_zero_weight: bool = False) -> torch.Tensor:
+    """`torchrec.metrics.ne.compute_ne`: per-task NE from the four sums; with allow_missing_label_with_zero_weight
+    a task without weight gets eta."""
+    ne = normalized_entropy(ce_sum, weighted_num_samples.double(), pos_labels, neg_labels, eta)
+    if allow_missing_label_with_zero_weight and not weighted_num_samples.all():
+        return torch.where(weighted_num_samples > 0, ne, eta)
+    return ne
+
+
+def compute_logloss(ce_sum: torch.Tensor, pos_labels: torch.Tensor, neg_labels: torch.Tensor,
+                    eta: float) -> torch.Tensor:
+    """`torchrec.metrics.ne.compute_logloss`: the weighted mean cross-entropy per task."""
+    return ce_sum / (pos_labels + neg_labels).clamp(min=eta)
+
+
+def get_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                  eta: float) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.ne.get_ne_states`: a batch's four sums over the last dim ([n_tasks, batch] -> [n_tasks])."""
+    return {
+        "cross_entropy_sum": torch.sum(cross_entropy_bits(labels, predictions, weights, eta), dim=-1),
+        "weighted_num_samples": torch.sum(weights, dim=-1),
+        "pos_labels": torch.sum(weights * labels, dim=-1),
+        "neg_labels": torch.sum(weights * (1.0 - labels), dim=-1),
+    }
 
 
 class NEMetric(SumStateMetric):
@@ -65,4 +99,5 @@ class NEMetric(SumStateMetric):
         return values
 
 
-__all__ = ["NEMetric", "cross_entropy_bits", "normalized_entropy"]
+__all__ = ["NEMetric", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
+           "normalized_entropy"]

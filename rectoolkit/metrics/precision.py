@@ -12,11 +12,36 @@ FP = sum w (1 - y) over the predicted positives (0 while nothing is predicted po
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
-from rectoolkit.metrics.thresholded import ThresholdedMetric
+from rectoolkit.metrics.rec_metric import ratio_or_zero
+from rectoolkit.metrics.thresholded import ThresholdedMetric, thresholded_states
+
+
+def compute_precision(num_true_positives: torch.Tensor, num_false_positives: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.precision.compute_precision`: per-task precision (float64), 0 with no predicted positive."""
+    return ratio_or_zero(num_true_positives, (num_true_positives + num_false_positives).double())
+
+
+def compute_true_pos_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                         threshold: float = 0.5) -> torch.Tensor:
+    """`torchrec.metrics.precision.compute_true_pos_sum`: weight of predictions >= threshold on positive labels."""
+    return torch.sum(weights * ((predictions.double() >= threshold) * labels), dim=-1)
+
+
+def compute_false_pos_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                          threshold: float = 0.5) -> torch.Tensor:
+    """`torchrec.metrics.precision.compute_false_pos_sum`: weight of predictions >= threshold on negative labels."""
+    return torch.sum(weights * ((predictions.double() >= threshold) * (1 - labels)), dim=-1)
+
+
+def get_precision_states(labels: torch.Tensor, predictions: torch.Tensor, weights: Optional[torch.Tensor],
+                         threshold: float = 0.5) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.precision.get_precision_states`: a batch's sums (weights None: all ones)."""
+    return thresholded_states(labels, predictions, weights, threshold,
+                              {"true_pos_sum": compute_true_pos_sum, "false_pos_sum": compute_false_pos_sum})
 
 
 class PrecisionMetric(ThresholdedMetric):
@@ -36,4 +61,4 @@ class PrecisionMetric(ThresholdedMetric):
         return {"precision": true_positives / predicted if predicted != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["PrecisionMetric"]
+__all__ = ["PrecisionMetric", "compute_false_pos_sum", "compute_precision", "compute_true_pos_sum", "get_precision_states"]

@@ -386,6 +386,15 @@ def _task_input(value: Optional[RecModelOutput], task: RecTaskInfo, index: int, 
     return value.reshape(n_tasks, -1)[index]
 
 
+def ratio_or_zero(numerator: torch.Tensor, denominator: torch.Tensor,
+                  empty: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """TorchRec's per-task ratio `torch.where(empty, 0.0, numerator / denominator).double()`; `empty` defaults
+    to `denominator == 0` (the compute_* functions of ctr, mse, mae, accuracy, ...)."""
+    if empty is None:
+        empty = denominator == 0.0
+    return torch.where(empty, 0.0, numerator / denominator).double()
+
+
 class SumStateMetric(RecMetric):
     """A metric computed from weighted sums (`_state_names`): lifetime sums, window sums, all_reduce(SUM).
 
@@ -540,5 +549,5 @@ class RecMetricList(nn.Module):
 
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation  # noqa: E402  (TorchRec's path)
 
-__all__ = ["MAX_BUFFER_COUNT", "MetricComputationReport", "MissingRequiredInputError", "RecMetric",
+__all__ = ["MAX_BUFFER_COUNT", "ratio_or_zero", "MetricComputationReport", "MissingRequiredInputError", "RecMetric",
            "RecMetricComputation", "RecMetricException", "RecMetricList", "SumStateMetric", "WindowBuffer", "metric_key"]

@@ -12,11 +12,32 @@ TP / (TP + FN) with TP = sum w y over `prediction >= threshold` and FN = sum w y
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
-from rectoolkit.metrics.thresholded import ThresholdedMetric
+from rectoolkit.metrics.precision import compute_true_pos_sum
+from rectoolkit.metrics.thresholded import ThresholdedMetric, thresholded_states
+
+
+def compute_recall(num_true_positives: torch.Tensor, num_false_negitives: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.recall.compute_recall`: per-task recall, 0 with no positive label (the inputs' dtype, as
+    TorchRec's; its argument keeps TorchRec's spelling)."""
+    positives = num_true_positives + num_false_negitives
+    return torch.where(positives == 0.0, 0.0, num_true_positives / positives)
+
+
+def compute_false_neg_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                          threshold: float = 0.5) -> torch.Tensor:
+    """`torchrec.metrics.recall.compute_false_neg_sum`: weight of predictions <= threshold on positive labels."""
+    return torch.sum(weights * ((predictions.double() <= threshold) * labels), dim=-1)
+
+
+def get_recall_states(labels: torch.Tensor, predictions: torch.Tensor, weights: Optional[torch.Tensor],
+                      threshold: float = 0.5) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.recall.get_recall_states`: a batch's sums (weights None: all ones)."""
+    return thresholded_states(labels, predictions, weights, threshold,
+                              {"true_pos_sum": compute_true_pos_sum, "false_neg_sum": compute_false_neg_sum})
 
 
 class RecallMetric(ThresholdedMetric):
@@ -37,4 +58,4 @@ class RecallMetric(ThresholdedMetric):
         return {"recall": true_positives / positives if positives != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["RecallMetric"]
+__all__ = ["RecallMetric", "compute_false_neg_sum", "compute_recall", "compute_true_pos_sum", "get_recall_states"]

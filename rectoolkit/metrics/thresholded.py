@@ -13,11 +13,19 @@ prediction would fall on one side.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+def thresholded_states(labels: torch.Tensor, predictions: torch.Tensor, weights: Optional[torch.Tensor],
+                       threshold: float, sums: Dict[str, Callable[..., torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """TorchRec's get_precision_states / get_recall_states: each named sum of the batch (weights None: all ones)."""
+    if weights is None:
+        weights = torch.ones_like(predictions)
+    return {name: compute(labels, predictions, weights, threshold) for name, compute in sums.items()}
 
 
 class ThresholdedMetric(SumStateMetric):
@@ -40,4 +48,4 @@ class ThresholdedMetric(SumStateMetric):
         return (predictions >= self._threshold).double()
 
 
-__all__ = ["ThresholdedMetric"]
+__all__ = ["ThresholdedMetric", "thresholded_states"]

@@ -1,0 +1,133 @@
+"""rectoolkit.metrics.<m>.compute_* / get_*_states against TorchRec 1.8's on the same inputs."""
+
+import importlib
+
+import pytest
+import torch
+
+torchrec = pytest.importorskip("torchrec")
+
+ETA = 1e-12
+SHAPES = [(1, 5), (3, 17), (2, 1)]
+DTYPES = [torch.float32, torch.float64]
+
+
+def _pair(module, name):
+    ours = getattr(importlib.import_module(f"rectoolkit.metrics.{module}"), name)
+    theirs = getattr(importlib.import_module(f"torchrec.metrics.{module}"), name)
+    return ours, theirs
+
+
+def _batch(shape, dtype, seed, zero_task=False):
+    gen = torch.Generator().manual_seed(seed)
+    predictions = torch.rand(shape, generator=gen, dtype=dtype)
+    labels = (torch.rand(shape, generator=gen) > 0.5).to(dtype)
+    weights = torch.rand(shape, generator=gen, dtype=dtype)
+    weights[torch.rand(shape, generator=gen) < 0.3] = 0.0
+    if zero_task:
+        weights[0] = 0.0
+    return labels, predictions, weights
+
+
+def _check(ours, theirs):
+    if isinstance(theirs, dict):
+        assert list(ours) == list(theirs)
+        for key in theirs:
+            torch.testing.assert_close(ours[key], theirs[key], equal_nan=True)
+    else:
+        torch.testing.assert_close(ours, theirs, equal_nan=True)
+
+
+# (module, function, extra args after (labels, predictions, weights))
+STATE_FUNCTIONS = [
+    ("ne", "compute_cross_entropy", (ETA,)),
+    ("ne", "get_ne_states", (ETA,)),
+    ("ctr", "get_ctr_states", ()),
+    ("calibration", "get_calibration_states", ()),
+    ("mse", "compute_error_sum", ()),
+    ("mse", "get_mse_states", ()),
+    ("mae", "compute_error_sum", ()),
+    ("mae", "get_mae_states", ()),
+    ("accuracy", "compute_accuracy_sum", ()),
+    ("accuracy", "compute_accuracy_sum", (0.3,)),
+    ("accuracy", "get_accuracy_states", ()),
+    ("accuracy", "get_accuracy_states", (0.7,)),
+    ("precision", "compute_true_pos_sum", ()),
+    ("precision", "compute_false_pos_sum", (0.2,)),
+    ("precision", "get_precision_states", ()),
+    ("recall", "compute_true_pos_sum", ()),
+    ("recall", "compute_false_neg_sum", ()),
+    ("recall", "get_recall_states", (0.6,)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("module,name,extra", STATE_FUNCTIONS)
+def test_state_functions(module, name, extra, shape, dtype):
+    ours, theirs = _pair(module, name)
+    labels, predictions, weights = _batch(shape, dtype, seed=sum(shape))
+    _check(ours(labels, predictions, weights, *extra), theirs(labels, predictions, weights, *extra))
+
+
+@pytest.mark.parametrize("module,name", [("accuracy", "get_accuracy_states"), ("precision", "get_precision_states"),
+                                         ("recall", "get_recall_states")])
+def test_states_without_weights(module, name):
+    ours, theirs = _pair(module, name)
+    labels, predictions, _ = _batch((2, 9), torch.float32, seed=3)
+    _check(ours(labels, predictions, None), theirs(labels, predictions, None))
+
+
+def _states(shape, dtype, seed, zero_task):
+    """TorchRec's own states for a batch (the inputs of the compute_* functions), a task without weight if asked."""
+    labels, predictions, weights = _batch(shape, dtype, seed, zero_task)
+    states = {}
+    states.update(torchrec.metrics.ne.get_ne_states(labels, predictions, weights, ETA))
+    states.update(torchrec.metrics.ctr.get_ctr_states(labels, predictions, weights))
+    states.update(torchrec.metrics.calibration.get_calibration_states(labels, predictions, weights))
+    states.update({"mse_" + k: v for k, v in torchrec.metrics.mse.get_mse_states(labels, predictions, weights).items()})
+    states.update({"mae_" + k: v for k, v in torchrec.metrics.mae.get_mae_states(labels, predictions, weights).items()})
+    states.update(torchrec.metrics.accuracy.get_accuracy_states(labels, predictions, weights))
+    states.update(torchrec.metrics.precision.get_precision_states(labels, predictions, weights))
+    states.update(torchrec.metrics.recall.get_recall_states(labels, predictions, weights))
+    # the states in the inputs' dtype too (TorchRec's computations keep float64 states, a user may not)
+    return {k: v.to(dtype) for k, v in states.items()}
+
+
+# (module, function, state names, extra args)
+COMPUTE_FUNCTIONS = [
+    ("ne", "compute_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"), (ETA,)),
+    ("ne", "compute_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"), (ETA, True)),
+    ("ne", "compute_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"), (1e-6, False)),
+    ("ne", "compute_logloss", ("cross_entropy_sum", "pos_labels", "neg_labels"), (ETA,)),
+    ("ctr", "compute_ctr", ("ctr_num", "ctr_denom"), ()),
+    ("calibration", "compute_calibration", ("calibration_num", "calibration_denom"), ()),
+    ("mse", "compute_mse", ("mse_error_sum", "mse_weighted_num_samples"), ()),
+    ("mse", "compute_rmse", ("mse_error_sum", "mse_weighted_num_samples"), ()),
+    ("mse", "compute_r_squared", ("mse_error_sum", "mse_weighted_num_samples", "mse_label_sum",
+                                  "mse_label_squared_sum"), ()),
+    ("mae", "compute_mae", ("mae_error_sum", "mae_weighted_num_samples"), ()),
+    ("accuracy", "compute_accuracy", ("accuracy_sum", "weighted_num_samples"), ()),
+    ("precision", "compute_precision", ("true_pos_sum", "false_pos_sum"), ()),
+    ("recall", "compute_recall", ("true_pos_sum", "false_neg_sum"), ()),
+]
+
+
+@pytest.mark.parametrize("zero_task", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("module,name,state_names,extra", COMPUTE_FUNCTIONS)
+def test_compute_functions(module, name, state_names, extra, shape, dtype, zero_task):
+    ours, theirs = _pair(module, name)
+    states = _states(shape, dtype, sum(shape) + 1, zero_task)
+    args = [states[state] for state in state_names]
+    _check(ours(*[a.clone() for a in args], *extra), theirs(*[a.clone() for a in args], *extra))
+
+
+def test_compute_functions_all_zero():
+    """A batch with no weight at all: TorchRec's zero (or one, or nan) wherever it gives one."""
+    zeros = torch.zeros(2, dtype=torch.float64)
+    for module, name, state_names, extra in COMPUTE_FUNCTIONS:
+        ours, theirs = _pair(module, name)
+        args = [zeros.clone() for _ in state_names]
+        _check(ours(*args, *extra), theirs(*[a.clone() for a in args], *extra))
