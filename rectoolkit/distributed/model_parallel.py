@@ -53,6 +53,7 @@ from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.table_sources import wrapped_collections
+from rectoolkit.optim.fused import FusedOptimizerModule
 from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection, ManagedCollisionEmbeddingBagCollection)
@@ -509,6 +510,9 @@ class DistributedModelParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank={self.env.rank}, world_size={self.env.world_size}, local_world_size={self.env.local_world_size}"
+
+
+FusedOptimizerModule.register(DistributedModelParallel)  # as TorchRec's DMP (a FusedOptimizerModule subclass)
 
 
 # ------------------------------------------------------------------------------------------------ TorchRec's helpers

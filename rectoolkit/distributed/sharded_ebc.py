@@ -45,6 +45,7 @@ from rectoolkit.distributed.table_wise import TableWiseSharding
 from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType, PoolingType
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
+from rectoolkit.optim.fused import FusedOptimizerModule
 from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.layout import FeatureLayout, expand_blocks, expand_pooled, guard_gradient
 from rectoolkit.modules.mixed_dtypes import table_dtype
@@ -301,6 +302,9 @@ class ShardedCollection(ShardedModule):
     def extra_repr(self) -> str:
         kinds = {k: [t.name for t in g.tables] for k, g in self.groups.items()}
         return "\n ".join([f"rank={self.env.rank}/{self.env.world_size}, groups={kinds}", *steps_repr(self)])
+
+
+FusedOptimizerModule.register(ShardedCollection)  # TorchRec's sharded collections are FusedOptimizerModules
 
 
 class ShardedEmbeddingBagCollection(ShardedCollection):

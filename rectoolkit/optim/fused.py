@@ -9,10 +9,16 @@ also pushes them before each forward, so a change made after step() is used by t
     ...                                   feature_names=["f"])], optimizer="sgd", lr=0.5)
     >>> ebc.fused_optimizer.param_groups[0]["lr"]
     0.5
+
+TorchRec's names of torchrec.optim.fused are here too: FusedOptimizer (the abstract KeyedOptimizer whose updates
+happen in backward; EmbeddingFusedOptimizer is one), EmptyFusedOptimizer (no params, no-op step and zero_grad) and
+FusedOptimizerModule (the interface of modules with a `fused_optimizer` property: rectoolkit's sharded collections
+and DistributedModelParallel are registered as ones, as TorchRec's are).
 """
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Mapping
 
 import torch
@@ -20,7 +26,44 @@ import torch
 from rectoolkit.optim.keyed import KeyedOptimizer
 
 
-class EmbeddingFusedOptimizer(KeyedOptimizer):
+class FusedOptimizer(KeyedOptimizer, abc.ABC):
+    """TorchRec's: a KeyedOptimizer whose weight updates happen during the backward pass; subclasses implement
+    step() and zero_grad() (no weight update in step())."""
+
+    @abc.abstractmethod
+    def step(self, closure: Any = None) -> None: ...
+
+    @abc.abstractmethod
+    def zero_grad(self, set_to_none: bool = False) -> None: ...
+
+    def __repr__(self) -> str:
+        return torch.optim.Optimizer.__repr__(self)
+
+
+class EmptyFusedOptimizer(FusedOptimizer):
+    """TorchRec's: a FusedOptimizer with no parameters; step() and zero_grad() do nothing."""
+
+    def __init__(self) -> None:
+        super().__init__({}, {}, {})
+
+    def step(self, closure: Any = None) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        pass
+
+
+class FusedOptimizerModule(abc.ABC):
+    """TorchRec's: the interface of a module that updates its weights during backward, its `fused_optimizer`
+    property the KeyedOptimizer of those updates. `isinstance(m, FusedOptimizerModule)` holds for rectoolkit's
+    sharded collections and DistributedModelParallel (registered), as for TorchRec's."""
+
+    @property
+    @abc.abstractmethod
+    def fused_optimizer(self) -> KeyedOptimizer: ...
+
+
+class EmbeddingFusedOptimizer(FusedOptimizer):
     """Keyed view of a fused kernel's optimizer: params are the tables' weights, state is the kernel's state."""
 
     def __init__(self, owner: Any, params: Mapping[str, torch.Tensor]) -> None:

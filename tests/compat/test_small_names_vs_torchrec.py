@@ -91,3 +91,73 @@ def test_get_unwrapped_module_single_process():
         m = nn.Sequential(nn.Linear(2, 2))
         assert mp_.get_unwrapped_module(m) is m and mp_.get_module(m) is m
 
+
+# ------------------------------------------------------------------------------------------------ optim.fused
+def _fused_worker(rank: int, world_size: int, lib_name: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    lib, mp_, sp, ShardingEnv, ShardingPlan = _libs(lib_name)
+    if lib_name == "torchrec":
+        from torchrec.optim.fused import FusedOptimizerModule
+    else:
+        from rectoolkit.optim.fused import FusedOptimizerModule
+    model = _model(lib)
+    plan = ShardingPlan({"ebc": sp.construct_module_sharding_plan(
+        model.ebc, {"t0": sp.table_wise(rank=1, compute_kernel="fused"), "t1": sp.row_wise(compute_kernel="fused")},
+        world_size=world_size, device_type="cpu")})
+    dmp = mp_.DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                       device=torch.device("cpu"), plan=plan)
+    opts = []  # the common loop (module paths differ: the DMP's attribute names are its own)
+    for m in dmp.modules():
+        if isinstance(m, FusedOptimizerModule):
+            opts.append(m.fused_optimizer)
+    seen = {"keys": [sorted(o.params) for o in opts], "types": [type(o).__name__ for o in opts], "dmp": isinstance(dmp, FusedOptimizerModule),
+            "sharded": isinstance(dmp.module.ebc, FusedOptimizerModule),
+            "dense": isinstance(dmp.module.lin, FusedOptimizerModule)}
+    with open(os.path.join(out_dir, f"{lib_name}_{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+@pytest.mark.timeout(300)
+def test_fused_optimizer_modules_collect_torchrecs_optimizers(tmp_path):
+    for lib_name in ("torchrec", "rectoolkit"):
+        run_workers(_fused_worker, 2, lib_name, str(tmp_path))
+    for rank in range(2):
+        theirs = json.loads((tmp_path / f"torchrec_{rank}.json").read_text())
+        ours = json.loads((tmp_path / f"rectoolkit_{rank}.json").read_text())
+        assert ours == theirs
+    assert ours["dmp"] and ours["sharded"] and ours["keys"][0] == ["ebc.embedding_bags.t0.weight",
+                                                                   "ebc.embedding_bags.t1.weight"]
+
+
+def test_fused_optimizer_classes_match_torchrec():
+    import abc
+
+    from rectoolkit.optim import fused as ours
+    from torchrec.optim import fused as theirs
+    from rectoolkit.optim.keyed import KeyedOptimizer
+
+    for lib in (ours, theirs):
+        assert issubclass(lib.FusedOptimizer, abc.ABC) and lib.FusedOptimizer.__abstractmethods__ == {
+            "step", "zero_grad"}
+        assert lib.FusedOptimizerModule.__abstractmethods__ == {"fused_optimizer"}
+        with pytest.raises(TypeError):
+            lib.FusedOptimizer({}, {}, [])
+        empty = lib.EmptyFusedOptimizer()
+        assert empty.step() is None and empty.zero_grad() is None
+        assert dict(empty.params) == {} and empty.state_dict() == {"state": {}} and repr(empty) == \
+            "EmptyFusedOptimizer ()"
+    assert issubclass(ours.FusedOptimizer, KeyedOptimizer)
+    assert not isinstance(nn.Linear(1, 1), ours.FusedOptimizerModule)
+
+    class WithOne(nn.Module, ours.FusedOptimizerModule):  # a user's module, written for TorchRec
+        @property
+        def fused_optimizer(self):
+            return ours.EmptyFusedOptimizer()
+
+    assert isinstance(WithOne(), ours.FusedOptimizerModule)
+    import rectoolkit as rtk
+
+    ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
+                                                            feature_names=["f"])], optimizer="sgd", lr=0.5)
+    assert isinstance(ebc.fused_optimizer, ours.FusedOptimizer)  # TorchRec's EmbeddingFusedOptimizer is one
