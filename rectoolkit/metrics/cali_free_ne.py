@@ -19,7 +19,28 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, NEMetric, normalized_entropy
+from rectoolkit.metrics.ne import ETA, NEMetric, compute_cross_entropy, get_ne_states, normalized_entropy
+
+
+def compute_cali_free_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+                         neg_labels: torch.Tensor, weighted_sum_predictions: torch.Tensor, eta: float,
+                         allow_missing_label_with_zero_weight: bool = False) -> torch.Tensor:
+    """`torchrec.metrics.cali_free_ne.compute_cali_free_ne`: NE over the entropy of predicting the mean
+    prediction; with allow_missing_label_with_zero_weight and a task without weight, TorchRec's
+    `torch.tensor([eta])` (one float32 value for all tasks)."""
+    if allow_missing_label_with_zero_weight and not weighted_num_samples.all():
+        return torch.tensor([eta])
+    ne = normalized_entropy(ce_sum, weighted_num_samples.double(), pos_labels, neg_labels, eta)
+    mean_prediction = weighted_sum_predictions / weighted_num_samples
+    return ne / (-pos_labels * torch.log2(mean_prediction)
+                 - (weighted_num_samples - pos_labels) * torch.log2(1 - mean_prediction))
+
+
+def get_cali_free_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                            eta: float) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.cali_free_ne.get_cali_free_ne_states`: NE's sums and the weighted prediction sum."""
+    return {**get_ne_states(labels, predictions, weights, eta),
+            "weighted_sum_predictions": torch.sum(weights * predictions, dim=-1)}
 
 
 class CaliFreeNEMetric(NEMetric):
@@ -42,11 +63,8 @@ class CaliFreeNEMetric(NEMetric):
         cross_entropy_sum, weighted_num_samples, positives, negatives, predicted = states
         if self._options["allow_missing_label_with_zero_weight"] and not weighted_num_samples > 0:
             return {"cali_free_ne": torch.tensor(ETA, dtype=torch.float64)}
-        ne = normalized_entropy(cross_entropy_sum, weighted_num_samples, positives, negatives)
-        mean_prediction = predicted / weighted_num_samples
-        entropy_of_mean_prediction = (-positives * torch.log2(mean_prediction)
-                                      - (weighted_num_samples - positives) * torch.log2(1 - mean_prediction))
-        return {"cali_free_ne": ne / entropy_of_mean_prediction}
+        return {"cali_free_ne": compute_cali_free_ne(cross_entropy_sum, weighted_num_samples, positives, negatives,
+                                                     predicted, ETA)}
 
 
-__all__ = ["CaliFreeNEMetric"]
+__all__ = ["CaliFreeNEMetric", "compute_cali_free_ne", "compute_cross_entropy", "get_cali_free_ne_states"]

@@ -16,8 +16,34 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, normalized_entropy
+from rectoolkit.metrics.ne import ETA, get_ne_states, normalized_entropy
 from rectoolkit.metrics.rec_metric import SumStateMetric
+
+
+def compute_cross_entropy_positive(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                                   eta: float) -> torch.Tensor:
+    """`torchrec.metrics.ne_positive.compute_cross_entropy_positive`: the positives' weighted cross-entropy in bits
+    (float64), predictions clamped to [eta, 1 - eta]."""
+    return -weights * labels * torch.log2(predictions.double().clamp(eta, 1 - eta))
+
+
+def compute_ne_positive(ce_positive_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+                        neg_labels: torch.Tensor, eta: float,
+                        allow_missing_label_with_zero_weight: bool = False) -> torch.Tensor:
+    """`torchrec.metrics.ne_positive.compute_ne_positive`; with allow_missing_label_with_zero_weight and a task
+    without weight, TorchRec's `torch.tensor([eta])` (one float32 value for all tasks)."""
+    if allow_missing_label_with_zero_weight and not weighted_num_samples.all():
+        return torch.tensor([eta])
+    return normalized_entropy(ce_positive_sum, weighted_num_samples.double(), pos_labels, neg_labels, eta)
+
+
+def get_ne_positive_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                           eta: float) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.ne_positive.get_ne_positive_states`: a batch's sums over the last dim."""
+    states = get_ne_states(labels, predictions, weights, eta)
+    del states["cross_entropy_sum"]
+    return {"cross_entropy_positive_sum": torch.sum(compute_cross_entropy_positive(labels, predictions, weights, eta),
+                                                    dim=-1), **states}
 
 
 class NEPositiveMetric(SumStateMetric):
@@ -42,4 +68,4 @@ class NEPositiveMetric(SumStateMetric):
         return {"ne_positive": normalized_entropy(*states)}
 
 
-__all__ = ["NEPositiveMetric"]
+__all__ = ["NEPositiveMetric", "compute_cross_entropy_positive", "compute_ne_positive", "get_ne_positive_states"]

@@ -20,7 +20,21 @@ from typing import Dict, Tuple
 
 import torch
 
-from rectoolkit.metrics.mse import MSEMetric
+from rectoolkit.metrics.mse import MSEMetric, compute_error_sum, get_mse_states
+from rectoolkit.metrics.rec_metric import ratio_or_zero
+
+
+def compute_norm(model_error_sum: torch.Tensor, baseline_error_sum: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.nmse.compute_norm`: the model's error over the baseline's (float64), 0 where the latter
+    is 0."""
+    return ratio_or_zero(model_error_sum, baseline_error_sum)
+
+
+def get_norm_mse_states(labels: torch.Tensor, predictions: torch.Tensor,
+                        weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.nmse.get_norm_mse_states`: MSE's sums and the error of predicting 1."""
+    return {**get_mse_states(labels, predictions, weights),
+            "const_pred_error_sum": compute_error_sum(labels, torch.ones_like(labels), weights)}
 
 
 class NMSEMetric(MSEMetric):
@@ -46,4 +60,4 @@ class NMSEMetric(MSEMetric):
         return {"nmse": mse / baseline_mse, "nrmse": mse.sqrt() / baseline_mse.sqrt()}
 
 
-__all__ = ["NMSEMetric"]
+__all__ = ["NMSEMetric", "compute_norm", "get_norm_mse_states"]

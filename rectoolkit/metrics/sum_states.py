@@ -27,7 +27,7 @@ import torch
 
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation
 from rectoolkit.metrics.metrics_namespace import MetricNameBase, MetricPrefix
-from rectoolkit.metrics.rec_metric import RecMetricException
+from rectoolkit.metrics.rec_metric import RecMetricException, ratio_or_zero
 
 
 class SumStatesComputation(RecMetricComputation):
@@ -75,7 +75,7 @@ class SumStatesComputation(RecMetricComputation):
 
 def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """numerator / denominator in float64, 0 where the denominator is 0 (TorchRec's averages and XAUC)."""
-    return torch.where(denominator == 0.0, 0.0, numerator / denominator).double()
+    return ratio_or_zero(numerator, denominator)
 
 
 class SingleSumComputation(SumStatesComputation):

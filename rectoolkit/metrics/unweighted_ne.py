@@ -15,7 +15,22 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, NEMetric, normalized_entropy
+from rectoolkit.metrics.ne import ETA, NEMetric, compute_cross_entropy, get_ne_states, normalized_entropy
+
+
+def compute_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+               neg_labels: torch.Tensor, eta: float, allow_missing_label_with_zero_weight: bool = False) -> torch.Tensor:
+    """`torchrec.metrics.unweighted_ne.compute_ne`: as ne.compute_ne, but with allow_missing_label_with_zero_weight
+    and a task without samples, TorchRec's `torch.tensor([eta])` (one float32 value for all tasks)."""
+    if allow_missing_label_with_zero_weight and not weighted_num_samples.all():
+        return torch.tensor([eta])
+    return normalized_entropy(ce_sum, weighted_num_samples.double(), pos_labels, neg_labels, eta)
+
+
+def get_unweighted_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                             eta: float) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.unweighted_ne.get_unweighted_ne_states`: NE's sums with every weight 1 (weights ignored)."""
+    return get_ne_states(labels, predictions, torch.ones_like(labels), eta)
 
 
 class UnweightedNEMetric(NEMetric):
@@ -39,4 +54,4 @@ class UnweightedNEMetric(NEMetric):
         return {"unweighted_ne": normalized_entropy(*states)}
 
 
-__all__ = ["UnweightedNEMetric"]
+__all__ = ["UnweightedNEMetric", "compute_cross_entropy", "compute_ne", "get_unweighted_ne_states"]

@@ -25,6 +25,36 @@ ERROR_SUM = "error_sum"
 WEIGHTED_NUM_PAIRS = "weighted_num_pairs"
 
 
+def _pair_weights(weights: torch.Tensor) -> torch.Tensor:
+    """[n_tasks, batch, batch]: w_i w_j over the pairs (i, j), i < j (0 elsewhere)."""
+    return torch.triu(weights.unsqueeze(-1) * weights.unsqueeze(-2), diagonal=1)
+
+
+def compute_xauc(error_sum: torch.Tensor, weighted_num_pairs: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.xauc.compute_xauc`: per-task XAUC (float64), 0 where there is no pair."""
+    return safe_ratio(error_sum, weighted_num_pairs)
+
+
+def compute_error_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.xauc.compute_error_sum`: per task, the weight of the pairs whose predictions are ordered
+    as their labels (ties with ties), float64."""
+    predictions = predictions.double()
+    prediction_order = torch.sign(predictions.unsqueeze(-1) - predictions.unsqueeze(-2))
+    label_order = torch.sign(labels.unsqueeze(-1) - labels.unsqueeze(-2))
+    return (_pair_weights(weights) * (prediction_order == label_order).double()).sum(dim=(-2, -1))
+
+
+def compute_weighted_num_pairs(weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.xauc.compute_weighted_num_pairs`: per task, the weight of all pairs (weights' dtype)."""
+    return _pair_weights(weights).sum(dim=(-2, -1))
+
+
+def get_xauc_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.xauc.get_xauc_states`: a batch's sums."""
+    return {ERROR_SUM: compute_error_sum(labels, predictions, weights),
+            WEIGHTED_NUM_PAIRS: compute_weighted_num_pairs(weights)}
+
+
 class XAUCMetricComputation(SumStatesComputation):
     """TorchRec's states: `error_sum` (the weight of the pairs ordered alike) and `weighted_num_pairs`."""
 
@@ -32,15 +62,8 @@ class XAUCMetricComputation(SumStatesComputation):
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                       **kwargs: Any) -> Dict[str, torch.Tensor]:
-        # [n_tasks, batch, batch] over the pairs (i, j), i < j
-        pair_weights = (weights.unsqueeze(-1) * weights.unsqueeze(-2)).double()
-        pair_weights = torch.triu(pair_weights, diagonal=1)
-        predictions = predictions.double()
-        prediction_order = torch.sign(predictions.unsqueeze(-1) - predictions.unsqueeze(-2))
-        label_order = torch.sign(labels.unsqueeze(-1) - labels.unsqueeze(-2))
-        agree = (prediction_order == label_order).double()
-        return {ERROR_SUM: (pair_weights * agree).sum(dim=(-2, -1)),
-                WEIGHTED_NUM_PAIRS: pair_weights.sum(dim=(-2, -1))}
+        states = get_xauc_states(labels, predictions, weights)
+        return {name: value.double() for name, value in states.items()}
 
     def _compute(self) -> List[MetricComputationReport]:
         return [MetricComputationReport(MetricName.XAUC, prefix, safe_ratio(error_sum, pairs))
@@ -55,4 +78,5 @@ class XAUCMetric(RecMetric):
     _computation_class = XAUCMetricComputation
 
 
-__all__ = ["XAUCMetric", "XAUCMetricComputation"]
+__all__ = ["XAUCMetric", "XAUCMetricComputation", "compute_error_sum", "compute_weighted_num_pairs", "compute_xauc",
+           "get_xauc_states"]

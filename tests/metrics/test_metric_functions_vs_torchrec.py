@@ -58,7 +58,33 @@ STATE_FUNCTIONS = [
     ("recall", "compute_true_pos_sum", ()),
     ("recall", "compute_false_neg_sum", ()),
     ("recall", "get_recall_states", (0.6,)),
+    ("ne_positive", "compute_cross_entropy_positive", (ETA,)),
+    ("ne_positive", "get_ne_positive_states", (ETA,)),
+    ("cali_free_ne", "compute_cross_entropy", (ETA,)),
+    ("cali_free_ne", "get_cali_free_ne_states", (ETA,)),
+    ("unweighted_ne", "compute_cross_entropy", (ETA,)),
+    ("unweighted_ne", "get_unweighted_ne_states", (ETA,)),
+    ("nmse", "get_norm_mse_states", ()),
+    ("xauc", "compute_error_sum", ()),
+    ("xauc", "get_xauc_states", ()),
 ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_xauc_weighted_num_pairs(shape, dtype):
+    ours, theirs = _pair("xauc", "compute_weighted_num_pairs")
+    _, _, weights = _batch(shape, dtype, seed=7)
+    _check(ours(weights), theirs(weights))
+
+
+def test_xauc_ties():
+    """Tied predictions and labels count as ordered alike, as TorchRec's."""
+    ours, theirs = _pair("xauc", "get_xauc_states")
+    labels = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])
+    predictions = torch.tensor([[0.5, 0.5, 0.5, 0.2, 0.9]])
+    weights = torch.tensor([[1.0, 2.0, 0.0, 1.0, 0.5]])
+    _check(ours(labels, predictions, weights), theirs(labels, predictions, weights))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,6 +116,11 @@ def _states(shape, dtype, seed, zero_task):
     states.update(torchrec.metrics.accuracy.get_accuracy_states(labels, predictions, weights))
     states.update(torchrec.metrics.precision.get_precision_states(labels, predictions, weights))
     states.update(torchrec.metrics.recall.get_recall_states(labels, predictions, weights))
+    states.update(torchrec.metrics.ne_positive.get_ne_positive_states(labels, predictions, weights, ETA))
+    states.update(torchrec.metrics.cali_free_ne.get_cali_free_ne_states(labels, predictions, weights, ETA))
+    states["const_pred_error_sum"] = torchrec.metrics.nmse.get_norm_mse_states(
+        labels, predictions, weights)["const_pred_error_sum"]
+    states.update({"xauc_" + k: v for k, v in torchrec.metrics.xauc.get_xauc_states(labels, predictions, weights).items()})
     # the states in the inputs' dtype too (TorchRec's computations keep float64 states, a user may not)
     return {k: v.to(dtype) for k, v in states.items()}
 
@@ -110,6 +141,18 @@ COMPUTE_FUNCTIONS = [
     ("accuracy", "compute_accuracy", ("accuracy_sum", "weighted_num_samples"), ()),
     ("precision", "compute_precision", ("true_pos_sum", "false_pos_sum"), ()),
     ("recall", "compute_recall", ("true_pos_sum", "false_neg_sum"), ()),
+    ("ne_positive", "compute_ne_positive", ("cross_entropy_positive_sum", "weighted_num_samples", "pos_labels",
+                                            "neg_labels"), (ETA,)),
+    ("ne_positive", "compute_ne_positive", ("cross_entropy_positive_sum", "weighted_num_samples", "pos_labels",
+                                            "neg_labels"), (ETA, True)),
+    ("unweighted_ne", "compute_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"), (ETA,)),
+    ("unweighted_ne", "compute_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"), (ETA, True)),
+    ("cali_free_ne", "compute_cali_free_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels",
+                                              "neg_labels", "weighted_sum_predictions"), (ETA,)),
+    ("cali_free_ne", "compute_cali_free_ne", ("cross_entropy_sum", "weighted_num_samples", "pos_labels",
+                                              "neg_labels", "weighted_sum_predictions"), (ETA, True)),
+    ("nmse", "compute_norm", ("mse_error_sum", "const_pred_error_sum"), ()),
+    ("xauc", "compute_xauc", ("xauc_error_sum", "xauc_weighted_num_pairs"), ()),
 ]
 
 
