@@ -97,6 +97,61 @@ def pooling_type_to_str(pooling_type: PoolingType) -> str:
     return pooling_type.value.lower()
 
 
+class ShardingType(enum.Enum):
+    """TorchRec's torchrec.modules.embedding_configs.ShardingType: its own enum of the well-known sharding types
+    (TorchRec 1.8's members, no GRID_SHARD; a different class from torchrec.distributed.types.ShardingType)."""
+
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+
+
+def _fbgemm_enums(function: str):
+    from rectoolkit.fbgemm_probe import fbgemm_imports
+
+    if fbgemm_imports():
+        try:
+            from fbgemm_gpu.split_embedding_configs import SparseType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+
+            return PoolingMode, SparseType
+        except ImportError:
+            pass
+    raise ImportError(f"rectoolkit.modules.embedding_configs.{function} returns fbgemm-gpu's enum, as TorchRec's; "
+                      "fbgemm-gpu (fbgemm_gpu) does not import here: install it (fbgemm-gpu or fbgemm-gpu-cpu)")
+
+
+def pooling_type_to_pooling_mode(pooling_type: PoolingType, sharding_type: Optional[Any] = None) -> Any:
+    """TorchRec's: fbgemm's PoolingMode of a PoolingType; MEAN under (TABLE_)ROW_WISE sharding is SUM (the mean is
+    applied after the kernel). `sharding_type` is any ShardingType enum (compared by value). Needs fbgemm-gpu."""
+    PoolingMode, _ = _fbgemm_enums("pooling_type_to_pooling_mode")
+    if pooling_type.value == PoolingType.SUM.value:
+        return PoolingMode.SUM
+    if pooling_type.value == PoolingType.MEAN.value:
+        if sharding_type is not None and sharding_type.value in (ShardingType.TABLE_ROW_WISE.value,
+                                                                 ShardingType.ROW_WISE.value):
+            return PoolingMode.SUM
+        return PoolingMode.MEAN
+    if pooling_type.value == PoolingType.NONE.value:
+        return PoolingMode.NONE
+    raise Exception(f"Invalid pooling type {pooling_type}")
+
+
+def data_type_to_sparse_type(data_type: DataType) -> Any:
+    """TorchRec's: fbgemm's SparseType of a DataType (INT8 and UINT8 both INT8); ValueError for the others.
+    Needs fbgemm-gpu."""
+    _, SparseType = _fbgemm_enums("data_type_to_sparse_type")
+    by_value = {"FP32": SparseType.FP32, "FP16": SparseType.FP16, "BF16": SparseType.BF16, "INT8": SparseType.INT8,
+                "UINT8": SparseType.INT8, "INT4": SparseType.INT4, "INT2": SparseType.INT2}
+    name = getattr(data_type, "name", None)
+    if isinstance(data_type, enum.Enum) and name in by_value and data_type.value == name:
+        return by_value[name]
+    raise ValueError(f"Invalid DataType {data_type}")
+
+
 _TORCHREC_ONLY_FIELDS = {"input_dim": None, "total_num_buckets": None, "use_virtual_table": False,
                          "virtual_table_eviction_policy": None, "enable_embedding_update": False, "stash_weights": False}
 

@@ -8,11 +8,15 @@ from rectoolkit.modules.configs import (
     EmbeddingConfig,
     EmbeddingTableConfig,
     PoolingType,
+    ShardingType,
     data_type_to_dtype,
+    data_type_to_sparse_type,
     dtype_to_data_type,
+    pooling_type_to_pooling_mode,
     pooling_type_to_str,
 )
 from rectoolkit.quant.config import QuantConfig
 
 __all__ = ["BaseEmbeddingConfig", "DataType", "EmbeddingBagConfig", "EmbeddingConfig", "EmbeddingTableConfig",
-           "PoolingType", "QuantConfig", "data_type_to_dtype", "dtype_to_data_type", "pooling_type_to_str"]
+           "PoolingType", "QuantConfig", "ShardingType", "data_type_to_dtype", "data_type_to_sparse_type",
+           "dtype_to_data_type", "pooling_type_to_pooling_mode", "pooling_type_to_str"]

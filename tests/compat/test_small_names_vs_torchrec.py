@@ -161,3 +161,41 @@ def test_fused_optimizer_classes_match_torchrec():
     ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
                                                             feature_names=["f"])], optimizer="sgd", lr=0.5)
     assert isinstance(ebc.fused_optimizer, ours.FusedOptimizer)  # TorchRec's EmbeddingFusedOptimizer is one
+
+
+# ------------------------------------------------------------------------------------------------ embedding_configs
+def test_embedding_configs_helpers_match_torchrec():
+    pytest.importorskip("fbgemm_gpu")
+    import torchrec.modules.embedding_configs as theirs
+
+    import rectoolkit.modules.embedding_configs as ours
+
+    assert [(m.name, m.value) for m in ours.ShardingType] == [(m.name, m.value) for m in theirs.ShardingType]
+    sharding_types = [None, *[(ours.ShardingType[m.name], m) for m in theirs.ShardingType]]
+    for pooling in ours.PoolingType:
+        for pair in sharding_types:
+            mine, their_st = pair if pair else (None, None)
+            assert ours.pooling_type_to_pooling_mode(pooling, mine) is theirs.pooling_type_to_pooling_mode(
+                theirs.PoolingType[pooling.name], their_st)
+            assert ours.pooling_type_to_pooling_mode(pooling, sharding_type=their_st) is \
+                theirs.pooling_type_to_pooling_mode(theirs.PoolingType[pooling.name], sharding_type=their_st)
+    for data_type in ours.DataType:
+        try:
+            expected = theirs.data_type_to_sparse_type(theirs.DataType[data_type.name])
+        except ValueError as e:
+            with pytest.raises(ValueError, match="Invalid DataType"):
+                ours.data_type_to_sparse_type(data_type)
+            assert str(e)
+            continue
+        assert ours.data_type_to_sparse_type(data_type) is expected
+
+
+def test_fbgemm_enum_helpers_refuse_without_fbgemm(monkeypatch):
+    import rectoolkit.fbgemm_probe as probe
+    import rectoolkit.modules.embedding_configs as ours
+
+    monkeypatch.setattr(probe, "fbgemm_imports", lambda: False)
+    with pytest.raises(ImportError, match="pooling_type_to_pooling_mode"):
+        ours.pooling_type_to_pooling_mode(ours.PoolingType.SUM)
+    with pytest.raises(ImportError, match="data_type_to_sparse_type"):
+        ours.data_type_to_sparse_type(ours.DataType.FP32)
