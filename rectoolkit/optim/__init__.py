@@ -2,7 +2,7 @@
 GradientClippingOptimizer), the fused embedding optimizer, RowWiseAdagrad, and TorchRec's names of the fused
 optimizers (SGD, Adagrad, Adam, ...: rectoolkit.optim.optimizers)."""
 
-from rectoolkit.optim.fused import EmbeddingFusedOptimizer
+from rectoolkit.optim.fused import EmbeddingFusedOptimizer, FusedOptimizer, FusedOptimizerModule
 from rectoolkit.optim.keyed import (
     CombinedOptimizer,
     KeyedOptimizer,
