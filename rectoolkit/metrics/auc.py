@@ -39,6 +39,48 @@ def weighted_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch
     return (positive_per_score * (negatives_below + negative_per_score / 2)).sum() / pairs
 
 
+def _concatenated(predictions: List[torch.Tensor], labels: List[torch.Tensor],
+                  weights: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TorchRec's state lists as [n_tasks, n] tensors (several tensors concatenated along the samples)."""
+    return (torch.cat(predictions, dim=-1), torch.cat(labels, dim=-1), torch.cat(weights, dim=-1))
+
+
+def _task_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+              apply_bin: bool = False) -> torch.Tensor:
+    """One task's AUC in TorchRec's dtype (that of weights * labels; float32 when empty)."""
+    if apply_bin:
+        labels = torch.ge(labels, 0.039).to(labels.dtype)
+    dtype = torch.result_type(weights, labels) if predictions.numel() else torch.float32
+    return weighted_auc(predictions, labels, weights).to(dtype)
+
+
+def compute_auc(n_tasks: int, predictions: List[torch.Tensor], labels: List[torch.Tensor],
+                weights: List[torch.Tensor], apply_bin: bool = False) -> torch.Tensor:
+    """`torchrec.metrics.auc.compute_auc`: per-task AUC of [n_tasks, n] samples (lists of such tensors are
+    concatenated), 0.5 without both classes; apply_bin reads labels >= 0.039 as 1. Tied predictions count 1/2
+    (TorchRec: by their sort order)."""
+    predictions_t, labels_t, weights_t = _concatenated(predictions, labels, weights)
+    return torch.cat([_task_auc(p, y, w, apply_bin).view(1) for p, y, w in zip(predictions_t, labels_t, weights_t)])
+
+
+def compute_auc_per_group(n_tasks: int, predictions: List[torch.Tensor], labels: List[torch.Tensor],
+                          weights: List[torch.Tensor], grouping_keys: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.auc.compute_auc_per_group`: per task, the mean (float32) of the AUCs of the samples of
+    each grouping key ([n]; a leading -1, TorchRec's padding, is dropped); 0.5 without any group."""
+    predictions_t, labels_t, weights_t = _concatenated(predictions, labels, weights)
+    if grouping_keys.numel() != 0 and grouping_keys[0] == -1:
+        grouping_keys = grouping_keys[1:]
+    groups = torch.unique(grouping_keys)
+    aucs = []
+    for p, y, w in zip(predictions_t, labels_t, weights_t):
+        total = torch.zeros(1, dtype=torch.float32)
+        for group in groups:
+            mask = grouping_keys == group
+            total += _task_auc(p[mask], y[mask], w[mask]).view(1)
+        aucs.append(total / len(groups) if len(groups) > 0 else torch.tensor([0.5], dtype=torch.float32))
+    return torch.cat(aucs)
+
+
 class SampleWindowMetric(RecMetric):
     """A metric of the window's samples themselves (AUC, AUPRC): per task, the last ceil(window_size /
     world_size) (prediction, label, weight) samples of this rank, all-gathered by compute()."""
@@ -81,4 +123,4 @@ class AUCMetric(SampleWindowMetric):
         yield "window", "auc", weighted_auc(predictions, labels, weights)
 
 
-__all__ = ["AUCMetric", "SampleWindowMetric", "weighted_auc"]
+__all__ = ["AUCMetric", "SampleWindowMetric", "compute_auc", "compute_auc_per_group", "weighted_auc"]

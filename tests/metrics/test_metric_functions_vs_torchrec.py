@@ -12,6 +12,10 @@ SHAPES = [(1, 5), (3, 17), (2, 1)]
 DTYPES = [torch.float32, torch.float64]
 
 
+def _torchrec(module):
+    return importlib.import_module(f"torchrec.metrics.{module}")
+
+
 def _pair(module, name):
     ours = getattr(importlib.import_module(f"rectoolkit.metrics.{module}"), name)
     theirs = getattr(importlib.import_module(f"torchrec.metrics.{module}"), name)
@@ -108,19 +112,19 @@ def _states(shape, dtype, seed, zero_task):
     """TorchRec's own states for a batch (the inputs of the compute_* functions), a task without weight if asked."""
     labels, predictions, weights = _batch(shape, dtype, seed, zero_task)
     states = {}
-    states.update(torchrec.metrics.ne.get_ne_states(labels, predictions, weights, ETA))
-    states.update(torchrec.metrics.ctr.get_ctr_states(labels, predictions, weights))
-    states.update(torchrec.metrics.calibration.get_calibration_states(labels, predictions, weights))
-    states.update({"mse_" + k: v for k, v in torchrec.metrics.mse.get_mse_states(labels, predictions, weights).items()})
-    states.update({"mae_" + k: v for k, v in torchrec.metrics.mae.get_mae_states(labels, predictions, weights).items()})
-    states.update(torchrec.metrics.accuracy.get_accuracy_states(labels, predictions, weights))
-    states.update(torchrec.metrics.precision.get_precision_states(labels, predictions, weights))
-    states.update(torchrec.metrics.recall.get_recall_states(labels, predictions, weights))
-    states.update(torchrec.metrics.ne_positive.get_ne_positive_states(labels, predictions, weights, ETA))
-    states.update(torchrec.metrics.cali_free_ne.get_cali_free_ne_states(labels, predictions, weights, ETA))
-    states["const_pred_error_sum"] = torchrec.metrics.nmse.get_norm_mse_states(
+    states.update(_torchrec("ne").get_ne_states(labels, predictions, weights, ETA))
+    states.update(_torchrec("ctr").get_ctr_states(labels, predictions, weights))
+    states.update(_torchrec("calibration").get_calibration_states(labels, predictions, weights))
+    states.update({"mse_" + k: v for k, v in _torchrec("mse").get_mse_states(labels, predictions, weights).items()})
+    states.update({"mae_" + k: v for k, v in _torchrec("mae").get_mae_states(labels, predictions, weights).items()})
+    states.update(_torchrec("accuracy").get_accuracy_states(labels, predictions, weights))
+    states.update(_torchrec("precision").get_precision_states(labels, predictions, weights))
+    states.update(_torchrec("recall").get_recall_states(labels, predictions, weights))
+    states.update(_torchrec("ne_positive").get_ne_positive_states(labels, predictions, weights, ETA))
+    states.update(_torchrec("cali_free_ne").get_cali_free_ne_states(labels, predictions, weights, ETA))
+    states["const_pred_error_sum"] = _torchrec("nmse").get_norm_mse_states(
         labels, predictions, weights)["const_pred_error_sum"]
-    states.update({"xauc_" + k: v for k, v in torchrec.metrics.xauc.get_xauc_states(labels, predictions, weights).items()})
+    states.update({"xauc_" + k: v for k, v in _torchrec("xauc").get_xauc_states(labels, predictions, weights).items()})
     # the states in the inputs' dtype too (TorchRec's computations keep float64 states, a user may not)
     return {k: v.to(dtype) for k, v in states.items()}
 
@@ -174,3 +178,38 @@ def test_compute_functions_all_zero():
         ours, theirs = _pair(module, name)
         args = [zeros.clone() for _ in state_names]
         _check(ours(*args, *extra), theirs(*[a.clone() for a in args], *extra))
+
+
+def _window(shape, dtype, seed, parts):
+    """TorchRec's AUC states: lists of [n_tasks, n] tensors; predictions distinct (tied ones differ by design)."""
+    labels, _, weights = _batch(shape, dtype, seed)
+    n_tasks, n = shape
+    predictions = (torch.randperm(n_tasks * n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+                   / (n_tasks * n)).view(shape)
+    cut = n // 2 if parts == 2 else n
+    split = [lambda t: [t]] if parts == 1 else [lambda t: [t[:, :cut], t[:, cut:]]]
+    return [split[0](t) for t in (predictions, labels, weights)]
+
+
+@pytest.mark.parametrize("apply_bin", [False, True])
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + [(2, 0)])
+def test_compute_auc(shape, dtype, parts, apply_bin):
+    ours, theirs = _pair("auc", "compute_auc")
+    predictions, labels, weights = _window(shape, dtype, sum(shape) + 5, parts)
+    if apply_bin:
+        labels = [torch.rand(label.shape, generator=torch.Generator().manual_seed(1), dtype=dtype) / 10
+                  for label in labels]
+    _check(ours(shape[0], predictions, labels, weights, apply_bin),
+           theirs(shape[0], predictions, labels, weights, apply_bin))
+
+
+@pytest.mark.parametrize("n_groups", [0, 1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compute_auc_per_group(dtype, n_groups):
+    ours, theirs = _pair("auc", "compute_auc_per_group")
+    n = 24 if n_groups else 0
+    predictions, labels, weights = _window((2, n), dtype, 11, 1)
+    keys = torch.randint(0, max(n_groups, 1), (n,), generator=torch.Generator().manual_seed(2))
+    _check(ours(2, predictions, labels, weights, keys), theirs(2, predictions, labels, weights, keys))
