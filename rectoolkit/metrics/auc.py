@@ -13,7 +13,7 @@ of tied samples; without ties both are the same number).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import torch
 
@@ -50,8 +50,12 @@ def _task_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Te
     """One task's AUC in TorchRec's dtype (that of weights * labels; float32 when empty)."""
     if apply_bin:
         labels = torch.ge(labels, 0.039).to(labels.dtype)
-    dtype = torch.result_type(weights, labels) if predictions.numel() else torch.float32
-    return weighted_auc(predictions, labels, weights).to(dtype)
+    return weighted_auc(predictions, labels, weights).to(torchrec_value_dtype(predictions, labels, weights))
+
+
+def torchrec_value_dtype(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.dtype:
+    """The dtype of TorchRec's per-task AUC / AUPRC: that of weights * labels (float32 when there is no sample)."""
+    return torch.result_type(weights, labels) if predictions.numel() else torch.float32
 
 
 def compute_auc(n_tasks: int, predictions: List[torch.Tensor], labels: List[torch.Tensor],
@@ -70,15 +74,22 @@ def compute_auc_per_group(n_tasks: int, predictions: List[torch.Tensor], labels:
     predictions_t, labels_t, weights_t = _concatenated(predictions, labels, weights)
     if grouping_keys.numel() != 0 and grouping_keys[0] == -1:
         grouping_keys = grouping_keys[1:]
+    return mean_over_groups(predictions_t, labels_t, weights_t, grouping_keys, _task_auc)
+
+
+def mean_over_groups(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                     grouping_keys: torch.Tensor, task_value: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """TorchRec's per-group AUC / AUPRC: per task ([n_tasks, n] inputs), the float32 mean of task_value over the
+    samples of each grouping key ([n]); 0.5 without any group."""
     groups = torch.unique(grouping_keys)
-    aucs = []
-    for p, y, w in zip(predictions_t, labels_t, weights_t):
+    values = []
+    for p, y, w in zip(predictions, labels, weights):
         total = torch.zeros(1, dtype=torch.float32)
         for group in groups:
             mask = grouping_keys == group
-            total += _task_auc(p[mask], y[mask], w[mask]).view(1)
-        aucs.append(total / len(groups) if len(groups) > 0 else torch.tensor([0.5], dtype=torch.float32))
-    return torch.cat(aucs)
+            total += task_value(p[mask], y[mask], w[mask]).view(1)
+        values.append(total / len(groups) if len(groups) > 0 else torch.tensor([0.5], dtype=torch.float32))
+    return torch.cat(values)
 
 
 class SampleWindowMetric(RecMetric):
@@ -123,4 +134,5 @@ class AUCMetric(SampleWindowMetric):
         yield "window", "auc", weighted_auc(predictions, labels, weights)
 
 
-__all__ = ["AUCMetric", "SampleWindowMetric", "compute_auc", "compute_auc_per_group", "weighted_auc"]
+__all__ = ["AUCMetric", "SampleWindowMetric", "compute_auc", "compute_auc_per_group", "mean_over_groups",
+           "torchrec_value_dtype", "weighted_auc"]

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
-from rectoolkit.metrics.auc import SampleWindowMetric
+from rectoolkit.metrics.auc import SampleWindowMetric, mean_over_groups, torchrec_value_dtype
 from rectoolkit.metrics.metrics_config import RecComputeMode
 
 
@@ -42,6 +42,27 @@ def weighted_auprc(predictions: torch.Tensor, labels: torch.Tensor, weights: tor
     precision = torch.where(predicted > 0, true_positives / predicted.clamp(min=1e-300), 1.0)
     recall_before = torch.cat([torch.zeros(1, dtype=torch.float64), recall[:-1]])
     return ((recall - recall_before) * precision).sum()
+
+
+def _task_auprc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return weighted_auprc(predictions, labels, weights).to(torchrec_value_dtype(predictions, labels, weights))
+
+
+def compute_auprc(n_tasks: int, predictions: torch.Tensor, labels: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.auprc.compute_auprc`: per-task AUPRC of [n_tasks, n] samples (tied predictions one step,
+    as TorchRec's), in the dtype of weights * labels; 0 without a positive."""
+    return torch.cat([_task_auprc(p, y, w).view(1) for p, y, w in zip(predictions, labels, weights)])
+
+
+def compute_auprc_per_group(n_tasks: int, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                            grouping_keys: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.auprc.compute_auprc_per_group`: per task, the float32 mean of the AUPRCs of each grouping
+    key's samples; a leading -1 key (TorchRec's padding) drops the first sample; 0.5 without any group."""
+    if grouping_keys.numel() != 0 and grouping_keys[0] == -1:
+        grouping_keys, predictions, labels, weights = (grouping_keys[1:], predictions[:, 1:], labels[:, 1:],
+                                                       weights[:, 1:])
+    return mean_over_groups(predictions, labels, weights, grouping_keys, _task_auprc)
 
 
 class AUPRCMetric(SampleWindowMetric):
@@ -82,4 +103,4 @@ class AUPRCMetric(SampleWindowMetric):
         yield "lifetime", "auprc", lifetime
 
 
-__all__ = ["AUPRCMetric", "weighted_auprc"]
+__all__ = ["AUPRCMetric", "compute_auprc", "compute_auprc_per_group", "weighted_auprc"]

@@ -213,3 +213,34 @@ def test_compute_auc_per_group(dtype, n_groups):
     predictions, labels, weights = _window((2, n), dtype, 11, 1)
     keys = torch.randint(0, max(n_groups, 1), (n,), generator=torch.Generator().manual_seed(2))
     _check(ours(2, predictions, labels, weights, keys), theirs(2, predictions, labels, weights, keys))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_compute_auprc(shape, dtype, ties):
+    ours, theirs = _pair("auprc", "compute_auprc")
+    (predictions,), (labels,), (weights,) = _window(shape, dtype, sum(shape) + 9, 1)
+    if ties:  # tied predictions are one step in both
+        predictions = (predictions * 4).floor() / 4
+    _check(ours(shape[0], predictions, labels, weights), theirs(shape[0], predictions, labels, weights))
+
+
+def test_compute_auprc_no_positive():
+    ours, theirs = _pair("auprc", "compute_auprc")
+    (predictions,), _, (weights,) = _window((2, 6), torch.float32, 4, 1)
+    labels = torch.zeros(2, 6)
+    _check(ours(2, predictions, labels, weights), theirs(2, predictions, labels, weights))
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("n_groups", [0, 1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compute_auprc_per_group(dtype, n_groups, padding):
+    ours, theirs = _pair("auprc", "compute_auprc_per_group")
+    n = 24 if n_groups else 0
+    (predictions,), (labels,), (weights,) = _window((2, n), dtype, 13, 1)
+    keys = torch.randint(0, max(n_groups, 1), (n,), generator=torch.Generator().manual_seed(3))
+    if padding and n:
+        keys[0] = -1
+    _check(ours(2, predictions, labels, weights, keys), theirs(2, predictions, labels, weights, keys))
