@@ -23,7 +23,7 @@ keep [n_tasks, 1000] states and report each task's values as the unfused mode do
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -31,6 +31,8 @@ from rectoolkit.metrics.computation import _FUSED, MetricComputationReport
 from rectoolkit.metrics.metrics_config import RecComputeMode
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace, MetricPrefix
 from rectoolkit.metrics.rec_metric import RecMetric
+from rectoolkit.metrics.precision import compute_precision
+from rectoolkit.metrics.recall import compute_recall
 from rectoolkit.metrics.sum_states import SumStatesComputation, safe_ratio
 
 THRESHOLD_GRANULARITY = 1000
@@ -42,6 +44,53 @@ def threshold_index(true_positives: torch.Tensor, false_positives: torch.Tensor,
     reaches = safe_ratio(true_positives, true_positives + false_positives) >= target_precision
     first = torch.argmax(reaches.int(), dim=-1)  # the first True; 0 when there is none
     return torch.where(reaches.any(dim=-1), first, THRESHOLD_GRANULARITY - 1)
+
+
+def _threshold_sums(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The three sums at each of the 1000 thresholds ([..., batch] -> [..., 1000])."""
+    thresholds = torch.linspace(0, 1, steps=THRESHOLD_GRANULARITY)
+    predictions = predictions.double().unsqueeze(-1)  # [n_tasks, batch, 1] against [1000]
+    labels, weights = labels.unsqueeze(-1), weights.unsqueeze(-1)
+    above, below = (predictions >= thresholds), (predictions <= thresholds)
+    return {TRUE_POS_SUM: torch.sum(weights * (above * labels), dim=-2),
+            FALSE_POS_SUM: torch.sum(weights * (above * (1 - labels)), dim=-2),
+            FALSE_NEG_SUM: torch.sum(weights * (below * labels), dim=-2)}
+
+
+def compute_threshold_idx(num_true_positives: torch.Tensor, num_false_positives: torch.Tensor,
+                          target_precision: float) -> int:
+    """`torchrec.metrics.hindsight_target_pr.compute_threshold_idx`: the first of the 1000 thresholds whose
+    precision reaches target_precision, else the last."""
+    return int(threshold_index(num_true_positives, num_false_positives, target_precision))
+
+
+def _torchrec_sum(name: str, labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """One task's sum at each threshold ([1000] float64), as TorchRec's loops give it."""
+    return _threshold_sums(labels, predictions, weights)[name].reshape(THRESHOLD_GRANULARITY).double()
+
+
+def compute_true_pos_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.hindsight_target_pr.compute_true_pos_sum`: [1000], predictions >= each threshold."""
+    return _torchrec_sum(TRUE_POS_SUM, labels, predictions, weights)
+
+
+def compute_false_pos_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.hindsight_target_pr.compute_false_pos_sum`: [1000]."""
+    return _torchrec_sum(FALSE_POS_SUM, labels, predictions, weights)
+
+
+def compute_false_neg_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.hindsight_target_pr.compute_false_neg_sum`: [1000], predictions <= each threshold."""
+    return _torchrec_sum(FALSE_NEG_SUM, labels, predictions, weights)
+
+
+def get_pr_states(labels: torch.Tensor, predictions: torch.Tensor,
+                  weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.hindsight_target_pr.get_pr_states`: one task's three [1000] sums (weights None: ones)."""
+    if weights is None:
+        weights = torch.ones_like(predictions)
+    return {name: _torchrec_sum(name, labels, predictions, weights)
+            for name in (TRUE_POS_SUM, FALSE_POS_SUM, FALSE_NEG_SUM)}
 
 
 class HindsightTargetPRMetricComputation(SumStatesComputation):
@@ -67,13 +116,7 @@ class HindsightTargetPRMetricComputation(SumStatesComputation):
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                       **kwargs: Any) -> Dict[str, torch.Tensor]:
-        thresholds = torch.linspace(0, 1, steps=THRESHOLD_GRANULARITY)
-        predictions = predictions.double().unsqueeze(-1)  # [n_tasks, batch, 1] against [1000]
-        labels, weights = labels.unsqueeze(-1), weights.unsqueeze(-1)
-        above, below = (predictions >= thresholds), (predictions <= thresholds)
-        states = {TRUE_POS_SUM: torch.sum(weights * (above * labels), dim=-2),
-                  FALSE_POS_SUM: torch.sum(weights * (above * (1 - labels)), dim=-2),
-                  FALSE_NEG_SUM: torch.sum(weights * (below * labels), dim=-2)}
+        states = _threshold_sums(labels, predictions, weights)
         return {name: value if self._has_task_rows else value[0] for name, value in states.items()}
 
     def _compute(self) -> List[MetricComputationReport]:
@@ -106,4 +149,6 @@ class HindsightTargetPRMetric(RecMetric):
     _computation_class = HindsightTargetPRMetricComputation
 
 
-__all__ = ["HindsightTargetPRMetric", "HindsightTargetPRMetricComputation", "THRESHOLD_GRANULARITY"]
+__all__ = ["HindsightTargetPRMetric", "HindsightTargetPRMetricComputation", "THRESHOLD_GRANULARITY", "compute_false_neg_sum",
+           "compute_false_pos_sum", "compute_precision", "compute_recall", "compute_threshold_idx",
+           "compute_true_pos_sum", "get_pr_states"]

@@ -30,6 +30,29 @@ TP_AT_K = "tp_at_k"
 TOTAL_WEIGHTS = "total_weights"
 
 
+def compute_true_positives_at_k(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                                n_classes: int) -> torch.Tensor:
+    """`torchrec.metrics.multiclass_recall.compute_true_positives_at_k`: for k < n_classes, the weight of the
+    samples whose label is among their k+1 top predictions ([n, C] -> [n_classes], [T, n, C] -> [T, n_classes];
+    float32, as TorchRec's)."""
+    ranking = torch.argsort(predictions, dim=-1, descending=True)[..., :n_classes]
+    # the weight of each sample at the rank of its label's class, then accumulated over k
+    at_rank = (ranking == labels.unsqueeze(-1)) * weights.unsqueeze(-1)
+    return torch.cumsum(at_rank.sum(dim=-2), dim=-1).float()
+
+
+def compute_multiclass_recall_at_k(tp_at_k: torch.Tensor, total_weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.multiclass_recall.compute_multiclass_recall_at_k`: recall at each k."""
+    return tp_at_k / torch.unsqueeze(total_weights, dim=-1)
+
+
+def get_multiclass_recall_states(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                                 n_classes: int) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.multiclass_recall.get_multiclass_recall_states` (predictions first, as TorchRec's)."""
+    return {TP_AT_K: compute_true_positives_at_k(predictions, labels, weights, n_classes),
+            TOTAL_WEIGHTS: torch.sum(weights, dim=-1)}
+
+
 class MulticlassRecallMetricComputation(SumStatesComputation):
     """TorchRec's states: `tp_at_k` ([n_tasks, number_of_classes]: the weight of the samples whose label is in the
     top k+1 predictions) and `total_weights` ([n_tasks])."""
@@ -56,13 +79,10 @@ class MulticlassRecallMetricComputation(SumStatesComputation):
                                      f"per task; expected [batch, number_of_classes={self._n_classes}]")
         if weights.dim() == predictions.dim():  # the default weights (RecMetric makes them like the predictions)
             weights = weights[..., 0]
-        ranking = torch.argsort(predictions, dim=-1, descending=True)
-        # the weight of each sample at the rank of its label's class, then accumulated over k
-        at_rank = (ranking == labels.unsqueeze(-1)) * weights.unsqueeze(-1)
-        return {TP_AT_K: torch.cumsum(at_rank.sum(dim=-2), dim=-1), TOTAL_WEIGHTS: torch.sum(weights, dim=-1)}
+        return get_multiclass_recall_states(predictions, labels, weights, self._n_classes)
 
     def _compute(self) -> List[MetricComputationReport]:
-        return [MetricComputationReport(MetricName.MULTICLASS_RECALL, prefix, hits / total.unsqueeze(-1))
+        return [MetricComputationReport(MetricName.MULTICLASS_RECALL, prefix, compute_multiclass_recall_at_k(hits, total))
                 for (prefix, hits), (_, total) in zip(self._lifetime_and_window(TP_AT_K),
                                                       self._lifetime_and_window(TOTAL_WEIGHTS))]
 
@@ -81,4 +101,5 @@ class MulticlassRecallMetric(RecMetric):
                            "because its states are not 1D Tensors. Only FUSED_TASKS_COMPUTATION will take effect.")
 
 
-__all__ = ["MulticlassRecallMetric", "MulticlassRecallMetricComputation"]
+__all__ = ["MulticlassRecallMetric", "MulticlassRecallMetricComputation", "compute_multiclass_recall_at_k",
+           "compute_true_positives_at_k", "get_multiclass_recall_states"]

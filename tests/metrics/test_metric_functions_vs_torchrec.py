@@ -244,3 +244,52 @@ def test_compute_auprc_per_group(dtype, n_groups, padding):
     if padding and n:
         keys[0] = -1
     _check(ours(2, predictions, labels, weights, keys), theirs(2, predictions, labels, weights, keys))
+
+
+def _multiclass(shape, n_classes, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    predictions = torch.rand(*shape, n_classes, generator=gen, dtype=dtype)
+    labels = torch.randint(0, n_classes, shape, generator=gen).to(dtype)
+    weights = torch.rand(shape, generator=gen, dtype=dtype)
+    weights[torch.rand(shape, generator=gen) < 0.3] = 0.0
+    return predictions, labels, weights
+
+
+@pytest.mark.parametrize("n_classes", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7,), (3, 9), (1, 1)])
+def test_multiclass_recall_functions(shape, dtype, n_classes):
+    predictions, labels, weights = _multiclass(shape, n_classes, dtype, sum(shape) + n_classes)
+    ours, theirs = _pair("multiclass_recall", "get_multiclass_recall_states")
+    ours_states = ours(predictions, labels, weights, n_classes)
+    _check(ours_states, theirs(predictions, labels, weights, n_classes))
+    ours, theirs = _pair("multiclass_recall", "compute_true_positives_at_k")
+    _check(ours(predictions, labels, weights, n_classes), theirs(predictions, labels, weights, n_classes))
+    ours, theirs = _pair("multiclass_recall", "compute_multiclass_recall_at_k")
+    _check(ours(*ours_states.values()), theirs(*ours_states.values()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(17,), (1, 5), (0,)])
+def test_hindsight_target_pr_functions(shape, dtype):
+    labels, predictions, weights = _batch(shape, dtype, seed=sum(shape) + 21)
+    # float32 sums are summed in another order here: float32 precision
+    tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {}
+    for name in ("compute_true_pos_sum", "compute_false_pos_sum", "compute_false_neg_sum"):
+        ours, theirs = _pair("hindsight_target_pr", name)
+        torch.testing.assert_close(ours(labels, predictions, weights), theirs(labels, predictions, weights),
+                                   **tolerance)
+    ours, theirs = _pair("hindsight_target_pr", "get_pr_states")
+    for weights_arg in (weights, None):
+        ours_states = ours(labels, predictions, weights_arg)
+        theirs_states = theirs(labels, predictions, weights_arg)
+        assert list(ours_states) == list(theirs_states)
+        for key in theirs_states:
+            torch.testing.assert_close(ours_states[key], theirs_states[key], **tolerance)
+    tp, fp, fn = theirs_states.values()
+    for target in (0.0, 0.3, 0.6, 1.0, 1.5):
+        ours, theirs = _pair("hindsight_target_pr", "compute_threshold_idx")
+        assert ours(tp, fp, target) == theirs(tp, fp, target)
+    for name, args in (("compute_precision", (tp, fp)), ("compute_recall", (tp, fn))):
+        ours, theirs = _pair("hindsight_target_pr", name)
+        _check(ours(*args), theirs(*args))
