@@ -35,7 +35,7 @@ def cross_entropy_bits(labels: torch.Tensor, predictions: torch.Tensor, weights:
 def normalized_entropy(cross_entropy_sum: torch.Tensor, weighted_num_samples: torch.Tensor,
                        positives: torch.Tensor, negatives: torch.Tensor, eta: float = ETA) -> torch.Tensor:
     """NE from the four sums (see the module docstring)."""
-    ctr = (positives / weighted_num_samples.clamp(min=eta)).clamp(eta, 1 - eta)
+    ctr = (positives / weighted_num_samples.clamp(min=eta)).double().clamp(eta, 1 - eta)
     return cross_entropy_sum / (-positives * torch.log2(ctr) - negatives * torch.log2(1 - ctr))
 
 

@@ -29,7 +29,7 @@ import torch
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation
 from rectoolkit.metrics.metrics_config import RecComputeMode
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
-from rectoolkit.metrics.ne import ETA, cross_entropy_bits, normalized_entropy
+from rectoolkit.metrics.ne import ETA, compute_cross_entropy, compute_logloss, cross_entropy_bits, normalized_entropy
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException
 from rectoolkit.metrics.serving_ne import checked_batch
 
@@ -47,6 +47,52 @@ class GroupingKeyConfig:
 
 
 GroupingKeys = Union[str, List[str], List[Dict[str, Any]], List[GroupingKeyConfig]]
+
+
+def compute_ne_helper(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+                      neg_labels: torch.Tensor, eta: float) -> torch.Tensor:
+    """`torchrec.metrics.segmented_ne.compute_ne_helper`: NE from the four sums (float64)."""
+    return normalized_entropy(ce_sum, weighted_num_samples, pos_labels, neg_labels, eta)
+
+
+def compute_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+               neg_labels: torch.Tensor, num_groups: int, eta: float) -> torch.Tensor:
+    """`torchrec.metrics.segmented_ne.compute_ne`: the NE of each of num_groups groups ([num_groups] float32)."""
+    result = torch.zeros(num_groups)
+    result[:] = normalized_entropy(ce_sum[:num_groups], weighted_num_samples[:num_groups], pos_labels[:num_groups],
+                                   neg_labels[:num_groups], eta)
+    return result
+
+
+def compute_ne_fused(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
+                     neg_labels: torch.Tensor, num_groups: int, n_tasks: int, eta: float) -> torch.Tensor:
+    """`torchrec.metrics.segmented_ne.compute_ne_fused`: per task and group ([n_tasks, num_groups] float32)."""
+    result = torch.zeros([n_tasks, num_groups])
+    result[:] = normalized_entropy(ce_sum[:, :num_groups], weighted_num_samples[:, :num_groups],
+                                   pos_labels[:, :num_groups], neg_labels[:, :num_groups], eta)
+    return result
+
+
+def get_segemented_ne_states_fused(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                                   grouping_keys: torch.Tensor, eta: float, num_groups: int,
+                                   n_tasks: int) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.segmented_ne.get_segemented_ne_states_fused` (TorchRec's spelling): NE's four sums per
+    task and group ([n_tasks, batch] inputs, grouping_keys [batch] -> [n_tasks, num_groups] float64)."""
+    index = grouping_keys.long().unsqueeze(0).expand(n_tasks, -1)
+    per_sample = {"cross_entropy_sum": cross_entropy_bits(labels, predictions, weights, eta),
+                  "weighted_num_samples": weights, "pos_labels": weights * labels,
+                  "neg_labels": weights * (1.0 - labels)}
+    return {state: torch.zeros(n_tasks, num_groups, dtype=torch.double, device=values.device).scatter_add_(
+        1, index, values.double()) for state, values in per_sample.items()}
+
+
+def get_segemented_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                             grouping_keys: torch.Tensor, eta: float, num_groups: int) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.segmented_ne.get_segemented_ne_states`: one task's ([batch] inputs) four sums per group
+    ([num_groups] float32, as TorchRec's)."""
+    states = get_segemented_ne_states_fused(labels.view(1, -1), predictions.view(1, -1), weights.view(1, -1),
+                                            grouping_keys, eta, num_groups, 1)
+    return {state: values[0].float() for state, values in states.items()}
 
 
 def _normalize_grouping_keys_config(grouping_keys: GroupingKeys, num_groups: int,
@@ -146,15 +192,12 @@ class SegmentedNEMetricComputation(RecMetricComputation):
             raise RecMetricException("Required inputs for SegmentedNEMetricComputation update should be provided, "
                                      f"got kwargs: {kwargs}")
         num_samples = predictions.shape[-1]
-        per_sample = {"cross_entropy_sum": cross_entropy_bits(labels, predictions, weights),
-                      "weighted_num_samples": weights, "pos_labels": weights * labels,
-                      "neg_labels": weights * (1 - labels)}
         for config in self._grouping_key_configs:
             groups = self._group_of_each_sample(config, kwargs["required_inputs"], num_samples)
-            index = groups.to(predictions.device).unsqueeze(0).expand(self._n_tasks, -1)
+            batch_states = get_segemented_ne_states_fused(labels, predictions, weights, groups.to(predictions.device),
+                                                          ETA, config.num_groups, self._n_tasks)
             for state in _STATES:
-                batch_sums = torch.zeros(self._n_tasks, config.num_groups, dtype=torch.double,
-                                         device=predictions.device).scatter_add_(1, index, per_sample[state])
+                batch_sums = batch_states[state]
                 name = self._state_prefix(config) + state
                 getattr(self, name).add_(batch_sums)
                 self._aggregate_window_state(name, batch_sums, num_samples)
@@ -211,4 +254,6 @@ class SegmentedNEMetric(RecMetric):
         super().update(predictions=predictions, labels=labels, weights=weights, **kwargs)
 
 
-__all__ = ["GroupingKeyConfig", "SegmentedNEMetric", "SegmentedNEMetricComputation"]
+__all__ = ["GroupingKeyConfig", "SegmentedNEMetric", "SegmentedNEMetricComputation", "compute_cross_entropy",
+           "compute_logloss", "compute_ne", "compute_ne_fused", "compute_ne_helper", "get_segemented_ne_states",
+           "get_segemented_ne_states_fused"]

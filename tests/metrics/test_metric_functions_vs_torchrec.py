@@ -293,3 +293,34 @@ def test_hindsight_target_pr_functions(shape, dtype):
     for name, args in (("compute_precision", (tp, fp)), ("compute_recall", (tp, fn))):
         ours, theirs = _pair("hindsight_target_pr", name)
         _check(ours(*args), theirs(*args))
+
+
+@pytest.mark.parametrize("all_positive", [False, True])
+@pytest.mark.parametrize("num_groups", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 8, 30])
+def test_segmented_ne_functions(n, dtype, num_groups, all_positive):
+    labels, predictions, weights = _batch((2, n), dtype, seed=n + num_groups)
+    if all_positive:
+        labels = torch.ones_like(labels)
+    keys = torch.randint(0, num_groups, (n,), generator=torch.Generator().manual_seed(n))
+    keys[0] = num_groups - 1
+    ours, theirs = _pair("segmented_ne", "get_segemented_ne_states_fused")
+    fused_states = theirs(labels, predictions, weights, keys, ETA, num_groups, 2)
+    _check(ours(labels, predictions, weights, keys, ETA, num_groups, 2), fused_states)
+    ours, theirs = _pair("segmented_ne", "get_segemented_ne_states")
+    states = theirs(labels[0], predictions[0], weights[0], keys, ETA, num_groups)
+    _check(ours(labels[0], predictions[0], weights[0], keys, ETA, num_groups), states)
+    names = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    ours, theirs = _pair("segmented_ne", "compute_ne")
+    args = [states[name] for name in names]
+    _check(ours(*args, num_groups, ETA), theirs(*args, num_groups, ETA))
+    ours, theirs = _pair("segmented_ne", "compute_ne_helper")
+    _check(ours(*args, ETA), theirs(*args, ETA))
+    ours, theirs = _pair("segmented_ne", "compute_ne_fused")
+    fused_args = [fused_states[name] for name in names]
+    _check(ours(*fused_args, num_groups, 2, ETA), theirs(*fused_args, num_groups, 2, ETA))
+    ours, theirs = _pair("segmented_ne", "compute_logloss")
+    _check(ours(args[0], args[2], args[3], ETA), theirs(args[0].clone(), args[2].clone(), args[3].clone(), ETA))
+    ours, theirs = _pair("segmented_ne", "compute_cross_entropy")
+    _check(ours(labels, predictions, weights, ETA), theirs(labels, predictions, weights, ETA))
