@@ -17,7 +17,8 @@ from typing import Dict, Optional
 import torch
 
 from rectoolkit.metrics.rec_metric import ratio_or_zero
-from rectoolkit.metrics.thresholded import ThresholdedMetric
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.thresholded import ThresholdedComputation, ThresholdedMetric
 
 
 def compute_accuracy(accuracy_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
@@ -40,6 +41,16 @@ def get_accuracy_states(labels: torch.Tensor, predictions: torch.Tensor, weights
             "weighted_num_samples": torch.sum(weights, dim=-1)}
 
 
+class AccuracyMetricComputation(ThresholdedComputation):
+    """TorchRec's accuracy computation: states `accuracy_sum`, `weighted_num_samples` (float64, with windows), reports
+    `accuracy`; `threshold` as TorchRec's (default 0.5)."""
+
+    _state_names = ("accuracy_sum", "weighted_num_samples")
+    _metric_name = MetricName.ACCURACY
+    _get_states = staticmethod(get_accuracy_states)
+    _compute_value = staticmethod(compute_accuracy)
+
+
 class AccuracyMetric(ThresholdedMetric):
     """Lifetime and window accuracy per task (`accuracy-{task}|{lifetime,window}_accuracy`); `threshold` as
     TorchRec's (default 0.5)."""
@@ -56,4 +67,4 @@ class AccuracyMetric(ThresholdedMetric):
         return {"accuracy": right / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["AccuracyMetric", "compute_accuracy", "compute_accuracy_sum", "get_accuracy_states"]
+__all__ = ["AccuracyMetricComputation", "AccuracyMetric", "compute_accuracy", "compute_accuracy_sum", "get_accuracy_states"]

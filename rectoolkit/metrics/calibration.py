@@ -15,7 +15,9 @@ from typing import Dict
 
 import torch
 
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+from rectoolkit.metrics.sum_states import OneValueComputation
 
 
 def compute_calibration(calibration_num: torch.Tensor, calibration_denom: torch.Tensor) -> torch.Tensor:
@@ -29,6 +31,17 @@ def get_calibration_states(labels: torch.Tensor, predictions: torch.Tensor,
     """`torchrec.metrics.calibration.get_calibration_states`: a batch's sums over the last dim."""
     return {"calibration_num": torch.sum(predictions * weights, dim=-1),
             "calibration_denom": torch.sum(labels * weights, dim=-1)}
+
+
+class CalibrationMetricComputation(OneValueComputation):
+    """TorchRec's calibration computation: states `calibration_num`, `calibration_denom` (float64, with windows),
+    reports `calibration`."""
+
+    _state_names = ("calibration_num", "calibration_denom")
+    _weights_required = True
+    _metric_name = MetricName.CALIBRATION
+    _get_states = staticmethod(get_calibration_states)
+    _compute_value = staticmethod(compute_calibration)
 
 
 class CalibrationMetric(SumStateMetric):
@@ -45,4 +58,4 @@ class CalibrationMetric(SumStateMetric):
         return {"calibration": predicted / observed if observed > 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["CalibrationMetric", "compute_calibration", "get_calibration_states"]
+__all__ = ["CalibrationMetric", "CalibrationMetricComputation", "compute_calibration", "get_calibration_states"]

@@ -14,7 +14,9 @@ from typing import Dict
 
 import torch
 
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+from rectoolkit.metrics.sum_states import OneValueComputation
 
 
 def compute_ctr(ctr_num: torch.Tensor, ctr_denom: torch.Tensor) -> torch.Tensor:
@@ -25,6 +27,16 @@ def compute_ctr(ctr_num: torch.Tensor, ctr_denom: torch.Tensor) -> torch.Tensor:
 def get_ctr_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
     """`torchrec.metrics.ctr.get_ctr_states`: a batch's sums over the last dim."""
     return {"ctr_num": torch.sum(labels * weights, dim=-1), "ctr_denom": torch.sum(weights, dim=-1)}
+
+
+class CTRMetricComputation(OneValueComputation):
+    """TorchRec's CTR computation: states `ctr_num`, `ctr_denom` (float64, with windows), reports `ctr`."""
+
+    _state_names = ("ctr_num", "ctr_denom")
+    _weights_required = True
+    _metric_name = MetricName.CTR
+    _get_states = staticmethod(get_ctr_states)
+    _compute_value = staticmethod(compute_ctr)
 
 
 class CTRMetric(SumStateMetric):
@@ -41,4 +53,4 @@ class CTRMetric(SumStateMetric):
         return {"ctr": clicks / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["CTRMetric", "compute_ctr", "get_ctr_states"]
+__all__ = ["CTRMetric", "CTRMetricComputation", "compute_ctr", "get_ctr_states"]

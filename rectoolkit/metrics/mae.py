@@ -15,7 +15,9 @@ from typing import Dict
 
 import torch
 
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+from rectoolkit.metrics.sum_states import OneValueComputation
 
 
 def compute_mae(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
@@ -34,6 +36,17 @@ def get_mae_states(labels: torch.Tensor, predictions: torch.Tensor, weights: tor
             "weighted_num_samples": torch.sum(weights, dim=-1)}
 
 
+class MAEMetricComputation(OneValueComputation):
+    """TorchRec's MAE computation: states `error_sum`, `weighted_num_samples` (float64, with windows), reports
+    `mae`."""
+
+    _state_names = ("error_sum", "weighted_num_samples")
+    _weights_required = True
+    _metric_name = MetricName.MAE
+    _get_states = staticmethod(get_mae_states)
+    _compute_value = staticmethod(compute_mae)
+
+
 class MAEMetric(SumStateMetric):
     """Lifetime and window MAE per task (`mae-{task}|{lifetime,window}_mae`)."""
 
@@ -48,4 +61,4 @@ class MAEMetric(SumStateMetric):
         return {"mae": error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["MAEMetric", "compute_error_sum", "compute_mae", "get_mae_states"]
+__all__ = ["MAEMetric", "MAEMetricComputation", "compute_error_sum", "compute_mae", "get_mae_states"]

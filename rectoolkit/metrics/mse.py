@@ -11,11 +11,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric, ratio_or_zero
+from rectoolkit.metrics.sum_states import SumStatesComputation
 
 
 def compute_mse(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
@@ -50,6 +53,38 @@ def get_mse_states(labels: torch.Tensor, predictions: torch.Tensor, weights: tor
     }
 
 
+MSE_STATES = ("error_sum", "weighted_num_samples", "label_sum", "label_squared_sum")
+
+
+class MSEMetricComputation(SumStatesComputation):
+    """TorchRec's MSE computation: states `error_sum`, `weighted_num_samples`, `label_sum`, `label_squared_sum`
+    (float64, with windows; the label sums saved only with include_r_squared), reports `mse` and `rmse` (and
+    `r_squared`)."""
+
+    _state_names = MSE_STATES
+    _weights_required = True
+
+    def __init__(self, *args: Any, include_r_squared: bool = False, **kwargs: Any) -> None:
+        self._include_r_squared = include_r_squared
+        super().__init__(*args, **kwargs)
+
+    def _is_persistent(self, name: str) -> bool:
+        return name in MSE_STATES[:2] or name not in MSE_STATES or self._include_r_squared
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return get_mse_states(labels, predictions, weights)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        # TorchRec's order: lifetime mse, rmse, window mse, rmse; then r_squared lifetime and window
+        mse, rmse = (self._lifetime_and_window_reports(name, compute, MSE_STATES[:2])
+                     for name, compute in ((MetricName.MSE, compute_mse), (MetricName.RMSE, compute_rmse)))
+        reports = [mse[0], rmse[0], mse[1], rmse[1]]
+        if self._include_r_squared:
+            reports += self._lifetime_and_window_reports(MetricName.R_SQUARED, compute_r_squared, MSE_STATES)
+        return reports
+
+
 class MSEMetric(SumStateMetric):
     """Lifetime and window MSE and RMSE per task (`mse-{task}|{lifetime,window}_{mse,rmse}`; `r_squared` too
     with include_r_squared)."""
@@ -77,4 +112,4 @@ class MSEMetric(SumStateMetric):
         return values
 
 
-__all__ = ["MSEMetric", "compute_error_sum", "compute_mse", "compute_r_squared", "compute_rmse", "get_mse_states"]
+__all__ = ["MSE_STATES", "MSEMetric", "MSEMetricComputation", "compute_error_sum", "compute_mse", "compute_r_squared", "compute_rmse", "get_mse_states"]

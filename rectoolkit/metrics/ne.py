@@ -16,11 +16,14 @@ mean cross-entropy).
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, List
 
 import torch
 
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.sum_states import SumStatesComputation
 
 ETA = 1e-12
 
@@ -72,6 +75,44 @@ def get_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torc
     }
 
 
+NE_STATES = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+
+
+class NEMetricComputation(SumStatesComputation):
+    """TorchRec's NE computation: states `cross_entropy_sum`, `weighted_num_samples`, `pos_labels`, `neg_labels`
+    ([n_tasks] float64, each with its window), reports `ne` (and `logloss` with include_logloss), lifetime then
+    window; `self.eta` is 1e-12.
+
+        >>> computation = NEMetricComputation(my_rank=0, batch_size=2, n_tasks=1, window_size=4)
+        >>> computation.update(predictions=torch.tensor([[0.5, 0.5]]), labels=torch.tensor([[1.0, 0.0]]),
+        ...                    weights=torch.ones(1, 2))
+        >>> [(str(report.metric_prefix), report.value.tolist()) for report in computation.compute()]
+        [('lifetime_', [1.0]), ('window_', [1.0])]
+    """
+
+    _state_names = NE_STATES
+    _weights_required = True
+
+    def __init__(self, *args: Any, include_logloss: bool = False, allow_missing_label_with_zero_weight: bool = False,
+                 **kwargs: Any) -> None:
+        self._include_logloss = include_logloss
+        super().__init__(*args, **kwargs)
+        self._allow_missing_label_with_zero_weight = allow_missing_label_with_zero_weight
+        self.eta = ETA
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return get_ne_states(labels, predictions, weights, self.eta)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        reports = self._lifetime_and_window_reports(MetricName.NE, compute_ne, NE_STATES, self.eta,
+                                                    self._allow_missing_label_with_zero_weight)
+        if self._include_logloss:
+            reports += self._lifetime_and_window_reports(MetricName.LOG_LOSS, compute_logloss,
+                                                         ("cross_entropy_sum", "pos_labels", "neg_labels"), self.eta)
+        return reports
+
+
 class NEMetric(SumStateMetric):
     """Lifetime and window NE per task (keys `ne-{task}|lifetime_ne`, `ne-{task}|window_ne`).
 
@@ -99,5 +140,5 @@ class NEMetric(SumStateMetric):
         return values
 
 
-__all__ = ["NEMetric", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
+__all__ = ["NE_STATES", "NEMetric", "NEMetricComputation", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
            "normalized_entropy"]

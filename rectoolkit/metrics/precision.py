@@ -17,7 +17,8 @@ from typing import Dict, Optional
 import torch
 
 from rectoolkit.metrics.rec_metric import ratio_or_zero
-from rectoolkit.metrics.thresholded import ThresholdedMetric, thresholded_states
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.thresholded import ThresholdedComputation, ThresholdedMetric, thresholded_states
 
 
 def compute_precision(num_true_positives: torch.Tensor, num_false_positives: torch.Tensor) -> torch.Tensor:
@@ -44,6 +45,16 @@ def get_precision_states(labels: torch.Tensor, predictions: torch.Tensor, weight
                               {"true_pos_sum": compute_true_pos_sum, "false_pos_sum": compute_false_pos_sum})
 
 
+class PrecisionMetricComputation(ThresholdedComputation):
+    """TorchRec's precision computation: states `true_pos_sum`, `false_pos_sum` (float64, with windows), reports
+    `precision`; `threshold` as TorchRec's (default 0.5)."""
+
+    _state_names = ("true_pos_sum", "false_pos_sum")
+    _metric_name = MetricName.PRECISION
+    _get_states = staticmethod(get_precision_states)
+    _compute_value = staticmethod(compute_precision)
+
+
 class PrecisionMetric(ThresholdedMetric):
     """Lifetime and window precision per task (`precision-{task}|{lifetime,window}_precision`); `threshold` as
     TorchRec's (default 0.5)."""
@@ -61,4 +72,4 @@ class PrecisionMetric(ThresholdedMetric):
         return {"precision": true_positives / predicted if predicted != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["PrecisionMetric", "compute_false_pos_sum", "compute_precision", "compute_true_pos_sum", "get_precision_states"]
+__all__ = ["PrecisionMetricComputation", "PrecisionMetric", "compute_false_pos_sum", "compute_precision", "compute_true_pos_sum", "get_precision_states"]

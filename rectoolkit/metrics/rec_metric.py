@@ -424,8 +424,13 @@ class SumStateMetric(RecMetric):
             return [(f"_metrics_computations.{i}.", [i]) for i in range(len(self._tasks))]
         return [("_metrics_computations.0.", list(range(len(self._tasks))))]
 
+    # A subclass naming a `_computation_class` (TorchRec's way: `class MyNE(NEMetric): _computation_class = ...`)
+    # is run by its computations (RecMetric's), which hold the states; the sum-state machinery below stays out.
+
     def _save_to_state_dict(self, destination: Dict[str, Any], prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._computation_class is not None:
+            return
         for key_prefix, rows in self._saved_computations():
             for name in self._persistent_states():
                 destination[prefix + key_prefix + name] = self._lifetime[rows, self._state_names.index(name)].clone()
@@ -434,6 +439,8 @@ class SumStateMetric(RecMetric):
                               missing_keys: List[str], unexpected_keys: List[str], error_msgs: List[str]) -> None:
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if self._computation_class is not None:
+            return
         loaded, errors_before = self._lifetime.clone(), len(error_msgs)
         for key_prefix, rows in self._saved_computations():
             for name in self._persistent_states():
@@ -454,6 +461,8 @@ class SumStateMetric(RecMetric):
             self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
 
     def reset(self) -> None:
+        if self._computation_class is not None:
+            return super().reset()
         self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)
         self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
         self._synced_states = None

@@ -17,7 +17,8 @@ from typing import Dict, Optional
 import torch
 
 from rectoolkit.metrics.precision import compute_true_pos_sum
-from rectoolkit.metrics.thresholded import ThresholdedMetric, thresholded_states
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.thresholded import ThresholdedComputation, ThresholdedMetric, thresholded_states
 
 
 def compute_recall(num_true_positives: torch.Tensor, num_false_negitives: torch.Tensor) -> torch.Tensor:
@@ -40,6 +41,16 @@ def get_recall_states(labels: torch.Tensor, predictions: torch.Tensor, weights: 
                               {"true_pos_sum": compute_true_pos_sum, "false_neg_sum": compute_false_neg_sum})
 
 
+class RecallMetricComputation(ThresholdedComputation):
+    """TorchRec's recall computation: states `true_pos_sum`, `false_neg_sum` (float64, with windows), reports
+    `recall`; `threshold` as TorchRec's (default 0.5)."""
+
+    _state_names = ("true_pos_sum", "false_neg_sum")
+    _metric_name = MetricName.RECALL
+    _get_states = staticmethod(get_recall_states)
+    _compute_value = staticmethod(compute_recall)
+
+
 class RecallMetric(ThresholdedMetric):
     """Lifetime and window recall per task (`recall-{task}|{lifetime,window}_recall`); `threshold` as TorchRec's
     (default 0.5)."""
@@ -58,4 +69,4 @@ class RecallMetric(ThresholdedMetric):
         return {"recall": true_positives / positives if positives != 0 else torch.zeros((), dtype=torch.float64)}
 
 
-__all__ = ["RecallMetric", "compute_false_neg_sum", "compute_recall", "compute_true_pos_sum", "get_recall_states"]
+__all__ = ["RecallMetricComputation", "RecallMetric", "compute_false_neg_sum", "compute_recall", "compute_true_pos_sum", "get_recall_states"]

@@ -21,7 +21,7 @@ batch adds to each; a metric of one sum (`SingleSumComputation`) names the sum a
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -35,12 +35,18 @@ class SumStatesComputation(RecMetricComputation):
     over the ranks; `_batch_states` says what one batch adds to each."""
 
     _state_names: Tuple[str, ...] = ()
+    # TorchRec's NE, CTR, MSE, ... refuse weights=None in update(); the counting metrics take all ones
+    _weights_required: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in self._state_names:
             self._add_state(name, torch.zeros(self._n_tasks, *self._state_shape(name), dtype=torch.double),
-                            add_window_state=True, dist_reduce_fx="sum", persistent=True)
+                            add_window_state=True, dist_reduce_fx="sum", persistent=self._is_persistent(name))
+
+    def _is_persistent(self, name: str) -> bool:
+        """Whether state `name` goes into the state_dict (all do by default)."""
+        return True
 
     def _state_shape(self, name: str) -> Tuple[int, ...]:
         """The shape of one task's value of state `name` (a scalar by default)."""
@@ -60,6 +66,9 @@ class SumStatesComputation(RecMetricComputation):
         if predictions is None:
             raise RecMetricException(f"{type(self).__name__}.update: predictions is None; pass the model's "
                                      "predictions (a tensor of the labels' shape)")
+        if weights is None and self._weights_required:
+            raise RecMetricException(f"{type(self).__name__}.update: weights is None; pass a tensor of the labels' "
+                                     "shape (torch.ones_like(labels) for unweighted samples)")
         if weights is None:
             weights = torch.ones_like(labels)
         num_samples = self._num_samples(predictions, labels)
@@ -72,10 +81,44 @@ class SumStatesComputation(RecMetricComputation):
         """(prefix, value) of state `name`: the lifetime sum, then the window's."""
         return [(MetricPrefix.LIFETIME, getattr(self, name)), (MetricPrefix.WINDOW, self.get_window_state(name))]
 
+    def _states_at(self, prefix: MetricPrefix, names: Tuple[str, ...]) -> List[torch.Tensor]:
+        """The lifetime (or window) values of the states `names`, in that order."""
+        return [getattr(self, name) if prefix == MetricPrefix.LIFETIME else self.get_window_state(name)
+                for name in names]
+
+    def _lifetime_and_window_reports(self, name: MetricNameBase, compute: Callable[..., torch.Tensor],
+                                     state_names: Tuple[str, ...], *args: Any) -> List[MetricComputationReport]:
+        """Two reports of `name`: compute(*lifetime states, *args), then compute(*window states, *args)."""
+        return [MetricComputationReport(name, prefix, compute(*self._states_at(prefix, state_names), *args))
+                for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW)]
+
 
 def safe_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """numerator / denominator in float64, 0 where the denominator is 0 (TorchRec's averages and XAUC)."""
     return ratio_or_zero(numerator, denominator)
+
+
+class OneValueComputation(SumStatesComputation):
+    """One value per task, `_metric_name`, lifetime then window: `_compute_value(*states)` over the sums of
+    `_state_names`, which a batch adds `_get_states(labels, predictions, weights)` to (a metric's TorchRec functions,
+    e.g. compute_ctr and get_ctr_states)."""
+
+    _metric_name: Optional[MetricNameBase] = None
+
+    @staticmethod
+    def _get_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _compute_value(*states: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return self._get_states(labels, predictions, weights)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return self._lifetime_and_window_reports(self._metric_name, self._compute_value, self._state_names)
 
 
 class SingleSumComputation(SumStatesComputation):
@@ -101,4 +144,4 @@ class SingleSumComputation(SumStatesComputation):
                 for prefix, value in self._lifetime_and_window(self._state_name)]
 
 
-__all__ = ["SingleSumComputation", "SumStatesComputation", "safe_ratio"]
+__all__ = ["OneValueComputation", "SingleSumComputation", "SumStatesComputation", "safe_ratio"]

@@ -26,6 +26,7 @@ from rectoolkit.metrics.metrics_config import RecTaskInfo
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectoolkit.metrics.rec_metric import RecMetric, RecMetricException
 from rectoolkit.metrics.sum_states import SumStatesComputation
+from rectoolkit.metrics.weighted_avg import get_mean
 
 
 class TensorWeightedAvgMetricComputation(SumStatesComputation):
@@ -63,7 +64,7 @@ class TensorWeightedAvgMetricComputation(SumStatesComputation):
         return {"weighted_sum": values.sum(dim=-1), "weighted_num_samples": counts.sum(dim=-1)}
 
     def _compute(self) -> List[MetricComputationReport]:
-        return [MetricComputationReport(MetricName.WEIGHTED_AVG, prefix, total / samples, self._description)
+        return [MetricComputationReport(MetricName.WEIGHTED_AVG, prefix, get_mean(total, samples), self._description)
                 for (prefix, total), (_, samples) in zip(self._lifetime_and_window("weighted_sum"),
                                                          self._lifetime_and_window("weighted_num_samples"))]
 
@@ -91,4 +92,4 @@ class TensorWeightedAvgMetric(RecMetric):
         return set(weighted_by_tensor)
 
 
-__all__ = ["TensorWeightedAvgMetric", "TensorWeightedAvgMetricComputation"]
+__all__ = ["TensorWeightedAvgMetric", "TensorWeightedAvgMetricComputation", "get_mean"]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.sum_states import OneValueComputation
 
 
 def thresholded_states(labels: torch.Tensor, predictions: torch.Tensor, weights: Optional[torch.Tensor],
@@ -48,4 +49,17 @@ class ThresholdedMetric(SumStateMetric):
         return (predictions >= self._threshold).double()
 
 
-__all__ = ["ThresholdedMetric", "thresholded_states"]
+class ThresholdedComputation(OneValueComputation):
+    """TorchRec's accuracy / precision / recall computation: a OneValueComputation whose `_get_states` takes its
+    `threshold` too (default 0.5, taken as given, as TorchRec's computations do)."""
+
+    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._threshold = threshold
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return self._get_states(labels, predictions, weights, self._threshold)
+
+
+__all__ = ["ThresholdedComputation", "ThresholdedMetric", "thresholded_states"]

@@ -16,12 +16,39 @@ computation, unfused) or `window_size / n_tasks` updates (fused), whatever the b
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, List
 
 import torch
 
+from rectoolkit.metrics.computation import MetricComputationReport
 from rectoolkit.metrics.metrics_config import RecComputeMode
+from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric
+from rectoolkit.metrics.sum_states import SumStatesComputation
+
+
+def get_mean(value_sum: torch.Tensor, num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.weighted_avg.get_mean`: value_sum / num_samples, no guard (nan / inf where num_samples is
+    0, as TorchRec's)."""
+    return value_sum / num_samples
+
+
+class WeightedAvgMetricComputation(SumStatesComputation):
+    """TorchRec's weighted average computation: states `weighted_sum`, `weighted_num_samples` (float64, with
+    windows), reports `weighted_avg`; an update counts `labels.shape[0]` samples in the window, as TorchRec's."""
+
+    _state_names = ("weighted_sum", "weighted_num_samples")
+    _weights_required = True
+
+    def _num_samples(self, predictions: torch.Tensor, labels: torch.Tensor) -> int:
+        return labels.shape[0]
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return {"weighted_sum": (predictions * weights).sum(dim=-1), "weighted_num_samples": weights.sum(dim=-1)}
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return self._lifetime_and_window_reports(MetricName.WEIGHTED_AVG, get_mean, self._state_names)
 
 
 class WeightedAvgMetric(SumStateMetric):
@@ -45,4 +72,4 @@ class WeightedAvgMetric(SumStateMetric):
         return {"weighted_avg": weighted_sum / weight}
 
 
-__all__ = ["WeightedAvgMetric"]
+__all__ = ["WeightedAvgMetric", "WeightedAvgMetricComputation", "get_mean"]

@@ -1,0 +1,212 @@
+"""The metrics' RecMetricComputation classes at TorchRec's paths (`torchrec.metrics.ne.NEMetricComputation`, ...),
+built directly with TorchRec's arguments and fed the same [n_tasks, batch] inputs in TorchRec 1.8 and rectoolkit:
+the same states (names, dtypes, values, window included) after every update, the same state_dict, and the same
+compute() / local_compute() reports. Then the same computations run inside a RecMetric written the TorchRec way
+(`_computation_class = ...`), fused and unfused, and a user subclass of one."""
+
+import importlib
+
+import pytest
+import torch
+
+torchrec = pytest.importorskip("torchrec")
+
+N_TASKS, BATCH, WINDOW = 2, 4, 10  # the window (10 samples) holds the last two batches of 4
+
+# (module, computation class, constructor keywords) at TorchRec's paths
+COMPUTATIONS = [
+    ("ne", "NEMetricComputation", {}),
+    ("ne", "NEMetricComputation", {"include_logloss": True}),
+    ("ne", "NEMetricComputation", {"allow_missing_label_with_zero_weight": True}),
+    ("ctr", "CTRMetricComputation", {}),
+    ("calibration", "CalibrationMetricComputation", {}),
+    ("mse", "MSEMetricComputation", {}),
+    ("mse", "MSEMetricComputation", {"include_r_squared": True}),
+    ("mae", "MAEMetricComputation", {}),
+    ("accuracy", "AccuracyMetricComputation", {}),
+    ("accuracy", "AccuracyMetricComputation", {"threshold": 0.3}),
+    ("precision", "PrecisionMetricComputation", {"threshold": 0.6}),
+    ("recall", "RecallMetricComputation", {}),
+    ("weighted_avg", "WeightedAvgMetricComputation", {}),
+]
+IDS = [f"{cls}{kwargs or ''}" for _, cls, kwargs in COMPUTATIONS]
+
+
+def _class(library, module, name):
+    return getattr(importlib.import_module(f"{library}.metrics.{module}"), name)
+
+
+def _batches(seed, weighted, count=4, n_tasks=N_TASKS):
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        predictions = torch.rand(n_tasks, BATCH, generator=generator)
+        labels = (torch.rand(n_tasks, BATCH, generator=generator) > 0.5).float()
+        weights = torch.rand(n_tasks, BATCH, generator=generator) if weighted else torch.ones(n_tasks, BATCH)
+        out.append((predictions, labels, weights))
+    return out
+
+
+def _states(computation):
+    """{state name: tensor} of every state the computation added (torchmetrics' and ours keep them in _defaults)."""
+    return {name: getattr(computation, name) for name in computation._defaults}
+
+
+def _assert_same_tensors(got, expected, what):
+    assert list(got) == list(expected), what
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, (what, key)
+        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-9, equal_nan=True, msg=f"{what}: {key}")
+
+
+def _reports(reports):
+    return {(str(report.name), str(report.metric_prefix), report.description): report.value for report in reports}
+
+
+def _assert_same_reports(got, expected):
+    assert [(str(r.name), str(r.metric_prefix), r.description) for r in got] == \
+        [(str(r.name), str(r.metric_prefix), r.description) for r in expected]
+    _assert_same_tensors(_reports(got), _reports(expected), "reports")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("module, name, kwargs", COMPUTATIONS, ids=IDS)
+def test_computation_states_and_reports_equal_torchrec(module, name, kwargs, weighted, seed):
+    built = [_class(library, module, name)(my_rank=0, batch_size=BATCH, n_tasks=N_TASKS, window_size=WINDOW,
+                                           **kwargs) for library in ("torchrec", "rectoolkit")]
+    expected, got = built
+    _assert_same_tensors(_states(got), _states(expected), "initial states")
+    for predictions, labels, weights in _batches(seed, weighted):
+        for computation in built:
+            computation.update(predictions=predictions.clone(), labels=labels.clone(), weights=weights.clone())
+        _assert_same_tensors(_states(got), _states(expected), "states after update")
+        _assert_same_reports(got.compute(), expected.compute())
+        _assert_same_reports(got.local_compute(), expected.local_compute())
+    _assert_same_tensors(dict(got.state_dict()), dict(expected.state_dict()), "state_dict")
+    for computation in built:
+        computation.reset()
+    _assert_same_tensors(_states(got), _states(expected), "states after reset")
+
+
+@pytest.mark.parametrize("module, name", sorted({(m, c) for m, c, _ in COMPUTATIONS
+                                                 if m not in ("accuracy", "precision", "recall")}))
+def test_update_without_weights_is_refused_as_torchrec(module, name):
+    """TorchRec's sum computations (but accuracy / precision / recall) refuse weights=None with RecMetricException
+    (weighted_avg's fails on None * tensor: a TypeError; ours says what to pass)."""
+    for library in ("torchrec", "rectoolkit"):
+        computation = _class(library, module, name)(my_rank=0, batch_size=BATCH, n_tasks=1, window_size=WINDOW)
+        exception = _class(library, "rec_metric", "RecMetricException")
+        if library == "torchrec" and module == "weighted_avg":
+            exception = TypeError
+        with pytest.raises(exception, match="weights" if library == "rectoolkit" else None):
+            computation.update(predictions=torch.rand(1, BATCH), labels=torch.ones(1, BATCH), weights=None)
+
+
+@pytest.mark.parametrize("module, name", [("accuracy", "AccuracyMetricComputation"),
+                                          ("precision", "PrecisionMetricComputation"),
+                                          ("recall", "RecallMetricComputation")])
+def test_thresholded_computations_take_no_weights_as_torchrec(module, name):
+    built = [_class(library, module, name)(my_rank=0, batch_size=BATCH, n_tasks=1, window_size=WINDOW)
+             for library in ("torchrec", "rectoolkit")]
+    predictions, labels, _ = _batches(3, True, count=1, n_tasks=1)[0]
+    for computation in built:
+        computation.update(predictions=predictions, labels=labels, weights=None)
+    _assert_same_tensors(_states(built[1]), _states(built[0]), "states")
+    _assert_same_reports(built[1].compute(), built[0].compute())
+
+
+def _metric_class(library, module, name, kwargs):
+    """The user code: a RecMetric naming the library's computation, written as TorchRec's docs write one."""
+    rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
+    namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
+    computation = _class(library, module, name)
+
+    class UserMetric(rec_metric.RecMetric):
+        _namespace = namespace.MetricNamespace.NE
+        _computation_class = computation
+
+    return UserMetric
+
+
+@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
+@pytest.mark.parametrize("module, name, kwargs", COMPUTATIONS, ids=IDS)
+def test_rec_metric_with_the_computation_equals_torchrec(module, name, kwargs, mode):
+    tasks = ["click", "like"]
+    metrics = []
+    for library in ("torchrec", "rectoolkit"):
+        config = importlib.import_module(f"{library}.metrics.metrics_config")
+        metrics.append(_metric_class(library, module, name, kwargs)(
+            world_size=1, my_rank=0, batch_size=BATCH, tasks=[config.RecTaskInfo(name=t) for t in tasks],
+            compute_mode=getattr(config.RecComputeMode, mode), window_size=WINDOW, **kwargs))
+    expected, got = metrics
+    for seed, weighted in ((5, True), (6, False)):
+        for predictions, labels, weights in _batches(seed, weighted, count=3):
+            batch = [{t: tensor[i] for i, t in enumerate(tasks)} for tensor in (predictions, labels, weights)]
+            for metric in metrics:
+                metric.update(predictions=batch[0], labels=batch[1], weights=batch[2] if weighted else None)
+            _assert_same_tensors(got.compute(), expected.compute(), "compute")
+    _assert_same_tensors(got.local_compute(), expected.local_compute(), "local_compute")
+    _assert_same_tensors(dict(got.state_dict()), dict(expected.state_dict()), "state_dict")
+
+
+def _subclass(library, metric_base):
+    """A user computation subclassing NEMetricComputation (NE, and the batch count it keeps beside), run by a
+    subclass of `metric_base` (RecMetric, or NEMetric with its computation replaced)."""
+    ne = importlib.import_module(f"{library}.metrics.ne")
+    rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
+    namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
+
+    class CountingNE(ne.NEMetricComputation):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._add_state("batches", torch.zeros(self._n_tasks, dtype=torch.double), add_window_state=False,
+                            dist_reduce_fx="sum", persistent=True)
+
+        def update(self, *, predictions, labels, weights, **kwargs):
+            super().update(predictions=predictions, labels=labels, weights=weights, **kwargs)
+            self.batches += 1.0
+
+        def _compute(self):
+            return super()._compute() + [rec_metric.MetricComputationReport(
+                name=namespace.MetricName.NE, metric_prefix=namespace.MetricPrefix.LIFETIME,
+                value=self.cross_entropy_sum / self.batches, description="_per_batch")]
+
+    base = rec_metric.RecMetric if metric_base == "RecMetric" else ne.NEMetric
+
+    class CountingNEMetric(base):
+        _namespace = namespace.MetricNamespace.NE
+        _computation_class = CountingNE
+
+    return CountingNEMetric
+
+
+@pytest.mark.parametrize("metric_base", ["RecMetric", "NEMetric"])
+@pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
+def test_user_subclass_of_ne_computation_equals_torchrec(mode, metric_base):
+    tasks = ["click", "like"]
+    metrics = []
+    for library in ("torchrec", "rectoolkit"):
+        config = importlib.import_module(f"{library}.metrics.metrics_config")
+        metrics.append(_subclass(library, metric_base)(world_size=1, my_rank=0, batch_size=BATCH,
+                                          tasks=[config.RecTaskInfo(name=t) for t in tasks],
+                                          compute_mode=getattr(config.RecComputeMode, mode), window_size=WINDOW,
+                                          include_logloss=True))
+    for predictions, labels, weights in _batches(9, True):
+        batch = [{t: tensor[i] for i, t in enumerate(tasks)} for tensor in (predictions, labels, weights)]
+        for metric in metrics:
+            metric.update(predictions=batch[0], labels=batch[1], weights=batch[2])
+    _assert_same_tensors(metrics[1].compute(), metrics[0].compute(), "compute")
+    _assert_same_tensors(dict(metrics[1].state_dict()), dict(metrics[0].state_dict()), "state_dict")
+    saved = dict(metrics[0].state_dict())
+    for metric in metrics:
+        metric.reset()
+    _assert_same_tensors(dict(metrics[1].state_dict()), dict(metrics[0].state_dict()), "state_dict after reset")
+    for metric in metrics:
+        metric.load_state_dict(saved)  # TorchRec's saved state, loaded by both
+    _assert_same_tensors(dict(metrics[1].state_dict()), saved, "state_dict after load")
+    for predictions, labels, weights in _batches(10, True, count=1):
+        batch = [{t: tensor[i] for i, t in enumerate(tasks)} for tensor in (predictions, labels, weights)]
+        for metric in metrics:
+            metric.update(predictions=batch[0], labels=batch[1], weights=batch[2])
+    _assert_same_tensors(metrics[1].compute(), metrics[0].compute(), "compute after load")
