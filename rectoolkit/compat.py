@@ -26,7 +26,6 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
     "rectoolkit.distributed.planner.storage_reservations": "torchrec.distributed.planner.storage_reservations",
     "rectoolkit.distributed.planner.stats": "torchrec.distributed.planner.stats",
-    "rectoolkit.distributed.comm_ops": "torchrec.distributed.comm_ops",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",
@@ -49,6 +48,8 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.train_pipeline": "torchrec.distributed.train_pipeline",
     "rectoolkit.distributed.fp_embeddingbag": "torchrec.distributed.fp_embeddingbag",
     "rectoolkit.distributed.fbgemm_qcomm_codec": "torchrec.distributed.fbgemm_qcomm_codec",
+    "rectoolkit.distributed.comm_ops": "torchrec.distributed.comm_ops",
+    "rectoolkit.distributed.dist_data": "torchrec.distributed.dist_data",
     "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
     "rectoolkit.distributed.train_pipeline.gradient_accumulation":
         "torchrec.distributed.train_pipeline.gradient_accumulation",

@@ -24,7 +24,8 @@ from rectoolkit.distributed.train_pipeline import (
 # `rectoolkit.distributed.planner.Topology` reads like TorchRec code without importing the planner (or the quantized
 # modules) here.
 _TORCHREC_PATHS = ("types", "embedding_types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard",
-                   "sharding_plan", "quant_embedding", "comm_ops", "quant_embeddingbag", "fbgemm_qcomm_codec")
+                   "sharding_plan", "quant_embedding", "comm_ops", "dist_data", "quant_embeddingbag",
+                   "fbgemm_qcomm_codec")
 
 
 def __getattr__(name: str):

@@ -1,6 +1,398 @@
-"""TorchRec's module path torchrec.distributed.comm_ops (a path module, see rectoolkit.compat): the switch of
-the embedding gradients' division by the world size. The collectives themselves are rectoolkit.distributed.comm."""
+"""TorchRec's torchrec.distributed.comm_ops: the differentiable collectives a sharded module is built from.
 
-from rectoolkit.distributed.comm import get_gradient_division, set_gradient_division
+Each op starts its exchange when called and returns an awaitable (a `Request`); `wait()` gives the result, which
+is in the autograd graph: backward sends the gradient back the transposed way. All of them are one counted
+all-to-all of rectoolkit.distributed.comm plus reshapes and sums around it (gloo has no reduce-scatter), so a
+rank sends what the collective must move and its bytes land in a `CommStats`:
 
-__all__ = ["get_gradient_division", "set_gradient_division"]
+    alltoall_pooled            [sum(batch_size_per_rank), D_local] rows to their ranks -> [B_local, sum(dim_sum_per_rank)]
+    reduce_scatter_pooled      inputs[r] summed over ranks on rank r (backward: all-gather)
+    reduce_scatter_base_pooled the same, the input cut into world_size equal chunks along dim 0
+    reduce_scatter_v_pooled    the same, chunks of input_splits rows
+    all_gather_base_pooled     every rank's input, stacked along dim 0 (backward: reduce-scatter)
+
+As in TorchRec, the input gradient is divided by the world size while get_gradient_division() (read when backward
+runs; with set_use_sync_collectives(True) when forward runs, and the result comes back already waited as a
+NoWait), and one rank alone gets its input back untouched.
+
+Codecs: None or rectoolkit's QuantizedCommCodecs (FP32/FP16/BF16: values cast for the wire and back); TorchRec's
+or fbgemm's codec objects are refused. A reduce-scatter with codecs adds the decoded float32 parts (TorchRec on
+NCCL adds them in the narrow type). TorchRec's `all_to_all_single_comm` (a custom all-to-all) is refused.
+
+    >>> get_use_sync_collectives()
+    False
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rectoolkit.distributed.awaitable import Awaitable, NoWait
+from rectoolkit.distributed.comm import (ShardingEnv, all_to_all, get_gradient_division, set_gradient_division,
+                                         start_all_to_all)
+from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodec, QuantizedCommCodecs
+
+W = TypeVar("W")
+
+# TorchRec's USE_SYNC_COLLECTIVES: the ops finish before returning (a NoWait of the result)
+_USE_SYNC_COLLECTIVES = [False]
+
+
+def set_use_sync_collectives(val: bool) -> None:
+    """TorchRec's switch: True makes every op here finish before it returns."""
+    _USE_SYNC_COLLECTIVES[0] = bool(val)
+
+
+def get_use_sync_collectives() -> bool:
+    return _USE_SYNC_COLLECTIVES[0]
+
+
+@contextmanager
+def torchrec_use_sync_collectives() -> Iterator[None]:
+    """set_use_sync_collectives(True) for the duration of the block."""
+    before = get_use_sync_collectives()
+    set_use_sync_collectives(True)
+    try:
+        yield
+    finally:
+        set_use_sync_collectives(before)
+
+
+# ------------------------------------------------------------------------------------------------ TorchRec's infos
+@dataclass
+class All2AllPooledInfo:
+    """What alltoall_pooled was called with (TorchRec's fields; the two tensors are only carried)."""
+
+    batch_size_per_rank: List[int]
+    dim_sum_per_rank: List[int]
+    dim_sum_per_rank_tensor: Optional[Tensor]
+    cumsum_dim_sum_per_rank_tensor: Optional[Tensor]
+    codecs: Optional[QuantizedCommCodecs] = None
+
+
+@dataclass
+class VariableBatchAll2AllPooledInfo:
+    """What variable_batch_alltoall_pooled is called with (TorchRec's fields)."""
+
+    batch_size_per_rank_per_feature: List[List[int]]
+    batch_size_per_feature_pre_a2a: List[int]
+    emb_dim_per_rank_per_feature: List[List[int]]
+    codecs: Optional[QuantizedCommCodecs] = None
+    input_splits: Optional[List[int]] = None
+    output_splits: Optional[List[int]] = None
+
+
+@dataclass
+class All2AllSequenceInfo:
+    """What alltoall_sequence is called with (TorchRec's fields)."""
+
+    embedding_dim: int
+    lengths_after_sparse_data_all2all: Tensor
+    forward_recat_tensor: Optional[Tensor]
+    backward_recat_tensor: Tensor
+    input_splits: List[int]
+    output_splits: List[int]
+    variable_batch_size: bool = False
+    codecs: Optional[QuantizedCommCodecs] = None
+    permuted_lengths_after_sparse_data_all2all: Optional[Tensor] = None
+
+
+@dataclass
+class All2AllVInfo:
+    """TorchRec's description of an all-to-all of per-table pooled blocks (its field names, `B_global` included)."""
+
+    dims_sum_per_rank: List[int]
+    B_global: int
+    B_local: int
+    B_local_list: List[int]
+    D_local_list: List[int]
+    input_split_sizes: List[int] = field(default_factory=list)
+    output_split_sizes: List[int] = field(default_factory=list)
+    codecs: Optional[QuantizedCommCodecs] = None
+
+
+@dataclass
+class ReduceScatterInfo:
+    """The input sizes of reduce_scatter_pooled (TorchRec's fields)."""
+
+    input_sizes: List[torch.Size]
+    codecs: Optional[QuantizedCommCodecs] = None
+
+
+@dataclass
+class ReduceScatterBaseInfo:
+    """The input size of reduce_scatter_base_pooled (TorchRec's fields)."""
+
+    input_sizes: torch.Size
+    codecs: Optional[QuantizedCommCodecs] = None
+
+
+@dataclass
+class AllGatherBaseInfo:
+    """The input size of all_gather_base_pooled (TorchRec's fields)."""
+
+    input_size: torch.Size
+    codecs: Optional[QuantizedCommCodecs] = None
+
+
+@dataclass
+class ReduceScatterVInfo:
+    """What reduce_scatter_v_pooled was called with (TorchRec's fields)."""
+
+    input_sizes: List[List[int]]
+    input_splits: List[int]
+    equal_splits: bool
+    total_input_size: List[int]
+    codecs: Optional[QuantizedCommCodecs]
+
+
+@dataclass
+class All2AllDenseInfo:
+    """TorchRec's description of a dense all-to-all (its fields)."""
+
+    output_splits: List[int]
+    batch_size: int
+    input_shape: List[int]
+    input_splits: List[int]
+
+
+# ------------------------------------------------------------------------------------------------ the request
+class Request(Awaitable[W]):
+    """A collective started on process group `pg` (TorchRec's name): `wait()` gives its result, in the autograd
+    graph. The ops here return one; waiting twice gives the same result."""
+
+    def __init__(self, pg: Optional[dist.ProcessGroup], device: torch.device) -> None:
+        super().__init__()
+        self.pg = pg
+        self.device = torch.device(device)
+        self._arrive: Optional[Callable[[], W]] = None
+        self._arrived: List[W] = []
+
+    def _wait_impl(self) -> W:
+        if not self._arrived:
+            if self._arrive is None:
+                raise RuntimeError("Request.wait(): no collective was started on this request; get requests from "
+                                   "the comm_ops functions (alltoall_pooled, reduce_scatter_pooled, ...)")
+            self._arrived.append(self._arrive())
+            self._arrive = None
+        return self._arrived[0]
+
+
+class _GradientDivided(torch.autograd.Function):
+    """Identity whose backward divides the gradient by the world size (TorchRec's GRADIENT_DIVISION): `divide`
+    None reads the switch when backward runs, a bool is the switch read earlier."""
+
+    @staticmethod
+    def forward(ctx, tensor, world_size, divide):
+        ctx.world_size, ctx.divide = world_size, divide
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        divide = get_gradient_division() if ctx.divide is None else ctx.divide
+        return (grad / ctx.world_size if divide else grad), None, None
+
+
+class _Arrived(torch.autograd.Function):
+    """The output of an all-to-all started earlier (forward waits for it); backward sends the gradient back the
+    transposed way, through the backward codec."""
+
+    @staticmethod
+    def forward(ctx, tensor, pending, env, input_splits, output_splits, name, codecs):
+        ctx.env, ctx.splits, ctx.name, ctx.codecs = env, (input_splits, output_splits), name, codecs
+        received = pending.wait()
+        return received if codecs is None else codecs.forward.decode(received)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input_splits, output_splits = ctx.splits
+        codecs, grad = ctx.codecs, grad.contiguous()
+        wire = grad if codecs is None else codecs.backward.encode(grad)
+        back = all_to_all(ctx.env, wire, output_splits, input_splits, ctx.name + "_backward")
+        return (back if codecs is None else codecs.backward.decode(back)), None, None, None, None, None, None
+
+
+def env_of(group: Optional[dist.ProcessGroup], subject: str) -> ShardingEnv:
+    """The ShardingEnv of `group` (the default group when None), for an op named `subject`."""
+    if not dist.is_initialized():
+        raise RuntimeError(f"{subject}: torch.distributed is not initialized; call dist.init_process_group first "
+                           "(or pass the process group the op runs on)")
+    return ShardingEnv.from_process_group(group, local_world_size=1)
+
+
+def check_codecs(codecs: Any, subject: str) -> Optional[QuantizedCommCodecs]:
+    """`codecs` if None or rectoolkit's QuantizedCommCodecs; otherwise an error saying what to pass."""
+    if codecs is None:
+        return None
+    if isinstance(codecs, QuantizedCommCodecs) and isinstance(codecs.forward, QuantizedCommCodec) \
+            and isinstance(codecs.backward, QuantizedCommCodec):
+        return codecs
+    raise TypeError(f"{subject}(codecs={type(codecs).__name__}): pass None or rectoolkit's QuantizedCommCodecs "
+                    "(rectoolkit.distributed.fbgemm_qcomm_codec.get_qcomm_codecs); TorchRec's and fbgemm's codec "
+                    "objects are not run here")
+
+
+def _refuse_custom_comm(all_to_all_single_comm: Any, subject: str) -> None:
+    if all_to_all_single_comm is not None:
+        raise NotImplementedError(f"{subject}(all_to_all_single_comm={type(all_to_all_single_comm).__name__}): "
+                                  "rectoolkit sends through its own counted all-to-all; leave it None")
+
+
+def start_request(env: ShardingEnv, tensor: Tensor, input_splits: Sequence[int], output_splits: Sequence[int],
+                  name: str, codecs: Optional[QuantizedCommCodecs], finish: Callable[[Tensor], W]) -> Awaitable[W]:
+    """Start the all-to-all of the 1-D `tensor` (splits in elements) and return the request whose wait() gives
+    finish(received), differentiable; with the sync switch on, the NoWait of that result."""
+    sync = get_use_sync_collectives()
+    input_splits, output_splits = list(map(int, input_splits)), list(map(int, output_splits))
+    wire = tensor.detach().contiguous()
+    pending = start_all_to_all(env, wire if codecs is None else codecs.forward.encode(wire), input_splits,
+                               output_splits, name)
+    request: Request[W] = Request(env.pg, tensor.device)
+    request._arrive = lambda: finish(_Arrived.apply(tensor, pending, env, input_splits, output_splits, name, codecs))
+    return NoWait(request.wait()) if sync else request
+
+
+def divided(tensor: Tensor, env: ShardingEnv) -> Tensor:
+    """`tensor`, its gradient divided by the world size in backward while get_gradient_division() (read then,
+    or now with the sync switch on, as TorchRec)."""
+    sync_division = get_gradient_division() if get_use_sync_collectives() else None
+    return _GradientDivided.apply(tensor, env.world_size, sync_division)
+
+
+def _check_world(values: Sequence[Any], env: ShardingEnv, subject: str, what: str) -> None:
+    if len(values) != env.world_size:
+        raise ValueError(f"{subject}: {what} has {len(values)} entries but the process group has {env.world_size} "
+                         f"ranks (rank {env.rank}); give one per rank")
+
+
+# ------------------------------------------------------------------------------------------------ the ops
+def alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank: List[int], dim_sum_per_rank: List[int],
+                    dim_sum_per_rank_tensor: Optional[Tensor] = None,
+                    cumsum_dim_sum_per_rank_tensor: Optional[Tensor] = None,
+                    group: Optional[dist.ProcessGroup] = None, codecs: Optional[QuantizedCommCodecs] = None,
+                    all_to_all_single_comm: Any = None) -> Awaitable[Tensor]:
+    """Pooled embeddings of this rank's tables for every rank's batch, [sum(batch_size_per_rank), D_local], to
+    the ranks: rank r gets rows of its batch_size_per_rank[r] samples from every rank, side by side,
+    [B_r, sum(dim_sum_per_rank)] (the two tensors TorchRec takes for its kernel are accepted and not needed)."""
+    name = "alltoall_pooled"
+    env = env_of(group, name)
+    if env.world_size <= 1:
+        return NoWait(a2a_pooled_embs_tensor)
+    _refuse_custom_comm(all_to_all_single_comm, name)
+    codecs = check_codecs(codecs, name)
+    _check_world(batch_size_per_rank, env, name, "batch_size_per_rank")
+    _check_world(dim_sum_per_rank, env, name, "dim_sum_per_rank")
+    rows, local_dim = a2a_pooled_embs_tensor.shape
+    if rows != sum(batch_size_per_rank) or local_dim != dim_sum_per_rank[env.rank]:
+        raise ValueError(f"{name}: rank {env.rank}'s embeddings are {list(a2a_pooled_embs_tensor.shape)} but "
+                         f"batch_size_per_rank={batch_size_per_rank} and dim_sum_per_rank={dim_sum_per_rank} say "
+                         f"[{sum(batch_size_per_rank)}, {dim_sum_per_rank[env.rank]}]; pass one row per sample "
+                         "of every rank and this rank's dimension sum")
+    local_batch = batch_size_per_rank[env.rank]
+    output_splits = [local_batch * dim for dim in dim_sum_per_rank]
+
+    def side_by_side(received: Tensor) -> Tensor:
+        return torch.cat([part.view(local_batch, dim) for part, dim in zip(received.split(output_splits),
+                                                                         dim_sum_per_rank)], dim=1)
+
+    return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1), [b * local_dim for b in batch_size_per_rank],
+                         output_splits, name, codecs, side_by_side)
+
+
+def _sum_over_ranks(shape: Sequence[int]) -> Callable[[Tensor], Tensor]:
+    """The received world_size parts of `shape`, summed (in rank order)."""
+    numel = int(torch.Size(shape).numel())
+
+    def total(received: Tensor) -> Tensor:
+        parts = received.split(numel)
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
+        return out.view(*shape)
+
+    return total
+
+
+def reduce_scatter_pooled(inputs: List[Tensor], group: Optional[dist.ProcessGroup] = None,
+                          codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """inputs[r] (one tensor per rank) summed over the ranks, on rank r; backward gives each inputs[r] the
+    gradient of rank r's result."""
+    name = "reduce_scatter_pooled"
+    env = env_of(group, name)
+    _check_world(inputs, env, name, "inputs")
+    if env.world_size <= 1:
+        return NoWait(inputs[env.rank])
+    codecs = check_codecs(codecs, name)
+    flat = divided(torch.cat([tensor.reshape(-1) for tensor in inputs]), env)
+    mine = inputs[env.rank].shape
+    return start_request(env, flat, [tensor.numel() for tensor in inputs], [mine.numel()] * env.world_size, name,
+                         codecs, _sum_over_ranks(mine))
+
+
+def _equal_chunks(input: Tensor, env: ShardingEnv, subject: str) -> List[int]:
+    if input.dim() == 0 or input.shape[0] % env.world_size:
+        raise ValueError(f"{subject}: the input's dim 0 ({list(input.shape)}) does not split into "
+                         f"{env.world_size} equal chunks (rank {env.rank}); pass a multiple of the world size")
+    return [input.shape[0] // env.world_size] * env.world_size
+
+
+def reduce_scatter_v_pooled(input: Tensor, input_splits: List[int], group: Optional[dist.ProcessGroup] = None,
+                            codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """`input` cut along dim 0 into chunks of input_splits[r] rows; chunk r summed over the ranks, on rank r."""
+    name = "reduce_scatter_v_pooled"
+    env = env_of(group, name)
+    if env.world_size <= 1:
+        return NoWait(input)
+    _check_world(input_splits, env, name, "input_splits")
+    if input.dim() == 0 or sum(input_splits) != input.shape[0]:
+        raise ValueError(f"{name}: input_splits={input_splits} sum to {sum(input_splits)} but rank {env.rank}'s "
+                         f"input has shape {list(input.shape)}; they must sum to its dim 0")
+    codecs = check_codecs(codecs, name)
+    row = int(torch.Size(input.shape[1:]).numel())
+    mine = [input_splits[env.rank], *input.shape[1:]]
+    return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in input_splits],
+                         [input_splits[env.rank] * row] * env.world_size, name, codecs, _sum_over_ranks(mine))
+
+
+def reduce_scatter_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = None,
+                               codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """`input` cut along dim 0 into world_size equal chunks; chunk r summed over the ranks, on rank r."""
+    name = "reduce_scatter_base_pooled"
+    env = env_of(group, name)
+    if env.world_size <= 1:
+        return NoWait(input)
+    splits = _equal_chunks(input, env, name)
+    codecs = check_codecs(codecs, name)
+    row = int(torch.Size(input.shape[1:]).numel())
+    return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in splits], [splits[0] * row] * env.world_size,
+                         name, codecs, _sum_over_ranks([splits[0], *input.shape[1:]]))
+
+
+def all_gather_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = None,
+                           codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """Every rank's `input` (all of one shape), stacked along dim 0 in rank order; backward sums each rank's
+    gradient of the whole over the ranks and keeps this rank's part."""
+    name = "all_gather_base_pooled"
+    env = env_of(group, name)
+    if env.world_size <= 1:
+        return NoWait(input)
+    codecs = check_codecs(codecs, name)
+    numel = input.numel()
+    shape = [input.shape[0] * env.world_size, *input.shape[1:]] if input.dim() else [env.world_size]
+    return start_request(env, divided(input, env).reshape(-1).repeat(env.world_size), [numel] * env.world_size,
+                         [numel] * env.world_size, name, codecs, lambda received: received.view(*shape))
+
+
+__all__ = [
+    "All2AllDenseInfo", "All2AllPooledInfo", "All2AllSequenceInfo", "All2AllVInfo", "AllGatherBaseInfo",
+    "ReduceScatterBaseInfo", "ReduceScatterInfo", "ReduceScatterVInfo", "Request", "VariableBatchAll2AllPooledInfo",
+    "all_gather_base_pooled", "alltoall_pooled", "get_gradient_division", "get_use_sync_collectives",
+    "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_pooled", "set_gradient_division",
+    "set_use_sync_collectives", "torchrec_use_sync_collectives",
+]

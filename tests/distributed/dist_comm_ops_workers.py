@@ -1,0 +1,152 @@
+"""Workers of the collective building blocks' tests (importable by spawned processes): each runs TorchRec 1.8's
+module or op and rectoolkit's on the same tensors in the same gloo worker, in the same order on every rank, and
+compares what comes out: the KJTs, the forward tensors, and the input gradients of one loss."""
+
+from __future__ import annotations
+
+import torch
+
+import rectoolkit as rtk
+from rectoolkit.distributed import comm_ops as our_ops
+from rectoolkit.distributed import dist_data as our_data
+
+
+def torchrec_modules():
+    import torchrec
+    from torchrec.distributed import comm_ops as their_ops
+    from torchrec.distributed import dist_data as their_data
+
+    return torchrec, their_ops, their_data
+
+
+def assert_same_kjt(ours, theirs, where: str) -> None:
+    assert ours.keys() == theirs.keys(), (where, ours.keys(), theirs.keys())
+    assert ours.stride() == theirs.stride(), (where, ours.stride(), theirs.stride())
+    assert ours.stride_per_key_per_rank() == theirs.stride_per_key_per_rank(), where
+    for name in ("lengths", "values"):
+        mine, other = getattr(ours, name)(), getattr(theirs, name)()
+        assert torch.equal(mine, other.to(mine.dtype)), (where, name, mine, other)
+    assert (ours.weights_or_none() is None) == (theirs.weights_or_none() is None), where
+    if ours.weights_or_none() is not None:
+        assert torch.equal(ours.weights(), theirs.weights()), (where, "weights")
+
+
+def _kjt(lib, rank: int, batch: int, keys, weighted: bool, seed: int):
+    g = torch.Generator().manual_seed(seed + 10 * rank)
+    lengths = torch.randint(0, 3, (batch * len(keys),), generator=g)
+    values = torch.randint(0, 100, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    return lib.KeyedJaggedTensor(keys=list(keys), values=values, lengths=lengths, weights=weights)
+
+
+def _vbe_kjt(lib, rank: int, keys):
+    # a batch that varies per key: key k has 1 + (k + rank) % 3 samples on this rank
+    g = torch.Generator().manual_seed(77 + rank)
+    strides = [1 + (k + rank) % 3 for k in range(len(keys))]
+    lengths = torch.randint(0, 3, (sum(strides),), generator=g)
+    values = torch.randint(0, 50, (int(lengths.sum()),), generator=g)
+    return lib.KeyedJaggedTensor(keys=list(keys), values=values, lengths=lengths,
+                                 stride_per_key_per_rank=[[s] for s in strides])
+
+
+def kjt_all_to_all_worker(rank: int, world_size: int) -> None:
+    """KJTAllToAll, both waits, over fixed and per-rank batches, weights, stagger, an empty block and a batch that
+    varies per key, against TorchRec's."""
+    torchrec, _, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    keys = ["a", "b", "c"]
+    cases = [  # (name, splits, stagger, kjt maker)
+        ("fixed batch", [2, 1], 1, lambda lib: _kjt(lib, rank, 3, keys, False, 0)),
+        ("batch per rank", [1, 2], 1, lambda lib: _kjt(lib, rank, 2 + rank, keys, False, 1)),
+        ("weighted", [2, 1], 1, lambda lib: _kjt(lib, rank, 2, keys, True, 2)),
+        ("stagger 2", [1, 2], 2, lambda lib: _kjt(lib, rank, 2, keys, True, 3)),
+        ("stagger 2, batch per rank", [2, 1], 2, lambda lib: _kjt(lib, rank, 1 + 2 * rank, keys, False, 4)),
+        ("empty block", [3, 0], 1, lambda lib: _kjt(lib, rank, 2, keys, False, 5)),
+        ("batch per key", [2, 1], 1, lambda lib: _vbe_kjt(lib, rank, keys)),
+    ]
+    for name, splits, stagger, make in cases:
+        their_first = their_data.KJTAllToAll(pg, splits, stagger=stagger)(make(torchrec))
+        our_first = our_data.KJTAllToAll(pg, splits, stagger=stagger)(make(rtk))
+        their_second, our_second = their_first.wait(), our_first.wait()
+        assert isinstance(our_first, our_data.KJTAllToAllSplitsAwaitable), name
+        assert isinstance(our_second, our_data.KJTAllToAllTensorsAwaitable), name
+        assert_same_kjt(our_second.wait(), their_second.wait(), f"rank {rank}, {name}")
+    # the inputs can be freed once the exchange has arrived; the KJT still comes out whole
+    their_second = their_data.KJTAllToAll(pg, [2, 1])(_kjt(torchrec, rank, 3, keys, True, 6)).wait()
+    our_second = our_data.KJTAllToAll(pg, [2, 1])(_kjt(rtk, rank, 3, keys, True, 6)).wait()
+    assert our_second.clear_inputs() == their_second.clear_inputs() > 0
+    assert_same_kjt(our_second.wait(), their_second.wait(), f"rank {rank}, after clear_inputs")
+    # the sizes' all-to-all alone
+    sizes = [torch.tensor([rank, 10 + rank]), torch.tensor([5 * rank, 7])]
+    assert our_data.SplitsAllToAllAwaitable(sizes, pg).wait() == their_data.SplitsAllToAllAwaitable(sizes, pg).wait()
+
+
+def _grad_of(run, source: torch.Tensor, loss_weights_seed: int):
+    """(output, input gradient) of run(leaf) under the loss sum(output * fixed random weights)."""
+    leaf = source.clone().requires_grad_(True)
+    out = run(leaf)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(loss_weights_seed))
+    (out * weights).sum().backward()
+    return out.detach(), leaf.grad
+
+
+def _same(ours, theirs, where: str) -> None:
+    assert ours[0].shape == theirs[0].shape, (where, ours[0].shape, theirs[0].shape)
+    assert torch.equal(ours[0], theirs[0]), (where, "forward", ours[0], theirs[0])
+    assert torch.equal(ours[1], theirs[1]), (where, "input gradient", ours[1], theirs[1])
+
+
+def pooled_all_to_all_worker(rank: int, world_size: int) -> None:
+    """PooledEmbeddingsAllToAll and comm_ops.alltoall_pooled: forward and input gradients equal TorchRec's, with
+    even and uneven batches, gradient division on and off, sync collectives on and off, FP16/BF16 codecs and
+    callbacks."""
+    _, their_ops, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    dims = [3, 2]
+    g = torch.Generator().manual_seed(rank)
+    for division in (True, False):
+        for sync in (False, True):
+            for batch_size_per_rank in (None, [1, 3]):
+                where = f"rank {rank}, division={division}, sync={sync}, batches={batch_size_per_rank}"
+                source = torch.randn(4, dims[rank], generator=g)
+                results = []
+                for ops, data in ((their_ops, their_data), (our_ops, our_data)):
+                    ops.set_gradient_division(division)
+                    ops.set_use_sync_collectives(sync)
+                    a2a = data.PooledEmbeddingsAllToAll(pg, dims)
+                    results.append(_grad_of(lambda x: a2a(x, batch_size_per_rank).wait(), source, 1))
+                    ops.set_gradient_division(True)
+                    ops.set_use_sync_collectives(False)
+                _same(results[1], results[0], where)
+    # the function itself, and callbacks applied to the result
+    source = torch.randn(4, dims[rank], generator=g)
+    theirs = _grad_of(lambda x: their_ops.alltoall_pooled(x, [2, 2], dims, group=pg).wait(), source, 2)
+    ours = _grad_of(lambda x: our_ops.alltoall_pooled(x, [2, 2], dims, group=pg).wait(), source, 2)
+    _same(ours, theirs, f"rank {rank}, alltoall_pooled")
+    theirs = _grad_of(lambda x: their_data.PooledEmbeddingsAllToAll(pg, dims, callbacks=[torch.tanh])(x).wait(),
+                      source, 3)
+    ours = _grad_of(lambda x: our_data.PooledEmbeddingsAllToAll(pg, dims, callbacks=[torch.tanh])(x).wait(),
+                    source, 3)
+    _same(ours, theirs, f"rank {rank}, callbacks")
+    _codecs_match(rank, pg, dims, their_data, source)
+
+
+def _codecs_match(rank, pg, dims, their_data, source) -> None:
+    from fbgemm_gpu.split_embedding_configs import SparseType
+    from fbgemm_gpu.quantize_comm import QuantizedCommCodec as FbgemmCodec
+    from torchrec.distributed.types import QuantizedCommCodecs as TheirCodecs
+
+    from rectoolkit.distributed.fbgemm_qcomm_codec import CommType, QuantizedCommCodec, QuantizedCommCodecs
+
+    their_codecs = TheirCodecs(FbgemmCodec(SparseType.FP16), FbgemmCodec(SparseType.BF16))
+    our_codecs = QuantizedCommCodecs(QuantizedCommCodec(CommType.FP16), QuantizedCommCodec(CommType.BF16))
+    theirs = _grad_of(lambda x: their_data.PooledEmbeddingsAllToAll(pg, dims, codecs=their_codecs)(x).wait(),
+                      source, 4)
+    ours = _grad_of(lambda x: our_data.PooledEmbeddingsAllToAll(pg, dims, codecs=our_codecs)(x).wait(), source, 4)
+    _same(ours, theirs, f"rank {rank}, FP16/BF16 codecs")
+    try:
+        our_data.PooledEmbeddingsAllToAll(pg, dims, codecs=their_codecs)(source)
+    except TypeError as error:
+        assert "rectoolkit's QuantizedCommCodecs" in str(error), error
+    else:
+        raise AssertionError("TorchRec's codecs were accepted by rectoolkit's PooledEmbeddingsAllToAll")
