@@ -19,7 +19,9 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, NEMetric, compute_cross_entropy, get_ne_states, normalized_entropy
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.ne import (ETA, NE_STATES, EntropyComputation, NEMetric, compute_cross_entropy, get_ne_states,
+                                   normalized_entropy)
 
 
 def compute_cali_free_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
@@ -41,6 +43,16 @@ def get_cali_free_ne_states(labels: torch.Tensor, predictions: torch.Tensor, wei
     """`torchrec.metrics.cali_free_ne.get_cali_free_ne_states`: NE's sums and the weighted prediction sum."""
     return {**get_ne_states(labels, predictions, weights, eta),
             "weighted_sum_predictions": torch.sum(weights * predictions, dim=-1)}
+
+
+class CaliFreeNEMetricComputation(EntropyComputation):
+    """TorchRec's computation: NE's states and `weighted_sum_predictions` (float64, with windows), reports
+    `cali_free_ne`."""
+
+    _state_names = NE_STATES + ("weighted_sum_predictions",)
+    _metric_name = MetricName.CALI_FREE_NE
+    _get_states = staticmethod(get_cali_free_ne_states)
+    _compute_value = staticmethod(compute_cali_free_ne)
 
 
 class CaliFreeNEMetric(NEMetric):
@@ -67,4 +79,4 @@ class CaliFreeNEMetric(NEMetric):
                                                      predicted, ETA)}
 
 
-__all__ = ["CaliFreeNEMetric", "compute_cali_free_ne", "compute_cross_entropy", "get_cali_free_ne_states"]
+__all__ = ["CaliFreeNEMetric", "CaliFreeNEMetricComputation", "compute_cali_free_ne", "compute_cross_entropy", "get_cali_free_ne_states"]

@@ -23,7 +23,7 @@ import torch
 from rectoolkit.metrics.computation import MetricComputationReport
 from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.rec_metric import SumStateMetric
-from rectoolkit.metrics.sum_states import SumStatesComputation
+from rectoolkit.metrics.sum_states import OneValueComputation
 
 ETA = 1e-12
 
@@ -78,10 +78,31 @@ def get_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torc
 NE_STATES = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
 
 
-class NEMetricComputation(SumStatesComputation):
+class EntropyComputation(OneValueComputation):
+    """The NE family's computations (NE, NE of the positives, calibration-free and unweighted NE): TorchRec's
+    `allow_missing_label_with_zero_weight` and `self.eta` (1e-12), passed to `_get_states` and `_compute_value` after
+    their sums; weights=None refused, as TorchRec's."""
+
+    _weights_required = True
+
+    def __init__(self, *args: Any, allow_missing_label_with_zero_weight: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._allow_missing_label_with_zero_weight = allow_missing_label_with_zero_weight
+        self.eta = ETA
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return self._get_states(labels, predictions, weights, self.eta)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return self._lifetime_and_window_reports(self._metric_name, self._compute_value, self._state_names, self.eta,
+                                                 self._allow_missing_label_with_zero_weight)
+
+
+class NEMetricComputation(EntropyComputation):
     """TorchRec's NE computation: states `cross_entropy_sum`, `weighted_num_samples`, `pos_labels`, `neg_labels`
     ([n_tasks] float64, each with its window), reports `ne` (and `logloss` with include_logloss), lifetime then
-    window; `self.eta` is 1e-12.
+    window.
 
         >>> computation = NEMetricComputation(my_rank=0, batch_size=2, n_tasks=1, window_size=4)
         >>> computation.update(predictions=torch.tensor([[0.5, 0.5]]), labels=torch.tensor([[1.0, 0.0]]),
@@ -91,22 +112,16 @@ class NEMetricComputation(SumStatesComputation):
     """
 
     _state_names = NE_STATES
-    _weights_required = True
+    _metric_name = MetricName.NE
+    _get_states = staticmethod(get_ne_states)
+    _compute_value = staticmethod(compute_ne)
 
-    def __init__(self, *args: Any, include_logloss: bool = False, allow_missing_label_with_zero_weight: bool = False,
-                 **kwargs: Any) -> None:
-        self._include_logloss = include_logloss
+    def __init__(self, *args: Any, include_logloss: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._allow_missing_label_with_zero_weight = allow_missing_label_with_zero_weight
-        self.eta = ETA
-
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                      **kwargs: Any) -> Dict[str, torch.Tensor]:
-        return get_ne_states(labels, predictions, weights, self.eta)
+        self._include_logloss = include_logloss
 
     def _compute(self) -> List[MetricComputationReport]:
-        reports = self._lifetime_and_window_reports(MetricName.NE, compute_ne, NE_STATES, self.eta,
-                                                    self._allow_missing_label_with_zero_weight)
+        reports = super()._compute()
         if self._include_logloss:
             reports += self._lifetime_and_window_reports(MetricName.LOG_LOSS, compute_logloss,
                                                          ("cross_entropy_sum", "pos_labels", "neg_labels"), self.eta)
@@ -140,5 +155,5 @@ class NEMetric(SumStateMetric):
         return values
 
 
-__all__ = ["NE_STATES", "NEMetric", "NEMetricComputation", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
+__all__ = ["NE_STATES", "EntropyComputation", "NEMetric", "NEMetricComputation", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
            "normalized_entropy"]

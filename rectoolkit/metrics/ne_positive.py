@@ -16,7 +16,8 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, get_ne_states, normalized_entropy
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.ne import ETA, EntropyComputation, get_ne_states, normalized_entropy
 from rectoolkit.metrics.rec_metric import SumStateMetric
 
 
@@ -46,6 +47,16 @@ def get_ne_positive_states(labels: torch.Tensor, predictions: torch.Tensor, weig
                                                     dim=-1), **states}
 
 
+class NEPositiveMetricComputation(EntropyComputation):
+    """TorchRec's computation: states `cross_entropy_positive_sum`, `weighted_num_samples`, `pos_labels`,
+    `neg_labels` (float64, with windows), reports `ne_positive`."""
+
+    _state_names = ("cross_entropy_positive_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    _metric_name = MetricName.NE_POSITIVE
+    _get_states = staticmethod(get_ne_positive_states)
+    _compute_value = staticmethod(compute_ne_positive)
+
+
 class NEPositiveMetric(SumStateMetric):
     """Lifetime and window NE of the positives per task (`ne_positive-{task}|{lifetime,window}_ne_positive`).
 
@@ -68,4 +79,4 @@ class NEPositiveMetric(SumStateMetric):
         return {"ne_positive": normalized_entropy(*states)}
 
 
-__all__ = ["NEPositiveMetric", "compute_cross_entropy_positive", "compute_ne_positive", "get_ne_positive_states"]
+__all__ = ["NEPositiveMetric", "NEPositiveMetricComputation", "compute_cross_entropy_positive", "compute_ne_positive", "get_ne_positive_states"]

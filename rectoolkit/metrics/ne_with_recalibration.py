@@ -17,12 +17,40 @@ ignore them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
-import torch  # noqa: F401  (the doctest's)
+import torch
 
-from rectoolkit.metrics.calibration_with_recalibration import RecalibratedPredictions
-from rectoolkit.metrics.ne import NEMetric
+from rectoolkit.metrics.calibration_with_recalibration import (RecalibratedPredictions, check_recalibration_coefficient,
+                                                               recalibrate_batch)
+from rectoolkit.metrics.ne import NEMetric, NEMetricComputation
+
+_IGNORED_BY_TORCHREC = ("include_logloss", "allow_missing_label_with_zero_weight")
+
+
+def _refuse_ignored_options(owner: str, options: Dict[str, Any]) -> None:
+    for option in _IGNORED_BY_TORCHREC:
+        if options.get(option):
+            raise ValueError(f"{owner}: {option}=True is not supported: TorchRec 1.8's RecalibratedNEMetric ignores "
+                             f"it (it reports NE only); pass {option}=False, or use NEMetric for {option}")
+
+
+class RecalibratedNEMetricComputation(NEMetricComputation):
+    """TorchRec's computation: NE's states and `ne` reports over the recalibrated predictions (include_logloss and
+    allow_missing_label_with_zero_weight, which TorchRec's ignores, refused when True)."""
+
+    def __init__(self, *args: Any, include_logloss: bool = False, allow_missing_label_with_zero_weight: bool = False,
+                 recalibration_coefficient: float = 1.0, **kwargs: Any) -> None:
+        _refuse_ignored_options(type(self).__name__, {"include_logloss": include_logloss,
+                                                      "allow_missing_label_with_zero_weight":
+                                                          allow_missing_label_with_zero_weight})
+        super().__init__(*args, **kwargs)
+        self._recalibration_coefficient = check_recalibration_coefficient(type(self).__name__,
+                                                                          recalibration_coefficient)
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return super()._batch_states(recalibrate_batch(predictions, self._recalibration_coefficient), labels, weights)
 
 
 class RecalibratedNEMetric(RecalibratedPredictions, NEMetric):
@@ -35,11 +63,7 @@ class RecalibratedNEMetric(RecalibratedPredictions, NEMetric):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for option in ("include_logloss", "allow_missing_label_with_zero_weight"):
-            if self._options[option]:
-                raise ValueError(f"RecalibratedNEMetric: {option}=True is not supported: TorchRec 1.8's "
-                                 f"RecalibratedNEMetric ignores it (it reports NE only); pass {option}=False, or "
-                                 f"use NEMetric for {option}")
+        _refuse_ignored_options(type(self).__name__, self._options)
 
 
-__all__ = ["RecalibratedNEMetric"]
+__all__ = ["RecalibratedNEMetric", "RecalibratedNEMetricComputation"]

@@ -16,11 +16,14 @@ sums to the state_dict, as TorchRec's (NMSE reports no R^2).
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
-from rectoolkit.metrics.mse import MSEMetric, compute_error_sum, get_mse_states
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
+from rectoolkit.metrics.mse import (MSE_STATES, MSEMetric, MSEMetricComputation, compute_error_sum, compute_mse,
+                                    compute_rmse, get_mse_states)
 from rectoolkit.metrics.rec_metric import ratio_or_zero
 
 
@@ -35,6 +38,27 @@ def get_norm_mse_states(labels: torch.Tensor, predictions: torch.Tensor,
     """`torchrec.metrics.nmse.get_norm_mse_states`: MSE's sums and the error of predicting 1."""
     return {**get_mse_states(labels, predictions, weights),
             "const_pred_error_sum": compute_error_sum(labels, torch.ones_like(labels), weights)}
+
+
+class NMSEMetricComputation(MSEMetricComputation):
+    """TorchRec's computation: MSE's states and `const_pred_error_sum` (the error of predicting 1), reports `nmse`
+    and `nrmse` (the model's MSE / RMSE over the constant's), lifetime then window."""
+
+    _state_names = MSE_STATES + ("const_pred_error_sum",)
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return get_norm_mse_states(labels, predictions, weights)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        reports = []
+        for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW):
+            error, weight, const_error = self._states_at(prefix, ("error_sum", "weighted_num_samples",
+                                                                  "const_pred_error_sum"))
+            reports += [MetricComputationReport(name, prefix, compute_norm(compute(error, weight),
+                                                                           compute(const_error, weight)))
+                        for name, compute in ((MetricName.NMSE, compute_mse), (MetricName.NRMSE, compute_rmse))]
+        return reports
 
 
 class NMSEMetric(MSEMetric):
@@ -60,4 +84,4 @@ class NMSEMetric(MSEMetric):
         return {"nmse": mse / baseline_mse, "nrmse": mse.sqrt() / baseline_mse.sqrt()}
 
 
-__all__ = ["NMSEMetric", "compute_norm", "get_norm_mse_states"]
+__all__ = ["NMSEMetric", "NMSEMetricComputation", "compute_norm", "get_norm_mse_states"]

@@ -15,7 +15,9 @@ from typing import Dict
 
 import torch
 
-from rectoolkit.metrics.ne import ETA, NEMetric, compute_cross_entropy, get_ne_states, normalized_entropy
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.ne import (ETA, NE_STATES, EntropyComputation, NEMetric, compute_cross_entropy, get_ne_states,
+                                   normalized_entropy)
 
 
 def compute_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
@@ -31,6 +33,16 @@ def get_unweighted_ne_states(labels: torch.Tensor, predictions: torch.Tensor, we
                              eta: float) -> Dict[str, torch.Tensor]:
     """`torchrec.metrics.unweighted_ne.get_unweighted_ne_states`: NE's sums with every weight 1 (weights ignored)."""
     return get_ne_states(labels, predictions, torch.ones_like(labels), eta)
+
+
+class UnweightedNEMetricComputation(EntropyComputation):
+    """TorchRec's computation: NE's states over unit weights (the weights ignored, but required as TorchRec's),
+    reports `unweighted_ne`."""
+
+    _state_names = NE_STATES
+    _metric_name = MetricName.UNWEIGHTED_NE
+    _get_states = staticmethod(get_unweighted_ne_states)
+    _compute_value = staticmethod(compute_ne)
 
 
 class UnweightedNEMetric(NEMetric):
@@ -54,4 +66,4 @@ class UnweightedNEMetric(NEMetric):
         return {"unweighted_ne": normalized_entropy(*states)}
 
 
-__all__ = ["UnweightedNEMetric", "compute_cross_entropy", "compute_ne", "get_unweighted_ne_states"]
+__all__ = ["UnweightedNEMetric", "UnweightedNEMetricComputation", "compute_cross_entropy", "compute_ne", "get_unweighted_ne_states"]

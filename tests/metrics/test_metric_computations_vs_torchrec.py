@@ -28,6 +28,16 @@ COMPUTATIONS = [
     ("precision", "PrecisionMetricComputation", {"threshold": 0.6}),
     ("recall", "RecallMetricComputation", {}),
     ("weighted_avg", "WeightedAvgMetricComputation", {}),
+    ("ne_positive", "NEPositiveMetricComputation", {}),
+    ("ne_positive", "NEPositiveMetricComputation", {"allow_missing_label_with_zero_weight": True}),
+    ("cali_free_ne", "CaliFreeNEMetricComputation", {}),
+    ("cali_free_ne", "CaliFreeNEMetricComputation", {"allow_missing_label_with_zero_weight": True}),
+    ("unweighted_ne", "UnweightedNEMetricComputation", {}),
+    ("unweighted_ne", "UnweightedNEMetricComputation", {"allow_missing_label_with_zero_weight": True}),
+    ("nmse", "NMSEMetricComputation", {}),
+    ("nmse", "NMSEMetricComputation", {"include_r_squared": True}),
+    ("calibration_with_recalibration", "RecalibratedCalibrationMetricComputation", {"recalibration_coefficient": 0.3}),
+    ("ne_with_recalibration", "RecalibratedNEMetricComputation", {"recalibration_coefficient": 0.3}),
 ]
 IDS = [f"{cls}{kwargs or ''}" for _, cls, kwargs in COMPUTATIONS]
 
@@ -37,12 +47,16 @@ def _class(library, module, name):
 
 
 def _batches(seed, weighted, count=4, n_tasks=N_TASKS):
+    """[n_tasks, BATCH] predictions, 0/1 labels and weights: random (weighted True), ones (False), or random with
+    the last task's all 0 ("zero_task": the metrics' empty-task cases)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
         predictions = torch.rand(n_tasks, BATCH, generator=generator)
         labels = (torch.rand(n_tasks, BATCH, generator=generator) > 0.5).float()
         weights = torch.rand(n_tasks, BATCH, generator=generator) if weighted else torch.ones(n_tasks, BATCH)
+        if weighted == "zero_task":
+            weights[-1] = 0.0
         out.append((predictions, labels, weights))
     return out
 
@@ -70,7 +84,7 @@ def _assert_same_reports(got, expected):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("weighted", [True, False, "zero_task"])
 @pytest.mark.parametrize("module, name, kwargs", COMPUTATIONS, ids=IDS)
 def test_computation_states_and_reports_equal_torchrec(module, name, kwargs, weighted, seed):
     built = [_class(library, module, name)(my_rank=0, batch_size=BATCH, n_tasks=N_TASKS, window_size=WINDOW,
@@ -210,3 +224,18 @@ def test_user_subclass_of_ne_computation_equals_torchrec(mode, metric_base):
         for metric in metrics:
             metric.update(predictions=batch[0], labels=batch[1], weights=batch[2])
     _assert_same_tensors(metrics[1].compute(), metrics[0].compute(), "compute after load")
+
+
+def test_recalibrated_computations_refuse_what_torchrec_ignores_or_cannot_use():
+    """TorchRec's RecalibratedNEMetricComputation drops include_logloss / allow_missing_label_with_zero_weight (its
+    NE base resets them) and takes any coefficient; ours refuses them by name."""
+    ne_computation = _class("rectoolkit", "ne_with_recalibration", "RecalibratedNEMetricComputation")
+    calibration_computation = _class("rectoolkit", "calibration_with_recalibration",
+                                     "RecalibratedCalibrationMetricComputation")
+    arguments = {"my_rank": 0, "batch_size": BATCH, "n_tasks": 1, "window_size": WINDOW}
+    for option in ("include_logloss", "allow_missing_label_with_zero_weight"):
+        with pytest.raises(ValueError, match=f"RecalibratedNEMetricComputation: {option}=True is not supported"):
+            ne_computation(**arguments, **{option: True})
+    for computation in (ne_computation, calibration_computation):
+        with pytest.raises(ValueError, match=r"recalibration_coefficient=0 must be a positive finite number"):
+            computation(**arguments, recalibration_coefficient=0)
