@@ -150,3 +150,48 @@ def _codecs_match(rank, pg, dims, their_data, source) -> None:
         assert "rectoolkit's QuantizedCommCodecs" in str(error), error
     else:
         raise AssertionError("TorchRec's codecs were accepted by rectoolkit's PooledEmbeddingsAllToAll")
+
+
+def reduce_scatter_all_gather_worker(rank: int, world_size: int) -> None:
+    """PooledEmbeddingsReduceScatter / AllGather and the comm_ops behind them: forward and input gradients equal
+    TorchRec's, gradient division on and off, sync collectives on and off. Uneven reduce-scatter-v splits are
+    compared with TorchRec's sync path (its async one does not run on gloo) and ours runs both ways."""
+    _, their_ops, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    g = torch.Generator().manual_seed(10 + rank)
+    cases = [  # name, input shape, run(ops, data, leaf)
+        ("PooledEmbeddingsReduceScatter", (4, 3), lambda ops, data, x: data.PooledEmbeddingsReduceScatter(pg)(x).wait()),
+        ("PooledEmbeddingsReduceScatter, equal input_splits", (4, 3),
+         lambda ops, data, x: data.PooledEmbeddingsReduceScatter(pg)(x, [2, 2]).wait()),
+        ("reduce_scatter_base_pooled", (6, 2), lambda ops, data, x: ops.reduce_scatter_base_pooled(x, pg).wait()),
+        ("reduce_scatter_pooled", (5, 2),
+         lambda ops, data, x: ops.reduce_scatter_pooled([x[:2], x[2:4] * 3 + x[4:5]], pg).wait()),
+        ("all_gather_base_pooled", (2, 3), lambda ops, data, x: ops.all_gather_base_pooled(x, pg).wait()),
+        ("PooledEmbeddingsAllGather", (3, 2), lambda ops, data, x: data.PooledEmbeddingsAllGather(pg)(x).wait()),
+    ]
+    for division in (True, False):
+        for sync in (False, True):
+            for name, shape, run in cases:
+                where = f"rank {rank}, {name}, division={division}, sync={sync}"
+                source = torch.randn(shape, generator=g)
+                results = []
+                for ops, data in ((their_ops, their_data), (our_ops, our_data)):
+                    ops.set_gradient_division(division)
+                    ops.set_use_sync_collectives(sync)
+                    results.append(_grad_of(lambda x: run(ops, data, x), source, 5))
+                    ops.set_gradient_division(True)
+                    ops.set_use_sync_collectives(False)
+                _same(results[1], results[0], where)
+            # uneven splits: TorchRec's sync path against ours, both ways
+            source = torch.randn(4, 2, generator=g)
+            their_ops.set_gradient_division(division)
+            their_ops.set_use_sync_collectives(True)
+            theirs = _grad_of(lambda x: their_data.PooledEmbeddingsReduceScatter(pg)(x, [1, 3]).wait(), source, 6)
+            their_ops.set_gradient_division(True)
+            their_ops.set_use_sync_collectives(False)
+            our_ops.set_gradient_division(division)
+            our_ops.set_use_sync_collectives(sync)
+            ours = _grad_of(lambda x: our_data.PooledEmbeddingsReduceScatter(pg)(x, [1, 3]).wait(), source, 6)
+            our_ops.set_gradient_division(True)
+            our_ops.set_use_sync_collectives(False)
+            _same(ours, theirs, f"rank {rank}, uneven reduce-scatter-v, division={division}, sync={sync}")

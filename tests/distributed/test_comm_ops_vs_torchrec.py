@@ -9,7 +9,7 @@ import torch
 
 from rectoolkit.distributed import comm_ops, dist_data
 from dist_harness import run_workers
-from dist_comm_ops_workers import kjt_all_to_all_worker, pooled_all_to_all_worker
+from dist_comm_ops_workers import kjt_all_to_all_worker, pooled_all_to_all_worker, reduce_scatter_all_gather_worker
 
 
 def _torchrec_dist_data():
@@ -74,3 +74,11 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_reduce_scatter_and_all_gather_outputs_and_gradients_match_torchrec():
+    _torchrec_dist_data()
+    run_workers(reduce_scatter_all_gather_worker, 2)
