@@ -82,3 +82,13 @@ def test_docstring_examples(module):
 def test_reduce_scatter_and_all_gather_outputs_and_gradients_match_torchrec():
     _torchrec_dist_data()
     run_workers(reduce_scatter_all_gather_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_table_wise_sharded_module_written_the_torchrec_way_equals_the_unsharded_collection():
+    _torchrec_dist_data()
+    from dist_custom_sharded_workers import custom_sharded_worker
+
+    run_workers(custom_sharded_worker, 2)
