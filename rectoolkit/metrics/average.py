@@ -25,6 +25,19 @@ PREDICTION_SUM = "prediction_sum"
 WEIGHTED_NUM_SAMPLES = "weighted_num_samples"
 
 
+def compute_average(weighted_sum: torch.Tensor, weighted_num_samples: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.average.compute_average`: weighted_sum / weighted_num_samples (float64), 0 where there is no
+    weight."""
+    return safe_ratio(weighted_sum, weighted_num_samples)
+
+
+def get_average_states(labels: torch.Tensor, predictions: torch.Tensor,
+                       weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.average.get_average_states`: a batch's label, prediction and weight sums over the last dim."""
+    return {LABEL_SUM: torch.sum(labels * weights, dim=-1), PREDICTION_SUM: torch.sum(predictions * weights, dim=-1),
+            WEIGHTED_NUM_SAMPLES: torch.sum(weights, dim=-1)}
+
+
 class AverageMetricComputation(SumStatesComputation):
     """TorchRec's states: `label_sum`, `prediction_sum`, `weighted_num_samples`."""
 
@@ -32,13 +45,12 @@ class AverageMetricComputation(SumStatesComputation):
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                       **kwargs: Any) -> Dict[str, torch.Tensor]:
-        return {LABEL_SUM: torch.sum(labels * weights, dim=-1), PREDICTION_SUM: torch.sum(predictions * weights, dim=-1),
-                WEIGHTED_NUM_SAMPLES: torch.sum(weights, dim=-1)}
+        return get_average_states(labels, predictions, weights)
 
     def _compute(self) -> List[MetricComputationReport]:
         # TorchRec's order: the lifetime label and prediction averages, then the window's
         samples = dict(self._lifetime_and_window(WEIGHTED_NUM_SAMPLES))
-        return [MetricComputationReport(name, prefix, safe_ratio(total, samples[prefix]))
+        return [MetricComputationReport(name, prefix, compute_average(total, samples[prefix]))
                 for prefix in samples
                 for name, state in ((MetricName.LABEL_AVERAGE, LABEL_SUM), (MetricName.PREDICTION_AVERAGE, PREDICTION_SUM))
                 for total in [dict(self._lifetime_and_window(state))[prefix]]]
@@ -51,4 +63,4 @@ class AverageMetric(RecMetric):
     _computation_class = AverageMetricComputation
 
 
-__all__ = ["AverageMetric", "AverageMetricComputation"]
+__all__ = ["AverageMetric", "AverageMetricComputation", "compute_average", "get_average_states"]

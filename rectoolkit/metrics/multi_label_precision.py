@@ -26,7 +26,14 @@ import torch
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace, MetricPrefix
 from rectoolkit.metrics.rec_metric import RecMetric
-from rectoolkit.metrics.sum_states import safe_ratio
+
+
+def compute_multi_label_precision(num_true_positives: torch.Tensor,
+                                  num_false_positives: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.multi_label_precision.compute_multi_label_precision`: TP / (TP + FP), 0 where nothing is
+    predicted (in the inputs' dtype)."""
+    predicted = num_true_positives + num_false_positives
+    return torch.where(predicted == 0.0, torch.zeros_like(predicted), num_true_positives / predicted)
 
 
 def decode_label_bits(encoded: torch.Tensor, num_labels: int) -> torch.Tensor:
@@ -80,7 +87,7 @@ class MultiLabelPrecisionMetricComputation(RecMetricComputation):
                 states = [getattr(self, f"{kind}_{label_name}") if prefix == MetricPrefix.LIFETIME
                           else self.get_window_state(f"{kind}_{label_name}") for kind in ("true_pos_sum", "false_pos_sum")]
                 reports.append(MetricComputationReport(MetricName.MULTI_LABEL_PRECISION, prefix,
-                                                       safe_ratio(states[0], states[0] + states[1]), label_name))
+                                                       compute_multi_label_precision(*states), label_name))
         return reports
 
 
@@ -92,4 +99,4 @@ class MultiLabelPrecisionMetric(RecMetric):
     _computation_class = MultiLabelPrecisionMetricComputation
 
 
-__all__ = ["MultiLabelPrecisionMetric", "MultiLabelPrecisionMetricComputation", "decode_label_bits"]
+__all__ = ["compute_multi_label_precision", "MultiLabelPrecisionMetric", "MultiLabelPrecisionMetricComputation", "decode_label_bits"]

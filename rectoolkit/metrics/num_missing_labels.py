@@ -11,11 +11,26 @@ the ranks.
 
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectoolkit.metrics.rec_metric import RecMetric
-from rectoolkit.metrics.sum_states import SingleSumComputation
+from rectoolkit.metrics.sum_states import SingleSumComputation, single_sum_states
+
+
+def compute_missing_label_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.num_missing_labels.compute_missing_label_sum`:
+    the weight of the nan labels summed over the last dim."""
+    return torch.sum(torch.where(torch.isnan(labels), weights, 0), dim=-1)
+
+
+def get_num_missing_labels_states(labels: torch.Tensor, predictions: torch.Tensor,
+                                  weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.num_missing_labels.get_num_missing_labels_states`:
+    {"missing_label_sum": ...} of a batch (weights None: all ones)."""
+    return single_sum_states("missing_label_sum", compute_missing_label_sum, labels, predictions, weights)
 
 
 class NumMissingLabelsMetricComputation(SingleSumComputation):
@@ -25,7 +40,7 @@ class NumMissingLabelsMetricComputation(SingleSumComputation):
     _metric_name = MetricName.NUM_MISSING_LABELS
 
     def _batch_sum(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.sum(torch.where(torch.isnan(labels), weights, 0), dim=-1)
+        return compute_missing_label_sum(labels, predictions, weights)
 
 
 class NumMissingLabelsMetric(RecMetric):
@@ -35,4 +50,4 @@ class NumMissingLabelsMetric(RecMetric):
     _computation_class = NumMissingLabelsMetricComputation
 
 
-__all__ = ["NumMissingLabelsMetric", "NumMissingLabelsMetricComputation"]
+__all__ = ["compute_missing_label_sum", "get_num_missing_labels_states", "NumMissingLabelsMetric", "NumMissingLabelsMetricComputation"]

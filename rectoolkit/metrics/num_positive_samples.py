@@ -11,11 +11,26 @@ the ranks.
 
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectoolkit.metrics.rec_metric import RecMetric
-from rectoolkit.metrics.sum_states import SingleSumComputation
+from rectoolkit.metrics.sum_states import SingleSumComputation, single_sum_states
+
+
+def compute_weighted_pos_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.num_positive_samples.compute_weighted_pos_sum`:
+    the weighted labels summed over the last dim (a nan label counts 0)."""
+    return torch.sum(weights * torch.nan_to_num(labels, 0), dim=-1)
+
+
+def get_num_positive_sample_states(labels: torch.Tensor, predictions: torch.Tensor,
+                                   weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.num_positive_samples.get_num_positive_sample_states`:
+    {"weighted_pos_sum": ...} of a batch (weights None: all ones)."""
+    return single_sum_states("weighted_pos_sum", compute_weighted_pos_sum, labels, predictions, weights)
 
 
 class NumPositiveSamplesMetricComputation(SingleSumComputation):
@@ -25,7 +40,7 @@ class NumPositiveSamplesMetricComputation(SingleSumComputation):
     _metric_name = MetricName.NUM_POSITIVE_SAMPLES
 
     def _batch_sum(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.sum(weights * torch.nan_to_num(labels, 0), dim=-1)
+        return compute_weighted_pos_sum(labels, predictions, weights)
 
 
 class NumPositiveSamplesMetric(RecMetric):
@@ -35,4 +50,4 @@ class NumPositiveSamplesMetric(RecMetric):
     _computation_class = NumPositiveSamplesMetricComputation
 
 
-__all__ = ["NumPositiveSamplesMetric", "NumPositiveSamplesMetricComputation"]
+__all__ = ["compute_weighted_pos_sum", "get_num_positive_sample_states", "NumPositiveSamplesMetric", "NumPositiveSamplesMetricComputation"]

@@ -17,7 +17,7 @@ from typing import Tuple
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
-from rectoolkit.metrics.session_level import SessionComputation, SessionMetric
+from rectoolkit.metrics.session_level import SessionComputation, SessionMetric, ranking_within_session
 
 NUM_TRUE_POS = "num_true_pos"
 NUM_FALSE_NEGATIVE = "num_false_neg"
@@ -44,4 +44,4 @@ class RecallSessionMetric(SessionMetric):
     _what = "recall"
 
 
-__all__ = ["RecallSessionMetric", "RecallSessionMetricComputation"]
+__all__ = ["RecallSessionMetric", "RecallSessionMetricComputation", "ranking_within_session"]

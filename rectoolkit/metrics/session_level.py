@@ -24,11 +24,14 @@ from rectoolkit.metrics.sum_states import SumStatesComputation
 logger = logging.getLogger(__name__)
 
 
-def ranking_within_session(values: torch.Tensor, session: torch.Tensor) -> torch.Tensor:
-    """Each sample's rank in its session: how many samples of the same session have a strictly higher value."""
-    same_session = session.view(-1, 1) == session.view(1, -1)
-    higher = values.view(1, -1) > values.view(-1, 1)
-    return torch.sum(same_session & higher, dim=-1)
+def ranking_within_session(predictions: torch.Tensor, session: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.recall_session.ranking_within_session`: each sample's rank in its session, for a task's
+    [1, batch] row the number of samples of its session with a strictly higher value. As TorchRec's, the pairs are
+    laid out by `predictions.size(0)`: a 1-D [batch] input counts the strictly lower values instead."""
+    rows = predictions.size(0)
+    same_session = session.view(-1, rows) == session.view(rows, -1)
+    not_below = predictions.view(-1, rows) >= predictions.view(rows, -1)
+    return torch.sum(same_session & ~not_below, dim=-1)
 
 
 def nan_unless_positive(numerator: torch.Tensor, denominator: torch.Tensor, what: str) -> torch.Tensor:

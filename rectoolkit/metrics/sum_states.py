@@ -121,6 +121,13 @@ class OneValueComputation(SumStatesComputation):
         return self._lifetime_and_window_reports(self._metric_name, self._compute_value, self._state_names)
 
 
+def single_sum_states(state_name: str, compute: Callable[..., torch.Tensor], labels: torch.Tensor,
+                      predictions: torch.Tensor, weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """{state_name: compute(labels, predictions, weights)}, weights None read as all ones (the get_*_states of
+    TorchRec's counting metrics)."""
+    return {state_name: compute(labels, predictions, torch.ones_like(labels) if weights is None else weights)}
+
+
 class SingleSumComputation(SumStatesComputation):
     """One per-task sum (`_state_name`), reported as itself under `_metric_name`, lifetime then window."""
 
@@ -144,4 +151,4 @@ class SingleSumComputation(SumStatesComputation):
                 for prefix, value in self._lifetime_and_window(self._state_name)]
 
 
-__all__ = ["OneValueComputation", "SingleSumComputation", "SumStatesComputation", "safe_ratio"]
+__all__ = ["OneValueComputation", "SingleSumComputation", "SumStatesComputation", "safe_ratio", "single_sum_states"]

@@ -11,11 +11,25 @@ the ranks.
 
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectoolkit.metrics.rec_metric import RecMetric
-from rectoolkit.metrics.sum_states import SingleSumComputation
+from rectoolkit.metrics.sum_states import SingleSumComputation, single_sum_states
+
+
+def compute_weighted_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.sum_weights.compute_weighted_sum`: the weights summed over the last dim."""
+    return torch.sum(weights, dim=-1)
+
+
+def get_weighted_sum_states(labels: torch.Tensor, predictions: torch.Tensor,
+                            weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.sum_weights.get_weighted_sum_states`:
+    {"weighted_sum": ...} of a batch (weights None: all ones)."""
+    return single_sum_states("weighted_sum", compute_weighted_sum, labels, predictions, weights)
 
 
 class SumWeightsMetricComputation(SingleSumComputation):
@@ -25,7 +39,7 @@ class SumWeightsMetricComputation(SingleSumComputation):
     _metric_name = MetricName.SUM_WEIGHTS
 
     def _batch_sum(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.sum(weights, dim=-1)
+        return compute_weighted_sum(labels, predictions, weights)
 
 
 class SumWeightsMetric(RecMetric):
@@ -35,4 +49,4 @@ class SumWeightsMetric(RecMetric):
     _computation_class = SumWeightsMetricComputation
 
 
-__all__ = ["SumWeightsMetric", "SumWeightsMetricComputation"]
+__all__ = ["compute_weighted_sum", "get_weighted_sum_states", "SumWeightsMetric", "SumWeightsMetricComputation"]

@@ -11,11 +11,26 @@ the ranks.
 
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectoolkit.metrics.rec_metric import RecMetric
-from rectoolkit.metrics.sum_states import SingleSumComputation
+from rectoolkit.metrics.sum_states import SingleSumComputation, single_sum_states
+
+
+def compute_weighted_predictions_sum(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.weighted_sum_predictions.compute_weighted_predictions_sum`:
+    the weighted predictions summed over the last dim (a nan prediction counts 0)."""
+    return torch.sum(weights * torch.nan_to_num(predictions, 0), dim=-1)
+
+
+def get_weighted_sum_prediction_states(labels: torch.Tensor, predictions: torch.Tensor,
+                                       weights: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.weighted_sum_predictions.get_weighted_sum_prediction_states`:
+    {"weighted_predictions_sum": ...} of a batch (weights None: all ones)."""
+    return single_sum_states("weighted_predictions_sum", compute_weighted_predictions_sum, labels, predictions, weights)
 
 
 class WeightedSumPredictionsMetricComputation(SingleSumComputation):
@@ -25,7 +40,7 @@ class WeightedSumPredictionsMetricComputation(SingleSumComputation):
     _metric_name = MetricName.WEIGHTED_SUM_PREDICTIONS
 
     def _batch_sum(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.sum(weights * torch.nan_to_num(predictions, 0), dim=-1)
+        return compute_weighted_predictions_sum(labels, predictions, weights)
 
 
 class WeightedSumPredictionsMetric(RecMetric):
@@ -35,4 +50,4 @@ class WeightedSumPredictionsMetric(RecMetric):
     _computation_class = WeightedSumPredictionsMetricComputation
 
 
-__all__ = ["WeightedSumPredictionsMetric", "WeightedSumPredictionsMetricComputation"]
+__all__ = ["compute_weighted_predictions_sum", "get_weighted_sum_prediction_states", "WeightedSumPredictionsMetric", "WeightedSumPredictionsMetricComputation"]

@@ -71,6 +71,15 @@ STATE_FUNCTIONS = [
     ("nmse", "get_norm_mse_states", ()),
     ("xauc", "compute_error_sum", ()),
     ("xauc", "get_xauc_states", ()),
+    ("average", "get_average_states", ()),
+    ("sum_weights", "compute_weighted_sum", ()),
+    ("sum_weights", "get_weighted_sum_states", ()),
+    ("num_positive_samples", "compute_weighted_pos_sum", ()),
+    ("num_positive_samples", "get_num_positive_sample_states", ()),
+    ("num_missing_labels", "compute_missing_label_sum", ()),
+    ("num_missing_labels", "get_num_missing_labels_states", ()),
+    ("weighted_sum_predictions", "compute_weighted_predictions_sum", ()),
+    ("weighted_sum_predictions", "get_weighted_sum_prediction_states", ()),
 ]
 
 
@@ -101,11 +110,38 @@ def test_state_functions(module, name, extra, shape, dtype):
 
 
 @pytest.mark.parametrize("module,name", [("accuracy", "get_accuracy_states"), ("precision", "get_precision_states"),
-                                         ("recall", "get_recall_states")])
+                                         ("recall", "get_recall_states"), ("sum_weights", "get_weighted_sum_states"),
+                                         ("num_positive_samples", "get_num_positive_sample_states"),
+                                         ("num_missing_labels", "get_num_missing_labels_states"),
+                                         ("weighted_sum_predictions", "get_weighted_sum_prediction_states")])
 def test_states_without_weights(module, name):
     ours, theirs = _pair(module, name)
     labels, predictions, _ = _batch((2, 9), torch.float32, seed=3)
     _check(ours(labels, predictions, None), theirs(labels, predictions, None))
+
+
+@pytest.mark.parametrize("module,name", [("num_positive_samples", "get_num_positive_sample_states"),
+                                         ("num_missing_labels", "get_num_missing_labels_states"),
+                                         ("weighted_sum_predictions", "get_weighted_sum_prediction_states")])
+def test_counting_states_with_nan(module, name):
+    """The counting metrics' nan labels / predictions (missing labels), as TorchRec's."""
+    ours, theirs = _pair(module, name)
+    labels, predictions, weights = _batch((2, 9), torch.float32, seed=4)
+    labels[0, ::2] = float("nan")
+    predictions[1, 1::3] = float("nan")
+    _check(ours(labels, predictions, weights), theirs(labels, predictions, weights))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("shape", [(1, 12), (12,), (1, 1), (3, 3)])
+def test_ranking_within_session(shape, seed):
+    """Session ranks with ties, for a task's [1, batch] row and the other shapes TorchRec's layout takes."""
+    ours, theirs = _pair("recall_session", "ranking_within_session")
+    generator = torch.Generator().manual_seed(seed)
+    predictions = torch.randint(0, 4, shape, generator=generator).float() / 4  # ties
+    session = torch.randint(0, 3, shape, generator=generator)
+    _check(ours(predictions, session), theirs(predictions, session))
+    _check(ours(predictions.double(), session), theirs(predictions.double(), session))
 
 
 def _states(shape, dtype, seed, zero_task):
@@ -125,6 +161,7 @@ def _states(shape, dtype, seed, zero_task):
     states["const_pred_error_sum"] = _torchrec("nmse").get_norm_mse_states(
         labels, predictions, weights)["const_pred_error_sum"]
     states.update({"xauc_" + k: v for k, v in _torchrec("xauc").get_xauc_states(labels, predictions, weights).items()})
+    states.update(_torchrec("average").get_average_states(labels, predictions, weights))
     # the states in the inputs' dtype too (TorchRec's computations keep float64 states, a user may not)
     return {k: v.to(dtype) for k, v in states.items()}
 
@@ -157,6 +194,11 @@ COMPUTE_FUNCTIONS = [
                                               "neg_labels", "weighted_sum_predictions"), (ETA, True)),
     ("nmse", "compute_norm", ("mse_error_sum", "const_pred_error_sum"), ()),
     ("xauc", "compute_xauc", ("xauc_error_sum", "xauc_weighted_num_pairs"), ()),
+    ("average", "compute_average", ("label_sum", "weighted_num_samples"), ()),
+    ("average", "compute_average", ("prediction_sum", "weighted_num_samples"), ()),
+    ("weighted_avg", "get_mean", ("calibration_num", "weighted_num_samples"), ()),
+    ("tensor_weighted_avg", "get_mean", ("calibration_num", "weighted_num_samples"), ()),
+    ("multi_label_precision", "compute_multi_label_precision", ("true_pos_sum", "false_pos_sum"), ()),
 ]
 
 
