@@ -10,8 +10,10 @@ Layout of the directory (and `.lock` while a save runs: a second save into it is
                              the size and SHA-256 of each of its files, and its own SHA-256
     data-<16 hex digits>/    the files of one save:
         rank0-of-2.pt ...    each rank's shards: table, offsets, sizes, weight, fused optimizer state
-                             (a DATA_PARALLEL replica is saved once, by rank 0)
-        dense.pt             the dense parameters and buffers, the dense optimizer, `extra` (rank 0)
+                             (a DATA_PARALLEL replica is saved once, by rank 0, with no fused state: its
+                             optimizer is your dense one, as in TorchRec)
+        dense.pt             the dense parameters and buffers, the dense optimizer (with the DATA_PARALLEL
+                             replicas' state when it updates them), `extra` (rank 0)
 
 Saving over an existing checkpoint never loses it. A directory cannot atomically replace a non-empty one, but
 a file can replace a file, so the commit is the replacement of metadata.json:
@@ -595,6 +597,12 @@ def _table_copies(label: str, saved: List[Dict[str, Any]], shard: ShardMetadata,
         for name, my_state in state.items():
             their_state = entry["optimizer"].get(name)
             wanted = list(entry["sizes"]) if my_state.dim() == 2 else [entry["sizes"][0]]
+            if not entry["optimizer"]:
+                raise CheckpointError(
+                    f"{entry['file']}: table {label!r} was saved without fused optimizer state (a DATA_PARALLEL "
+                    "replica or a 'dense' shard: their optimizer state is the dense optimizer's, as in TorchRec), but "
+                    f"this model fuses its optimizer into the table, which needs state {name!r}; plan the table as it "
+                    "was saved, or load the weights alone (model.load_state_dict)")
             if not isinstance(their_state, torch.Tensor) or list(their_state.shape) != wanted:
                 raise CheckpointError(
                     f"{entry['file']}: table {label!r} has no optimizer state {name!r} of shape {wanted} (it has "

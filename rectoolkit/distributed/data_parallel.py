@@ -3,47 +3,44 @@
     input_dist    nothing: each rank looks up its own samples
     lookup        the local replica pools the local batch
     output_dist   nothing
-    backward      the tables' dense gradients are all-reduced (dp_allreduce, replicas.py), then the fused
-                  optimizer's rule is applied or the summed gradient is left in .grad (dense)
+    backward      the tables' dense gradients are all-reduced (dp_allreduce, replicas.py) and AVERAGED over the
+                  ranks into the replicas' .grad; your dense optimizer updates them
 
-Gradients are SUMMED over ranks (not averaged), so that a replica's gradient equals the unsharded table's
-gradient on the global batch, as for every other sharding type.
+As TorchRec 1.8's DATA_PARALLEL (the DENSE kernel, its lookup wrapped in DistributedDataParallel): a replica is a
+plain parameter, not marked `_in_backward_optimizers`, so `in_backward_optimizer_filter(model.named_parameters())`
+gives it to the dense optimizer you build, and no fused optimizer (the collection's, the sharder's fused_params,
+apply_optimizer_in_backward's) updates it or lists it in `fused_optimizer`. Its gradient is averaged like DDP's,
+whatever set_gradient_division says (that switch divides the other types' gradients only, as TorchRec's).
 Bytes (rectoolkit.plan.traffic): with chunk k of the N = rows * dim values, rank i sends rank j
 4 * (chunk_j + chunk_i).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
 from rectoolkit.distributed.group import LocalShard, ShardingGroup, require
-from rectoolkit.distributed.replicas import GradientBuffer, ReplicaLookup, all_reduce_gradients, make_replicas
-from rectoolkit.kernels.fused_optimizers import apply_table_update, init_optimizer_state
+from rectoolkit.distributed.replicas import ReplicaLookup, all_reduce_gradients, make_replicas
 from rectoolkit.plan.types import ShardingType, ShardMetadata
 
 
 class DataParallelSharding(ShardingGroup):
-    """The DATA_PARALLEL tables of one sharded collection (replicas, gradients all-reduced in backward)."""
+    """The DATA_PARALLEL tables of one sharded collection (replicas, gradients averaged over ranks in backward)."""
 
     sharding_type = ShardingType.DATA_PARALLEL
 
     def __init__(self, spec: ShardingGroupSpec) -> None:
         super().__init__(spec)
-        self.optimizer = spec.optimizer
+        if spec.optimizer is not None:
+            raise ValueError(f"DATA_PARALLEL tables {[t.name for t in self.tables]}: a replica has the dense kernel, "
+                             "trained by your dense optimizer; build its group without a fused optimizer")
         self.embedding_dim = spec.embedding_dim
         self.features = [f for t in self.tables for f in t.feature_names]
         self.feature_table = [i for i, t in enumerate(self.tables) for _ in t.feature_names]
         self.weights = make_replicas(spec)
-        self.states = [init_optimizer_state(spec.optimizer, t.num_embeddings, t.embedding_dim, self.env.device)
-                       if spec.optimizer else {} for t in self.tables]
-        self.num_updates = 0
-        self.gradients = GradientBuffer(reuse=spec.optimizer is not None)
-        if spec.optimizer is not None:
-            for param in self.weights.values():
-                param._in_backward_optimizers = ["fused"]
         columns = [torch.arange(spec.key_offsets[key], spec.key_offsets[key] + t.embedding_dim)
                    for t, keys in zip(self.tables, spec.output_keys) for key in keys]
         self.register_buffer("out_columns", torch.cat(columns).to(self.env.device), persistent=False)
@@ -69,30 +66,20 @@ class DataParallelSharding(ShardingGroup):
         return looked_up, torch.cat(where).reshape(-1)
 
     # -------------------------------------------------------------- backward (called by ReplicaLookup)
-    def reduce_and_update(self, flat: torch.Tensor, grads: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
-        """All-reduce the gradients; apply the fused optimizer (nothing for autograd) or return them (.grad)."""
+    def reduce(self, flat: torch.Tensor, grads: List[torch.Tensor], divide_by: int) -> List[torch.Tensor]:
+        """All-reduce the gradients and divide them by `divide_by` (what the output's gradient was not already
+        divided by, so that they end averaged); returned for autograd (.grad), in the replicas' dtype."""
         all_reduce_gradients(self.env, flat, [g.numel() for g in grads])
-        if self.optimizer is None:
-            return [grad.to(param.dtype) for grad, param in zip(grads, self.weights.values())]  # (float16 replicas)
-        self.num_updates += 1
-        for param, grad, state in zip(self.weights.values(), grads, self.states):
-            apply_table_update(self.optimizer, param.data, state, grad, self.num_updates)
-        return [None] * len(grads)
+        if divide_by != 1:
+            flat.div_(divide_by)
+        return [grad.to(param.dtype) for grad, param in zip(grads, self.weights.values())]  # (float16 replicas)
 
     # -------------------------------------------------------------- state
-    def set_learning_rate(self, lr: float) -> None:
-        """The replicas' fused rule runs here (apply_table_update), with this group's own config."""
-        if self.optimizer is not None:
-            self.optimizer.lr = float(lr)
-
-    def set_optimizer_step(self, step: int) -> None:
-        self.num_updates = int(step)
-
     def local_shards(self) -> List[LocalShard]:
-        return [(t.name, ShardMetadata.on_rank(self.env.rank, 0, 0, t.num_embeddings, t.embedding_dim), param, state)
-                for t, param, state in zip(self.tables, self.weights.values(), self.states)]
+        """(table, the full replica, weight, no fused optimizer state) of every table."""
+        return [(t.name, ShardMetadata.on_rank(self.env.rank, 0, 0, t.num_embeddings, t.embedding_dim), param, {})
+                for t, param in zip(self.tables, self.weights.values())]
 
     def shard_memory_bytes(self) -> Dict[str, int]:
-        weights = sum(p.numel() * p.element_size() for p in self.weights.values())
-        state = sum(t.numel() * t.element_size() for s in self.states for t in s.values())
-        return {"weights": weights, "optimizer": state}
+        """The replicas' bytes; their optimizer state is your dense optimizer's, not counted here."""
+        return {"weights": sum(p.numel() * p.element_size() for p in self.weights.values()), "optimizer": 0}

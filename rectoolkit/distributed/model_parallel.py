@@ -16,7 +16,9 @@ What it does, in order (one plain function each, below):
    all-to-alls. Dense gradients are averaged
    (DDP), and so are the embedding gradients, as in TorchRec: each table gets the sum over ranks of their
    batches' gradients divided by the world size (TorchRec's comm_ops.GRADIENT_DIVISION;
-   rectoolkit.distributed.comm_ops.set_gradient_division(False) sums them instead).
+   rectoolkit.distributed.comm_ops.set_gradient_division(False) sums them instead, except for DATA_PARALLEL
+   replicas, always averaged like DDP's: TorchRec wraps their lookups in DDP). The replicas have the dense kernel:
+   their gradients wait in .grad for your dense optimizer, as TorchRec's (rectoolkit.distributed.data_parallel).
 
 `state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a
 collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices, so a
@@ -218,7 +220,8 @@ def _shard_managed_collisions(module: nn.Module, path: str, collection: BaseMana
 
 def dense_parameters(module: nn.Module, sharded: Mapping[str, Sharded]) -> List[nn.Parameter]:
     """What a dense optimizer must update: the replicated parameters, then the embedding shards without a fused
-    optimizer (compute_kernel "dense", or a collection without one); TorchRec's in_backward_optimizer_filter."""
+    optimizer (compute_kernel "dense", DATA_PARALLEL replicas, or a collection without one); TorchRec's
+    in_backward_optimizer_filter."""
     plain_shards = [p for sub in sharded.values() for p in sub.parameters() if not hasattr(p, "_in_backward_optimizers")]
     return replicated_parameters(module, sharded) + plain_shards
 
@@ -252,8 +255,10 @@ class DistributedModelParallel(nn.Module):
 
     The shards' fused optimizer, as in TorchRec: the sharders' `fused_params`, or what torch's
     `_apply_optimizer_in_backward` recorded on the tables' weights, or the collection's own optimizer; with none of
-    them, SGD with lr 0.01 is fused into the tables planned with a "fused" kernel (the "dense" ones and
-    DATA_PARALLEL replicas keep plain gradients). `fused_optimizer` shows them all.
+    them, SGD with lr 0.01 is fused into the tables planned with a "fused" kernel. The "dense" ones and
+    DATA_PARALLEL replicas keep plain gradients whatever the fused optimizer (TorchRec's DENSE kernel): give them
+    to your dense optimizer (`dense_parameters()`, or in_backward_optimizer_filter(named_parameters())).
+    `fused_optimizer` shows the fused ones.
         init_parameters: as TorchRec's, what happens to meta-device parameters and buffers outside the sharded
             collections (rectoolkit.distributed.meta_init): True (default) gives them memory on `device` (parameters
             reset by their module's `reset_parameters()`, buffers zeros), here and in `init_data_parallel()`; False
@@ -421,8 +426,8 @@ class DistributedModelParallel(nn.Module):
 
     def dense_parameters(self) -> List[nn.Parameter]:
         """Give these to the dense optimizer: the replicated parameters (DDP), then the embedding shards whose
-        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank, or reduced over
-        ranks for DATA_PARALLEL, divided by the world size like any embedding gradient)."""
+        optimizer is not fused (compute_kernel "dense"; their gradients are local to their rank; DATA_PARALLEL
+        replicas: averaged over the ranks, as DDP averages them)."""
         return dense_parameters(self._plain_module, self._sharded)
 
     def named_dense_parameters(self) -> Iterator[Tuple[str, nn.Parameter]]:

@@ -1,8 +1,8 @@
 """Replicated tables (DATA_PARALLEL): the local lookup and the backward that keeps replicas equal.
 
     forward    embedding_bag (or embedding) per feature on the local replica
-    backward   each table's dense gradient (one flat buffer) -> dp_allreduce -> the fused optimizer's rule
-               (rectoolkit.kernels.fused_optimizers.apply_table_update) or the summed gradient into .grad
+    backward   each table's dense gradient (one flat buffer) -> dp_allreduce -> averaged over the ranks -> .grad
+               (as the DistributedDataParallel that TorchRec wraps its DATA_PARALLEL lookups in)
 
 dp_allreduce is a reduce-scatter then an all-gather per table, chunk k of a table's N values to rank k, rank i
 sending rank j 4 * (chunk_j + chunk_i) bytes (rectoolkit.plan.traffic.dp_chunk_sizes).
@@ -10,14 +10,14 @@ sending rank j 4 * (chunk_j + chunk_i) bytes (rectoolkit.plan.traffic.dp_chunk_s
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from rectoolkit.distributed.comm import ShardingEnv, all_reduce_sum, all_to_all
+from rectoolkit.distributed.comm import ShardingEnv, all_reduce_sum, all_to_all, get_gradient_division
 from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
 from rectoolkit.plan.traffic import dp_chunk_sizes
 
@@ -38,29 +38,6 @@ def make_replicas(spec: ShardingGroupSpec) -> nn.ParameterDict:
                     dist.broadcast(param.data, src=0, group=spec.env.pg)
             replicas[table.name] = param
     return replicas
-
-
-class GradientBuffer:
-    """One zeroed flat buffer for every table's gradient. Kept from step to step when `reuse` (a fused optimizer
-    consumes it; allocating megabytes every step costs more than the arithmetic); dense mode hands the gradients
-    to .grad, so it gets a fresh one each time."""
-
-    def __init__(self, reuse: bool) -> None:
-        self.reuse = reuse
-        self.flat: Optional[torch.Tensor] = None
-
-    def zeroed(self, params: Sequence[torch.Tensor]) -> tuple:
-        """(flat buffer, per-table [rows, dim] views of it)."""
-        flat = self.flat
-        if flat is None:
-            # float32 whatever the tables' dtype (float16 replicas too): their gradients are summed and all-reduced
-            # in float32, the precision (and bytes, rectoolkit.plan.traffic) of the other types' gradients
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
-            if self.reuse:
-                self.flat = flat
-        else:
-            flat.zero_()
-        return flat, [piece.view_as(p) for piece, p in zip(flat.split([p.numel() for p in params]), params)]
 
 
 def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[int]) -> None:
@@ -88,11 +65,14 @@ def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[i
 
 class ReplicaLookup(torch.autograd.Function):
     """Forward: the local replicas' lookup, [sum of dims, B] transposed (pooled) or flat rows (sequence).
-    Backward: the dense gradients, then `group.reduce_and_update` (see module docstring)."""
+    Backward: the dense gradients, averaged over the ranks by `group.reduce` (see module docstring)."""
 
     @staticmethod
     def forward(ctx, group, batch: FeatureBatch, *weights: torch.Tensor) -> torch.Tensor:
         ctx.group, ctx.batch = group, batch
+        # averaged like DDP's: the collection divides its output's gradient by the world size when
+        # get_gradient_division() (comm.divide_gradient); otherwise the replicas' backward divides
+        ctx.divide_by = 1 if get_gradient_division() else group.env.world_size
         outputs = []
         for f, t in zip(group.features, group.feature_table):
             ids, lengths = batch.values[f], batch.lengths[f]
@@ -110,7 +90,11 @@ class ReplicaLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         group, batch = ctx.group, ctx.batch
-        flat, grads = group.gradients.zeroed(list(group.weights.values()))
+        params = list(group.weights.values())
+        # float32 whatever the tables' dtype (float16 replicas too): their gradients are summed and all-reduced
+        # in float32, the precision (and bytes, rectoolkit.plan.traffic) of the other types' gradients
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
+        grads = [piece.view_as(p) for piece, p in zip(flat.split([p.numel() for p in params]), params)]
         column = 0  # the output's rows: feature after feature, as forward concatenated them
         for f, t in zip(group.features, group.feature_table):
             ids, lengths, dim = batch.values[f], batch.lengths[f], grads[t].shape[1]
@@ -124,5 +108,4 @@ class ReplicaLookup(torch.autograd.Function):
                 per_id = grad_out[column:column + ids.numel() * dim].view(-1, dim)
                 column += ids.numel() * dim
             grads[t].index_add_(0, ids, per_id.to(flat.dtype))
-        to_autograd: List[Optional[torch.Tensor]] = group.reduce_and_update(flat, grads)
-        return (None, None) + tuple(to_autograd)
+        return (None, None) + tuple(group.reduce(flat, grads, ctx.divide_by))

@@ -77,9 +77,9 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
       memory_bytes() counts them as host bytes). On GPU they would need fbgemm's managed (UVM) memory,
       which rectoolkit.kernels does not allocate yet: refused rather than silently placed in GPU memory.
     - "quant*": inference kernels (rectoolkit.quant.sharding); refused for a collection that trains.
-    DATA_PARALLEL tables always have the "dense" kernel (a plain replica); there a collection's fused optimizer
-    still updates the replica in backward, after the gradient all-reduce (like an optimizer applied in backward
-    in TorchRec), and only a collection without one leaves .grad to your dense optimizer.
+    DATA_PARALLEL tables always have the "dense" kernel (TorchRec's only kernel for them): a plain replica whose
+    gradient is averaged over the ranks into .grad for your dense optimizer, whatever fused optimizer the
+    collection has (data_parallel.py).
     """
     kernel = EmbeddingComputeKernel.parse(ps.compute_kernel)
     if kernel in (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM,
@@ -93,7 +93,7 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
                          f"({env.device}): tables in host memory read by the GPU (UVM) are not supported by "
                          "rectoolkit's kernels yet; plan compute_kernel 'fused' (GPU memory) or add ranks")
     if ShardingType(ps.sharding_type) == ShardingType.DATA_PARALLEL:
-        return optimizer is None
+        return True
     return kernel == EmbeddingComputeKernel.DENSE or optimizer is None
 
 
@@ -161,13 +161,10 @@ class ShardedCollection(ShardedModule):
         self._key_offsets = offsets
         self._output_width = running
         embedding_dim = tables[0].embedding_dim if tables else 0
-        # TorchRec's default (`default_optimizer`, fused SGD) fuses into the "fused" kernels only: a DATA_PARALLEL
-        # replica without an optimizer of its own keeps plain gradients, as TorchRec's dense replicas do
-        def optimizer_of(table: BaseEmbeddingConfig) -> Optional[FusedOptimizerConfig]:
-            data_parallel = ShardingType.parse(self.module_plan[table.name].sharding_type) == ShardingType.DATA_PARALLEL
-            return optimizer if optimizer is not None or data_parallel else default_optimizer
-
-        dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer_of(t)) for t in tables}
+        # TorchRec's default (`default_optimizer`, fused SGD) fuses into the "fused" kernels only; DATA_PARALLEL
+        # replicas are always dense (uses_dense_kernel)
+        dense = {t.name: uses_dense_kernel(t.name, self.module_plan[t.name], env, optimizer or default_optimizer)
+                 for t in tables}
         for t in tables:
             check_table_options(t, self.module_plan[t.name], ids_out_of_range)
         if optimizer is None and default_optimizer is not None and not all(dense.values()):
@@ -193,14 +190,14 @@ class ShardedCollection(ShardedModule):
                 initial_weights={t.name: initial_weights[t.name] for t in group_tables if t.name in initial_weights},
                 backend=backend, dtype=dtype, embedding_dim=embedding_dim,
                 qcomm_codecs_registry=self.qcomm_codecs_registry)
-            name = kind.value + ("_dense" if dense_kernel else "") + ("" if dtype == torch.float32 else "_fp16")
+            dense_suffix = "_dense" if dense_kernel and kind != ShardingType.DATA_PARALLEL else ""  # (DP: always)
+            name = kind.value + dense_suffix + ("" if dtype == torch.float32 else "_fp16")
             self.groups[name] = group_class(spec)
         # the groups are not submodules (TorchRec's lookups are a plain list): the module's own view is one module per
         # table under TorchRec's names, "embedding_bags.<table>.weight" (table_view.py)
         if self.own_table_view:
             self.__dict__["groups"] = self._modules.pop("groups")
-            fused = [t.name for t in tables if not dense[t.name]
-                     and ShardingType.parse(self.module_plan[t.name].sharding_type) != ShardingType.DATA_PARALLEL]
+            fused = [t.name for t in tables if not dense[t.name]]
             setattr(self, collection_state_prefix(self)[:-1], table_view(self, fused))
         # TorchRec's view of the groups, one entry per group (plain lists, as in TorchRec: nothing registered twice)
         self._input_dists, self._lookups, self._output_dists = group_steps(self.groups)

@@ -187,29 +187,3 @@ def apply_row_update(
         weight.index_add_(0, rows, (-lr * update).to(weight.dtype))
         return
     raise ValueError(f"no row update rule for {kind}")
-
-
-@torch.no_grad()
-def apply_table_update(
-    config: FusedOptimizerConfig, weight: torch.Tensor, state: Dict[str, torch.Tensor], grad: torch.Tensor, step: int
-) -> None:
-    """The same rules on a whole table's gradient [rows, dim] (zero for the rows no id touched).
-
-    SGD and the Adagrads leave a row with a zero gradient unchanged, so they run on the whole table (no row
-    gathering: cheaper for a dense gradient); Adam moves untouched rows too, so it gets the rows with a gradient.
-    """
-    if config.gradient_clipping:
-        raise NotImplementedError("gradient_clipping clamps each bag's gradient before it is summed into rows, which a "
-                                  "whole table's gradient (a DATA_PARALLEL replica's) no longer has; leave "
-                                  "gradient_clipping out, or clip the replica's gradient with a dense optimizer")
-    if config.optimizer == EmbOptimType.SGD:
-        weight.add_(grad, alpha=-config.lr)
-    elif config.optimizer == EmbOptimType.ADAGRAD:
-        state["momentum1"].addcmul_(grad, grad)
-        weight.addcdiv_(grad, state["momentum1"].sqrt().add_(config.eps), value=-config.lr)
-    elif config.optimizer == EmbOptimType.ROWWISE_ADAGRAD:
-        state["momentum1"].add_(grad.square().mean(1))
-        weight.add_(grad * (-config.lr / (state["momentum1"].sqrt() + config.eps)).unsqueeze(1))
-    else:
-        rows = grad.ne(0).any(1).nonzero().squeeze(1)
-        apply_row_update(config, weight, state, rows, grad.index_select(0, rows), step)

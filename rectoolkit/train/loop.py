@@ -157,9 +157,18 @@ def shard_model(model: nn.Module, ctx: WorkerContext, plan: Any, mode: str) -> n
 
 
 def make_optimizers(model: nn.Module, config: TrainConfig) -> List[Any]:
-    """Adam for the dense MLPs; the tables use their fused Adagrad (or a torch Adagrad when not fused)."""
+    """Adam for the dense MLPs; the tables use their fused Adagrad (or a torch Adagrad when not fused: in a
+    DistributedModelParallel the DATA_PARALLEL replicas, whose dense kernel leaves their averaged gradient in .grad
+    as TorchRec's does, and shards planned compute_kernel "dense")."""
     if hasattr(model, "dense_parameters") and hasattr(model, "fused_optimizer"):  # DistributedModelParallel
-        return [torch.optim.Adam(model.dense_parameters(), lr=config.dense_lr), model.fused_optimizer]
+        shards = {id(p) for collection in model.sharded_modules.values() for p in collection.parameters()}
+        plain = model.dense_parameters()
+        dmp_optimizers: List[Any] = [torch.optim.Adam([p for p in plain if id(p) not in shards], lr=config.dense_lr),
+                                     model.fused_optimizer]
+        plain_tables = [p for p in plain if id(p) in shards]
+        if plain_tables:
+            dmp_optimizers.append(torch.optim.Adagrad(plain_tables, lr=config.embedding_lr))
+        return dmp_optimizers
     dense, tables = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad or hasattr(param, "_in_backward_optimizers"):

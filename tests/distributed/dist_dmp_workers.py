@@ -63,8 +63,13 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
     model = TinyModel()
     plan_a = plan_for("mixed_a", bag_tables(), W, L)
     dmp = DistributedModelParallel(model, plan=ShardingPlan({PATH: plan_a}), local_world_size=L)
-    dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=lr)
-    optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)])
+    shards = {id(p) for collection in dmp.sharded_modules.values() for p in collection.parameters()}
+    dense_opt = torch.optim.SGD([p for p in dmp.dense_parameters() if id(p) not in shards], lr=lr)
+    # the DATA_PARALLEL replicas have the dense kernel (TorchRec's): torch's Adagrad, the reference's fused rule
+    replicas = [p for p in dmp.dense_parameters() if id(p) in shards]
+    assert len(replicas) == sum(ps.sharding_type == "data_parallel" for ps in plan_a.values()) > 0
+    replica_opt = torch.optim.Adagrad(replicas, lr=lr, eps=1e-8)
+    optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt), ("replicas", replica_opt)])
     ref_dense = [p for n, p in reference.named_parameters() if not n.startswith("sparse.")]
     # DDP averages the dense gradients and TorchRec's division by W the embedding ones: the reference's loss is the
     # mean of the ranks' losses
@@ -92,17 +97,19 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
     dmp.load_state_dict(ref_state)
     again = dmp.state_dict()
     assert all(torch.equal(again[k], v) for k, v in ref_state.items())
-    # memory: shard weights + Adagrad state (one float per weight) as the plan says
+    # memory: shard weights + fused Adagrad state (one float per weight of the fused shards) as the plan says
     usage = dmp.memory_usage()
     assert usage["embedding_weights"] == expected_memory(plan_a, rank), usage
-    assert usage["embedding_optimizer"] == usage["embedding_weights"], usage
+    replica_bytes = expected_memory({t: ps for t, ps in plan_a.items() if ps.sharding_type == "data_parallel"}, rank)
+    assert usage["embedding_optimizer"] == usage["embedding_weights"] - replica_bytes, usage
     # checkpoint under plan A, reload under plan B (another type for every table): bit-identical
     save_checkpoint(dmp, checkpoint_dir, dense_optimizer=dense_opt, extra={"step": 2})
     if rank == 0:
         torch.save(again, reference_file)
     torch.manual_seed(123)  # other initial weights: the checkpoint must overwrite them all
     plan_b = plan_for("mixed_b", bag_tables(), W, L)
-    other = DistributedModelParallel(TinyModel(), plan=ShardingPlan({PATH: plan_b}), local_world_size=L)
+    # (without a fused optimizer: the tables plan A replicates saved no fused state, their Adagrad's is replica_opt's)
+    other = DistributedModelParallel(TinyModel(optimizer=None), plan=ShardingPlan({PATH: plan_b}), local_world_size=L)
     extra = load_checkpoint(other, checkpoint_dir)
     assert extra == {"step": 2}
     loaded = other.state_dict()

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import rectoolkit as rtk
 from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection, shard_embedding_collection
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter, step_traffic
+from rectoolkit.plan.types import ShardingType
 from dist_harness import column_wise, data_parallel, global_batch, grid, make_batch, row_wise, table_wise
 
 BATCH = 6
@@ -117,6 +118,11 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
         reference = rtk.EmbeddingCollection(tables, **opt)
         local = rtk.EmbeddingCollection(tables, **opt)
     local.load_state_dict(reference.state_dict())
+    # DATA_PARALLEL replicas keep plain gradients under a fused optimizer (TorchRec's dense kernel): compared with
+    # the gradients of an unsharded collection without one
+    plain = (rtk.EmbeddingBagCollection(tables, is_weighted=weighted) if collection == "ebc"
+             else rtk.EmbeddingCollection(tables)) if optimizer else reference
+    plain.load_state_dict(reference.state_dict())
     plan = plan_for(case, tables, W, L)
     shard = shard_embedding_bag_collection if collection == "ebc" else shard_embedding_collection
     sharded = shard(local, plan, env)
@@ -131,6 +137,8 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
         ref_values = ref_out.values()
         grad_out = torch.randn(ref_values.shape, generator=g)
         ((ref_values * grad_out).sum() / W).backward()
+        if plain is not reference:
+            ((plain(big).values() * grad_out).sum() / W).backward()
         mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
         out = sharded(batches[rank].to(device)).values()
         assert out.device == device, f"rank {rank}: output on {out.device}, shards on {device}"
@@ -143,6 +151,9 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
             loss = loss + (jt.values() * weights).sum()
             ref_out[name] = (jt, weights)
         (loss / W).backward()
+        if plain is not reference:
+            plain_out = plain(big)
+            (sum((plain_out[name].values() * weights).sum() for name, (_, weights) in ref_out.items()) / W).backward()
         mine = sharded(batches[rank].to(device))
         local_loss = 0.0
         for name, jt in mine.items():
@@ -158,12 +169,14 @@ def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.devic
     # gradients (dense) or weights after the fused update
     grad_diff = 0.0
     modules = reference.embedding_bags if collection == "ebc" else reference.embeddings
+    plain_modules = plain.embedding_bags if collection == "ebc" else plain.embeddings
     for table, shard_md, weight, _ in sharded.local_shards():
         (r0, r1), (c0, c1) = shard_md.rows, shard_md.columns
         ref_weight = modules[table].weight
         assert weight.device == device, f"rank {rank}: shard of {table} on {weight.device}, expected {device}"
-        if optimizer is None:
-            grad_diff = max(grad_diff, _max_diff(weight.grad.cpu(), ref_weight.grad[r0:r1, c0:c1]))
+        replica = ShardingType.parse(plan[table].sharding_type) == ShardingType.DATA_PARALLEL
+        if optimizer is None or replica:
+            grad_diff = max(grad_diff, _max_diff(weight.grad.cpu(), plain_modules[table].weight.grad[r0:r1, c0:c1]))
         else:
             grad_diff = max(grad_diff, _max_diff(weight.detach().cpu(), ref_weight.detach()[r0:r1, c0:c1]))
     _bytes_match(env, plan, tables, W, L, batches, weighted)

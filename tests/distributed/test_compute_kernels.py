@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import rectoolkit as rtk
-from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, save_checkpoint, shard_embedding_bag_collection
+from rectoolkit.distributed import (DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint,
+                                    shard_embedding_bag_collection)
+from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from dist_dmp_workers import PATH, TinyModel
 from dist_harness import make_batch
@@ -105,18 +107,29 @@ def data_parallel_t0():
     return plan
 
 
-def test_data_parallel_replica_is_updated_by_the_collections_fused_optimizer():
+def test_data_parallel_replica_keeps_plain_gradients_under_a_fused_optimizer():
+    # TorchRec 1.8's DATA_PARALLEL: the DENSE kernel whatever the fused optimizer; the replica's gradient goes to .grad
+    # for the dense optimizer (tests/distributed/test_data_parallel_dense_vs_torchrec.py runs it beside TorchRec's)
     torch.manual_seed(0)
-    reference = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    fused_reference = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
+    plain_reference = rtk.EmbeddingBagCollection(bag_tables())
     module = rtk.EmbeddingBagCollection(bag_tables(), optimizer="adagrad", lr=0.1)
-    module.load_state_dict(reference.state_dict())
+    for copy in (plain_reference, module):
+        copy.load_state_dict(fused_reference.state_dict())
+    initial = module.embedding_bags["t0"].weight.detach().clone()
     sharded = shard_embedding_bag_collection(module, data_parallel_t0(), ShardingEnv.local())
     batch = make_batch(features(), 5, seed=3)
-    for collection in (reference, sharded):
+    for collection in (fused_reference, plain_reference, sharded):
         collection(batch).values().square().sum().backward()
+    assert [key for key in sharded.fused_optimizer.params] == ["embedding_bags.t1.weight", "embedding_bags.t2.weight"]
     for table, _, weight, state in sharded.local_shards():
-        assert weight.grad is None and set(state) == {"momentum1"}, table
-        torch.testing.assert_close(weight.detach(), reference.embedding_bags[table].weight.detach())
+        if table == "t0":  # the replica: untouched by the fused Adagrad, its gradient in .grad
+            assert not hasattr(weight, "_in_backward_optimizers") and state == {}
+            assert torch.equal(weight.detach(), initial)
+            torch.testing.assert_close(weight.grad, plain_reference.embedding_bags["t0"].weight.grad)
+        else:
+            assert weight.grad is None and set(state) == {"momentum1"}, table
+            torch.testing.assert_close(weight.detach(), fused_reference.embedding_bags[table].weight.detach())
 
 
 def test_checkpoint_accepts_a_dense_optimizer_over_data_parallel_replicas(tmp_path):
@@ -131,3 +144,30 @@ def test_checkpoint_accepts_a_dense_optimizer_over_data_parallel_replicas(tmp_pa
     dense_opt.step()
     save_checkpoint(dmp, tmp_path / "ckpt", dense_optimizer=dense_opt)  # same replica on every rank: allowed
     assert len(list((tmp_path / "ckpt").glob("data-*/dense.pt"))) == 1
+
+
+def test_a_replica_and_its_dense_optimizer_state_round_trip_a_checkpoint(tmp_path):
+    # the replica saves its weight (no fused state: TorchRec's dense kernel), the dense optimizer its Adagrad state
+    def build():
+        dmp = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=ShardingPlan({PATH: data_parallel_t0()}))
+        return dmp, torch.optim.Adagrad(dmp.dense_parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    dmp, dense_opt = build()
+    replica = dict(dmp.named_parameters())[f"{PATH}.embedding_bags.t0.weight"]
+    assert any(p is replica for p in dense_opt.param_groups[0]["params"])
+    dmp(torch.randn(4, 3), make_batch(features(), 4, seed=5)).sum().backward()
+    dense_opt.step()
+    save_checkpoint(dmp, tmp_path / "ckpt", dense_optimizer=dense_opt)
+    torch.manual_seed(1)
+    other, other_opt = build()
+    load_checkpoint(other, tmp_path / "ckpt", dense_optimizer=other_opt)
+    other_replica = dict(other.named_parameters())[f"{PATH}.embedding_bags.t0.weight"]
+    assert torch.equal(other_replica, replica)
+    assert torch.equal(other_opt.state[other_replica]["sum"], dense_opt.state[replica]["sum"])
+    assert other_opt.state[other_replica]["sum"].abs().sum() > 0
+    # a fused table needs the state the replica never had: refused, naming the table and the way out
+    fused = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=ShardingPlan({PATH: plan_with_kernels(
+        {"t0": "fused", "t1": "fused", "t2": "fused"})}))
+    with pytest.raises(CheckpointError, match="'sparse.ebc.t0' was saved without fused optimizer state .*DATA_PARALLEL"):
+        load_checkpoint(fused, tmp_path / "ckpt")

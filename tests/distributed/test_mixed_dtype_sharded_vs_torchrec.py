@@ -91,20 +91,16 @@ def fused_sgd_worker(rank: int, world_size: int) -> None:
             for offsets, sizes, local in _local_slices(their_value) if hasattr(their_value, "local_shards") \
                     else [((0,) * value.dim(), value.shape, their_value)]:
                 local.copy_(value[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))])
-    # the fused optimizer's keys, one param group per sharding type and dtype, as TorchRec's (rectoolkit's replicas
-    # get the sharder's optimizer too: see below)
-    replica_keys = {f"ebc.embedding_bags.{name}.weight" for name, _, _, _, kind in TABLES if kind == "data_parallel"}
-    our_params = [key for key in sorted(ours.fused_optimizer.params) if key not in replica_keys]
-    assert our_params == sorted(theirs.fused_optimizer.params)
-    assert len(ours.fused_optimizer.param_groups) - 2 == len(theirs.fused_optimizer.param_groups)  # (2 replica groups)
+    # the fused optimizer's keys, one param group per sharding type and dtype, as TorchRec's (the DATA_PARALLEL
+    # replicas have the dense kernel in both: in neither)
+    assert sorted(ours.fused_optimizer.params) == sorted(theirs.fused_optimizer.params)
+    assert len(ours.fused_optimizer.param_groups) == len(theirs.fused_optimizer.param_groups)
     # every shard this rank holds is in its table's dtype
     fp16_tables = {name for name, _, _, fp16, _ in TABLES if fp16}
     collection = ours.sharded_modules["ebc"]
     for table, _, weight, _ in collection.local_shards():
         assert weight.dtype == (torch.float16 if table in fp16_tables else torch.float32), (table, weight.dtype)
-    # TorchRec leaves a DATA_PARALLEL table's gradient to the dense optimizer, rectoolkit's DMP fuses the sharder's
-    # optimizer into its replicas too: they are compared before the first update only
-    replicated = {f"f{i}" for i, (_, _, _, _, kind) in enumerate(TABLES) if kind == "data_parallel"}
+    # (no dense optimizer steps here: the DATA_PARALLEL replicas keep their weights in both, as TorchRec's do)
     for step, (values, lengths) in enumerate(_batches(rank, 2)):
         outputs = []
         for lib, dmp in ((rtk, ours), (torchrec, theirs)):
@@ -113,15 +109,14 @@ def fused_sgd_worker(rank: int, world_size: int) -> None:
             loss = sum((value * torch.arange(float(value.numel())).view_as(value).div(10 * (k + 1))).sum()
                        for k, (key, value) in enumerate(sorted(out.items())))
             loss.backward()
-            outputs.append({key: value.detach() for key, value in out.items() if step == 0 or key not in replicated})
+            outputs.append({key: value.detach() for key, value in out.items()})
         assert all(value.dtype == torch.float32 for value in outputs[0].values())
         torch.testing.assert_close(outputs[0], outputs[1], atol=2e-3, rtol=2e-3)
     dist.barrier()
     our_state = ours.state_dict()
     for key, their_value in theirs.state_dict().items():
-        if not hasattr(their_value, "local_shards"):  # a DATA_PARALLEL replica (see above)
-            continue
-        for offsets, sizes, local in _local_slices(their_value):
+        replica = not hasattr(their_value, "local_shards")  # a DATA_PARALLEL replica: a plain tensor in TorchRec's
+        for offsets, sizes, local in [((0, 0), their_value.shape, their_value)] if replica else _local_slices(their_value):
             expected = our_state[key][tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
             assert expected.dtype == local.dtype, (key, expected.dtype, local.dtype)
             torch.testing.assert_close(expected, local, atol=3e-3, rtol=3e-3,
