@@ -326,9 +326,20 @@ def update_computations(metric: Any, predictions: Any, labels: Any, weights: Any
                                 else task_predictions.view(1, -1, task_predictions.size(-1)))
             task_weights = torch.ones_like(task_predictions) if weights is None else weights[task.name].view(1, -1)
             if required is not None:
+                _check_required_lengths(metric, task.name, required, task_labels.numel())
                 kwargs["required_inputs"] = {k: v.view(task_labels.size()) if v.numel() > 1 else
                                              v.expand(task_labels.size()) for k, v in required.items()}
             computation.update(predictions=task_predictions, labels=task_labels, weights=task_weights, **kwargs)
+
+
+def _check_required_lengths(metric: Any, task_name: str, required: Dict[str, torch.Tensor], num_samples: int) -> None:
+    """Unfused, each required input is laid out as the task's [1, batch] labels (one value, or one per sample), as
+    TorchRec's; refuse another length by name (TorchRec: a bare RuntimeError from view)."""
+    for name, value in required.items():
+        if value.numel() not in (1, num_samples):
+            raise ValueError(f"{type(metric).__name__}: task {task_name!r}: required input {name!r} has "
+                             f"{value.numel()} values but the task's batch has {num_samples} samples (its labels "
+                             "and predictions); pass one value per sample, or a single value for all")
 
 
 def report_computations(metric: Any, scope: str) -> Dict[str, torch.Tensor]:

@@ -239,3 +239,55 @@ def test_recalibrated_computations_refuse_what_torchrec_ignores_or_cannot_use():
     for computation in (ne_computation, calibration_computation):
         with pytest.raises(ValueError, match=r"recalibration_coefficient=0 must be a positive finite number"):
             computation(**arguments, recalibration_coefficient=0)
+
+
+def _required_input_metrics(library):
+    """(metric, the required input it reads) per metric class: a user metric written the TorchRec way, and
+    TorchRec's metrics that read a per-sample required input through their computation."""
+    config = importlib.import_module(f"{library}.metrics.metrics_config")
+    rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
+    namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
+    ctr = importlib.import_module(f"{library}.metrics.ctr")
+
+    class BonusCTR(ctr.CTRMetricComputation):
+        def update(self, *, predictions, labels, weights, **kwargs):
+            super().update(predictions=predictions, labels=labels + kwargs["required_inputs"]["bonus"],
+                           weights=weights)
+
+    class BonusMetric(rec_metric.RecMetric):
+        _namespace = namespace.MetricNamespace.CTR
+        _computation_class = BonusCTR
+
+        def _get_task_required_inputs(self, task_config):
+            return {"bonus"}
+
+    arguments = {"world_size": 1, "my_rank": 0, "batch_size": BATCH, "window_size": WINDOW}
+    tensor_weighted_avg = importlib.import_module(f"{library}.metrics.tensor_weighted_avg")
+    segmented_ne = importlib.import_module(f"{library}.metrics.segmented_ne")
+    return [
+        (BonusMetric(tasks=[config.RecTaskInfo(name="click")], **arguments), "bonus"),
+        (tensor_weighted_avg.TensorWeightedAvgMetric(
+            tasks=[config.RecTaskInfo(name="click", tensor_name="dwell")], **arguments), "dwell"),
+        (segmented_ne.SegmentedNEMetric(tasks=[config.RecTaskInfo(name="click")], num_groups=3, **arguments),
+         "grouping_keys"),
+    ]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_required_input_of_the_wrong_length_is_refused_by_name(index):
+    """Unfused, a required input of another length than the batch: TorchRec fails in view (RuntimeError), ours
+    names the metric, task, input and both lengths; one per sample or a single value run in both, alike."""
+    (expected, name), (got, _) = (_required_input_metrics(library)[index] for library in ("torchrec", "rectoolkit"))
+    predictions, labels, weights = ({"click": tensor[0]} for tensor in _batches(11, True, count=1, n_tasks=1)[0])
+    wrong = {name: torch.ones(BATCH + 2, dtype=torch.long)}
+    with pytest.raises(RuntimeError):
+        expected.update(predictions=predictions, labels=labels, weights=weights, required_inputs=wrong)
+    # (SegmentedNEMetric checks its grouping keys itself, in its own words)
+    message = (rf"{type(got).__name__}: task 'click': required input '{name}' has {BATCH + 2} values but the "
+               rf"task's batch has {BATCH} samples" if index < 2 else rf"'{name}' has {BATCH + 2} values for {BATCH}")
+    with pytest.raises(ValueError, match=message):
+        got.update(predictions=predictions, labels=labels, weights=weights, required_inputs=wrong)
+    for good in (torch.tensor([0, 1, 2, 1])[:BATCH], torch.tensor([1])):
+        for metric in (expected, got):
+            metric.update(predictions=predictions, labels=labels, weights=weights, required_inputs={name: good})
+    _assert_same_tensors(got.compute(), expected.compute(), "compute")
