@@ -37,6 +37,7 @@ from rectoolkit.distributed.awaitable import Awaitable, NoWait
 from rectoolkit.distributed.comm import (ShardingEnv, all_to_all, get_gradient_division, set_gradient_division,
                                          start_all_to_all)
 from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodec, QuantizedCommCodecs
+from rectoolkit.sparse.kjt_dist import permute_segments
 
 W = TypeVar("W")
 
@@ -389,10 +390,58 @@ def all_gather_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = N
                          [numel] * env.world_size, name, codecs, lambda received: received.view(*shape))
 
 
+def invert_permute(permute: Tensor) -> Tensor:
+    """The inverse of a permutation (fbgemm's invert_permute): out[permute[i]] = i.
+
+        >>> invert_permute(torch.tensor([2, 0, 1], dtype=torch.int32)).tolist()
+        [1, 2, 0]
+    """
+    inverse = torch.empty_like(permute)
+    inverse[permute.long()] = torch.arange(permute.numel(), dtype=permute.dtype, device=permute.device)
+    return inverse
+
+
+def alltoall_sequence(a2a_sequence_embs_tensor: Tensor, forward_recat_tensor: Tensor, backward_recat_tensor: Tensor,
+                      lengths_after_sparse_data_all2all: Tensor, input_splits: List[int], output_splits: List[int],
+                      variable_batch_size: bool = False, group: Optional[dist.ProcessGroup] = None,
+                      codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """Sequence embeddings [ids received, D] back to the ranks the ids came from (the reverse of the input
+    all-to-all): the rows, key-major as the received KJT holds them, are put in source-rank order by
+    `forward_recat_tensor` (over the (key, source) rows of `lengths_after_sparse_data_all2all`, [local keys,
+    batch], or over single samples when `variable_batch_size`), and rank r gets output_splits[r] ids' rows; this
+    rank gets input_splits[r] from rank r. `backward_recat_tensor` must invert forward_recat (autograd uses that
+    inverse)."""
+    name = "alltoall_sequence"
+    env = env_of(group, name)
+    if env.world_size <= 1:
+        return NoWait(a2a_sequence_embs_tensor)
+    codecs = check_codecs(codecs, name)
+    _check_world(input_splits, env, name, "input_splits")
+    _check_world(output_splits, env, name, "output_splits")
+    embeddings, lengths = a2a_sequence_embs_tensor, lengths_after_sparse_data_all2all
+    dim = embeddings.shape[1]
+    if embeddings.shape[0] != sum(output_splits):
+        raise ValueError(f"{name}: rank {env.rank} has {embeddings.shape[0]} rows but output_splits={output_splits} "
+                         f"sum to {sum(output_splits)}; pass the ids received from each rank")
+    embeddings = divided(embeddings, env)
+    if lengths.shape[0] > 0:
+        permute = forward_recat_tensor.long()
+        inverse_ok = backward_recat_tensor is not None and backward_recat_tensor.numel() == permute.numel() and \
+            torch.equal(permute[backward_recat_tensor.long()], torch.arange(permute.numel(), device=permute.device))
+        if not inverse_ok:
+            raise ValueError(f"{name}: backward_recat_tensor is not the inverse of forward_recat_tensor "
+                             f"({forward_recat_tensor.tolist()}); pass invert_permute(forward_recat_tensor)")
+        rows = lengths.reshape(-1) if variable_batch_size else lengths.view(lengths.shape[0] * env.world_size, -1).sum(1)
+        embeddings = permute_segments(embeddings, rows, permute)
+    return start_request(env, embeddings.reshape(-1), [n * dim for n in output_splits],
+                         [n * dim for n in input_splits], name, codecs, lambda received: received.view(-1, dim))
+
+
 __all__ = [
     "All2AllDenseInfo", "All2AllPooledInfo", "All2AllSequenceInfo", "All2AllVInfo", "AllGatherBaseInfo",
     "ReduceScatterBaseInfo", "ReduceScatterInfo", "ReduceScatterVInfo", "Request", "VariableBatchAll2AllPooledInfo",
-    "all_gather_base_pooled", "alltoall_pooled", "get_gradient_division", "get_use_sync_collectives",
+    "all_gather_base_pooled", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",
+    "get_use_sync_collectives", "invert_permute",
     "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_pooled", "set_gradient_division",
     "set_use_sync_collectives", "torchrec_use_sync_collectives",
 ]

@@ -30,8 +30,8 @@ from torch import nn
 
 from rectoolkit.distributed.awaitable import Awaitable
 from rectoolkit.distributed.comm import PendingExchange, start_all_to_all, start_all_to_all_messages
-from rectoolkit.distributed.comm_ops import (all_gather_base_pooled, alltoall_pooled, env_of, reduce_scatter_base_pooled,
-                                             reduce_scatter_v_pooled)
+from rectoolkit.distributed.comm_ops import (all_gather_base_pooled, alltoall_pooled, alltoall_sequence, env_of,
+                                             invert_permute, reduce_scatter_base_pooled, reduce_scatter_v_pooled)
 from rectoolkit.sparse import KeyedJaggedTensor
 
 
@@ -280,6 +280,52 @@ class PooledEmbeddingsAllGather(nn.Module):
         return PooledEmbeddingsAwaitable(all_gather_base_pooled(local_emb, self._pg, codecs=self._codecs))
 
 
+class SequenceEmbeddingsAwaitable(Awaitable[torch.Tensor]):
+    """The sequence embeddings a collective is bringing (TorchRec's): with `unbucketize_permute_tensor`, the rows
+    are put back in the order of the ids before row-wise bucketization."""
+
+    def __init__(self, tensor_awaitable: Awaitable[torch.Tensor], unbucketize_permute_tensor: Optional[torch.Tensor],
+                 embedding_dim: int) -> None:
+        super().__init__()
+        self._tensor_awaitable = tensor_awaitable
+        if unbucketize_permute_tensor is not None:
+            self.callbacks.append(lambda rows: rows.view(-1, embedding_dim).index_select(0, unbucketize_permute_tensor))
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._tensor_awaitable.wait()
+
+
+class SequenceEmbeddingsAllToAll(nn.Module):
+    """The embeddings of the ids a KJTAllToAll brought, back to the ranks that sent the ids (TorchRec's;
+    comm_ops.alltoall_sequence): `features_per_rank[r]` keys on rank r; forward takes the received KJT's
+    lengths ([local keys, batch]), the ids sent to (input_splits) and received from (output_splits) each rank, and
+    for a batch that differs per rank, batch_size_per_rank and the KJT's recat (sparse_features_recat)."""
+
+    def __init__(self, pg: dist.ProcessGroup, features_per_rank: List[int], device: Optional[torch.device] = None,
+                 codecs: Any = None) -> None:
+        super().__init__()
+        self._pg, self._codecs = pg, codecs
+        world_size, local_split = pg.size(), features_per_rank[pg.rank()]
+        # rows (key i, source j) are key-major received and source-major sent
+        forward_recat = [j + i * world_size for j in range(world_size) for i in range(local_split)]
+        self.register_buffer("_forward_recat_tensor", torch.tensor(forward_recat, device=device, dtype=torch.int))
+        self.register_buffer("_backward_recat_tensor",
+                             invert_permute(torch.tensor(forward_recat, device=device, dtype=torch.int)))
+
+    def forward(self, local_embs: torch.Tensor, lengths: torch.Tensor, input_splits: List[int],
+                output_splits: List[int], unbucketize_permute_tensor: Optional[torch.Tensor] = None,
+                batch_size_per_rank: Optional[List[int]] = None,
+                sparse_features_recat: Optional[torch.Tensor] = None) -> SequenceEmbeddingsAwaitable:
+        variable_batch_size = batch_size_per_rank is not None and len(set(batch_size_per_rank)) > 1
+        if sparse_features_recat is not None:
+            forward_recat, backward_recat = invert_permute(sparse_features_recat), sparse_features_recat
+        else:
+            forward_recat, backward_recat = self._forward_recat_tensor, self._backward_recat_tensor
+        awaitable = alltoall_sequence(local_embs, forward_recat, backward_recat, lengths, input_splits, output_splits,
+                                      variable_batch_size, group=self._pg, codecs=self._codecs)
+        return SequenceEmbeddingsAwaitable(awaitable, unbucketize_permute_tensor, local_embs.shape[1])
+
+
 __all__ = ["KJTAllToAll", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "PooledEmbeddingsAllGather",
            "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter",
-           "SplitsAllToAllAwaitable", "kjt_recat"]
+           "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "kjt_recat"]

@@ -92,3 +92,13 @@ def test_table_wise_sharded_module_written_the_torchrec_way_equals_the_unsharded
     from dist_custom_sharded_workers import custom_sharded_worker
 
     run_workers(custom_sharded_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_sequence_all_to_all_outputs_and_gradients_match_torchrec():
+    _torchrec_dist_data()
+    from dist_comm_ops_workers import sequence_all_to_all_worker
+
+    run_workers(sequence_all_to_all_worker, 2)
