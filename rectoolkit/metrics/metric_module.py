@@ -20,6 +20,7 @@ rank (compute is a collective).
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Dict, List, Optional, Type
 
 import torch
@@ -33,7 +34,10 @@ from rectoolkit.metrics.calibration import CalibrationMetric
 from rectoolkit.metrics.calibration_with_recalibration import RecalibratedCalibrationMetric
 from rectoolkit.metrics.ctr import CTRMetric
 from rectoolkit.metrics.deferrable_metrics import DeferrableMetrics
-from rectoolkit.metrics.metrics_config import MetricsConfig, RecMetricEnum, RecTaskInfo
+from rectoolkit.metrics.metrics_config import (MetricsConfig, RecMetricEnum, RecTaskInfo, StateMetricEnum,
+                                               validate_batch_size_stages)
+from rectoolkit.metrics.metrics_namespace import (MetricNamespace, compose_customized_metric_key,
+                                                  compose_metric_namespace)
 from rectoolkit.metrics.mae import MAEMetric
 from rectoolkit.metrics.ndcg import NDCGMetric, session_ids_to_tensor
 from rectoolkit.metrics.mse import MSEMetric
@@ -112,9 +116,25 @@ REC_METRICS_MAPPING: Dict[RecMetricEnum, Type[RecMetric]] = {
 }
 
 
+class StateMetric(abc.ABC):
+    """TorchRec's interface of a component that reports its own values (an optimizer's learning rate, ...): a
+    RecMetricModule's `state_metrics` {namespace: StateMetric} add `get_metrics()` to compute(), each value under
+    `"{namespace}|{name}"`."""
+
+    @abc.abstractmethod
+    def get_metrics(self) -> Dict[str, Any]:
+        """{name: value} now."""
+
+
+STATE_METRICS_NAMESPACE_MAPPING: Dict[StateMetricEnum, MetricNamespace] = {
+    StateMetricEnum.OPTIMIZERS: MetricNamespace.OPTIMIZERS,
+    StateMetricEnum.MODEL_CONFIGURATOR: MetricNamespace.MODEL_CONFIGURATOR,
+}
+
+
 class RecMetricModule(nn.Module):
-    """The job's RecMetrics and its ThroughputMetric (TorchRec's constructor). State metrics and the adaptive
-    compute interval (min/max_compute_interval) are not implemented: passing them raises NotImplementedError."""
+    """The job's RecMetrics, ThroughputMetric and StateMetrics (TorchRec's constructor). The adaptive compute
+    interval (min/max_compute_interval) is not implemented: passing it raises NotImplementedError."""
 
     def __init__(self, batch_size: int, world_size: int, rec_tasks: Optional[List[RecTaskInfo]] = None,
                  rec_metrics: Optional[RecMetricList] = None, throughput_metric: Optional[ThroughputMetric] = None,
@@ -124,8 +144,11 @@ class RecMetricModule(nn.Module):
         if throughput_metric is not None and not isinstance(throughput_metric, ThroughputMetric):
             raise TypeError(f"RecMetricModule: throughput_metric={throughput_metric!r} is not a ThroughputMetric; "
                             "pass rectoolkit.metrics.throughput.ThroughputMetric(...) or None")
-        for name, value, default in (("state_metrics", state_metrics or None, None),
-                                     ("min_compute_interval", min_compute_interval, 0.0),
+        for namespace, component in (state_metrics or {}).items():
+            if not callable(getattr(component, "get_metrics", None)):
+                raise TypeError(f"RecMetricModule: state_metrics[{namespace!r}] is a {type(component).__name__}, "
+                                "which has no get_metrics(); pass StateMetric objects")
+        for name, value, default in (("min_compute_interval", min_compute_interval, 0.0),
                                      ("max_compute_interval", max_compute_interval, float("inf"))):
             if value != default:
                 raise NotImplementedError(f"RecMetricModule: {name}={value!r} is not implemented in rectoolkit; "
@@ -136,7 +159,7 @@ class RecMetricModule(nn.Module):
         self.rec_tasks = list(rec_tasks or [])
         self.rec_metrics = rec_metrics if rec_metrics is not None else RecMetricList([])
         self.throughput_metric = throughput_metric
-        self.state_metrics: Dict[str, Any] = {}
+        self.state_metrics: Dict[str, StateMetric] = dict(state_metrics or {})
         self.compute_interval_steps = compute_interval_steps
         self.trained_batches = 0
         self.compute_count = 0
@@ -178,6 +201,9 @@ class RecMetricModule(nn.Module):
         values = self.rec_metrics.compute()
         if self.throughput_metric is not None:
             values.update(self.throughput_metric.compute())
+        for namespace, component in self.state_metrics.items():
+            values.update({compose_customized_metric_key(namespace, name): value
+                           for name, value in component.get_metrics().items()})
         return DeferrableMetrics(values)
 
     def local_compute(self) -> DeferrableMetrics:
@@ -249,13 +275,30 @@ def _tasks_of(config: MetricsConfig, metric: RecMetricEnum) -> List[RecTaskInfo]
     return list(definition.rec_tasks) or [config.rec_tasks[i] for i in definition.rec_task_indices]
 
 
+def _state_metrics(config: MetricsConfig, mapping: Dict[Any, Any]) -> Dict[str, StateMetric]:
+    """{"{ns}-{ns}": the StateMetric the mapping gives} per StateMetricEnum of config.state_metrics (TorchRec's keys)."""
+    state_metrics = {}
+    for member in config.state_metrics:
+        if member not in STATE_METRICS_NAMESPACE_MAPPING:
+            raise ValueError(f"generate_metric_module: unknown state metric {member!r} in MetricsConfig.state_metrics; "
+                             f"use a StateMetricEnum ({[str(m) for m in StateMetricEnum]})")
+        if member not in mapping:
+            raise KeyError(f"generate_metric_module: MetricsConfig.state_metrics lists {member} but "
+                           f"state_metrics_mapping has no StateMetric for it (it has {[str(m) for m in mapping]}); "
+                           f"pass state_metrics_mapping={{StateMetricEnum.{member.name}: <your StateMetric>}}")
+        namespace = STATE_METRICS_NAMESPACE_MAPPING[member]
+        state_metrics[compose_metric_namespace(namespace, str(namespace))] = mapping[member]
+    return state_metrics
+
+
 def generate_metric_module(metric_class: Type[RecMetricModule], metrics_config: MetricsConfig, batch_size: int,
                            world_size: int, my_rank: int, state_metrics_mapping: Dict[Any, Any], device: torch.device,
                            process_group: Optional[Any] = None, batch_size_stages: Optional[List[Any]] = None,
                            module_kwargs: Optional[Dict[str, Any]] = None) -> RecMetricModule:
     """A `metric_class` (RecMetricModule) with one RecMetric per entry of metrics_config.rec_metrics."""
     config = metrics_config
-    for name, value, default in (("state_metrics", config.state_metrics, []), ("batch_size_stages", batch_size_stages, None),
+    validate_batch_size_stages(batch_size_stages)
+    for name, value, default in (("batch_size_stages", batch_size_stages, None),
                                  ("enable_pt2_compile", config.enable_pt2_compile, False),
                                  ("use_cpu_offloaded_rec_metric_module", config.use_cpu_offloaded_rec_metric_module,
                                   None)):
@@ -279,10 +322,12 @@ def generate_metric_module(metric_class: Type[RecMetricModule], metrics_config: 
                                       warmup_steps=config.throughput_metric.warmup_steps)
     module = metric_class(batch_size=batch_size, world_size=world_size, rec_tasks=config.rec_tasks,
                           rec_metrics=RecMetricList(metrics), throughput_metric=throughput,
+                          state_metrics=_state_metrics(config, state_metrics_mapping),
                           compute_interval_steps=config.compute_interval_steps,
                           min_compute_interval=config.min_compute_interval,
                           max_compute_interval=config.max_compute_interval, **(module_kwargs or {}))
     return module.to(device)
 
 
-__all__ = ["REC_METRICS_MAPPING", "RecMetricModule", "generate_metric_module"]
+__all__ = ["REC_METRICS_MAPPING", "STATE_METRICS_NAMESPACE_MAPPING", "RecMetricModule", "StateMetric",
+           "generate_metric_module"]

@@ -16,12 +16,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
+from rectoolkit.metrics.metrics_namespace import StrValueMixin
+
 _DEFAULT_WINDOW_SIZE = 10_000_000
 _DEFAULT_THROUGHPUT_WINDOW_SECONDS = 100
 _DEFAULT_THROUGHPUT_WARMUP_STEPS = 100
 
 
-class RecMetricEnum(Enum):
+class RecMetricEnumBase(StrValueMixin, Enum):
+    """TorchRec's base of metric enums (str() is the value); RecMetricEnum is one."""
+
+
+class RecMetricEnum(RecMetricEnumBase):
     """The metrics rectoolkit computes, with TorchRec's values (its other members are not implemented here).
     GAUCMetric has no member, as in TorchRec 1.8: build it directly and put it in a RecMetricList."""
 
@@ -63,9 +69,6 @@ class RecMetricEnum(Enum):
     SERVING_NE = "serving_ne"
     SERVING_CALIBRATION = "serving_calibration"
     SEGMENTED_NE = "segmented_ne"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class RecComputeMode(Enum):
@@ -118,6 +121,14 @@ class RecMetricDef:
     arguments: Optional[Dict[str, Any]] = None
 
 
+class StateMetricEnum(StrValueMixin, Enum):
+    """The state metrics a MetricsConfig can list (`state_metrics`): generate_metric_module takes the StateMetric of
+    each from its `state_metrics_mapping` and reports its values under the member's namespace."""
+
+    OPTIMIZERS = "optimizers"
+    MODEL_CONFIGURATOR = "model_configurator"
+
+
 @dataclass
 class ThroughputDef:
     """The ThroughputMetric of a MetricsConfig: its window in seconds and its untimed warm-up steps."""
@@ -156,6 +167,34 @@ class MetricsConfig:
 
 DefaultTaskInfo = RecTaskInfo()
 
-__all__ = ["DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum", "RecTaskInfo",
-           "SessionMetricDef",
-           "ThroughputDef"]
+
+@dataclass
+class BatchSizeStage:
+    """One stage of a variable batch size (TorchRec's, for TowerQPSMetric / ThroughputMetric): `batch_size` while
+    the train iteration is at most `max_iters` (absolute, after the previous stage's), None for the last stage."""
+
+    batch_size: int = 0
+    max_iters: Optional[int] = 0
+
+
+def validate_batch_size_stages(batch_size_stages: Optional[List[BatchSizeStage]]) -> None:
+    """TorchRec's check: None or [] pass; otherwise the last stage must have max_iters None.
+
+        >>> validate_batch_size_stages([BatchSizeStage(256, 100), BatchSizeStage(512, 200)])
+        Traceback (most recent call last):
+        ...
+        ValueError: Batch size stages last stage should have max_iters = None, but get 200 (stage 1 of 2, \
+batch_size 512); make the last stage BatchSizeStage(batch_size=512, max_iters=None)
+    """
+    if not batch_size_stages:
+        return
+    last = batch_size_stages[-1]
+    if last.max_iters is not None:
+        raise ValueError(f"Batch size stages last stage should have max_iters = None, but get {last.max_iters} "
+                         f"(stage {len(batch_size_stages) - 1} of {len(batch_size_stages)}, batch_size "
+                         f"{last.batch_size}); make the last stage BatchSizeStage(batch_size={last.batch_size}, "
+                         "max_iters=None)")
+
+__all__ = ["BatchSizeStage", "DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum",
+           "RecMetricEnumBase", "RecTaskInfo", "SessionMetricDef", "StateMetricEnum", "ThroughputDef",
+           "validate_batch_size_stages"]

@@ -58,6 +58,8 @@ _METRICS.update({"SEGMENTED_NE": "segmented_ne", "SERVING_NE": "serving_ne", "SE
                  "CALI_FREE_NE": "cali_free_ne", "UNWEIGHTED_NE": "unweighted_ne", "NMSE": "nmse"})
 _NAMESPACES_ONLY.update({"RECALIBRATED_NE": "recalibrated_ne", "RECALIBRATED_CALIBRATION": "recalibrated_calibration"})
 _NAMES_ONLY.update({"NRMSE": "nrmse"})
+# the state metrics' namespaces (RecMetricModule's state_metrics: an optimizer's, a model configurator's values)
+_NAMESPACES_ONLY.update({"OPTIMIZERS": "optimizers", "MODEL_CONFIGURATOR": "model_configurator"})
 MetricNamespace = MetricNamespaceBase("MetricNamespace", {"DEFAULT": "", **_METRICS, **_NAMESPACES_ONLY},
                                      module=__name__)
 MetricName = MetricNameBase("MetricName", {"DEFAULT": "", **_METRICS, "LOG_LOSS": "logloss", "RMSE": "rmse",
