@@ -25,9 +25,10 @@ NCCL adds them in the narrow type). TorchRec's `all_to_all_single_comm` (a custo
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -245,6 +246,17 @@ def _refuse_custom_comm(all_to_all_single_comm: Any, subject: str) -> None:
                                   "rectoolkit sends through its own counted all-to-all; leave it None")
 
 
+def _open(name: str, group: Optional[dist.ProcessGroup], codecs: Any, all_to_all_single_comm: Any = None
+          ) -> Tuple[ShardingEnv, Optional[QuantizedCommCodecs]]:
+    """The env of op `name` on `group`, and its codecs checked (with more than one rank: one rank alone only gets
+    its input back, as TorchRec's)."""
+    env = env_of(group, name)
+    if env.world_size > 1:
+        _refuse_custom_comm(all_to_all_single_comm, name)
+        codecs = check_codecs(codecs, name)
+    return env, codecs
+
+
 def start_request(env: ShardingEnv, tensor: Tensor, input_splits: Sequence[int], output_splits: Sequence[int],
                   name: str, codecs: Optional[QuantizedCommCodecs], finish: Callable[[Tensor], W]) -> Awaitable[W]:
     """Start the all-to-all of the 1-D `tensor` (splits in elements) and return the request whose wait() gives
@@ -266,10 +278,12 @@ def divided(tensor: Tensor, env: ShardingEnv) -> Tensor:
     return _GradientDivided.apply(tensor, env.world_size, sync_division)
 
 
-def _check_world(values: Sequence[Any], env: ShardingEnv, subject: str, what: str) -> None:
-    if len(values) != env.world_size:
-        raise ValueError(f"{subject}: {what} has {len(values)} entries but the process group has {env.world_size} "
-                         f"ranks (rank {env.rank}); give one per rank")
+def _check_world(env: ShardingEnv, subject: str, **per_rank: Sequence[Any]) -> None:
+    """Each list in `per_rank` has one entry per rank, or an error names it."""
+    for what, values in per_rank.items():
+        if len(values) != env.world_size:
+            raise ValueError(f"{subject}: {what} has {len(values)} entries but the process group has "
+                             f"{env.world_size} ranks (rank {env.rank}); give one per rank")
 
 
 # ------------------------------------------------------------------------------------------------ the ops
@@ -282,13 +296,10 @@ def alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank: List[in
     the ranks: rank r gets rows of its batch_size_per_rank[r] samples from every rank, side by side,
     [B_r, sum(dim_sum_per_rank)] (the two tensors TorchRec takes for its kernel are accepted and not needed)."""
     name = "alltoall_pooled"
-    env = env_of(group, name)
+    env, codecs = _open(name, group, codecs, all_to_all_single_comm)
     if env.world_size <= 1:
         return NoWait(a2a_pooled_embs_tensor)
-    _refuse_custom_comm(all_to_all_single_comm, name)
-    codecs = check_codecs(codecs, name)
-    _check_world(batch_size_per_rank, env, name, "batch_size_per_rank")
-    _check_world(dim_sum_per_rank, env, name, "dim_sum_per_rank")
+    _check_world(env, name, batch_size_per_rank=batch_size_per_rank, dim_sum_per_rank=dim_sum_per_rank)
     rows, local_dim = a2a_pooled_embs_tensor.shape
     if rows != sum(batch_size_per_rank) or local_dim != dim_sum_per_rank[env.rank]:
         raise ValueError(f"{name}: rank {env.rank}'s embeddings are {list(a2a_pooled_embs_tensor.shape)} but "
@@ -302,8 +313,41 @@ def alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank: List[in
         return torch.cat([part.view(local_batch, dim) for part, dim in zip(received.split(output_splits),
                                                                          dim_sum_per_rank)], dim=1)
 
-    return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1), [b * local_dim for b in batch_size_per_rank],
-                         output_splits, name, codecs, side_by_side)
+    return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1),
+                         [b * local_dim for b in batch_size_per_rank], output_splits, name, codecs, side_by_side)
+
+
+def variable_batch_alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank_per_feature: List[List[int]],
+                                   batch_size_per_feature_pre_a2a: List[int],
+                                   emb_dim_per_rank_per_feature: List[List[int]],
+                                   group: Optional[dist.ProcessGroup] = None,
+                                   codecs: Optional[QuantizedCommCodecs] = None,
+                                   all_to_all_single_comm: Any = None) -> Awaitable[Tensor]:
+    """alltoall_pooled for a batch that varies per feature, on flat (1-D) tensors: rank r gets, for each of this
+    rank's features f, batch_size_per_rank_per_feature[r][f] pooled rows of emb_dim_per_rank_per_feature[rank][f];
+    this rank gets, per feature of every rank in rank order, batch_size_per_feature_pre_a2a rows of it. Returns
+    the 1-D concatenation in that order (feature-major within each rank), as TorchRec's."""
+    name = "variable_batch_alltoall_pooled"
+    env, codecs = _open(name, group, codecs, all_to_all_single_comm)
+    if env.world_size <= 1:
+        return NoWait(a2a_pooled_embs_tensor)
+    _check_world(env, name, batch_size_per_rank_per_feature=batch_size_per_rank_per_feature,
+                 emb_dim_per_rank_per_feature=emb_dim_per_rank_per_feature)
+    my_dims = emb_dim_per_rank_per_feature[env.rank]
+    input_splits = [sum(b * d for b, d in zip(batches, my_dims)) for batches in batch_size_per_rank_per_feature]
+    feature_dims = [dim for dims in emb_dim_per_rank_per_feature for dim in dims]
+    if len(batch_size_per_feature_pre_a2a) != len(feature_dims):
+        raise ValueError(f"{name}: batch_size_per_feature_pre_a2a has {len(batch_size_per_feature_pre_a2a)} entries "
+                         f"but the ranks have {len(feature_dims)} features; give one per feature of every rank")
+    sizes = [b * d for b, d in zip(batch_size_per_feature_pre_a2a, feature_dims)]
+    starts = [0, *itertools.accumulate(len(dims) for dims in emb_dim_per_rank_per_feature)]
+    output_splits = [sum(sizes[starts[r]:starts[r + 1]]) for r in range(env.world_size)]
+    if a2a_pooled_embs_tensor.numel() != sum(input_splits):
+        raise ValueError(f"{name}: rank {env.rank} has {a2a_pooled_embs_tensor.numel()} values but its features' "
+                         f"batches and dimensions say {sum(input_splits)}; pass the flat pooled rows of each rank's "
+                         "samples, feature by feature")
+    return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1), input_splits, output_splits, name,
+                         codecs, lambda received: received)
 
 
 def _sum_over_ranks(shape: Sequence[int]) -> Callable[[Tensor], Tensor]:
@@ -325,11 +369,10 @@ def reduce_scatter_pooled(inputs: List[Tensor], group: Optional[dist.ProcessGrou
     """inputs[r] (one tensor per rank) summed over the ranks, on rank r; backward gives each inputs[r] the
     gradient of rank r's result."""
     name = "reduce_scatter_pooled"
-    env = env_of(group, name)
-    _check_world(inputs, env, name, "inputs")
+    env, codecs = _open(name, group, codecs)
+    _check_world(env, name, inputs=inputs)
     if env.world_size <= 1:
         return NoWait(inputs[env.rank])
-    codecs = check_codecs(codecs, name)
     flat = divided(torch.cat([tensor.reshape(-1) for tensor in inputs]), env)
     mine = inputs[env.rank].shape
     return start_request(env, flat, [tensor.numel() for tensor in inputs], [mine.numel()] * env.world_size, name,
@@ -347,14 +390,13 @@ def reduce_scatter_v_pooled(input: Tensor, input_splits: List[int], group: Optio
                             codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
     """`input` cut along dim 0 into chunks of input_splits[r] rows; chunk r summed over the ranks, on rank r."""
     name = "reduce_scatter_v_pooled"
-    env = env_of(group, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(input)
-    _check_world(input_splits, env, name, "input_splits")
+    _check_world(env, name, input_splits=input_splits)
     if input.dim() == 0 or sum(input_splits) != input.shape[0]:
         raise ValueError(f"{name}: input_splits={input_splits} sum to {sum(input_splits)} but rank {env.rank}'s "
                          f"input has shape {list(input.shape)}; they must sum to its dim 0")
-    codecs = check_codecs(codecs, name)
     row = int(torch.Size(input.shape[1:]).numel())
     mine = [input_splits[env.rank], *input.shape[1:]]
     return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in input_splits],
@@ -365,11 +407,10 @@ def reduce_scatter_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup]
                                codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
     """`input` cut along dim 0 into world_size equal chunks; chunk r summed over the ranks, on rank r."""
     name = "reduce_scatter_base_pooled"
-    env = env_of(group, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(input)
     splits = _equal_chunks(input, env, name)
-    codecs = check_codecs(codecs, name)
     row = int(torch.Size(input.shape[1:]).numel())
     return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in splits], [splits[0] * row] * env.world_size,
                          name, codecs, _sum_over_ranks([splits[0], *input.shape[1:]]))
@@ -380,10 +421,9 @@ def all_gather_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = N
     """Every rank's `input` (all of one shape), stacked along dim 0 in rank order; backward sums each rank's
     gradient of the whole over the ranks and keeps this rank's part."""
     name = "all_gather_base_pooled"
-    env = env_of(group, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(input)
-    codecs = check_codecs(codecs, name)
     numel = input.numel()
     shape = [input.shape[0] * env.world_size, *input.shape[1:]] if input.dim() else [env.world_size]
     return start_request(env, divided(input, env).reshape(-1).repeat(env.world_size), [numel] * env.world_size,
@@ -412,12 +452,10 @@ def alltoall_sequence(a2a_sequence_embs_tensor: Tensor, forward_recat_tensor: Te
     rank gets input_splits[r] from rank r. `backward_recat_tensor` must invert forward_recat (autograd uses that
     inverse)."""
     name = "alltoall_sequence"
-    env = env_of(group, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(a2a_sequence_embs_tensor)
-    codecs = check_codecs(codecs, name)
-    _check_world(input_splits, env, name, "input_splits")
-    _check_world(output_splits, env, name, "output_splits")
+    _check_world(env, name, input_splits=input_splits, output_splits=output_splits)
     embeddings, lengths = a2a_sequence_embs_tensor, lengths_after_sparse_data_all2all
     dim = embeddings.shape[1]
     if embeddings.shape[0] != sum(output_splits):
@@ -443,5 +481,5 @@ __all__ = [
     "all_gather_base_pooled", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",
     "get_use_sync_collectives", "invert_permute",
     "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_pooled", "set_gradient_division",
-    "set_use_sync_collectives", "torchrec_use_sync_collectives",
+    "set_use_sync_collectives", "torchrec_use_sync_collectives", "variable_batch_alltoall_pooled",
 ]

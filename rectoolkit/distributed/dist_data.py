@@ -31,7 +31,8 @@ from torch import nn
 from rectoolkit.distributed.awaitable import Awaitable
 from rectoolkit.distributed.comm import PendingExchange, start_all_to_all, start_all_to_all_messages
 from rectoolkit.distributed.comm_ops import (all_gather_base_pooled, alltoall_pooled, alltoall_sequence, env_of,
-                                             invert_permute, reduce_scatter_base_pooled, reduce_scatter_v_pooled)
+                                             invert_permute, reduce_scatter_base_pooled, reduce_scatter_v_pooled,
+                                             variable_batch_alltoall_pooled)
 from rectoolkit.sparse import KeyedJaggedTensor
 
 
@@ -252,6 +253,30 @@ class PooledEmbeddingsAllToAll(nn.Module):
         return self._callbacks
 
 
+class VariableBatchPooledEmbeddingsAllToAll(nn.Module):
+    """comm_ops.variable_batch_alltoall_pooled as a module (TorchRec's arguments; `callbacks` applied to every
+    result): a batch that varies per feature, on flat tensors."""
+
+    def __init__(self, pg: dist.ProcessGroup, emb_dim_per_rank_per_feature: List[List[int]],
+                 device: Optional[torch.device] = None,
+                 callbacks: Optional[List[Callable[[torch.Tensor], torch.Tensor]]] = None, codecs: Any = None) -> None:
+        super().__init__()
+        self._pg, self._emb_dim_per_rank_per_feature, self._codecs = pg, emb_dim_per_rank_per_feature, codecs
+        self._callbacks: List[Callable[[torch.Tensor], torch.Tensor]] = [] if callbacks is None else callbacks
+
+    def forward(self, local_embs: torch.Tensor, batch_size_per_rank_per_feature: List[List[int]],
+                batch_size_per_feature_pre_a2a: List[int]) -> PooledEmbeddingsAwaitable:
+        awaitable = PooledEmbeddingsAwaitable(variable_batch_alltoall_pooled(
+            local_embs, batch_size_per_rank_per_feature, batch_size_per_feature_pre_a2a,
+            self._emb_dim_per_rank_per_feature, group=self._pg, codecs=self._codecs))
+        awaitable.callbacks.extend(self._callbacks)
+        return awaitable
+
+    @property
+    def callbacks(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
+        return self._callbacks
+
+
 class PooledEmbeddingsReduceScatter(nn.Module):
     """Partial sums [sum of the ranks' batches, D] to their ranks, summed there: rank r gets [its batch, D]
     (TorchRec's; reduce_scatter_base_pooled with equal rows per rank, reduce_scatter_v_pooled with uneven
@@ -328,4 +353,5 @@ class SequenceEmbeddingsAllToAll(nn.Module):
 
 __all__ = ["KJTAllToAll", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "PooledEmbeddingsAllGather",
            "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter",
-           "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "kjt_recat"]
+           "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "VariableBatchPooledEmbeddingsAllToAll",
+           "kjt_recat"]

@@ -263,3 +263,33 @@ def sequence_all_to_all_worker(rank: int, world_size: int) -> None:
             assert "not the inverse of forward_recat_tensor" in str(error), error
         else:
             raise AssertionError("a backward recat that does not invert the forward one was accepted")
+
+
+def variable_batch_worker(rank: int, world_size: int) -> None:
+    """VariableBatchPooledEmbeddingsAllToAll / variable_batch_alltoall_pooled (TorchRec's docstring layout: rank 0
+    one feature of dimension 2, rank 1 two of dimension 3, batches per feature and rank): forward and input
+    gradients equal TorchRec's, gradient division and sync collectives on and off, with a callback."""
+    _, their_ops, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    dims = [[2], [3, 3]]
+    per_rank_per_feature = [[[2], [1]], [[1, 3], [2, 2]]][rank]
+    pre_a2a = [[2, 1, 3], [1, 2, 2]][rank]
+    g = torch.Generator().manual_seed(50 + rank)
+    for division in (True, False):
+        for sync in (False, True):
+            source = torch.randn([6, 24][rank], generator=g)
+            results = []
+            for ops, data in ((their_ops, their_data), (our_ops, our_data)):
+                ops.set_gradient_division(division)
+                ops.set_use_sync_collectives(sync)
+                a2a = data.VariableBatchPooledEmbeddingsAllToAll(pg, dims, callbacks=[lambda t: t * 2])
+                results.append(_grad_of(lambda x: a2a(x, per_rank_per_feature, pre_a2a).wait(), source, 9))
+                ops.set_gradient_division(True)
+                ops.set_use_sync_collectives(False)
+            _same(results[1], results[0], f"rank {rank}, division={division}, sync={sync}")
+    source = torch.randn([6, 24][rank], generator=g)
+    theirs = _grad_of(lambda x: their_ops.variable_batch_alltoall_pooled(x, per_rank_per_feature, pre_a2a, dims,
+                                                                         group=pg).wait(), source, 10)
+    ours = _grad_of(lambda x: our_ops.variable_batch_alltoall_pooled(x, per_rank_per_feature, pre_a2a, dims,
+                                                                     group=pg).wait(), source, 10)
+    _same(ours, theirs, f"rank {rank}, variable_batch_alltoall_pooled")

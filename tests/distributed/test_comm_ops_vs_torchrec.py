@@ -102,3 +102,13 @@ def test_sequence_all_to_all_outputs_and_gradients_match_torchrec():
     from dist_comm_ops_workers import sequence_all_to_all_worker
 
     run_workers(sequence_all_to_all_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_variable_batch_pooled_all_to_all_outputs_and_gradients_match_torchrec():
+    _torchrec_dist_data()
+    from dist_comm_ops_workers import variable_batch_worker
+
+    run_workers(variable_batch_worker, 2)
