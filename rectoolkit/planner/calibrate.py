@@ -306,8 +306,8 @@ def _tiny_parameter_sharding(kind: str, rows: int, dim: int, world_size: int):
 
 
 def _sharded_step(env, plan: Dict[str, object], rows: int, dim: int, ids: torch.Tensor, lengths: torch.Tensor):
-    """One training step (forward + backward + fused SGD) of a sharded collection of `plan`'s tables (`rows` x
-    `dim` each), every table's feature given the same ids and lengths."""
+    """One training step (forward + backward + fused SGD; the replicas' dense SGD) of a sharded collection of `plan`'s
+    tables (`rows` x `dim` each), every table's feature given the same ids and lengths."""
     return _step_call(_sharded_collection(env, plan, rows, dim), plan, ids, lengths)
 
 
@@ -337,8 +337,18 @@ def _step_call(sharded, plan: Dict[str, object], ids: torch.Tensor, lengths: tor
 
 
 def _kjt_step(sharded, kjt):
-    """A training step (forward + backward + fused update) of `sharded` on the batch `kjt`."""
-    return lambda: sharded(kjt).values().sum().backward()
+    """A training step of `sharded` on the batch `kjt`: forward, backward with the fused update, and the dense
+    optimizer's step (SGD) over the plain weights, the DATA_PARALLEL replicas' (TorchRec's dense kernel)."""
+    plain = [p for p in sharded.parameters() if not hasattr(p, "_in_backward_optimizers")]
+    dense = torch.optim.SGD(plain, lr=1e-6) if plain else None
+
+    def step() -> None:
+        sharded(kjt).values().sum().backward()
+        if dense is not None:
+            dense.step()
+            dense.zero_grad(set_to_none=True)
+
+    return step
 
 
 def _input_dist_call(sharded, ids: torch.Tensor, lengths: torch.Tensor):

@@ -9,7 +9,8 @@ model's non-embedding parameters) sit on every rank.
 Time comes from the topology's calibration profile (rectoolkit.planner.profile; without one, TorchRec's
 bandwidth-only terms). A rank's own time (what the search balances; `PlanCost.time_ms`) = its shards' lookups
 (per shard: a fixed cost + the engine's work per id + the profile's LookupTerms: per id, per row byte at the read
-speed of a shard that size, per output byte; the backward + fused update has its own LookupTerms per optimizer;
+speed of a shard that size, per output byte; the backward + fused update has its own LookupTerms per optimizer,
+a DATA_PARALLEL replica's backward SGD's (it accumulates rows; the dense optimizer then updates the whole replica);
 UVM reads at hbm_to_ddr_mem_bw, cached ones at a cache_load_factor mix) + its communication. Communication is priced
 from rectoolkit.plan.traffic's matrices: for every collective M the engine issues, rank r spends sum over j != r of
 (M[r, j] + M[j, r]) / bandwidth(r, j), at the speed of the profile's fitted pair that FITTED_COLLECTIVE names for M
@@ -218,6 +219,10 @@ class CostModel:
             (kind, self.profile.collective(kind).bytes_per_ms / all_to_all.bytes_per_ms) for kind in COLLECTIVE_KINDS)}
         self.forward_terms = self.profile.forward
         self.backward_terms = self.profile.backward(self.optimizer.value)  # backward + fused update
+        # a DATA_PARALLEL replica's backward only accumulates gradient rows per id (no fused update: TorchRec's dense
+        # kernel); the nearest measured pass is SGD's (one row add per id). Its update is the dense optimizer's,
+        # over the whole replica: the dense gradient's whole-shard term in shard_costs
+        self.replica_backward_terms = self.profile.backward("sgd")
         self._state_floats_by_cols: Dict[int, int] = {}
 
     # ---- shards: one vectorized formula; the scalar calls are its 1 x 1 case -------------------------------------
@@ -266,7 +271,11 @@ class CostModel:
         rows_read = self.profile.rows_read(ids, rows)
         forward = self.forward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer, rows_read)
         backward = self.backward_terms.cost_ms(ids, row_bytes, read_ms_per_byte, output_buffer, rows_read)
-        # a dense gradient: zeroed, accumulated and applied over the whole shard
+        replica = column([t == ShardingType.DATA_PARALLEL for t in sharding_types], bool)
+        if replica.any():
+            backward = np.where(replica, self.replica_backward_terms.cost_ms(
+                ids, row_bytes, read_ms_per_byte, output_buffer, rows_read), backward)
+        # a dense gradient: zeroed, accumulated and applied over the whole shard (by the dense optimizer)
         backward = backward + np.where(dense, 3 * rows * cols * VALUE_BYTES / self.profile.write_bytes_per_ms, 0.0)
         # the engine's work per id (in proportion to the row bytes), plus row-block routing in the routed groups
         # routing buckets each id once for the whole row (grid: every column piece of a row block pays its share)

@@ -17,14 +17,16 @@ the other plans used), a block of `steps` timed steps and `phase_steps` steps ti
 machine load hits every plan alike.
 
 - A timed step starts on a barrier (not timed); each rank then times forward + backward (the fused update
-  happens in backward) in wall-clock and process CPU time. A rank's wall time includes waiting for its peers
+  happens in backward) + the step of a plain SGD (lr `lr`) over the weights without a fused optimizer: the
+  DATA_PARALLEL replicas (TorchRec's dense kernel: their averaged gradient waits in .grad) and the shards
+  planned compute_kernel "dense", in wall-clock and process CPU time. A rank's wall time includes waiting for its peers
   inside the collectives, its CPU time does not (gloo blocks): wall says what the step costs, CPU whose
   work it is.
 - A phase step puts a barrier before every input_dist, lookup and output_dist of every sharding-type group
   and before backward, and times each on its own (the `phases` frame per group; the `ranks` frame sums the
   groups): `input_dist_ms`, `lookup_ms` (forward kernel), `output_dist_ms`, `forward_other_ms` (splitting
   the batch and placing the outputs) and `backward_ms` (the output collectives' backward, the kernel's
-  backward with its fused update, and the data-parallel all-reduce). Barriers make the phases honest per
+  backward with its fused update, the data-parallel all-reduce and the replicas' SGD step). Barriers make the phases honest per
   rank and the step slower; that is why phase steps are apart from the timed steps.
 - Load: before the first timed step and after the last, the ranks run rectoolkit.planner.load's synthetic step
   (`measure_load`, about a second): how much slower than quiet the machine runs steps right now. The estimate
@@ -247,7 +249,8 @@ class _PlanRunner:
                                                   local_world_size=spec.local_world_size)
         except ValueError as error:
             raise ValueError(f"plan {name!r} cannot be sharded on rank {ctx.rank}: {error}") from error
-        plain = self.model.dense_parameters()  # shards planned compute_kernel "dense" have no fused optimizer
+        # no fused optimizer: DATA_PARALLEL replicas (dense kernel, as TorchRec's) and shards planned "dense"
+        plain = self.model.dense_parameters()
         self.dense_optimizer = torch.optim.SGD(plain, lr=spec.lr) if plain else None
         self.clock = _PhaseClock(self.model.sharded_modules[""], self.model.env.pg)
         self.steps: List[Tuple[int, int, float, float]] = []  # (round, step, wall ms, cpu ms)
@@ -353,7 +356,8 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             zipf_alpha: id skew (0: uniform); seed: the data's seed; num_batches: batches per rank, in turn.
         topology: the Topology the estimates use (default: Topology(world_size, "cpu")); its world_size must
             be `world_size`, its local_world_size decides the ranks per host the plans run with.
-        optimizer, lr: the fused embedding optimizer (and a plain SGD for shards planned kernel "dense").
+        optimizer, lr: the fused embedding optimizer (and a plain SGD for the DATA_PARALLEL replicas and the
+            shards planned kernel "dense", which have no fused optimizer, as in TorchRec).
         num_threads: torch threads per rank; timeout_s: the whole launch's limit (None: none).
         cpu_binding: the cores of each rank, as in `rectoolkit.launch.start` (default "none": where the scheduler
             puts them; "auto": each rank its own share); `info["cpus"]` records them.

@@ -401,9 +401,11 @@ def _shard_terms(result: PlanningResult, table_name: str) -> str:
     table = next(t for t in result.tables if table_name in (t.name, t.label))
     ps = result.plan.plan[table.module_path][table.name]
     model = result.cost_model
-    back = model.backward_terms
+    replica = ps.sharding_type == ShardingType.DATA_PARALLEL.value  # its update: the dense optimizer's (cost.py)
+    back = model.replica_backward_terms if replica else model.backward_terms
+    update = "gradient rows (priced as sgd's)" if replica else f"{model.optimizer.value} update"
     lines = [f"Time terms of its shards ({ps.sharding_type}, fixed {model.profile.shard_ms:.3f} ms per shard; backward + "
-             f"{model.optimizer.value} update: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
+             f"{update}: {back.id_ms * 1e6:.1f} ns per id, row reads x {back.read_factor:.2f}, "
              f"{back.output_ms_per_byte * 1e6:.3f} ns per output byte):"]
     senders = id_senders(ps.sharding_type, model.topology.world_size)
     for shard in ps.shards:
