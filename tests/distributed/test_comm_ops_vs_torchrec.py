@@ -112,3 +112,91 @@ def test_variable_batch_pooled_all_to_all_outputs_and_gradients_match_torchrec()
     from dist_comm_ops_workers import variable_batch_worker
 
     run_workers(variable_batch_worker, 2)
+
+
+# ------------------------------------------------------------------------------------------------ one process
+def _forward_and_grads(module, tensors, loss_seed):
+    """(outputs, input gradients) under a fixed random loss; gradients None where the module has no backward
+    (TorchRec 1.8's fbgemm merge on CPU)."""
+    leaves = [tensor.clone().requires_grad_(True) for tensor in tensors]
+    try:
+        out = module(leaves)
+    except RuntimeError as error:
+        assert "don't support automatic differentiation" in str(error), error
+        out = module([tensor.clone() for tensor in tensors])
+        return [o for o in (out if isinstance(out, list) else [out])], None
+    outs = out if isinstance(out, list) else [out]
+    g = torch.Generator().manual_seed(loss_seed)
+    sum((o * torch.randn(o.shape, generator=g)).sum() for o in outs).backward()
+    return [o.detach() for o in outs], [leaf.grad for leaf in leaves]
+
+
+def _same_or_checked(ours, theirs, module, tensors):
+    """Forward outputs equal; gradients equal TorchRec's, or where TorchRec has none, pass autograd's numerical
+    gradient check."""
+    assert len(ours[0]) == len(theirs[0]) and all(torch.equal(a, b) for a, b in zip(ours[0], theirs[0]))
+    if theirs[1] is not None:
+        assert all(torch.equal(a, b) for a, b in zip(ours[1], theirs[1]))
+    else:
+        doubles = [tensor.double().requires_grad_(True) for tensor in tensors]
+        assert torch.autograd.gradcheck(lambda *ts: module(list(ts)), doubles)
+
+
+@pytest.mark.parametrize("name,args,shapes", [
+    ("EmbeddingsAllToOne", (2, 1), [(3, 2), (3, 4)]),
+    ("EmbeddingsAllToOne", (2, 0), [(2, 3), (4, 3)]),
+    ("EmbeddingsAllToOne", (1, 1), [(3, 2)]),
+    ("EmbeddingsAllToOneReduce", (2,), [(3, 2), (3, 2)]),
+    ("SeqEmbeddingsAllToOne", (2,), [(2, 3), (4, 3)]),
+])
+def test_all_to_one_modules_match_torchrec(name, args, shapes):
+    theirs_module = _torchrec_dist_data()
+    g = torch.Generator().manual_seed(len(shapes))
+    tensors = [torch.randn(shape, generator=g) for shape in shapes]
+    cpu = torch.device("cpu")
+    module = getattr(dist_data, name)(cpu, *args)
+    ours = _forward_and_grads(module, tensors, 1)
+    theirs = _forward_and_grads(getattr(theirs_module, name)(cpu, *args), tensors, 1)
+    _same_or_checked(ours, theirs, module, tensors)
+
+
+@pytest.mark.parametrize("cat_dim", [0, 1])
+def test_merge_pooled_embeddings_module_matches_torchrec(cat_dim):
+    theirs_module = _torchrec_dist_data()
+    tensors = [torch.randn(2, 2), torch.randn(2, 2)]
+    module = dist_data.MergePooledEmbeddingsModule(torch.device("meta"))
+    module.set_device("cpu")
+    ours = _forward_and_grads(lambda ts: module(ts, cat_dim), tensors, 2)
+    their = theirs_module.MergePooledEmbeddingsModule(torch.device("cpu"))
+    theirs = _forward_and_grads(lambda ts: their(ts, cat_dim), tensors, 2)
+    _same_or_checked(ours, theirs, lambda ts: module(ts, cat_dim), tensors)
+
+
+def test_all_to_one_refuses_tensors_of_another_world_size():
+    with pytest.raises(ValueError, match="got 1 tensors for world_size=2"):
+        dist_data.SeqEmbeddingsAllToOne(torch.device("cpu"), 2)([torch.zeros(1)])
+
+
+def test_kjt_one_to_all_matches_torchrec_with_device_propagation():
+    theirs_module = _torchrec_dist_data()
+    import torchrec
+    from torchrec.distributed import global_settings
+
+    import rectoolkit
+    from dist_comm_ops_workers import assert_same_kjt
+
+    values, lengths = torch.arange(6), torch.tensor([1, 0, 2, 1, 1, 1])
+    before = global_settings.get_propogate_device()
+    global_settings.set_propogate_device(True)  # TorchRec 1.8 otherwise sends a CPU device's blocks to CUDA
+    try:
+        theirs = theirs_module.KJTOneToAll([2, 1], 2, torch.device("cpu"))(
+            torchrec.KeyedJaggedTensor(keys=["a", "b", "c"], values=values, lengths=lengths))
+    finally:
+        global_settings.set_propogate_device(before)
+    ours = dist_data.KJTOneToAll([2, 1], 2, torch.device("cpu"))(
+        rectoolkit.KeyedJaggedTensor(keys=["a", "b", "c"], values=values, lengths=lengths))
+    assert isinstance(ours, dist_data.KJTList) and len(ours) == len(theirs) == 2
+    for mine, other in zip(ours, theirs):
+        assert_same_kjt(mine, other, "KJTOneToAll")
+    with pytest.raises(ValueError, match="splits=\\[2, 1\\] has 2 entries for world_size=3"):
+        dist_data.KJTOneToAll([2, 1], 3)
