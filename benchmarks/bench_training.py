@@ -121,8 +121,8 @@ def ours_step(kind: str, plan, rank: int, world_size: int, batches) -> Callable:
     sharded = shard_embedding_bag_collection(ebc, plan, env)
     kjts = [rtk.KeyedJaggedTensor(keys=[f"f{t}" for t in range(NUM_TABLES)], values=v, lengths=l) for l, v in batches]
     it = iter(range(10**9))
-    # shards planned compute_kernel "dense" (TorchRec's choice for DATA_PARALLEL) are stepped by a dense SGD,
-    # as TorchRec's are below
+    # DATA_PARALLEL replicas (the dense kernel, TorchRec's only one for them) and shards planned compute_kernel
+    # "dense" have no fused optimizer: a dense SGD steps them, as TorchRec's are stepped below
     plain = [p for p in sharded.parameters() if not hasattr(p, "_in_backward_optimizers")]
     dense_opt = torch.optim.SGD(plain, lr=0.01) if plain else None
 
