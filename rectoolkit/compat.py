@@ -71,6 +71,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.metrics.deferrable_metrics": "torchrec.metrics.deferrable_metrics",
     "rectoolkit.metrics.metrics_config": "torchrec.metrics.metrics_config",
     "rectoolkit.metrics.metrics_namespace": "torchrec.metrics.metrics_namespace",
+    "rectoolkit.metrics.model_utils": "torchrec.metrics.model_utils",
     "rectoolkit.metrics.rec_metric": "torchrec.metrics.rec_metric",
     "rectoolkit.metrics.auc": "torchrec.metrics.auc",
     "rectoolkit.metrics.ne": "torchrec.metrics.ne",

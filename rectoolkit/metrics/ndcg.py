@@ -34,26 +34,14 @@ are multiplied by the weights first, and the session value is not), `session_key
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, Optional, Set
 
 import torch
 
+from rectoolkit.metrics.model_utils import session_ids_to_tensor
 from rectoolkit.metrics.rec_metric import MissingRequiredInputError, SumStateMetric
 
 SESSION_KEY = "session_id"
-
-
-def session_ids_to_tensor(session_ids: Sequence[Any], device: Optional[torch.device] = None) -> torch.Tensor:
-    """Session ids from a list (of strings, say) as TorchRec's `model_utils.session_ids_to_tensor`: 1, 2, ...
-    numbering the runs of equal consecutive ids.
-
-        >>> session_ids_to_tensor(["a", "a", "b", "a"]).tolist()
-        [1, 1, 2, 3]
-    """
-    numbers: List[int] = []
-    for index, session in enumerate(session_ids):
-        numbers.append(1 if index == 0 else numbers[-1] + (session != session_ids[index - 1]))
-    return torch.tensor(numbers, dtype=torch.int64, device=device)
 
 
 def _discounted_gains(gains: torch.Tensor, ranked_by: torch.Tensor, session_of: torch.Tensor,
