@@ -8,6 +8,11 @@
     PooledEmbeddingsReduceScatter(pg)                  comm_ops.reduce_scatter_base_pooled (or _v_ with uneven
                                                        input_splits)
     PooledEmbeddingsAllGather(pg)                      comm_ops.all_gather_base_pooled
+    SequenceEmbeddingsAllToAll(pg, features_per_rank)  comm_ops.alltoall_sequence as a module
+    VariableBatchPooledEmbeddingsAllToAll(pg, dims)    comm_ops.variable_batch_alltoall_pooled as a module
+
+Also here, from their own modules: one process feeding several devices (KJTOneToAll, EmbeddingsAllToOne, ...:
+all_to_one.py) and plain tensors and JaggedTensors (TensorAllToAll, JaggedTensorAllToAll, ...: tensor_all_to_all.py).
 
 The KJT's all-to-all sends its `dist_tensors` (lengths, values, [strides], [weights]) as one typed message per
 rank, after a first all-to-all of their sizes and of each rank's batch size (`SplitsAllToAllAwaitable`); the
@@ -22,7 +27,7 @@ receiver rebuilds the KJT with `KeyedJaggedTensor.dist_init`, the (source rank, 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,9 +38,11 @@ from rectoolkit.distributed.comm import PendingExchange, start_all_to_all, start
 from rectoolkit.distributed.comm_ops import (all_gather_base_pooled, alltoall_pooled, alltoall_sequence, env_of,
                                              invert_permute, reduce_scatter_base_pooled, reduce_scatter_v_pooled,
                                              variable_batch_alltoall_pooled)
-from rectoolkit.distributed.interfaces import rank_device
+from rectoolkit.distributed.all_to_one import (EmbeddingsAllToOne, EmbeddingsAllToOneReduce, KJTList, KJTOneToAll,
+                                               MergePooledEmbeddingsModule, SeqEmbeddingsAllToOne)
+from rectoolkit.distributed.tensor_all_to_all import (JaggedTensorAllToAll, TensorAllToAll, TensorAllToAllSplitsAwaitable,
+                                                     TensorAllToAllValuesAwaitable, TensorValuesAllToAll)
 from rectoolkit.sparse import KeyedJaggedTensor
-from rectoolkit.streamable import Multistreamable
 
 
 def kjt_recat(local_split: int, num_splits: int, stagger: int = 1, device: Optional[torch.device] = None,
@@ -353,125 +360,8 @@ class SequenceEmbeddingsAllToAll(nn.Module):
         return SequenceEmbeddingsAwaitable(awaitable, unbucketize_permute_tensor, local_embs.shape[1])
 
 
-# ------------------------------------------------------------------------------------------------ one process, devices
-class KJTList(Multistreamable):
-    """A list of KJTs, one per device (TorchRec's torchrec.distributed.embedding_types.KJTList)."""
-
-    def __init__(self, features: List[KeyedJaggedTensor]) -> None:
-        self.features = features
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def __setitem__(self, key: int, item: KeyedJaggedTensor) -> None:
-        self.features[key] = item
-
-    def __getitem__(self, key: int) -> KeyedJaggedTensor:
-        return self.features[key]
-
-    def __iter__(self) -> Iterator[KeyedJaggedTensor]:
-        return iter(self.features)
-
-    def record_stream(self, stream: Any) -> None:
-        for feature in self.features:
-            feature.record_stream(stream)
-
-
-class KJTOneToAll(nn.Module):
-    """One process feeding `world_size` devices (inference): the KJT's keys cut into blocks of `splits`, block r
-    copied to device r of `device`'s type (TorchRec's; "cpu" keeps them on the CPU, "meta" where they are; TorchRec
-    1.8 sends a "cpu" device's blocks to CUDA unless its propagate-device setting is on)."""
-
-    def __init__(self, splits: List[int], world_size: int, device: Optional[torch.device] = None) -> None:
-        super().__init__()
-        if len(splits) != world_size:
-            raise ValueError(f"KJTOneToAll: splits={splits} has {len(splits)} entries for world_size={world_size}; "
-                             "give the number of keys for each device")
-        self._splits, self._world_size = list(splits), world_size
-        self._device_type = "cpu" if device is None else torch.device(device).type
-
-    def forward(self, kjt: KeyedJaggedTensor) -> KJTList:
-        blocks = kjt.split(self._splits)
-        if self._device_type == "meta":
-            return KJTList(blocks)
-        return KJTList([block.to(rank_device(self._device_type, rank), non_blocking=True)
-                        for rank, block in enumerate(blocks)])
-
-
-class MergePooledEmbeddingsModule(nn.Module):
-    """Tensors from several devices concatenated along `cat_dim` on one device (fbgemm's merge_pooled_embeddings;
-    TorchRec's), differentiable. `set_device` changes the device, as inference runtimes do."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.current_device = torch.device(device)
-
-    def set_device(self, device_str: str) -> None:
-        self.current_device = torch.device(device_str)
-
-    def forward(self, tensors: List[torch.Tensor], cat_dim: int) -> torch.Tensor:
-        return torch.cat([tensor.to(self.current_device) for tensor in tensors], dim=cat_dim)
-
-
-class EmbeddingsAllToOne(nn.Module):
-    """The pooled (cat_dim 1) or sequence (cat_dim 0) embeddings of up to `world_size` devices merged on `device`
-    (TorchRec's; one device: its tensor as it is)."""
-
-    def __init__(self, device: torch.device, world_size: int, cat_dim: int) -> None:
-        super().__init__()
-        self.merge_pooled_embeddings = MergePooledEmbeddingsModule(device)
-        self._device, self._world_size, self._cat_dim = torch.device(device), world_size, cat_dim
-
-    def set_device(self, device_str: str) -> None:
-        self._device = torch.device(device_str)
-        self.merge_pooled_embeddings.set_device(device_str)
-
-    def forward(self, tensors: List[torch.Tensor]) -> torch.Tensor:
-        _check_devices(tensors, self._world_size, "EmbeddingsAllToOne", exact=False)
-        merged = tensors[0] if self._world_size == 1 else self.merge_pooled_embeddings(tensors, self._cat_dim)
-        return merged.to(self._device) if self._device.type == "cpu" else merged
-
-
-class EmbeddingsAllToOneReduce(nn.Module):
-    """The sum on `device` of the `world_size` devices' pooled embeddings (TorchRec's, fbgemm's sum_reduce_to_one)."""
-
-    def __init__(self, device: torch.device, world_size: int) -> None:
-        super().__init__()
-        self._device, self._world_size = torch.device(device), world_size
-
-    def set_device(self, device_str: str) -> None:
-        self._device = torch.device(device_str)
-
-    def forward(self, tensors: List[torch.Tensor]) -> torch.Tensor:
-        _check_devices(tensors, self._world_size, "EmbeddingsAllToOneReduce", exact=True)
-        total = tensors[0].to(self._device)
-        for tensor in tensors[1:]:
-            total = total + tensor.to(self._device)
-        return total
-
-
-class SeqEmbeddingsAllToOne(nn.Module):
-    """The `world_size` devices' sequence embeddings, each copied to `device` (TorchRec's; a list back)."""
-
-    def __init__(self, device: torch.device, world_size: int) -> None:
-        super().__init__()
-        self._device, self._world_size = torch.device(device), world_size
-
-    def set_device(self, device_str: str) -> None:
-        self._device = torch.device(device_str)
-
-    def forward(self, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
-        _check_devices(tensors, self._world_size, "SeqEmbeddingsAllToOne", exact=True)
-        return [tensor.to(self._device) for tensor in tensors]
-
-
-def _check_devices(tensors: List[torch.Tensor], world_size: int, subject: str, exact: bool) -> None:
-    if len(tensors) > world_size or (exact and len(tensors) != world_size) or not tensors:
-        raise ValueError(f"{subject}: got {len(tensors)} tensors for world_size={world_size}; pass "
-                         f"{'one per device' if exact else 'at least one and at most one per device'}")
-
-
-__all__ = ["EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "KJTList", "KJTOneToAll", "MergePooledEmbeddingsModule",
+__all__ = ["JaggedTensorAllToAll", "TensorAllToAll", "TensorAllToAllSplitsAwaitable", "TensorAllToAllValuesAwaitable",
+           "TensorValuesAllToAll", "EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "KJTList", "KJTOneToAll", "MergePooledEmbeddingsModule",
            "SeqEmbeddingsAllToOne", "KJTAllToAll", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "PooledEmbeddingsAllGather",
            "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter",
            "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "VariableBatchPooledEmbeddingsAllToAll",

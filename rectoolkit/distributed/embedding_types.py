@@ -6,7 +6,7 @@ TorchRec's that rectoolkit runs (dense, fused, fused_uvm, fused_uvm_caching and 
 key-value and virtual-table kernels are not members here.
 """
 
-from rectoolkit.distributed.dist_data import KJTList
+from rectoolkit.distributed.all_to_one import KJTList
 from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.modules.configs import DataType, PoolingType
 from rectoolkit.plan.types import EmbeddingComputeKernel, ShardingType, ShardMetadata

@@ -293,3 +293,37 @@ def variable_batch_worker(rank: int, world_size: int) -> None:
     ours = _grad_of(lambda x: our_ops.variable_batch_alltoall_pooled(x, per_rank_per_feature, pre_a2a, dims,
                                                                      group=pg).wait(), source, 10)
     _same(ours, theirs, f"rank {rank}, variable_batch_alltoall_pooled")
+
+
+def tensor_all_to_all_worker(rank: int, world_size: int) -> None:
+    """TensorAllToAll (both waits), TensorValuesAllToAll and JaggedTensorAllToAll give what TorchRec's give, for 1-D
+    and 2-D rows, uneven counts, weights, and a rank that sends nothing."""
+    torchrec, _, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    g = torch.Generator().manual_seed(60 + rank)
+    for shape, sends in (((3,), [[1, 2], [2, 1]]), ((4, 2), [[3, 1], [0, 4]])):  # sends[source][destination]
+        source = torch.randn(shape, generator=g)
+        counts = torch.tensor(sends[rank], dtype=torch.int)
+        their_first = their_data.TensorAllToAll(pg)(source, counts)
+        our_first = our_data.TensorAllToAll(pg)(source, counts)
+        their_values, our_values = their_first.wait(), our_first.wait()
+        theirs, ours = their_values.wait(), our_values.wait()
+        assert torch.equal(ours, theirs), (rank, shape, ours, theirs)
+        received = torch.tensor(sends)[:, rank].int()
+        theirs = their_data.TensorValuesAllToAll(pg)(source, counts, received).wait()
+        ours = our_data.TensorValuesAllToAll(pg)(source, counts, received).wait()
+        assert torch.equal(ours, theirs), (rank, shape, "values", ours, theirs)
+    for weighted in (False, True):
+        lengths = torch.tensor([[2, 0, 1], [1, 3, 0]][rank])
+        values = torch.arange(int(lengths.sum())) + 100 * rank
+        weights = torch.rand(values.numel(), generator=g) if weighted else None
+        send = torch.tensor([[1, 2], [2, 1]][rank])
+        receive = torch.tensor([[1, 2], [2, 1]])[:, rank]
+        theirs = their_data.JaggedTensorAllToAll(torchrec.JaggedTensor(values=values, lengths=lengths, weights=weights),
+                                                 send, receive, pg).wait()
+        ours = our_data.JaggedTensorAllToAll(rtk.JaggedTensor(values=values, lengths=lengths, weights=weights),
+                                             send, receive, pg).wait()
+        assert torch.equal(ours.lengths(), theirs.lengths()) and torch.equal(ours.values(), theirs.values()), rank
+        assert (ours.weights_or_none() is None) == (theirs.weights_or_none() is None)
+        if weighted:
+            assert torch.equal(ours.weights(), theirs.weights()), rank

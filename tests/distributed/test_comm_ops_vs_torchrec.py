@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rectoolkit.distributed import comm_ops, dist_data
+from rectoolkit.distributed import all_to_one, comm_ops, dist_data
 from dist_harness import run_workers
 from dist_comm_ops_workers import kjt_all_to_all_worker, pooled_all_to_all_worker, reduce_scatter_all_gather_worker
 
@@ -68,7 +68,7 @@ def test_pooled_all_to_all_outputs_and_gradients_match_torchrec():
     run_workers(pooled_all_to_all_worker, 2)
 
 
-@pytest.mark.parametrize("module", [comm_ops, dist_data])
+@pytest.mark.parametrize("module", [comm_ops, dist_data, all_to_one])
 def test_docstring_examples(module):
     import doctest
 
@@ -200,3 +200,13 @@ def test_kjt_one_to_all_matches_torchrec_with_device_propagation():
         assert_same_kjt(mine, other, "KJTOneToAll")
     with pytest.raises(ValueError, match="splits=\\[2, 1\\] has 2 entries for world_size=3"):
         dist_data.KJTOneToAll([2, 1], 3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_tensor_and_jagged_tensor_all_to_alls_match_torchrec():
+    _torchrec_dist_data()
+    from dist_comm_ops_workers import tensor_all_to_all_worker
+
+    run_workers(tensor_all_to_all_worker, 2)
