@@ -597,17 +597,13 @@ def _table_copies(label: str, saved: List[Dict[str, Any]], shard: ShardMetadata,
         for name, my_state in state.items():
             their_state = entry["optimizer"].get(name)
             wanted = list(entry["sizes"]) if my_state.dim() == 2 else [entry["sizes"][0]]
-            if not entry["optimizer"]:
-                raise CheckpointError(
-                    f"{entry['file']}: table {label!r} was saved without fused optimizer state (a DATA_PARALLEL "
-                    "replica or a 'dense' shard: their optimizer state is the dense optimizer's, as in TorchRec), but "
-                    f"this model fuses its optimizer into the table, which needs state {name!r}; plan the table as it "
-                    "was saved, or load the weights alone (model.load_state_dict)")
             if not isinstance(their_state, torch.Tensor) or list(their_state.shape) != wanted:
                 raise CheckpointError(
                     f"{entry['file']}: table {label!r} has no optimizer state {name!r} of shape {wanted} (it has "
                     f"{ {k: list(v.shape) for k, v in entry['optimizer'].items()} }); the model's fused optimizer "
-                    "needs it: load into a model with the optimizer that was saved")
+                    "needs it: load into a model with the optimizer that was saved (a DATA_PARALLEL replica or a "
+                    "'dense' shard saves none, its optimizer being the dense one, as in TorchRec: plan such a table as "
+                    "it was saved), or load the weights alone (model.load_state_dict)")
             if my_state.dim() == 2:
                 copies.append((my_state, mine, their_state, theirs))
             elif s_c0 <= c0 < s_c1:  # one value per row: from the saved shard holding my first column

@@ -12,7 +12,7 @@ from rectoolkit.distributed import DistributedModelParallel, load_checkpoint, sa
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan
 from dist_harness import global_batch, make_batch
-from dist_workers import BATCH, bag_tables, plan_for
+from dist_workers import BATCH, bag_tables, dense_and_replicas, plan_for
 
 PATH = "sparse.ebc"
 
@@ -63,10 +63,9 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
     model = TinyModel()
     plan_a = plan_for("mixed_a", bag_tables(), W, L)
     dmp = DistributedModelParallel(model, plan=ShardingPlan({PATH: plan_a}), local_world_size=L)
-    shards = {id(p) for collection in dmp.sharded_modules.values() for p in collection.parameters()}
-    dense_opt = torch.optim.SGD([p for p in dmp.dense_parameters() if id(p) not in shards], lr=lr)
+    dense, replicas = dense_and_replicas(dmp)
+    dense_opt = torch.optim.SGD(dense, lr=lr)
     # the DATA_PARALLEL replicas have the dense kernel (TorchRec's): torch's Adagrad, the reference's fused rule
-    replicas = [p for p in dmp.dense_parameters() if id(p) in shards]
     assert len(replicas) == sum(ps.sharding_type == "data_parallel" for ps in plan_a.values()) > 0
     replica_opt = torch.optim.Adagrad(replicas, lr=lr, eps=1e-8)
     optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt), ("replicas", replica_opt)])

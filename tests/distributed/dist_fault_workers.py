@@ -13,12 +13,12 @@ from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
 from dist_harness import row_wise, table_wise
-from dist_workers import bag_tables, plan_for
+from dist_workers import bag_tables, plan_keeping_replicas
 
 
 def _model(seed: int, W: int, kind: str = "mixed_a") -> DistributedModelParallel:
-    torch.manual_seed(seed)
-    return DistributedModelParallel(TinyModel(), plan=ShardingPlan({PATH: plan_for(kind, bag_tables(), W, W)}),
+    torch.manual_seed(seed)  # (other plans keep mixed_a's replicas: a checkpoint holds no fused state for them)
+    return DistributedModelParallel(TinyModel(), plan=ShardingPlan({PATH: plan_keeping_replicas(kind, bag_tables(), W, W)}),
                                     local_world_size=W)
 
 

@@ -21,7 +21,7 @@ from rectoolkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBag
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan
 from dist_harness import global_batch, make_batch
-from dist_workers import BATCH, bag_tables, plan_for
+from dist_workers import BATCH, bag_tables, dense_and_replicas, plan_for
 
 
 class PositionWeightedModel(nn.Module):
@@ -55,8 +55,12 @@ def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
         dmp = DistributedModelParallel(PositionWeightedModel(),
                                        plan=ShardingPlan({plan_key: plan_for(case, bag_tables(), W, W)}),
                                        local_world_size=W)
-        dense_opt = torch.optim.SGD(dmp.dense_parameters(), lr=0.1)
-        optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)])
+        dense, replicas = dense_and_replicas(dmp)
+        dense_opt = torch.optim.SGD(dense, lr=0.1)
+        # the DATA_PARALLEL replicas have the dense kernel (TorchRec's): torch's Adagrad, the reference's fused rule
+        replica_opt = torch.optim.Adagrad(replicas, lr=0.1, eps=1e-8) if replicas else None
+        optimizer = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_opt)]
+                                      + ([("replicas", replica_opt)] if replicas else []))
         ref_dense = [p for n, p in reference.named_parameters() if "embedding_bags" not in n and p.requires_grad]
         # DDP averages the dense gradients, TorchRec's division by W the embedding ones: the mean of the losses
         ref_opt = torch.optim.SGD(ref_dense, lr=0.1)
@@ -106,6 +110,10 @@ def fp_sharder_worker(rank: int, W: int) -> None:
     assert torch.allclose(out, ref_out[rank * BATCH:(rank + 1) * BATCH], atol=1e-5), f"rank {rank}: outputs differ"
     out.square().sum().backward()  # the tables step in backward (fused); the dense layer is not stepped here
     (ref_out.square().sum() / W).backward()
+    # the tables the planner replicates have the dense kernel (TorchRec's): stepped by the fused rule's torch SGD
+    replicas = dense_and_replicas(dmp)[1]
+    if replicas:
+        torch.optim.SGD(replicas, lr=0.5).step()
     state, ref_state = dmp.state_dict(), reference.state_dict()
     for key in [k for k in ref_state if "embedding_bags" in k]:
         assert torch.allclose(state[key], ref_state[key], atol=1e-5), \

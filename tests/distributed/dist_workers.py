@@ -64,6 +64,22 @@ def plan_for(case: str, tables, W: int, L: int) -> Dict[str, rtk.ParameterShardi
     return {t.name: one(kinds[i % len(kinds)], t, i) for i, t in enumerate(tables)}
 
 
+def plan_keeping_replicas(case: str, tables, W: int, L: int, saved_case: str = "mixed_a") -> Dict:
+    """plan_for(case), but the tables `saved_case` replicates stay DATA_PARALLEL: a checkpoint of a replica holds no
+    fused optimizer state (its optimizer is the dense one, as TorchRec's), which a fused shard would need."""
+    replicated = {t for t, ps in plan_for(saved_case, tables, W, L).items() if ps.sharding_type == "data_parallel"}
+    replicas = plan_for("data_parallel", tables, W, L)
+    return {name: replicas[name] if name in replicated else ps for name, ps in plan_for(case, tables, W, L).items()}
+
+
+def dense_and_replicas(dmp) -> tuple:
+    """dmp.dense_parameters() split: (the replicated dense layers, the DATA_PARALLEL replicas). A replica has the
+    dense kernel, as TorchRec's: a test gives it a torch optimizer of its reference's fused rule."""
+    shards = {id(p) for collection in dmp.sharded_modules.values() for p in collection.parameters()}
+    plain = dmp.dense_parameters()
+    return [p for p in plain if id(p) not in shards], [p for p in plain if id(p) in shards]
+
+
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().abs().max()) if a.numel() else 0.0
 

@@ -33,15 +33,17 @@ from dist_fault_workers import (corrupted_rank_file_worker, different_checkpoint
                                 failing_load_worker, failing_save_worker, peer_dies_during_save_worker)
 from ckpt_kill_worker import logged_main
 from dist_harness import run_workers
-from dist_workers import bag_tables, plan_for
+from dist_workers import bag_tables, plan_for, plan_keeping_replicas
 
 
 
-def local_model(seed: int, kind: str = "row_wise", model: torch.nn.Module = None):
+def local_model(seed: int, kind: str = "row_wise", model: torch.nn.Module = None, keep_replicas: bool = False):
+    """keep_replicas: the tables the 2-rank (mixed_a) checkpoints replicate stay replicas (those hold no fused state
+    for them, as TorchRec's)."""
     torch.manual_seed(seed)
     module = model if model is not None else TinyModel()
-    return DistributedModelParallel(module, env=ShardingEnv.local(),
-                                    plan=ShardingPlan({PATH: plan_for(kind, bag_tables(), 1, 1)}))
+    plan = (plan_keeping_replicas if keep_replicas else plan_for)(kind, bag_tables(), 1, 1)
+    return DistributedModelParallel(module, env=ShardingEnv.local(), plan=ShardingPlan({PATH: plan}))
 
 
 def expected_states():
@@ -109,7 +111,7 @@ def test_kill_any_rank_at_random_points_of_a_save_leaves_a_loadable_checkpoint(t
         codes, _ = run_ranks(case_dir, case_dir / "ckpt", {victim: kill_at, 1 - victim: -1}, timeout_s=300)
         log = (case_dir / f"rank{victim}.log").read_text()
         assert codes[victim] == -signal.SIGKILL, f"case {case}: rank {victim} was not killed at line {kill_at}: {log}"
-        model = local_model(seed=5)
+        model = local_model(seed=5, keep_replicas=True)
         extra = load_checkpoint(model, case_dir / "ckpt")  # never raises: the old or the new checkpoint is there
         version = extra["version"]
         assert states_equal(model.state_dict(), old if version == 1 else new), \

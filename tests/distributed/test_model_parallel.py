@@ -20,7 +20,7 @@ from rectoolkit.distributed.checkpoint import load_saved_shards
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel, dmp_worker, unsharded_collection_worker
 from dist_harness import run_workers
-from dist_workers import bag_tables, plan_for
+from dist_workers import bag_tables, plan_for, plan_keeping_replicas
 
 
 def global_optimizer_state(checkpoint_dir) -> dict:
@@ -45,10 +45,8 @@ def test_dmp_and_resharding_checkpoint(tmp_path):
 
     # world size 1, a third plan (every table row-wise on the one rank, but those plan A replicated: their optimizer
     # state is the dense optimizer's, not in the shards, as TorchRec's DATA_PARALLEL): same bits
-    replicated = {t for t, ps in plan_for("mixed_a", bag_tables(), 2, 2).items() if ps.sharding_type == "data_parallel"}
-    one_rank = {t: plan_for("data_parallel" if t in replicated else "row_wise", bag_tables(), 1, 1)[t]
-                for t in plan_for("row_wise", bag_tables(), 1, 1)}
-    model = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=ShardingPlan({PATH: one_rank}))
+    model = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(),
+                                     plan=ShardingPlan({PATH: plan_keeping_replicas("row_wise", bag_tables(), 1, 1)}))
     load_checkpoint(model, checkpoint_dir)
     state = model.state_dict()
     assert list(state) == list(reference)
