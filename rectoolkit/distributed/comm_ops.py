@@ -394,9 +394,28 @@ def reduce_scatter_v_pooled(input: Tensor, input_splits: List[int], group: Optio
     if env.world_size <= 1:
         return NoWait(input)
     _check_world(env, name, input_splits=input_splits)
+    return _reduce_scatter_chunks(env, name, input, input_splits, codecs)
+
+
+def reduce_scatter_v_per_feature_pooled(input: Tensor, batch_size_per_rank_per_feature: List[List[int]],
+                                        embedding_dims: List[int], group: Optional[dist.ProcessGroup] = None,
+                                        codecs: Optional[QuantizedCommCodecs] = None) -> Awaitable[Tensor]:
+    """reduce_scatter_v_pooled of a flat (1-D) tensor of a batch that varies per feature: the chunk for rank r
+    holds batch_size_per_rank_per_feature[r][f] pooled rows of embedding_dims[f] per feature f."""
+    name = "reduce_scatter_v_per_feature_pooled"
+    env, codecs = _open(name, group, codecs)
+    if env.world_size <= 1:
+        return NoWait(input)
+    _check_world(env, name, batch_size_per_rank_per_feature=batch_size_per_rank_per_feature)
+    splits = [sum(b * d for b, d in zip(batches, embedding_dims)) for batches in batch_size_per_rank_per_feature]
+    return _reduce_scatter_chunks(env, name, input, splits, codecs)
+
+
+def _reduce_scatter_chunks(env: ShardingEnv, name: str, input: Tensor, input_splits: List[int],
+                           codecs: Optional[QuantizedCommCodecs]) -> Awaitable[Tensor]:
     if input.dim() == 0 or sum(input_splits) != input.shape[0]:
-        raise ValueError(f"{name}: input_splits={input_splits} sum to {sum(input_splits)} but rank {env.rank}'s "
-                         f"input has shape {list(input.shape)}; they must sum to its dim 0")
+        raise ValueError(f"{name}: the chunks for the ranks ({input_splits}) sum to {sum(input_splits)} but rank "
+                         f"{env.rank}'s input has shape {list(input.shape)}; they must sum to its dim 0")
     row = int(torch.Size(input.shape[1:]).numel())
     mine = [input_splits[env.rank], *input.shape[1:]]
     return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in input_splits],
@@ -480,6 +499,7 @@ __all__ = [
     "ReduceScatterBaseInfo", "ReduceScatterInfo", "ReduceScatterVInfo", "Request", "VariableBatchAll2AllPooledInfo",
     "all_gather_base_pooled", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",
     "get_use_sync_collectives", "invert_permute",
-    "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_pooled", "set_gradient_division",
+    "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_per_feature_pooled",
+    "reduce_scatter_v_pooled", "set_gradient_division",
     "set_use_sync_collectives", "torchrec_use_sync_collectives", "variable_batch_alltoall_pooled",
 ]

@@ -36,7 +36,8 @@ from torch import nn
 from rectoolkit.distributed.awaitable import Awaitable
 from rectoolkit.distributed.comm import PendingExchange, start_all_to_all, start_all_to_all_messages
 from rectoolkit.distributed.comm_ops import (all_gather_base_pooled, alltoall_pooled, alltoall_sequence, env_of,
-                                             invert_permute, reduce_scatter_base_pooled, reduce_scatter_v_pooled,
+                                             invert_permute, reduce_scatter_base_pooled,
+                                             reduce_scatter_v_per_feature_pooled, reduce_scatter_v_pooled,
                                              variable_batch_alltoall_pooled)
 from rectoolkit.distributed.all_to_one import (EmbeddingsAllToOne, EmbeddingsAllToOneReduce, KJTList, KJTOneToAll,
                                                MergePooledEmbeddingsModule, SeqEmbeddingsAllToOne)
@@ -303,6 +304,20 @@ class PooledEmbeddingsReduceScatter(nn.Module):
         return PooledEmbeddingsAwaitable(reduce_scatter_base_pooled(local_embs, self._pg, codecs=self._codecs))
 
 
+class VariableBatchPooledEmbeddingsReduceScatter(nn.Module):
+    """comm_ops.reduce_scatter_v_per_feature_pooled as a module (TorchRec's): a flat tensor of a batch that varies
+    per feature, its chunk for rank r summed over the ranks on rank r."""
+
+    def __init__(self, pg: dist.ProcessGroup, codecs: Any = None) -> None:
+        super().__init__()
+        self._pg, self._codecs = pg, codecs
+
+    def forward(self, local_embs: torch.Tensor, batch_size_per_rank_per_feature: List[List[int]],
+                embedding_dims: List[int]) -> PooledEmbeddingsAwaitable:
+        return PooledEmbeddingsAwaitable(reduce_scatter_v_per_feature_pooled(
+            local_embs, batch_size_per_rank_per_feature, embedding_dims, group=self._pg, codecs=self._codecs))
+
+
 class PooledEmbeddingsAllGather(nn.Module):
     """Every rank's [B, D] stacked in rank order, [world_size * B, D], on every rank (TorchRec's)."""
 
@@ -360,9 +375,12 @@ class SequenceEmbeddingsAllToAll(nn.Module):
         return SequenceEmbeddingsAwaitable(awaitable, unbucketize_permute_tensor, local_embs.shape[1])
 
 
-__all__ = ["JaggedTensorAllToAll", "TensorAllToAll", "TensorAllToAllSplitsAwaitable", "TensorAllToAllValuesAwaitable",
-           "TensorValuesAllToAll", "EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "KJTList", "KJTOneToAll", "MergePooledEmbeddingsModule",
-           "SeqEmbeddingsAllToOne", "KJTAllToAll", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "PooledEmbeddingsAllGather",
-           "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter",
-           "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "VariableBatchPooledEmbeddingsAllToAll",
-           "kjt_recat"]
+__all__ = [
+    "EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "JaggedTensorAllToAll", "KJTAllToAll",
+    "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "KJTList", "KJTOneToAll",
+    "MergePooledEmbeddingsModule", "PooledEmbeddingsAllGather", "PooledEmbeddingsAllToAll",
+    "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter", "SeqEmbeddingsAllToOne",
+    "SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable", "SplitsAllToAllAwaitable", "TensorAllToAll",
+    "TensorAllToAllSplitsAwaitable", "TensorAllToAllValuesAwaitable", "TensorValuesAllToAll",
+    "VariableBatchPooledEmbeddingsAllToAll", "VariableBatchPooledEmbeddingsReduceScatter", "kjt_recat",
+]

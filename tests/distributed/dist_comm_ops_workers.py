@@ -327,3 +327,63 @@ def tensor_all_to_all_worker(rank: int, world_size: int) -> None:
         assert (ours.weights_or_none() is None) == (theirs.weights_or_none() is None)
         if weighted:
             assert torch.equal(ours.weights(), theirs.weights()), rank
+
+
+def variable_batch_reduce_scatter_worker(rank: int, world_size: int) -> None:
+    """VariableBatchPooledEmbeddingsReduceScatter / reduce_scatter_v_per_feature_pooled (TorchRec's docstring
+    layout: batches [[1, 3], [2, 2]] per rank and feature, dimensions [4, 8]): forward and input gradients equal
+    TorchRec's sync path (its async one does not run on gloo), ours async and sync, gradient division on and off."""
+    _, their_ops, their_data = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    batches, dims = [[1, 3], [2, 2]], [4, 8]
+    g = torch.Generator().manual_seed(70 + rank)
+    for division in (True, False):
+        source = torch.randn(52, generator=g)
+        their_ops.set_gradient_division(division)
+        their_ops.set_use_sync_collectives(True)
+        theirs = _grad_of(lambda x: their_data.VariableBatchPooledEmbeddingsReduceScatter(pg)(x, batches, dims).wait(),
+                          source, 11)
+        their_ops.set_gradient_division(True)
+        their_ops.set_use_sync_collectives(False)
+        for sync in (False, True):
+            our_ops.set_gradient_division(division)
+            our_ops.set_use_sync_collectives(sync)
+            ours = _grad_of(lambda x: our_data.VariableBatchPooledEmbeddingsReduceScatter(pg)(x, batches, dims).wait(),
+                            source, 11)
+            our_ops.set_gradient_division(True)
+            our_ops.set_use_sync_collectives(False)
+            _same(ours, theirs, f"rank {rank}, division={division}, sync={sync}")
+
+
+def _raises(error_type, words: str, run) -> None:
+    try:
+        run()
+    except error_type as error:
+        assert words in str(error), (words, str(error))
+    else:
+        raise AssertionError(f"no {error_type.__name__} saying {words!r}")
+
+
+def refusals_worker(rank: int, world_size: int) -> None:
+    """Wrong arguments are refused on every rank before any collective starts, naming what is wrong."""
+    pg = torch.distributed.group.WORLD
+    kjt = _kjt(rtk, rank, 2, ["a", "b", "c"], False, 0)
+    _raises(ValueError, "has 3 keys ['a', 'b', 'c'] but splits=[1, 1] sum to 2",
+            lambda: our_data.KJTAllToAll(pg, [1, 1])(kjt))
+    _raises(ValueError, "splits=[3] has 1 entries but the process group has 2 ranks",
+            lambda: our_data.KJTAllToAll(pg, [3]))
+    _raises(ValueError, "stagger=3 must be >= 1 and divide the 2 ranks", lambda: our_data.KJTAllToAll(pg, [2, 1], 3))
+    _raises(NotImplementedError, "collective validation",
+            lambda: our_data.SplitsAllToAllAwaitable([torch.tensor([1, 1])], pg, collective_tag=5))
+    embs = torch.zeros(4, [3, 2][rank])
+    _raises(ValueError, f"rank {rank}'s embeddings are [4, {[3, 2][rank]}]",
+            lambda: our_ops.alltoall_pooled(embs, [2, 2], [1, 1]))
+    _raises(NotImplementedError, "all_to_all_single_comm",
+            lambda: our_ops.alltoall_pooled(embs, [2, 2], [3, 2], all_to_all_single_comm=object()))
+    _raises(ValueError, "do not split evenly over 2 ranks", lambda: our_data.PooledEmbeddingsAllToAll(pg, [3, 2])(
+        torch.zeros(3, [3, 2][rank])))
+    _raises(ValueError, "does not split into 2 equal chunks",
+            lambda: our_ops.reduce_scatter_base_pooled(torch.zeros(3, 2), pg))
+    _raises(ValueError, "they must sum to its dim 0", lambda: our_ops.reduce_scatter_v_pooled(torch.zeros(3), [1, 1]))
+    _raises(TypeError, "pass None or rectoolkit's QuantizedCommCodecs",
+            lambda: our_ops.all_gather_base_pooled(torch.zeros(2), pg, codecs="fp16"))

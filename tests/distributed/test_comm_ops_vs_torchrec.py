@@ -210,3 +210,21 @@ def test_tensor_and_jagged_tensor_all_to_alls_match_torchrec():
     from dist_comm_ops_workers import tensor_all_to_all_worker
 
     run_workers(tensor_all_to_all_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_variable_batch_reduce_scatter_matches_torchrec():
+    _torchrec_dist_data()
+    from dist_comm_ops_workers import variable_batch_reduce_scatter_worker
+
+    run_workers(variable_batch_reduce_scatter_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_wrong_arguments_are_refused_on_every_rank_naming_what_is_wrong():
+    from dist_comm_ops_workers import refusals_worker
+
+    run_workers(refusals_worker, 2)
