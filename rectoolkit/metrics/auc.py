@@ -17,7 +17,10 @@ from typing import Any, Callable, Iterator, List, Tuple
 
 import torch
 
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
 from rectoolkit.metrics.rec_metric import RecMetric, all_gather_columns
+from rectoolkit.metrics.sample_window_computation import SampleWindowComputation
 
 
 def weighted_auc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -134,5 +137,22 @@ class AUCMetric(SampleWindowMetric):
         yield "window", "auc", weighted_auc(predictions, labels, weights)
 
 
-__all__ = ["AUCMetric", "SampleWindowMetric", "compute_auc", "compute_auc_per_group", "mean_over_groups",
+class AUCMetricComputation(SampleWindowComputation):
+    """TorchRec's AUC computation: the window's samples (`predictions`, `labels`, `weights` lists, see
+    SampleWindowComputation), the window AUC per task by compute_auc (`apply_bin` as TorchRec's); grouped_auc=True
+    is refused (not implemented)."""
+
+    _grouped_option = "grouped_auc"
+
+    def __init__(self, *args: Any, apply_bin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._apply_bin = apply_bin
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return [MetricComputationReport(MetricName.AUC, MetricPrefix.WINDOW,
+                                        compute_auc(self._n_tasks, self.predictions, self.labels, self.weights,
+                                                    self._apply_bin))]
+
+
+__all__ = ["AUCMetric", "AUCMetricComputation", "SampleWindowMetric", "compute_auc", "compute_auc_per_group", "mean_over_groups",
            "torchrec_value_dtype", "weighted_auc"]

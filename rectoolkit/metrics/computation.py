@@ -254,6 +254,8 @@ def _group_of(process_group: Optional[Any]) -> Optional[Any]:
 
 def _reduce(state: Union[torch.Tensor, list], reduction: Union[str, Callable, None], group: Any) -> Any:
     """One state over the ranks of `group`, as torchmetrics reduces it."""
+    if isinstance(state, list) and callable(reduction):
+        return _reduce_list(state, reduction, group)
     if isinstance(state, list):
         state = torch.cat(state) if state else torch.empty(0)
     if reduction in ("sum", "max", "min"):
@@ -271,6 +273,20 @@ def _reduce(state: Union[torch.Tensor, list], reduction: Union[str, Callable, No
     if reduction == "mean":
         return stacked.mean(0)
     return reduction(stacked) if callable(reduction) else stacked
+
+
+def _reduce_list(state: list, reduction: Callable, group: Any) -> Any:
+    """A list state with a callable reduction, as torchmetrics: each element gathered from every rank, the
+    gathered tensors in element-major order (element 0 of each rank, then element 1, ...) given to `reduction`."""
+    gathered: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, [tensor.cpu() for tensor in state], group=group)
+    lengths = [len(rank_state) for rank_state in gathered]
+    if len(set(lengths)) > 1:
+        raise RecMetricComputationError(f"a list state holds {lengths} tensors on ranks 0..{len(lengths) - 1}; "
+                                        "torchmetrics gathers them element by element, so every rank needs as many "
+                                        "(concatenate the list before sync(), as AUCMetricComputation does)")
+    device = state[0].device if state else torch.device("cpu")
+    return reduction([rank_state[index].to(device) for index in range(lengths[0]) for rank_state in gathered])
 
 
 # ---------------------------------------------------------------------- a RecMetric with a _computation_class

@@ -26,7 +26,10 @@ from typing import Any, Iterator, List, Tuple
 import torch
 
 from rectoolkit.metrics.auc import SampleWindowMetric
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
 from rectoolkit.metrics.rec_metric import RecMetricException
+from rectoolkit.metrics.sample_window_computation import SampleWindowComputation
 
 
 def count_inversions(sequence: torch.Tensor) -> int:
@@ -67,6 +70,77 @@ def regression_auc(predictions: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return torch.tensor(1.0 - count_inversions(labels[order]) / pairs, dtype=torch.float64)
 
 
+def count_reverse_pairs_divide_and_conquer(input: List[float]) -> float:
+    """`torchrec.metrics.rauc.count_reverse_pairs_divide_and_conquer`: the share of the n(n-1)/2 pairs that are
+    inverted; sorts `input` in place, as TorchRec's (fewer than 2 values: ZeroDivisionError, as TorchRec's)."""
+    return divide(input, 0, len(input) - 1) / (len(input) * (len(input) - 1) / 2)
+
+
+def divide(input: List[float], low: int, high: int) -> int:
+    """`torchrec.metrics.rauc.divide`: the inverted pairs of input[low:high + 1], which it sorts in place."""
+    if low >= high:
+        return 0
+    mid = (low + high) // 2
+    return divide(input, low, mid) + divide(input, mid + 1, high) + conquer_and_count(input, low, mid, high)
+
+
+def conquer_and_count(input: List[float], left_index: int, mid_index: int, right_index: int) -> int:
+    """`torchrec.metrics.rauc.conquer_and_count`: merges input[left_index:mid_index + 1] and
+    input[mid_index + 1:right_index + 1] in place (a merge step: each half sorted for a sorted result) and returns
+    the pairs (left, right) with left > right it meets."""
+    left, right = input[left_index:mid_index + 1], input[mid_index + 1:right_index + 1]
+    merged, inversions, i, j = [], 0, 0, 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            merged.append(left[i])
+            i += 1
+        else:
+            merged.append(right[j])
+            inversions += len(left) - i  # the left values still waiting all sit above it
+            j += 1
+    input[left_index:right_index + 1] = merged + left[i:] + right[j:]
+    return inversions
+
+
+def _task_rauc(predictions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One task's RAUC as TorchRec's helper returns it: [1] float32."""
+    return regression_auc(predictions, labels).float().view(1)
+
+
+def compute_rauc(n_tasks: int, predictions: List[torch.Tensor], labels: List[torch.Tensor],
+                 weights: List[torch.Tensor]) -> torch.Tensor:
+    """`torchrec.metrics.rauc.compute_rauc`: per-task RAUC (float32) of [n_tasks, n] samples (lists concatenated);
+    weights unused, as TorchRec's; fewer than 2 samples refused by name (TorchRec: ZeroDivisionError)."""
+    predictions_t, labels_t = torch.cat(predictions, dim=-1), torch.cat(labels, dim=-1)
+    return torch.cat([_task_rauc(p, y) for p, y in zip(predictions_t, labels_t)])
+
+
+def compute_rauc_per_group(n_tasks: int, predictions: List[torch.Tensor], labels: List[torch.Tensor],
+                           weights: List[torch.Tensor], grouping_keys: torch.Tensor) -> torch.Tensor:
+    """`torchrec.metrics.rauc.compute_rauc_per_group`: per task, the mean RAUC over the groups of grouping_keys
+    (a leading -1, TorchRec's padding key, dropped), float32; 0.5 without groups."""
+    predictions_t, labels_t = torch.cat(predictions, dim=-1), torch.cat(labels, dim=-1)
+    if grouping_keys.numel() and grouping_keys[0] == -1:
+        grouping_keys = grouping_keys[1:]
+    groups = torch.unique(grouping_keys)
+    if not len(groups):
+        return torch.full((len(predictions_t),), 0.5, dtype=torch.float32)
+    per_task = [sum((_task_rauc(p[grouping_keys == g], y[grouping_keys == g]) for g in groups),
+                    torch.zeros(1, dtype=torch.float32)) / len(groups) for p, y in zip(predictions_t, labels_t)]
+    return torch.cat(per_task)
+
+
+class RAUCMetricComputation(SampleWindowComputation):
+    """TorchRec's RAUC computation: the window's samples (see SampleWindowComputation), the window RAUC per task by
+    compute_rauc; grouped_rauc=True is refused (not implemented)."""
+
+    _grouped_option = "grouped_rauc"
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return [MetricComputationReport(MetricName.RAUC, MetricPrefix.WINDOW,
+                                        compute_rauc(self._n_tasks, self.predictions, self.labels, self.weights))]
+
+
 class RAUCMetric(SampleWindowMetric):
     """Window RAUC per task, over all ranks' windows (TorchRec's constructor; `grouped_rauc=True`, which reads
     `grouping_keys` from the model outputs, is not implemented and refused)."""
@@ -90,4 +164,5 @@ class RAUCMetric(SampleWindowMetric):
         yield "window", "rauc", regression_auc(predictions, labels)
 
 
-__all__ = ["RAUCMetric", "count_inversions", "regression_auc"]
+__all__ = ["RAUCMetric", "RAUCMetricComputation", "compute_rauc", "compute_rauc_per_group", "conquer_and_count",
+           "count_inversions", "count_reverse_pairs_divide_and_conquer", "divide", "regression_auc"]
