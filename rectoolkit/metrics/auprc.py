@@ -18,12 +18,16 @@ TorchRec, reset() empties the window but keeps that running average.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from rectoolkit.metrics.auc import SampleWindowMetric, mean_over_groups, torchrec_value_dtype
+from rectoolkit.metrics.computation import MetricComputationReport
 from rectoolkit.metrics.metrics_config import RecComputeMode
+from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
+from rectoolkit.metrics.rec_metric import RecMetricException
+from rectoolkit.metrics.sample_window_computation import SAMPLE_STATES, SampleWindowComputation
 
 
 def weighted_auprc(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -65,6 +69,42 @@ def compute_auprc_per_group(n_tasks: int, predictions: torch.Tensor, labels: tor
     return mean_over_groups(predictions, labels, weights, grouping_keys, _task_auprc)
 
 
+class AUPRCMetricComputation(SampleWindowComputation):
+    """TorchRec's AUPRC computation: the window's samples as one [n_tasks, n] float32 tensor per state list (the
+    zero placeholder sample stays in the window until the window cuts it, as TorchRec's), the window AUPRC by
+    compute_auprc, and the lifetime AUPRC: the average of the window values computed so far, weighted by their
+    window's weight (`_lifetime_weighted_auprc`, `_lifetime_weight`; reset() keeps them, as TorchRec's).
+    grouped_auprc=True is refused (not implemented)."""
+
+    _grouped_option = "grouped_auprc"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lifetime_weighted_auprc = torch.tensor(0.0, dtype=torch.float64)
+        self._lifetime_weight = torch.tensor(0.0, dtype=torch.float64)
+
+    def update(self, *, predictions: Optional[torch.Tensor], labels: torch.Tensor, weights: Optional[torch.Tensor],
+               **kwargs: Any) -> None:
+        if predictions is None or weights is None:
+            raise RecMetricException(f"{type(self).__name__}.update: predictions and weights must be tensors of the "
+                                     "labels' shape, got None; pass weights=torch.ones_like(labels) for unweighted "
+                                     "samples")
+        window_start = max(self.predictions[0].size(-1) + predictions.size(-1) - self._window_size, 0)
+        for name, batch in zip(SAMPLE_STATES, (predictions, labels, weights)):
+            samples = getattr(self, name)
+            samples[0] = torch.cat([samples[0][:, window_start:], batch.float()], dim=-1)
+
+    def _compute(self) -> List[MetricComputationReport]:
+        window = compute_auprc(self._n_tasks, self.predictions[0], self.labels[0], self.weights[0])
+        window_weight = self.weights[0].sum()
+        self._lifetime_weighted_auprc = self._lifetime_weighted_auprc + (window * window_weight).sum()
+        self._lifetime_weight = self._lifetime_weight + window_weight * self._n_tasks
+        lifetime = torch.where(self._lifetime_weight > 0, self._lifetime_weighted_auprc / self._lifetime_weight,
+                               torch.tensor(0.5, dtype=torch.float64))
+        return [MetricComputationReport(MetricName.AUPRC, MetricPrefix.WINDOW, window),
+                MetricComputationReport(MetricName.AUPRC, MetricPrefix.LIFETIME, lifetime.expand(self._n_tasks))]
+
+
 class AUPRCMetric(SampleWindowMetric):
     """Window and lifetime AUPRC per task (`auprc-{task}|window_auprc`, `auprc-{task}|lifetime_auprc`, in this
     order as TorchRec's). `grouped_auprc=True` is not implemented."""
@@ -103,4 +143,4 @@ class AUPRCMetric(SampleWindowMetric):
         yield "lifetime", "auprc", lifetime
 
 
-__all__ = ["AUPRCMetric", "compute_auprc", "compute_auprc_per_group", "weighted_auprc"]
+__all__ = ["AUPRCMetric", "AUPRCMetricComputation", "compute_auprc", "compute_auprc_per_group", "weighted_auprc"]

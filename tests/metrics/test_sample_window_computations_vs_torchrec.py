@@ -1,6 +1,6 @@
-"""AUCMetricComputation and RAUCMetricComputation (the window's samples as TorchRec's lists) and rauc's functions
-against TorchRec 1.8 on the same inputs: the list states after every update (windows cut mid-batch), the reports,
-reset, a RecMetric written the TorchRec way with them, fused and unfused."""
+"""AUCMetricComputation, RAUCMetricComputation and AUPRCMetricComputation (the window's samples as TorchRec's lists)
+and rauc's functions against TorchRec 1.8 on the same inputs: the list states after every update (windows cut
+mid-batch), the reports, reset, a RecMetric written the TorchRec way with them, fused and unfused, and 2 gloo ranks."""
 
 import importlib
 import random
@@ -13,7 +13,7 @@ torchrec = pytest.importorskip("torchrec")
 LIBRARIES = ("torchrec", "rectoolkit")
 N_TASKS, BATCH = 2, 4
 COMPUTATIONS = [("auc", "AUCMetricComputation", {}), ("auc", "AUCMetricComputation", {"apply_bin": True}),
-                ("rauc", "RAUCMetricComputation", {})]
+                ("rauc", "RAUCMetricComputation", {}), ("auprc", "AUPRCMetricComputation", {})]
 IDS = [f"{name}{kwargs or ''}" for _, name, kwargs in COMPUTATIONS]
 
 
@@ -94,7 +94,8 @@ def test_rec_metric_with_the_computation_equals_torchrec(module, name, kwargs, m
 
 
 @pytest.mark.parametrize("module, name, option", [("auc", "AUCMetricComputation", "grouped_auc"),
-                                                  ("rauc", "RAUCMetricComputation", "grouped_rauc")])
+                                                  ("rauc", "RAUCMetricComputation", "grouped_rauc"),
+                                                  ("auprc", "AUPRCMetricComputation", "grouped_auprc")])
 def test_grouped_variants_refused_by_name(module, name, option):
     with pytest.raises(NotImplementedError, match=f"{name}: {option}=True .* is not implemented"):
         _class("rectoolkit", module, name)(my_rank=0, batch_size=BATCH, n_tasks=1, window_size=8, **{option: True})
