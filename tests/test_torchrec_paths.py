@@ -42,6 +42,7 @@ PATHS = {
                              "reduce_scatter_pooled",
                              "reduce_scatter_base_pooled", "reduce_scatter_v_pooled",
                              "reduce_scatter_v_per_feature_pooled", "all_gather_base_pooled",
+                             "reduce_scatter_tensor", "all_gather_into_tensor", "pg_name",
                              "All2AllPooledInfo",
                              "VariableBatchAll2AllPooledInfo", "All2AllSequenceInfo", "All2AllVInfo",
                              "ReduceScatterInfo", "ReduceScatterBaseInfo", "AllGatherBaseInfo", "ReduceScatterVInfo",

@@ -3,13 +3,17 @@
 Each op starts its exchange when called and returns an awaitable (a `Request`); `wait()` gives the result, which
 is in the autograd graph: backward sends the gradient back the transposed way. All of them are one counted
 all-to-all of rectoolkit.distributed.comm plus reshapes and sums around it (gloo has no reduce-scatter), so a
-rank sends what the collective must move and its bytes land in a `CommStats`:
+rank sends what the collective must move (counted in a CommStats of the call's own; the TorchRec signatures have
+no place to hand one in):
 
-    alltoall_pooled            [sum(batch_size_per_rank), D_local] rows to their ranks -> [B_local, sum(dim_sum_per_rank)]
+    alltoall_pooled            [sum(batch_size_per_rank), D_local] rows to their ranks -> [B_r, sum(dim_sum_per_rank)]
     reduce_scatter_pooled      inputs[r] summed over ranks on rank r (backward: all-gather)
     reduce_scatter_base_pooled the same, the input cut into world_size equal chunks along dim 0
-    reduce_scatter_v_pooled    the same, chunks of input_splits rows
+    reduce_scatter_v_pooled    the same, chunks of input_splits rows (_per_feature_: of a flat variable batch)
     all_gather_base_pooled     every rank's input, stacked along dim 0 (backward: reduce-scatter)
+    alltoall_sequence          sequence embeddings back to the ranks their ids came from
+    variable_batch_alltoall_pooled   alltoall_pooled of a batch that varies per feature, flat
+    reduce_scatter_tensor, all_gather_into_tensor   TorchRec's custom ops as finished functions
 
 As in TorchRec, the input gradient is divided by the world size while get_gradient_division() (read when backward
 runs; with set_use_sync_collectives(True) when forward runs, and the result comes back already waited as a
@@ -271,11 +275,12 @@ def start_request(env: ShardingEnv, tensor: Tensor, input_splits: Sequence[int],
     return NoWait(request.wait()) if sync else request
 
 
-def divided(tensor: Tensor, env: ShardingEnv) -> Tensor:
+def divided(tensor: Tensor, env: ShardingEnv, division: Optional[bool] = None) -> Tensor:
     """`tensor`, its gradient divided by the world size in backward while get_gradient_division() (read then,
-    or now with the sync switch on, as TorchRec)."""
-    sync_division = get_gradient_division() if get_use_sync_collectives() else None
-    return _GradientDivided.apply(tensor, env.world_size, sync_division)
+    or now with the sync switch on, as TorchRec), or as `division` says when given."""
+    if division is None and get_use_sync_collectives():
+        division = get_gradient_division()
+    return _GradientDivided.apply(tensor, env.world_size, division)
 
 
 def _check_world(env: ShardingEnv, subject: str, **per_rank: Sequence[Any]) -> None:
@@ -412,13 +417,13 @@ def reduce_scatter_v_per_feature_pooled(input: Tensor, batch_size_per_rank_per_f
 
 
 def _reduce_scatter_chunks(env: ShardingEnv, name: str, input: Tensor, input_splits: List[int],
-                           codecs: Optional[QuantizedCommCodecs]) -> Awaitable[Tensor]:
+                           codecs: Optional[QuantizedCommCodecs], division: Optional[bool] = None) -> Awaitable[Tensor]:
     if input.dim() == 0 or sum(input_splits) != input.shape[0]:
         raise ValueError(f"{name}: the chunks for the ranks ({input_splits}) sum to {sum(input_splits)} but rank "
                          f"{env.rank}'s input has shape {list(input.shape)}; they must sum to its dim 0")
     row = int(torch.Size(input.shape[1:]).numel())
     mine = [input_splits[env.rank], *input.shape[1:]]
-    return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in input_splits],
+    return start_request(env, divided(input, env, division).reshape(-1), [rows * row for rows in input_splits],
                          [input_splits[env.rank] * row] * env.world_size, name, codecs, _sum_over_ranks(mine))
 
 
@@ -429,10 +434,7 @@ def reduce_scatter_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup]
     env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(input)
-    splits = _equal_chunks(input, env, name)
-    row = int(torch.Size(input.shape[1:]).numel())
-    return start_request(env, divided(input, env).reshape(-1), [rows * row for rows in splits], [splits[0] * row] * env.world_size,
-                         name, codecs, _sum_over_ranks([splits[0], *input.shape[1:]]))
+    return _reduce_scatter_chunks(env, name, input, _equal_chunks(input, env, name), codecs)
 
 
 def all_gather_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = None,
@@ -443,10 +445,59 @@ def all_gather_base_pooled(input: Tensor, group: Optional[dist.ProcessGroup] = N
     env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(input)
+    return _all_gather(env, name, input, codecs)
+
+
+def _all_gather(env: ShardingEnv, name: str, input: Tensor, codecs: Optional[QuantizedCommCodecs],
+                division: Optional[bool] = None) -> Awaitable[Tensor]:
     numel = input.numel()
     shape = [input.shape[0] * env.world_size, *input.shape[1:]] if input.dim() else [env.world_size]
-    return start_request(env, divided(input, env).reshape(-1).repeat(env.world_size), [numel] * env.world_size,
-                         [numel] * env.world_size, name, codecs, lambda received: received.view(*shape))
+    return start_request(env, divided(input, env, division).reshape(-1).repeat(env.world_size),
+                         [numel] * env.world_size, [numel] * env.world_size, name, codecs,
+                         lambda received: received.view(*shape))
+
+
+def pg_name(pg: dist.ProcessGroup) -> str:
+    """The name torch.distributed registered process group `pg` under (TorchRec's)."""
+    return pg.group_name
+
+
+def _group_named(group_name: str, group_size: int, subject: str) -> ShardingEnv:
+    try:
+        group = dist.distributed_c10d._resolve_process_group(group_name)
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{subject}: no process group is named {group_name!r}; pass pg_name(pg)") from error
+    env = env_of(group, subject)
+    if env.world_size != group_size:
+        raise ValueError(f"{subject}: group_size={group_size} but group {group_name!r} has {env.world_size} ranks; "
+                         "pass its size")
+    return env
+
+
+def reduce_scatter_tensor(input: Tensor, reduceOp: str, group_size: int, group_name: str,
+                          gradient_division: bool) -> Tensor:
+    """TorchRec's torchrec::reduce_scatter_tensor, finished: `input` cut along dim 0 into group_size equal chunks,
+    chunk r summed over the ranks on rank r; backward all-gathers the gradient, divided by group_size when
+    gradient_division (not the global switch). Only reduceOp "sum"."""
+    name = "reduce_scatter_tensor"
+    if reduceOp.lower() != "sum":
+        raise NotImplementedError(f"{name}(reduceOp={reduceOp!r}): rectoolkit reduces by \"sum\" only")
+    env = _group_named(group_name, group_size, name)
+    return _reduce_scatter_chunks(env, name, input, _equal_chunks(input, env, name), None,
+                                  bool(gradient_division)).wait()
+
+
+def all_gather_into_tensor(shard: Tensor, gather_dim: int, group_size: int, group_name: str,
+                           gradient_division: bool) -> Tensor:
+    """TorchRec's torchrec::all_gather_into_tensor, finished: every rank's `shard` stacked along dim 0; backward
+    sums the gradient over the ranks (divided by group_size when gradient_division). TorchRec gathers along dim 0
+    whatever gather_dim says, so gather_dim must be 0 here."""
+    name = "all_gather_into_tensor"
+    if gather_dim != 0:
+        raise NotImplementedError(f"{name}(gather_dim={gather_dim}): TorchRec 1.8 gathers along dim 0 whatever "
+                                  "gather_dim says; pass 0 (and move the dimension yourself)")
+    env = _group_named(group_name, group_size, name)
+    return _all_gather(env, name, shard, None, bool(gradient_division)).wait()
 
 
 def invert_permute(permute: Tensor) -> Tensor:
@@ -497,9 +548,9 @@ def alltoall_sequence(a2a_sequence_embs_tensor: Tensor, forward_recat_tensor: Te
 __all__ = [
     "All2AllDenseInfo", "All2AllPooledInfo", "All2AllSequenceInfo", "All2AllVInfo", "AllGatherBaseInfo",
     "ReduceScatterBaseInfo", "ReduceScatterInfo", "ReduceScatterVInfo", "Request", "VariableBatchAll2AllPooledInfo",
-    "all_gather_base_pooled", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",
-    "get_use_sync_collectives", "invert_permute",
+    "all_gather_base_pooled", "all_gather_into_tensor", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",
+    "get_use_sync_collectives", "invert_permute", "pg_name",
     "reduce_scatter_base_pooled", "reduce_scatter_pooled", "reduce_scatter_v_per_feature_pooled",
-    "reduce_scatter_v_pooled", "set_gradient_division",
+    "reduce_scatter_tensor", "reduce_scatter_v_pooled", "set_gradient_division",
     "set_use_sync_collectives", "torchrec_use_sync_collectives", "variable_batch_alltoall_pooled",
 ]

@@ -196,6 +196,20 @@ def reduce_scatter_all_gather_worker(rank: int, world_size: int) -> None:
             our_ops.set_gradient_division(True)
             our_ops.set_use_sync_collectives(False)
             _same(ours, theirs, f"rank {rank}, uneven reduce-scatter-v, division={division}, sync={sync}")
+    # TorchRec's custom ops, called as functions: the division is their argument, not the switch
+    name = their_ops.pg_name(pg)
+    assert our_ops.pg_name(pg) == name
+    for division in (True, False):
+        our_ops.set_gradient_division(not division)
+        their_ops.set_gradient_division(not division)
+        for op, shape, args in (("reduce_scatter_tensor", (4, 3), ("sum", 2, name, division)),
+                                ("all_gather_into_tensor", (2, 3), (0, 2, name, division))):
+            source = torch.randn(shape, generator=g)
+            theirs = _grad_of(lambda x: getattr(their_ops, op)(x, *args), source, 12)
+            ours = _grad_of(lambda x: getattr(our_ops, op)(x, *args), source, 12)
+            _same(ours, theirs, f"rank {rank}, {op}, gradient_division={division}")
+        our_ops.set_gradient_division(True)
+        their_ops.set_gradient_division(True)
 
 
 def _sequence_inputs(rank: int, world_size: int, splits, batch_per_rank):
@@ -387,3 +401,11 @@ def refusals_worker(rank: int, world_size: int) -> None:
     _raises(ValueError, "they must sum to its dim 0", lambda: our_ops.reduce_scatter_v_pooled(torch.zeros(3), [1, 1]))
     _raises(TypeError, "pass None or rectoolkit's QuantizedCommCodecs",
             lambda: our_ops.all_gather_base_pooled(torch.zeros(2), pg, codecs="fp16"))
+    name = our_ops.pg_name(pg)
+    _raises(NotImplementedError, 'reduces by "sum" only',
+            lambda: our_ops.reduce_scatter_tensor(torch.zeros(2), "max", 2, name, True))
+    _raises(NotImplementedError, "gathers along dim 0 whatever gather_dim says",
+            lambda: our_ops.all_gather_into_tensor(torch.zeros(2, 2), 1, 2, name, True))
+    _raises(ValueError, "group_size=3 but group", lambda: our_ops.all_gather_into_tensor(torch.zeros(2), 0, 3, name, True))
+    _raises(ValueError, "no process group is named 'nowhere'",
+            lambda: our_ops.reduce_scatter_tensor(torch.zeros(2), "sum", 2, "nowhere", True))
