@@ -132,15 +132,20 @@ def pooled_all_to_all_worker(rank: int, world_size: int) -> None:
     _codecs_match(rank, pg, dims, their_data, source)
 
 
-def _codecs_match(rank, pg, dims, their_data, source) -> None:
+def codec_pair():
+    """(TorchRec's, rectoolkit's) codecs: FP16 forward, BF16 backward."""
     from fbgemm_gpu.split_embedding_configs import SparseType
     from fbgemm_gpu.quantize_comm import QuantizedCommCodec as FbgemmCodec
     from torchrec.distributed.types import QuantizedCommCodecs as TheirCodecs
 
     from rectoolkit.distributed.fbgemm_qcomm_codec import CommType, QuantizedCommCodec, QuantizedCommCodecs
 
-    their_codecs = TheirCodecs(FbgemmCodec(SparseType.FP16), FbgemmCodec(SparseType.BF16))
-    our_codecs = QuantizedCommCodecs(QuantizedCommCodec(CommType.FP16), QuantizedCommCodec(CommType.BF16))
+    return (TheirCodecs(FbgemmCodec(SparseType.FP16), FbgemmCodec(SparseType.BF16)),
+            QuantizedCommCodecs(QuantizedCommCodec(CommType.FP16), QuantizedCommCodec(CommType.BF16)))
+
+
+def _codecs_match(rank, pg, dims, their_data, source) -> None:
+    their_codecs, our_codecs = codec_pair()
     theirs = _grad_of(lambda x: their_data.PooledEmbeddingsAllToAll(pg, dims, codecs=their_codecs)(x).wait(),
                       source, 4)
     ours = _grad_of(lambda x: our_data.PooledEmbeddingsAllToAll(pg, dims, codecs=our_codecs)(x).wait(), source, 4)
@@ -261,6 +266,12 @@ def sequence_all_to_all_worker(rank: int, world_size: int) -> None:
                     results[0] = (results[0][0], their_async_grad)
                 their_async_grad = results[0][1]
                 _same(results[1], results[0], where)
+    # FP16 forward, BF16 backward
+    lengths, sent, came, _ = _sequence_inputs(rank, world_size, splits, [2, 2])
+    source = torch.randn(sum(came), 3, generator=g)
+    results = [_grad_of(lambda x: data.SequenceEmbeddingsAllToAll(pg, splits, codecs=codecs)(x, lengths, sent, came)
+                        .wait(), source, 13) for data, codecs in zip((their_data, our_data), codec_pair())]
+    _same(results[1], results[0], f"rank {rank}, sequence with FP16/BF16 codecs")
     # the function, and its refusal of a backward recat that does not invert the forward one
     lengths, sent, came, _ = _sequence_inputs(rank, world_size, splits, [2, 2])
     a2a = their_data.SequenceEmbeddingsAllToAll(pg, splits)
@@ -307,6 +318,10 @@ def variable_batch_worker(rank: int, world_size: int) -> None:
     ours = _grad_of(lambda x: our_ops.variable_batch_alltoall_pooled(x, per_rank_per_feature, pre_a2a, dims,
                                                                      group=pg).wait(), source, 10)
     _same(ours, theirs, f"rank {rank}, variable_batch_alltoall_pooled")
+    results = [_grad_of(lambda x: data.VariableBatchPooledEmbeddingsAllToAll(pg, dims, codecs=codecs)(
+        x, per_rank_per_feature, pre_a2a).wait(), source, 14) for data, codecs in zip((their_data, our_data),
+                                                                                   codec_pair())]
+    _same(results[1], results[0], f"rank {rank}, variable batch with FP16/BF16 codecs")
 
 
 def tensor_all_to_all_worker(rank: int, world_size: int) -> None:
