@@ -37,33 +37,107 @@ batches counts as two.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import torch
 
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName, MetricPrefix
 from rectoolkit.metrics.rec_metric import MissingRequiredInputError, SumStateMetric
+from rectoolkit.metrics.sum_states import SumStatesComputation
+
+
+def compute_gauc_3d(predictions: torch.Tensor, labels: torch.Tensor,
+                    weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.gauc.compute_gauc_3d`: per task, the sum of the counted sessions' AUC (the inputs' dtype)
+    and their number (int64), from [n_task, n_session, n_sample] tensors (see the module docstring)."""
+    order = torch.argsort(predictions, dim=-1)
+    positive = (weights * labels).gather(-1, order)
+    negative = (weights * (1 - labels)).gather(-1, order)
+    positives, negatives = positive.sum(-1), negative.sum(-1)
+    auc = (positive * torch.cumsum(negative, -1)).sum(-1) / (positives * negatives + 1e-10)
+    all_alike = ((predictions == predictions[:, :, :1]) | (predictions == 0)).all(-1)
+    counted = (positives > 0) & (negatives > 0) & ~all_alike
+    return {"auc_sum": (auc * counted).sum(-1), "num_samples": counted.sum(-1)}
+
+
+def to_3d(tensor_2d: torch.Tensor, seq_lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """`torchrec.metrics.gauc.to_3d` (fbgemm's jagged_2d_to_dense): the [total, d] rows cut into consecutive
+    sequences of `seq_lengths` rows, as [n_sequences, max_length, d], zero-padded, each cut at max_length."""
+    lengths = seq_lengths.to(torch.long).reshape(-1)
+    sequence_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=tensor_2d.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    position = torch.arange(int(lengths.sum()), device=tensor_2d.device) - starts[sequence_of]
+    kept = position < max_length
+    dense = tensor_2d.new_zeros(lengths.numel(), max_length, tensor_2d.size(-1))
+    dense[sequence_of[kept], position[kept]] = tensor_2d[:int(lengths.sum())][kept]
+    return dense
+
+
+def get_auc_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torch.Tensor,
+                   num_candidates: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.gauc.get_auc_states`: compute_gauc_3d of [n_task, n_sample] inputs cut into consecutive
+    sessions of num_candidates samples."""
+    longest = int(num_candidates.max())
+    dense = [to_3d(tensor.permute(1, 0), num_candidates, longest).permute(2, 0, 1)
+             for tensor in (predictions, labels, weights)]
+    return compute_gauc_3d(*dense)
+
+
+def compute_window_auc(auc: torch.Tensor, num_samples: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`torchrec.metrics.gauc.compute_window_auc`: {"gauc": (auc + 1e-9) / (num_samples + 2e-9) (0.5 with no
+    session), "num_samples": num_samples}."""
+    return {"gauc": (auc + 1e-9) / (num_samples + 2e-9), "num_samples": num_samples}
+
+
+def checked_num_candidates(owner: str, num_candidates: Any, num_samples: Optional[int] = None) -> torch.Tensor:
+    """num_candidates as an int64 vector, refused when missing, not integer sizes >= 0, or (num_samples given) not
+    summing to the batch's samples."""
+    if num_candidates is None:
+        raise MissingRequiredInputError(
+            f"{owner}.update: num_candidates is missing; pass the sizes of the batch's sessions in order, "
+            "update(..., num_candidates=torch.tensor([3, 5])) (through a RecMetricModule: "
+            "module.update(model_out, num_candidates=...); TorchRec's GAUC reads no model output for it)")
+    num_candidates = torch.as_tensor(num_candidates).detach().cpu().reshape(-1)
+    if num_candidates.is_floating_point() or num_candidates.is_complex() or (num_candidates < 0).any():
+        raise ValueError(f"{owner}.update: num_candidates={num_candidates.tolist()} must be session sizes, "
+                         "integers >= 0; pass an integer tensor")
+    if num_samples is not None and int(num_candidates.sum()) != num_samples:
+        raise ValueError(f"{owner}.update: num_candidates ({num_candidates.numel()} sessions) sums to "
+                         f"{int(num_candidates.sum())} but the batch has {num_samples} samples; pass the sizes of "
+                         "all its sessions")
+    return num_candidates.long()
 
 
 def session_auc_sums(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                      num_candidates: torch.Tensor) -> torch.Tensor:
     """[sum of the counted sessions' AUC, sessions counted] (float64) of one task's batch cut into consecutive
     sessions of `num_candidates` samples (see the module docstring)."""
-    sessions = num_candidates.numel()
-    session_of = torch.repeat_interleave(torch.arange(sessions), num_candidates)
-    starts = torch.cumsum(num_candidates, 0) - num_candidates
-    position = torch.arange(predictions.numel()) - starts[session_of]
-    # TorchRec's dense [session, position] layout, padded with (prediction 0, label 0, weight 0)
-    dense = torch.zeros(3, sessions, int(num_candidates.max()), dtype=torch.float64)
-    dense[:, session_of, position] = torch.stack([predictions, labels, weights]).double()
-    scores, session_labels, session_weights = dense
-    order = torch.argsort(scores, dim=-1, stable=True)
-    positive = (session_weights * session_labels).gather(-1, order)
-    negative = (session_weights * (1 - session_labels)).gather(-1, order)
-    positives, negatives = positive.sum(-1), negative.sum(-1)
-    auc = (positive * torch.cumsum(negative, -1)).sum(-1) / (positives * negatives + 1e-10)
-    all_alike = ((scores == scores[:, :1]) | (scores == 0)).all(-1)
-    counted = (positives > 0) & (negatives > 0) & ~all_alike
-    return torch.stack([(auc * counted).sum(), counted.sum().double()])
+    states = get_auc_states(*(tensor.double().view(1, -1) for tensor in (labels, predictions, weights)),
+                            num_candidates)
+    return torch.cat([states["auc_sum"], states["num_samples"].double()])
+
+
+class GAUCMetricComputation(SumStatesComputation):
+    """TorchRec's GAUC computation: states `auc_sum`, `num_samples` (float64, with windows); update() takes
+    `num_candidates=` (refused by name when missing or not the batch's session sizes); reports gauc, then
+    gauc_num_samples, each lifetime then window."""
+
+    _state_names = ("auc_sum", "num_samples")
+    _weights_required = True
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        num_candidates = checked_num_candidates(type(self).__name__, kwargs.get("num_candidates"),
+                                                predictions.shape[-1])
+        return get_auc_states(labels, predictions, weights, num_candidates.to(predictions.device))
+
+    def _compute(self) -> List[MetricComputationReport]:
+        values = {prefix: compute_window_auc(*self._states_at(prefix, self._state_names))
+                  for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW)}
+        return [MetricComputationReport(name, prefix, values[prefix][value])
+                for name, value in ((MetricName.GAUC, "gauc"), (MetricName.GAUC_NUM_SAMPLES, "num_samples"))
+                for prefix in values]
 
 
 class GAUCMetric(SumStateMetric):
@@ -75,16 +149,7 @@ class GAUCMetric(SumStateMetric):
     _report_groups = (("gauc",), ("gauc_num_samples",))
 
     def _batch_inputs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
-        if kwargs.get("num_candidates") is None:
-            raise MissingRequiredInputError(
-                "GAUCMetric.update: num_candidates is missing; pass the sizes of the batch's sessions in order, "
-                "update(..., num_candidates=torch.tensor([3, 5])) (through a RecMetricModule: "
-                "module.update(model_out, num_candidates=...); TorchRec's GAUC reads no model output for it)")
-        num_candidates = torch.as_tensor(kwargs["num_candidates"]).detach().cpu().reshape(-1)
-        if num_candidates.is_floating_point() or num_candidates.is_complex() or (num_candidates < 0).any():
-            raise ValueError(f"GAUCMetric.update: num_candidates={num_candidates.tolist()} must be session sizes, "
-                             "integers >= 0; pass an integer tensor")
-        return {"num_candidates": num_candidates.long()}
+        return {"num_candidates": checked_num_candidates("GAUCMetric", kwargs.get("num_candidates"))}
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                      num_candidates: torch.Tensor) -> None:
@@ -103,4 +168,5 @@ class GAUCMetric(SumStateMetric):
         return {"gauc": (auc_sum + 1e-9) / (sessions + 2e-9), "gauc_num_samples": sessions}
 
 
-__all__ = ["GAUCMetric", "session_auc_sums"]
+__all__ = ["GAUCMetric", "GAUCMetricComputation", "checked_num_candidates", "compute_gauc_3d", "compute_window_auc",
+           "get_auc_states", "session_auc_sums", "to_3d"]
