@@ -100,6 +100,9 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         env = env_of(pg, "KJTAllToAll")
         self._workers = env.world_size
         self._input, self._keys, self._stagger, self._stride_per_rank = input, keys, stagger, stride_per_rank
+        # TorchRec's sequence shardings read the values' splits from here: label -> entries per rank
+        self._input_splits = dict(zip(labels, input_splits))
+        self._output_splits = dict(zip(labels, output_splits))
         self._recat = kjt_recat(splits[env.rank], len(splits), stagger, device, stride_per_rank)
         self._received: Optional[List[torch.Tensor]] = None
         self._input_tensors = list(input_tensors)

@@ -228,3 +228,13 @@ def test_wrong_arguments_are_refused_on_every_rank_naming_what_is_wrong():
     from dist_comm_ops_workers import refusals_worker
 
     run_workers(refusals_worker, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_table_wise_sequence_module_written_the_torchrec_way_equals_the_unsharded_collection():
+    _torchrec_dist_data()
+    from dist_custom_sharded_workers import custom_sequence_sharded_worker
+
+    run_workers(custom_sequence_sharded_worker, 2)
