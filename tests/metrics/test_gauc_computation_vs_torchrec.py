@@ -7,6 +7,8 @@ import importlib
 import pytest
 import torch
 
+from tests.metrics.torchrec_pairs import user_metrics
+
 torchrec = pytest.importorskip("torchrec")
 pytest.importorskip("fbgemm_gpu")  # TorchRec's to_3d is fbgemm's jagged_2d_to_dense
 
@@ -89,19 +91,7 @@ def test_computation_states_and_reports_equal_torchrecs():
 @pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
 def test_rec_metric_with_the_computation_equals_torchrec(mode):
     tasks = ["click", "like"]
-    metrics = []
-    for library in LIBRARIES:
-        rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
-        config = importlib.import_module(f"{library}.metrics.metrics_config")
-        namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
-        gauc = importlib.import_module(f"{library}.metrics.gauc")
-
-        class UserGAUC(rec_metric.RecMetric):
-            _namespace = namespace.MetricNamespace.GAUC
-            _computation_class = gauc.GAUCMetricComputation
-
-        metrics.append(UserGAUC(world_size=1, my_rank=0, batch_size=8, tasks=[config.RecTaskInfo(name=t) for t in tasks],
-                                compute_mode=getattr(config.RecComputeMode, mode), window_size=16))
+    metrics = user_metrics("gauc", "GAUCMetricComputation", "GAUC", tasks, mode, batch_size=8, window_size=16)
     for step, sizes in enumerate([[3, 5], [4, 4], [8]]):
         predictions, labels, weights, num_candidates = _sessions(20 + step, sizes)
         batch = [{t: tensor[i] for i, t in enumerate(tasks)} for tensor in (predictions, labels, weights)]

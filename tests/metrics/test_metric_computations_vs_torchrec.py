@@ -9,6 +9,8 @@ import importlib
 import pytest
 import torch
 
+from tests.metrics.torchrec_pairs import user_metrics
+
 torchrec = pytest.importorskip("torchrec")
 
 N_TASKS, BATCH, WINDOW = 2, 4, 10  # the window (10 samples) holds the last two batches of 4
@@ -130,29 +132,11 @@ def test_thresholded_computations_take_no_weights_as_torchrec(module, name):
     _assert_same_reports(built[1].compute(), built[0].compute())
 
 
-def _metric_class(library, module, name, kwargs):
-    """The user code: a RecMetric naming the library's computation, written as TorchRec's docs write one."""
-    rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
-    namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
-    computation = _class(library, module, name)
-
-    class UserMetric(rec_metric.RecMetric):
-        _namespace = namespace.MetricNamespace.NE
-        _computation_class = computation
-
-    return UserMetric
-
-
 @pytest.mark.parametrize("mode", ["UNFUSED_TASKS_COMPUTATION", "FUSED_TASKS_COMPUTATION"])
 @pytest.mark.parametrize("module, name, kwargs", COMPUTATIONS, ids=IDS)
 def test_rec_metric_with_the_computation_equals_torchrec(module, name, kwargs, mode):
     tasks = ["click", "like"]
-    metrics = []
-    for library in ("torchrec", "rectoolkit"):
-        config = importlib.import_module(f"{library}.metrics.metrics_config")
-        metrics.append(_metric_class(library, module, name, kwargs)(
-            world_size=1, my_rank=0, batch_size=BATCH, tasks=[config.RecTaskInfo(name=t) for t in tasks],
-            compute_mode=getattr(config.RecComputeMode, mode), window_size=WINDOW, **kwargs))
+    metrics = user_metrics(module, name, "NE", tasks, mode, batch_size=BATCH, window_size=WINDOW, **kwargs)
     expected, got = metrics
     for seed, weighted in ((5, True), (6, False)):
         for predictions, labels, weights in _batches(seed, weighted, count=3):

@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from tests.metrics.torchrec_pairs import user_metrics
+
 torchrec = pytest.importorskip("torchrec")
 
 LIBRARIES = ("torchrec", "rectoolkit")
@@ -69,19 +71,7 @@ def test_states_and_reports_equal_torchrec(module, name, kwargs, seed, window):
 @pytest.mark.parametrize("module, name, kwargs", COMPUTATIONS, ids=IDS)
 def test_rec_metric_with_the_computation_equals_torchrec(module, name, kwargs, mode):
     tasks = ["click", "like"]
-    metrics = []
-    for library in LIBRARIES:
-        rec_metric = importlib.import_module(f"{library}.metrics.rec_metric")
-        config = importlib.import_module(f"{library}.metrics.metrics_config")
-        namespace = importlib.import_module(f"{library}.metrics.metrics_namespace")
-
-        class UserMetric(rec_metric.RecMetric):
-            _namespace = namespace.MetricNamespace.AUC
-            _computation_class = _class(library, module, name)
-
-        metrics.append(UserMetric(world_size=1, my_rank=0, batch_size=BATCH,
-                                  tasks=[config.RecTaskInfo(name=t) for t in tasks],
-                                  compute_mode=getattr(config.RecComputeMode, mode), window_size=10, **kwargs))
+    metrics = user_metrics(module, name, "AUC", tasks, mode, batch_size=BATCH, window_size=10, **kwargs)
     for predictions, labels, weights in _batches(7):
         batch = [{t: tensor[i] for i, t in enumerate(tasks)} for tensor in (predictions, labels, weights)]
         for metric in metrics:

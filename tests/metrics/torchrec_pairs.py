@@ -38,3 +38,22 @@ def feed_both(modules, stream, tasks):
         for module in modules:
             module.update(model_out)
     return [dict(module.compute()) for module in modules]
+
+
+def user_metrics(module, computation, namespace, tasks, mode, **kwargs):
+    """[TorchRec's, rectoolkit's] instance of the same user code: a RecMetric written as TorchRec's docs write one,
+    naming `{library}.metrics.{module}.{computation}` as its `_computation_class`, under MetricNamespace.<namespace>,
+    one rank, tasks by name, compute mode by RecComputeMode name; kwargs: batch_size, window_size, its options."""
+    metrics = []
+    for library in ("torchrec", "rectoolkit"):
+        rec_metric, config, names = (importlib.import_module(f"{library}.metrics.{name}")
+                                     for name in ("rec_metric", "metrics_config", "metrics_namespace"))
+        computation_class = getattr(importlib.import_module(f"{library}.metrics.{module}"), computation)
+
+        class UserMetric(rec_metric.RecMetric):
+            _namespace = getattr(names.MetricNamespace, namespace)
+            _computation_class = computation_class
+
+        metrics.append(UserMetric(world_size=1, my_rank=0, tasks=[config.RecTaskInfo(name=t) for t in tasks],
+                                  compute_mode=getattr(config.RecComputeMode, mode), **kwargs))
+    return metrics
