@@ -32,7 +32,6 @@ PATH_MODULES = {
     "rectoolkit.distributed.sharding_plan": "torchrec.distributed.sharding_plan",
     "rectoolkit.distributed.quant_embedding": "torchrec.distributed.quant_embedding",
     "rectoolkit.distributed.quant_embeddingbag": "torchrec.distributed.quant_embeddingbag",
-    "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
     "rectoolkit.distributed.train_pipeline.train_pipelines": "torchrec.distributed.train_pipeline.train_pipelines",
 }
 
@@ -56,6 +55,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.mc_modules": "torchrec.distributed.mc_modules",
     "rectoolkit.distributed.mc_embeddingbag": "torchrec.distributed.mc_embeddingbag",
     "rectoolkit.distributed.mc_embedding": "torchrec.distributed.mc_embedding",
+    "rectoolkit.optim.apply_optimizer_in_backward": "torchrec.optim.apply_optimizer_in_backward",
     "rectoolkit.optim.keyed": "torchrec.optim.keyed",
     "rectoolkit.optim.optimizers": "torchrec.optim.optimizers",
     "rectoolkit.optim.rowwise_adagrad": "torchrec.optim.rowwise_adagrad",

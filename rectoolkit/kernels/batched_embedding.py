@@ -58,7 +58,7 @@ from rectoolkit.kernels.fused_optimizers import FusedOptimizerConfig, apply_row_
 from rectoolkit.kernels.id_ranges import ID_MODES, IdRanges, per_id
 from rectoolkit.kernels.optimizer_state import EmbOptimType
 from rectoolkit.kernels.traced_lookup import traced_lookup
-from rectoolkit.sparse.validation import IdsError, is_tracing
+from rectoolkit.sparse.validation import IdsError, disabled_when_compiled, is_tracing
 
 BACKENDS = ("auto", "torch", "fbgemm")
 
@@ -287,8 +287,8 @@ class BatchedEmbeddingKernel:
             return self._forward_outside_graph(indices, offsets, per_sample_weights)
         return self.forward(indices, offsets, per_sample_weights)
 
-    @torch.compiler.disable(reason="a fused optimizer updates the tables in place from backward; build the "
-                                   "collection with optimizer=None (dense gradients) to compile the lookup")
+    @disabled_when_compiled(reason="a fused optimizer updates the tables in place from backward; build the "
+                                  "collection with optimizer=None (dense gradients) to compile the lookup")
     def _forward_outside_graph(self, indices, offsets, per_sample_weights=None) -> torch.Tensor:
         self.sync_parameters()
         return self.forward(indices, offsets, per_sample_weights)

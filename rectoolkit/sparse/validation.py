@@ -15,8 +15,9 @@ or per call with ``validate=False``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -56,6 +57,31 @@ def is_tracing() -> bool:
     False
     """
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def disabled_when_compiled(reason: str) -> Callable[[Callable], Callable]:
+    """``torch.compiler.disable(fn, reason=reason)``, made at fn's first call instead of at import.
+
+    torch.compiler.disable imports torch._dynamo, which doubles the time ``import rectoolkit`` takes (about 1.5 s
+    more on a 2-core machine), in every launched worker and subprocess, though most never compile. The wrapper
+    carries the two attributes by which torch.compile recognizes a disabled function (what torch.compiler.disable
+    sets), so a trace does not step into it: a graph break there, and ``fullgraph=True`` raises naming `reason`
+    (tests/models/test_compile.py). Run (eagerly), it runs fn through torch.compiler.disable, made at the first call.
+    """
+    def decorate(fn: Callable) -> Callable:
+        made: List[Callable] = []
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not made:
+                made.append(torch.compiler.disable(fn, reason=reason))
+            return made[0](*args, **kwargs)
+
+        call._torchdynamo_disable = True
+        call._torchdynamo_disable_msg = reason
+        return call
+
+    return decorate
 
 
 def should_validate(validate: Optional[bool]) -> bool:

@@ -1,0 +1,38 @@
+"""`import rectoolkit` loads no compiler or FSDP machinery: every launched worker and subprocess imports it, and
+torch._dynamo (torch.compiler.disable at class definition) and torch.distributed.optim (FSDP, DTensor) had doubled
+its import time. They load when used (torch.compile; apply_optimizer_in_backward)."""
+
+import subprocess
+import sys
+import warnings
+
+import torch
+
+HEAVY = ("torch._dynamo", "torch.distributed.optim", "torch.distributed.fsdp")
+
+
+def test_importing_rectoolkit_and_its_worker_loads_no_compiler_or_fsdp():
+    code = ("import sys, rectoolkit, rectoolkit.distributed, rectoolkit.planner, rectoolkit.launch._worker\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", f"imported at `import rectoolkit`: {done.stdout.strip()}"
+
+
+def test_apply_optimizer_in_backward_records_what_torchs_does_and_warns_as_torchrecs():
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    from rectoolkit.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    ours, theirs = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(3, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_optimizer_in_backward(torch.optim.SGD, [ours], {"lr": 0.5})
+    assert [w.category for w in caught] == [DeprecationWarning]
+    assert "_apply_optimizer_in_backward" in str(caught[0].message)
+    _apply_optimizer_in_backward(torch.optim.SGD, [theirs], {"lr": 0.5})
+    assert ours._optimizer_classes == theirs._optimizer_classes == [torch.optim.SGD]
+    assert ours._optimizer_kwargs == theirs._optimizer_kwargs == [{"lr": 0.5}]
+    assert [type(o) for o in ours._in_backward_optimizers] == [torch.optim.SGD]
+    (ours.sum() * 2).backward()  # the optimizer ran in backward: lr 0.5 x gradient 2
+    torch.testing.assert_close(ours.detach(), torch.zeros(3, 2))
