@@ -34,12 +34,15 @@ are multiplied by the weights first, and the session value is not), `session_key
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Set
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 
-from rectoolkit.metrics.model_utils import session_ids_to_tensor
-from rectoolkit.metrics.rec_metric import MissingRequiredInputError, SumStateMetric
+from rectoolkit.metrics.computation import MetricComputationReport
+from rectoolkit.metrics.metrics_namespace import MetricName
+from rectoolkit.metrics.model_utils import ModelOutputError, session_ids_to_tensor
+from rectoolkit.metrics.rec_metric import MissingRequiredInputError, RecMetricException, SumStateMetric
+from rectoolkit.metrics.sum_states import SumStatesComputation
 
 SESSION_KEY = "session_id"
 
@@ -84,6 +87,68 @@ def session_ndcg_sums(predictions: torch.Tensor, labels: torch.Tensor, weights: 
     return torch.stack([values.sum(), torch.tensor(float(lengths.numel()), dtype=torch.float64)])
 
 
+def _check_k(owner: str, k: Any) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or (k != -1 and k < 1):
+        raise ValueError(f"{owner}: k={k!r} must be a positive int (rank cutoff) or -1 (every rank)")
+
+
+class NDCGComputation(SumStatesComputation):
+    """TorchRec's NDCG computation: states `sum_ndcg`, `num_sessions` (float64, with windows), reports `ndcg`
+    (sum_ndcg / num_sessions), TorchRec's options; update() reads the session ids of
+    `required_inputs[session_key]` ([n_tasks, batch], equal rows); the tasks of is_negative_task_mask are flipped
+    on copies (TorchRec flips the caller's tensors in place). A batch with no session left adds nothing."""
+
+    _state_names = ("sum_ndcg", "num_sessions")
+
+    def __init__(self, *args: Any, exponential_gain: bool = False, session_key: str = SESSION_KEY, k: int = -1,
+                 report_ndcg_as_decreasing_curve: bool = True, remove_single_length_sessions: bool = False,
+                 scale_by_weights_tensor: bool = False, is_negative_task_mask: Optional[List[bool]] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _check_k(type(self).__name__, k)
+        self._session_key = session_key
+        self._is_negative_task_mask = is_negative_task_mask
+        self._options = {"exponential_gain": exponential_gain, "k": k,
+                         "report_ndcg_as_decreasing_curve": report_ndcg_as_decreasing_curve,
+                         "remove_single_length_sessions": remove_single_length_sessions,
+                         "scale_by_weights_tensor": scale_by_weights_tensor}
+
+    def update(self, *, predictions: Optional[torch.Tensor], labels: torch.Tensor, weights: Optional[torch.Tensor],
+               **kwargs: Any) -> None:
+        name = type(self).__name__
+        required = kwargs.get("required_inputs") or {}
+        if required.get(self._session_key) is None:
+            raise MissingRequiredInputError(f"{name}.update: required_inputs has no {self._session_key!r} (it has "
+                                            f"{sorted(required)}); pass the session ids, one per sample")
+        if predictions is None or weights is None:
+            raise RecMetricException(f"{name}.update: predictions and weights must be tensors of the labels' shape, "
+                                     "got None")
+        session_ids = required[self._session_key]
+        if not (predictions.shape == labels.shape == weights.shape == session_ids.shape and predictions.dim() == 2
+                and predictions.numel() > 0) or (session_ids != session_ids[:1]).any():
+            raise ModelOutputError(f"{name}.update: predictions {tuple(predictions.shape)}, labels "
+                                   f"{tuple(labels.shape)}, weights {tuple(weights.shape)} and session ids "
+                                   f"{tuple(session_ids.shape)} must all be [n_tasks, batch], the session ids equal "
+                                   "in every row")
+        if self._is_negative_task_mask is not None:
+            predictions, labels = predictions.clone(), labels.clone()
+            predictions[self._is_negative_task_mask, :] = 1 - predictions[self._is_negative_task_mask, :]
+            labels[self._is_negative_task_mask, :] = 1 - labels[self._is_negative_task_mask, :]
+        super().update(predictions=predictions, labels=labels, weights=weights, session_ids=session_ids[0])
+
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      **kwargs: Any) -> Dict[str, torch.Tensor]:
+        sums = [session_ndcg_sums(p, y, w, kwargs["session_ids"], **self._options)
+                for p, y, w in zip(predictions, labels, weights)]
+        if any(task_sums is None for task_sums in sums):  # every session a single sample, removed
+            return {}
+        stacked = torch.stack(sums)
+        return {"sum_ndcg": stacked[:, 0], "num_sessions": stacked[:, 1]}
+
+    def _compute(self) -> List[MetricComputationReport]:
+        return self._lifetime_and_window_reports(MetricName.NDCG, torch.div, self._state_names)
+
+
 class NDCGMetric(SumStateMetric):
     """Lifetime and window 1 - NDCG per task over the sessions named by the `session_key` required input
     (TorchRec's constructor and options, see the module docstring)."""
@@ -96,9 +161,7 @@ class NDCGMetric(SumStateMetric):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        k = self._options["k"]
-        if isinstance(k, bool) or not isinstance(k, int) or (k != -1 and k < 1):
-            raise ValueError(f"NDCGMetric: k={k!r} must be a positive int (rank cutoff) or -1 (every rank)")
+        _check_k("NDCGMetric", self._options["k"])
         if not isinstance(self._options["session_key"], str):
             raise TypeError(f"NDCGMetric: session_key={self._options['session_key']!r} must be the name of the "
                             "model output holding the session ids (a str)")
@@ -141,4 +204,4 @@ class NDCGMetric(SumStateMetric):
         return {"ndcg": sum_ndcg / sessions}
 
 
-__all__ = ["NDCGMetric", "SESSION_KEY", "session_ids_to_tensor", "session_ndcg_sums"]
+__all__ = ["NDCGComputation", "NDCGMetric", "SESSION_KEY", "session_ids_to_tensor", "session_ndcg_sums"]
