@@ -30,6 +30,8 @@ NCCL adds them in the narrow type). TorchRec's `all_to_all_single_comm` (a custo
 from __future__ import annotations
 
 import itertools
+import sys
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
@@ -68,6 +70,30 @@ def torchrec_use_sync_collectives() -> Iterator[None]:
         yield
     finally:
         set_use_sync_collectives(before)
+
+
+class _ModuleWithSwitches(types.ModuleType):
+    """This module, with TorchRec's module globals GRADIENT_DIVISION and USE_SYNC_COLLECTIVES read and assigned
+    through the switches (so `comm_ops.GRADIENT_DIVISION = False` does what it does in TorchRec)."""
+
+    @property
+    def GRADIENT_DIVISION(self) -> bool:
+        return get_gradient_division()
+
+    @GRADIENT_DIVISION.setter
+    def GRADIENT_DIVISION(self, val: bool) -> None:
+        set_gradient_division(val)
+
+    @property
+    def USE_SYNC_COLLECTIVES(self) -> bool:
+        return get_use_sync_collectives()
+
+    @USE_SYNC_COLLECTIVES.setter
+    def USE_SYNC_COLLECTIVES(self, val: bool) -> None:
+        set_use_sync_collectives(val)
+
+
+sys.modules[__name__].__class__ = _ModuleWithSwitches
 
 
 # ------------------------------------------------------------------------------------------------ TorchRec's infos

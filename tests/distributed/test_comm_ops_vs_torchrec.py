@@ -238,3 +238,19 @@ def test_table_wise_sequence_module_written_the_torchrec_way_equals_the_unsharde
     from dist_custom_sharded_workers import custom_sequence_sharded_worker
 
     run_workers(custom_sequence_sharded_worker, 2)
+
+
+@pytest.mark.parametrize("switch,getter", [("GRADIENT_DIVISION", "get_gradient_division"),
+                                           ("USE_SYNC_COLLECTIVES", "get_use_sync_collectives")])
+def test_module_globals_read_and_set_the_switches_as_torchrecs(switch, getter):
+    theirs = pytest.importorskip("torchrec.distributed.comm_ops")
+    assert getattr(comm_ops, switch) == getattr(theirs, switch)
+    before = getattr(comm_ops, switch)
+    try:
+        for value in (not before, before):
+            setattr(comm_ops, switch, value)
+            setattr(theirs, switch, value)
+            assert getattr(comm_ops, getter)() == getattr(theirs, getter)() == value
+    finally:
+        setattr(comm_ops, switch, before)
+        setattr(theirs, switch, before)
