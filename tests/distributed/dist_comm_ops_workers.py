@@ -124,6 +124,8 @@ def pooled_all_to_all_worker(rank: int, world_size: int) -> None:
     theirs = _grad_of(lambda x: their_ops.alltoall_pooled(x, [2, 2], dims, group=pg).wait(), source, 2)
     ours = _grad_of(lambda x: our_ops.alltoall_pooled(x, [2, 2], dims, group=pg).wait(), source, 2)
     _same(ours, theirs, f"rank {rank}, alltoall_pooled")
+    request = our_ops.alltoall_pooled(source, [2, 2], dims, group=pg)
+    assert isinstance(request, our_ops.Request) and request.wait() is request.wait()
     theirs = _grad_of(lambda x: their_data.PooledEmbeddingsAllToAll(pg, dims, callbacks=[torch.tanh])(x).wait(),
                       source, 3)
     ours = _grad_of(lambda x: our_data.PooledEmbeddingsAllToAll(pg, dims, callbacks=[torch.tanh])(x).wait(),
