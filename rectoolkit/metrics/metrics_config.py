@@ -167,6 +167,13 @@ class MetricsConfig:
 
 DefaultTaskInfo = RecTaskInfo()
 
+# TorchRec's two ready-made configs: NE of DefaultTaskInfo with throughput, and nothing (shared objects, as TorchRec's)
+DefaultMetricsConfig = MetricsConfig(
+    rec_tasks=[DefaultTaskInfo],
+    rec_metrics={RecMetricEnum.NE: RecMetricDef(rec_tasks=[DefaultTaskInfo], window_size=_DEFAULT_WINDOW_SIZE)},
+    throughput_metric=ThroughputDef(), state_metrics=[])
+EmptyMetricsConfig = MetricsConfig(rec_tasks=[], rec_metrics={}, throughput_metric=None, state_metrics=[])
+
 
 @dataclass
 class BatchSizeStage:
@@ -195,6 +202,6 @@ batch_size 512); make the last stage BatchSizeStage(batch_size=512, max_iters=No
                          f"{last.batch_size}); make the last stage BatchSizeStage(batch_size={last.batch_size}, "
                          "max_iters=None)")
 
-__all__ = ["BatchSizeStage", "DefaultTaskInfo", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum",
+__all__ = ["BatchSizeStage", "DefaultMetricsConfig", "DefaultTaskInfo", "EmptyMetricsConfig", "MetricsConfig", "RecComputeMode", "RecMetricDef", "RecMetricEnum",
            "RecMetricEnumBase", "RecTaskInfo", "SessionMetricDef", "StateMetricEnum", "ThroughputDef",
            "validate_batch_size_stages"]

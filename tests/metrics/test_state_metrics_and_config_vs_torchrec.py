@@ -116,3 +116,38 @@ def test_state_metrics_must_have_get_metrics():
     with pytest.raises(TypeError, match=r"state_metrics\['optimizers-optimizers'\] is a dict, which has no "
                                         r"get_metrics\(\)"):
         metric_module.RecMetricModule(batch_size=4, world_size=1, state_metrics={"optimizers-optimizers": {}})
+
+
+def _described(config):
+    """A MetricsConfig as plain values (enums by their value) to compare across the libraries."""
+    described = dataclasses.asdict(config)
+    described["rec_metrics"] = {str(metric): value for metric, value in described["rec_metrics"].items()}
+    described["rec_compute_mode"] = config.rec_compute_mode.name
+    return described
+
+
+@pytest.mark.parametrize("name", ["DefaultMetricsConfig", "EmptyMetricsConfig"])
+def test_ready_made_configs_equal_torchrecs(name):
+    theirs, ours = (getattr(_module(library, "metrics_config"), name) for library in LIBRARIES)
+    assert _described(ours) == _described(theirs)
+
+
+def test_default_config_generates_the_same_module():
+    modules = []
+    for library in LIBRARIES:
+        metric_module = _module(library, "metric_module")
+        modules.append(metric_module.generate_metric_module(
+            metric_module.RecMetricModule, _module(library, "metrics_config").DefaultMetricsConfig, batch_size=4,
+            world_size=1, my_rank=0, state_metrics_mapping={}, device=torch.device("cpu")))
+    generator = torch.Generator().manual_seed(2)
+    model_out = {"prediction": torch.rand(4, generator=generator), "label": torch.tensor([0.0, 1.0, 1.0, 0.0]),
+                 "weight": torch.rand(4, generator=generator)}
+    for module in modules:
+        module.update(model_out)
+    expected, got = (dict(module.compute()) for module in modules)
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        if "throughput" in key and "total_examples" not in key:
+            continue  # rates depend on the clock
+        assert got[key].dtype == value.dtype, key
+        torch.testing.assert_close(got[key], value, msg=key)
