@@ -23,7 +23,53 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+
+_DEVICE_TO_HOST_STREAMS: Dict[torch.device, Any] = {}  # one copy stream per GPU, made on first use
+
+
+def device_supports_async(device: torch.device) -> bool:
+    """TorchRec's: whether metric values on `device` can be copied to the host asynchronously (CUDA only)."""
+    return device.type == "cuda"
+
+
+def transfer_tensors_to_cpu(tensors: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[Any]]:
+    """TorchRec's: ({key: value on the host}, a CUDA event that fires when the copies are done). CUDA tensors are
+    copied into pinned host memory on a copy stream of their GPU, after what the current stream has queued, so
+    training kernels do not wait for them; non-tensor values are kept. A dict without CUDA tensors comes back as it
+    is, with no event. All tensors must be on one GPU (refused by name otherwise).
+
+        >>> values = {"ne-click|window_ne": torch.tensor(0.9), "step": 3}
+        >>> transfer_tensors_to_cpu(values) == (values, None)
+        True
+    """
+    devices = {value.device for value in tensors.values() if isinstance(value, torch.Tensor)}
+    gpus = [device for device in devices if device.type == "cuda"]
+    if not gpus:
+        return tensors, None
+    if len(devices) > 1:
+        raise ValueError(f"transfer_tensors_to_cpu: the tensors are on {sorted(str(d) for d in devices)}; pass "
+                         "tensors of one GPU (move the others first)")
+    device = gpus[0]
+    if device not in _DEVICE_TO_HOST_STREAMS:
+        _DEVICE_TO_HOST_STREAMS[device] = torch.cuda.Stream(device=device)
+    stream = _DEVICE_TO_HOST_STREAMS[device]
+    on_host: Dict[str, Any] = {}
+    with torch.cuda.device(device):
+        stream.wait_stream(torch.cuda.current_stream())  # the values' producers first
+        with torch.cuda.stream(stream):
+            for key, value in tensors.items():
+                if isinstance(value, torch.Tensor):
+                    on_host[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                    on_host[key].copy_(value, non_blocking=True)
+                    value.record_stream(stream)  # its memory is not reused before the copy is done
+                else:
+                    on_host[key] = value
+            done = torch.cuda.Event()
+            done.record()
+    return on_host, done
 
 
 def _on_cpu(values: Dict[str, Any]) -> Dict[str, Any]:
@@ -121,4 +167,4 @@ class DeferrableMetrics(Mapping):
             "DeferrableMetrics(pending)"
 
 
-__all__ = ["DeferrableMetrics"]
+__all__ = ["DeferrableMetrics", "device_supports_async", "transfer_tensors_to_cpu"]

@@ -73,3 +73,32 @@ def test_metric_module_compute_returns_a_resolved_deferrable_mapping():
         assert isinstance(result, DeferrableMetrics) and result.is_resolved()
     assert float(module.compute()["ctr-click|lifetime_ctr"]) == pytest.approx(0.75)  # 3 / 4 by hand
     assert float(module.local_compute().resolve()["ctr-click|local_window_ctr"]) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "meta"])
+def test_device_supports_async_as_torchrec(device):
+    assert deferrable_metrics.device_supports_async(torch.device(device)) == \
+        torchrec_deferrable.device_supports_async(torch.device(device))
+
+
+@pytest.mark.parametrize("values", [{}, {"step": 3}, {"ne": torch.tensor([0.9]), "auc": torch.ones(2, dtype=torch.float64),
+                                                      "name": "click"}])
+def test_transfer_of_host_values_as_torchrec(values):
+    """Without CUDA tensors: the same dict back, no event (in TorchRec too)."""
+    got, expected = (module.transfer_tensors_to_cpu(values) for module in (deferrable_metrics, torchrec_deferrable))
+    assert got[0] is values and expected[0] is values and got[1] is None and expected[1] is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="copies CUDA tensors")
+def test_transfer_of_cuda_values_as_torchrec():
+    values = {"ne": torch.rand(3, device="cuda"), "count": torch.arange(4, device="cuda"), "name": "click"}
+    got, got_event = deferrable_metrics.transfer_tensors_to_cpu(values)
+    expected, expected_event = torchrec_deferrable.transfer_tensors_to_cpu(values)
+    got_event.synchronize()
+    expected_event.synchronize()
+    assert list(got) == list(expected) and got["name"] == "click"
+    for key in ("ne", "count"):
+        assert got[key].device.type == "cpu" and got[key].is_pinned() and got[key].dtype == expected[key].dtype
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"the tensors are on \['cpu', 'cuda:0'\]"):
+        deferrable_metrics.transfer_tensors_to_cpu({"ne": values["ne"], "host": torch.ones(1)})
