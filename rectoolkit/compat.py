@@ -49,6 +49,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.distributed.fbgemm_qcomm_codec": "torchrec.distributed.fbgemm_qcomm_codec",
     "rectoolkit.distributed.comm_ops": "torchrec.distributed.comm_ops",
     "rectoolkit.distributed.utils": "torchrec.distributed.utils",
+    "rectoolkit.distributed.collective_utils": "torchrec.distributed.collective_utils",
     "rectoolkit.distributed.dist_data": "torchrec.distributed.dist_data",
     "rectoolkit.distributed.train_pipeline.pipeline_stage": "torchrec.distributed.train_pipeline.pipeline_stage",
     "rectoolkit.distributed.train_pipeline.gradient_accumulation":

@@ -53,6 +53,8 @@ PATHS = {
                           "add_params_from_parameter_sharding", "convert_to_fbgemm_types", "get_device_type",
                           "get_class_name", "assert_instance", "optimizer_type_to_emb_opt_type",
                           "emb_opt_type_to_optimizer_class", "init_parameters"],
+    "distributed.collective_utils": ["is_leader", "invoke_on_rank_and_broadcast_result", "run_on_leader",
+                                     "create_on_rank_and_share_result"],
     "distributed.dist_data": ["KJTAllToAll", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable",
                               "SplitsAllToAllAwaitable", "PooledEmbeddingsAwaitable", "PooledEmbeddingsAllToAll",
                               "PooledEmbeddingsReduceScatter", "PooledEmbeddingsAllGather", "SequenceEmbeddingsAllToAll",

@@ -25,7 +25,7 @@ from rectoolkit.distributed.train_pipeline import (
 # modules) here.
 _TORCHREC_PATHS = ("types", "embedding_types", "planner", "embeddingbag", "embedding", "fp_embeddingbag", "shard",
                    "sharding_plan", "quant_embedding", "comm_ops", "dist_data", "quant_embeddingbag",
-                   "fbgemm_qcomm_codec", "utils")
+                   "fbgemm_qcomm_codec", "utils", "collective_utils")
 
 
 def __getattr__(name: str):
