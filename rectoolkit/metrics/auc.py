@@ -100,6 +100,8 @@ class SampleWindowMetric(RecMetric):
     world_size) (prediction, label, weight) samples of this rank, all-gathered by compute()."""
 
     def reset(self) -> None:
+        if self._computation_class is not None:  # a subclass run by its computations, TorchRec's way
+            return super().reset()
         # per task: the window's [3 (prediction, label, weight), n] batches, oldest first
         self._batches: List[List[torch.Tensor]] = [[] for _ in self._tasks]
         self._synced_states = None

@@ -155,3 +155,37 @@ def test_two_ranks_gather_the_windows_as_torchrec():
     from tests.distributed.dist_harness import run_workers
 
     run_workers(_two_rank_worker, 2)
+
+
+@pytest.mark.parametrize("module, metric, computation", [("auc", "AUCMetric", "AUCMetricComputation"),
+                                                         ("rauc", "RAUCMetric", "RAUCMetricComputation"),
+                                                         ("auprc", "AUPRCMetric", "AUPRCMetricComputation")])
+def test_subclass_of_the_metric_with_its_own_computation_equals_torchrec(module, metric, computation):
+    """`class MyAUC(AUCMetric): _computation_class = MyAUCComputation`: run, reset and run again by the computation."""
+    metrics = []
+    for library in LIBRARIES:
+        config = importlib.import_module(f"{library}.metrics.metrics_config")
+
+        class Squared(_class(library, module, computation)):  # the user's change: predictions squared, weights 1
+            def update(self, *, predictions, labels, weights, **kwargs):
+                super().update(predictions=predictions ** 2, labels=labels, weights=torch.ones_like(weights),
+                               **kwargs)
+
+        class UserMetric(_class(library, module, metric)):
+            _computation_class = Squared
+
+        metrics.append(UserMetric(world_size=1, my_rank=0, batch_size=BATCH, tasks=[config.RecTaskInfo(name="click")],
+                                  window_size=10))
+    stream = _batches(31, n_tasks=1)
+    for step, (predictions, labels, weights) in enumerate(stream):
+        if step == 3:
+            for metric in metrics:
+                metric.reset()
+        for metric in metrics:
+            metric.update(predictions={"click": predictions[0]}, labels={"click": labels[0]},
+                          weights={"click": weights[0]})
+        expected, got = (metric.compute() for metric in metrics)
+        assert list(got) == list(expected)
+        for key, value in expected.items():
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+            torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-6, msg=f"step {step} {key}")
