@@ -81,8 +81,8 @@ def test_device_supports_async_as_torchrec(device):
         torchrec_deferrable.device_supports_async(torch.device(device))
 
 
-@pytest.mark.parametrize("values", [{}, {"step": 3}, {"ne": torch.tensor([0.9]), "auc": torch.ones(2, dtype=torch.float64),
-                                                      "name": "click"}])
+@pytest.mark.parametrize("values", [{}, {"step": 3}, {"ne": torch.tensor([0.9]),
+                                                      "auc": torch.ones(2, dtype=torch.float64), "name": "click"}])
 def test_transfer_of_host_values_as_torchrec(values):
     """Without CUDA tensors: the same dict back, no event (in TorchRec too)."""
     got, expected = (module.transfer_tensors_to_cpu(values) for module in (deferrable_metrics, torchrec_deferrable))

@@ -275,3 +275,26 @@ def test_required_input_of_the_wrong_length_is_refused_by_name(index):
         for metric in (expected, got):
             metric.update(predictions=predictions, labels=labels, weights=weights, required_inputs={name: good})
     _assert_same_tensors(got.compute(), expected.compute(), "compute")
+
+
+# ------------------------------------------------------------------------------------------------ 2 ranks
+def _two_rank_worker(rank, world_size):
+    """Both libraries' computations on one gloo group, each rank with its own batches: the same reports (states
+    summed over the ranks) on every rank, and this rank's own states kept after compute()."""
+    for module, name, kwargs in COMPUTATIONS:
+        built = [_class(library, module, name)(my_rank=rank, batch_size=BATCH, n_tasks=N_TASKS, window_size=WINDOW,
+                                               compute_on_all_ranks=True, **kwargs)
+                 for library in ("torchrec", "rectoolkit")]
+        for predictions, labels, weights in _batches(40 + rank, True, count=3):
+            for computation in built:
+                computation.update(predictions=predictions, labels=labels, weights=weights)
+            _assert_same_reports(built[1].compute(), built[0].compute())
+            _assert_same_tensors(_states(built[1]), _states(built[0]), f"rank {rank} local states")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_reduce_the_states_as_torchrec():
+    from tests.distributed.dist_harness import run_workers
+
+    run_workers(_two_rank_worker, 2)

@@ -91,7 +91,8 @@ def test_parse_model_outputs_refuses_missing_names_as_torchrec(names, error):
             parse(*names, _model_out(5))
 
 
-@pytest.mark.parametrize("shapes", [((5,), (4,), (5,)), ((5,), (5,), (3,)), ((5,), (5, 3), (4,)), ((5, 2), (5, 2), (4,))])
+@pytest.mark.parametrize("shapes", [((5,), (4,), (5,)), ((5,), (5,), (3,)), ((5,), (5, 3), (4,)),
+                                    ((5, 2), (5, 2), (4,))])
 def test_parse_model_outputs_refuses_mismatched_sizes_as_torchrec(shapes):
     model_out = {name: torch.rand(shape) for name, shape in zip(("label", "prediction", "weight"), shapes)}
     theirs, ours = _both("parse_model_outputs")
@@ -105,8 +106,8 @@ def test_parse_model_outputs_refuses_mismatched_sizes_as_torchrec(shapes):
 @pytest.mark.parametrize("session", [["s1", "s1", "s2", "s3", "s3"], torch.tensor([[1], [1], [2], [2], [5]])])
 def test_parse_required_inputs(session, transform):
     theirs, ours = _both("parse_required_inputs")
-    outputs = [{"session": copy.deepcopy(session), "dense": torch.rand(5, 1, generator=torch.Generator().manual_seed(1))}
-               for _ in LIBRARIES]
+    dense = torch.rand(5, 1, generator=torch.Generator().manual_seed(1))
+    outputs = [{"session": copy.deepcopy(session), "dense": dense.clone()} for _ in LIBRARIES]
     if isinstance(session, list) and not transform:  # TorchRec squeezes the list: AttributeError; ours names it
         with pytest.raises(AttributeError):
             theirs(outputs[0], ["session", "dense"], transform)

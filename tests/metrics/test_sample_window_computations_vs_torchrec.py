@@ -120,7 +120,8 @@ def test_compute_rauc_and_per_group(seed, parts):
                 .float(), torch.rand(N_TASKS, 5, generator=generator)) for _ in range(parts)]
     predictions, labels, weights = ([sample[i] for sample in samples] for i in range(3))
     (theirs, ours) = _pair("compute_rauc")
-    _assert_same_reports_values(ours(N_TASKS, predictions, labels, weights), theirs(N_TASKS, predictions, labels, weights))
+    _assert_same_reports_values(ours(N_TASKS, predictions, labels, weights),
+                                theirs(N_TASKS, predictions, labels, weights))
     keys = torch.cat([torch.tensor([-1]), torch.randint(0, 2, (5 * parts,), generator=generator)])
     keys[1:3], keys[3:5] = 0, 1  # each group has at least 2 samples
     (theirs, ours) = _pair("compute_rauc_per_group")

@@ -1,5 +1,6 @@
-"""metrics_config's RecMetricEnumBase, StateMetricEnum, BatchSizeStage and validate_batch_size_stages, and
-metric_module's StateMetric (a RecMetricModule's state metrics, from MetricsConfig.state_metrics), against TorchRec 1.8."""
+"""metrics_config's RecMetricEnumBase, StateMetricEnum, BatchSizeStage, validate_batch_size_stages and ready-made
+configs, and metric_module's StateMetric (a RecMetricModule's state metrics, from MetricsConfig.state_metrics), against
+TorchRec 1.8."""
 
 import dataclasses
 import importlib
@@ -32,7 +33,8 @@ def test_batch_size_stage_fields_equal_torchrecs():
     assert dataclasses.astuple(ours(512, None)) == dataclasses.astuple(theirs(512, None))
 
 
-STAGES = [None, [], [(256, None)], [(256, 10), (512, None)], [(256, 10)], [(256, 10), (512, 20)], [(256, None), (512, 0)]]
+STAGES = [None, [], [(256, None)], [(256, 10), (512, None)], [(256, 10)], [(256, 10), (512, 20)],
+          [(256, None), (512, 0)]]
 
 
 @pytest.mark.parametrize("stages", STAGES, ids=str)
