@@ -40,6 +40,7 @@ TORCHREC_NAMED_MODULES = {
     "rectoolkit.sparse.jagged_tensor": "torchrec.sparse.jagged_tensor",
     "rectoolkit.sparse.jagged_tensor_validator": "torchrec.sparse.jagged_tensor_validator",
     "rectoolkit.modules.regroup": "torchrec.modules.regroup",
+    "rectoolkit.modules.utils": "torchrec.modules.utils",
     "rectoolkit.modules.embedding_modules": "torchrec.modules.embedding_modules",
     "rectoolkit.modules.mc_modules": "torchrec.modules.mc_modules",
     "rectoolkit.modules.mc_embedding_modules": "torchrec.modules.mc_embedding_modules",

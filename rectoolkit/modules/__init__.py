@@ -19,9 +19,9 @@ from rectoolkit.modules.mlp import MLP, Perceptron
 
 
 def __getattr__(name: str):
-    """`rectoolkit.modules.embedding_configs` (TorchRec's path), imported on first use."""
-    if name == "embedding_configs":
+    """`rectoolkit.modules.embedding_configs` and `.utils` (TorchRec's paths), imported on first use."""
+    if name in ("embedding_configs", "utils"):
         import importlib
 
-        return importlib.import_module("rectoolkit.modules.embedding_configs")
+        return importlib.import_module(f"rectoolkit.modules.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
