@@ -26,6 +26,8 @@ PATH_MODULES = {
     "rectoolkit.distributed.planner.planners": "torchrec.distributed.planner.planners",
     "rectoolkit.distributed.planner.storage_reservations": "torchrec.distributed.planner.storage_reservations",
     "rectoolkit.distributed.planner.stats": "torchrec.distributed.planner.stats",
+    "rectoolkit.distributed.planner.constants": "torchrec.distributed.planner.constants",
+    "rectoolkit.distributed.planner.utils": "torchrec.distributed.planner.utils",
     "rectoolkit.distributed.embeddingbag": "torchrec.distributed.embeddingbag",
     "rectoolkit.distributed.embedding": "torchrec.distributed.embedding",
     "rectoolkit.distributed.shard": "torchrec.distributed.shard",

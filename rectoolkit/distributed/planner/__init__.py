@@ -5,4 +5,4 @@ from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, P
 
 __all__ = ["EmbeddingShardingPlanner", "ParameterConstraints", "PlannerError", "Topology"]
 
-from rectoolkit.distributed.planner import planners, stats, storage_reservations, types  # noqa: E402,F401  (attribute paths: torchrec.distributed.planner.types)
+from rectoolkit.distributed.planner import constants, planners, stats, storage_reservations, types, utils  # noqa: E402,F401  (attribute paths: torchrec.distributed.planner.types)
