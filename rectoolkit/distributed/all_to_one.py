@@ -9,37 +9,14 @@ plain torch copies, cats and sums here (TorchRec: fbgemm's merge ops), so they a
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional
+from typing import List, Optional
 
 import torch
 from torch import nn
 
 from rectoolkit.distributed.interfaces import rank_device
+from rectoolkit.distributed.kjt_lists import KJTList
 from rectoolkit.sparse import KeyedJaggedTensor
-from rectoolkit.streamable import Multistreamable
-
-
-class KJTList(Multistreamable):
-    """A list of KJTs, one per device (TorchRec's torchrec.distributed.embedding_types.KJTList)."""
-
-    def __init__(self, features: List[KeyedJaggedTensor]) -> None:
-        self.features = features
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def __setitem__(self, key: int, item: KeyedJaggedTensor) -> None:
-        self.features[key] = item
-
-    def __getitem__(self, key: int) -> KeyedJaggedTensor:
-        return self.features[key]
-
-    def __iter__(self) -> Iterator[KeyedJaggedTensor]:
-        return iter(self.features)
-
-    def record_stream(self, stream: Any) -> None:
-        for feature in self.features:
-            feature.record_stream(stream)
 
 
 class KJTOneToAll(nn.Module):

@@ -157,6 +157,26 @@ class QuantizedCommCodec:
         return hash(self.comm_precision)
 
 
+class NoOpQuantizedCommCodec:
+    """TorchRec's default codec: sends tensors as they are (encode and decode return their input; quantized dtype
+    float32; as many elements on the wire as given; no context)."""
+
+    def encode(self, input_tensor: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
+        return input_tensor
+
+    def decode(self, input_grad: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
+        return input_grad
+
+    def quantized_dtype(self) -> torch.dtype:
+        return torch.float
+
+    def calc_quantized_size(self, input_len: int, ctx: Optional[Any] = None) -> int:
+        return input_len
+
+    def create_context(self) -> None:
+        return None
+
+
 def _no_context(ctx: Any) -> None:
     if ctx is not None:
         raise NotImplementedError("QuantizedCommCodec: a QuantizationContext is for FP8/INT8/MX4, which rectoolkit "

@@ -16,6 +16,7 @@ forward calls them in that order. The well-known resources and devices (Paramete
 
 from __future__ import annotations
 
+import abc
 from enum import Enum, unique
 from typing import Any, Dict, Iterator, Optional, Type
 
@@ -80,6 +81,45 @@ def rank_device(device_type: str, rank: int) -> torch.device:
 def get_tensor_size_bytes(t: torch.Tensor) -> int:
     """Bytes a tensor's elements take (numel x element size)."""
     return t.numel() * t.element_size()
+
+
+def compute_storage_usage(tensor: torch.Tensor, compute_device_type: str, compute_kernel: str,
+                          storage_usage_type: StorageUsageType) -> Dict[str, int]:
+    """TorchRec's storage estimate of a parameter: {"hbm" or "ddr": bytes}. Quantized tables (BASE_QUANT) add 4
+    bytes a row (scale and bias); UVM kernels keep the bytes in DDR; otherwise cuda (and mtia, except quantized)
+    means HBM, cpu DDR, any other device HBM."""
+    tensor_bytes = get_tensor_size_bytes(tensor)
+    device_storage = {"cuda": ParameterStorage.HBM, "cpu": ParameterStorage.DDR, "mtia": ParameterStorage.HBM}
+    if storage_usage_type == StorageUsageType.BASE_QUANT:
+        tensor_bytes += tensor.shape[0] * 4
+        uvm_kernels = ("quant_uvm", "quant_uvm_caching")
+        device_storage["mtia"] = ParameterStorage.DDR
+    elif storage_usage_type == StorageUsageType.BASE:
+        uvm_kernels = ("fused_uvm", "fused_uvm_caching")
+    else:
+        uvm_kernels = ()
+    if compute_kernel in uvm_kernels:
+        return {ParameterStorage.DDR.value: tensor_bytes}
+    return {device_storage.get(compute_device_type, ParameterStorage.HBM).value: tensor_bytes}
+
+
+class CacheStatistics(abc.ABC):
+    """What a planner knows of a table's access pattern, to size a cache (TorchRec's abstract base; rectoolkit's
+    planner reads the stats of rectoolkit.planner.stats instead)."""
+
+    @property
+    @abc.abstractmethod
+    def expected_lookups(self) -> float:
+        """Distinct ids expected in one global batch."""
+
+    @abc.abstractmethod
+    def expected_miss_rate(self, clf: float) -> float:
+        """The miss rate for a cache of `clf` (load factor) of the rows: 1.0 at 0, 0.0 at 1."""
+
+    @property
+    @abc.abstractmethod
+    def cacheability(self) -> float:
+        """How hard the ids are to cache, whatever the cache size: 0 easy (high locality), 1 hard."""
 
 
 class NullShardingContext(Multistreamable):

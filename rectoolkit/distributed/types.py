@@ -10,8 +10,14 @@ LazyAwaitable (rectoolkit.distributed.awaitable), CommOp and QuantizedCommCodecs
 
 from rectoolkit.distributed.awaitable import Awaitable, LazyAwaitable, LazyNoWait, NoWait
 from rectoolkit.distributed.comm import ShardingEnv
-from rectoolkit.distributed.fbgemm_qcomm_codec import CommOp, QuantizedCommCodec, QuantizedCommCodecs
+from rectoolkit.distributed.fbgemm_qcomm_codec import (
+    CommOp,
+    NoOpQuantizedCommCodec,
+    QuantizedCommCodec,
+    QuantizedCommCodecs,
+)
 from rectoolkit.distributed.interfaces import (
+    CacheStatistics,
     ComputeDevice,
     ComputeKernel,
     NullShardedModuleContext,
@@ -21,6 +27,7 @@ from rectoolkit.distributed.interfaces import (
     ShardedModule,
     ShardingStrategy,
     StorageUsageType,
+    compute_storage_usage,
     get_tensor_size_bytes,
     rank_device,
 )
@@ -42,9 +49,10 @@ from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.interface import ShardingPlanner
 
 __all__ = [
-    "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CommOp", "ComputeDevice", "ComputeKernel",
-    "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable", "LazyNoWait",
-    "ModuleSharder", "ModuleShardingPlan", "NoWait", "NullShardedModuleContext", "NullShardingContext",
-    "ParameterConstraints", "ParameterSharding", "ParameterStorage", "PipelineType", "QuantizedCommCodec",
-    "QuantizedCommCodecs", "ShardedModule", "ShardingEnv", "ShardingPlan", "ShardingPlanner", "ShardingStrategy",
-    "ShardingType", "ShardMetadata", "StorageUsageType", "get_tensor_size_bytes", "rank_device"]
+    "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CacheStatistics", "CommOp", "ComputeDevice",
+    "ComputeKernel", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable",
+    "LazyNoWait", "ModuleSharder", "ModuleShardingPlan", "NoOpQuantizedCommCodec", "NoWait",
+    "NullShardedModuleContext", "NullShardingContext", "ParameterConstraints", "ParameterSharding",
+    "ParameterStorage", "PipelineType", "QuantizedCommCodec", "QuantizedCommCodecs", "ShardedModule", "ShardingEnv",
+    "ShardingPlan", "ShardingPlanner", "ShardingStrategy", "ShardingType", "ShardMetadata", "StorageUsageType",
+    "compute_storage_usage", "get_tensor_size_bytes", "rank_device"]
