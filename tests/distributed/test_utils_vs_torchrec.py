@@ -237,7 +237,7 @@ def nccl_stand_in(monkeypatch):
         monkeypatch.setattr(c10d, "ProcessGroupNCCL", type("ProcessGroupNCCL", (), {}), raising=False)
 
 
-@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
 def test_sharded_model_copy(device, nccl_stand_in):
     copies = []
     for module in (ours, theirs):
@@ -273,3 +273,4 @@ def test_sharded_model_copy_without_nccl_stand_in():
         shared = copy.deepcopy(net)
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(shared.state_dict().values(), net.state_dict().values()))
     assert copy.deepcopy(net).a.weight.data_ptr() != net.a.weight.data_ptr()
+
