@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Set, Type, TypeVar, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
@@ -29,8 +29,9 @@ from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, Sha
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-__all__ = ["add_params_from_parameter_sharding", "add_prefix_to_state_dict", "append_prefix", "assert_instance",
-           "convert_to_fbgemm_types", "copy_to_device", "emb_opt_type_to_optimizer_class", "filter_state_dict",
+__all__ = ["CopyableMixin", "add_params_from_parameter_sharding", "add_prefix_to_state_dict", "append_prefix",
+           "assert_instance", "convert_to_fbgemm_types", "copy_to_device",
+           "create_global_tensor_shape_stride_from_metadata", "emb_opt_type_to_optimizer_class", "filter_state_dict",
            "get_class_name", "get_device_type", "get_unsharded_module_names", "init_parameters",
            "merge_fused_params", "none_throws", "optimizer_type_to_emb_opt_type", "sharded_model_copy"]
 
@@ -178,6 +179,39 @@ def _move_matching(module: nn.Module, current_device: torch.device, to_device: t
             child = child._apply(move)
         module.register_module(name, child)
     return module
+
+
+class CopyableMixin(nn.Module):
+    """A module whose `copy(device)` is copy_to_device from the CPU to `device` (TorchRec's)."""
+
+    def copy(self, device: torch.device) -> nn.Module:
+        return copy_to_device(self, current_device=torch.device("cpu"), to_device=device)
+
+
+def create_global_tensor_shape_stride_from_metadata(
+        parameter_sharding: ParameterSharding, devices_per_node: Optional[int] = None) -> Tuple[Any, Any]:
+    """The whole table's (torch.Size, stride) from a ParameterSharding's shards: column blocks side by side
+    (COLUMN_WISE), row blocks stacked (ROW_WISE, TABLE_ROW_WISE), the one shard (TABLE_WISE), or for GRID_SHARD
+    (`devices_per_node` rows blocks of the first shard's size) the first shard tiled. As TorchRec's, for another
+    sharding type it returns (None, (torch.Size([0, 0]), (0, 1)))."""
+    shards = parameter_sharding.shards
+    sharding_type = parameter_sharding.sharding_type
+    size = None
+    if sharding_type == ShardingType.COLUMN_WISE.value:
+        size = torch.Size([shards[0].shard_sizes[0], sum(shard.shard_sizes[1] for shard in shards)])
+    elif sharding_type in (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value):
+        size = torch.Size([sum(shard.shard_sizes[0] for shard in shards), shards[0].shard_sizes[1]])
+    elif sharding_type == ShardingType.TABLE_WISE.value:
+        size = torch.Size(shards[0].shard_sizes)
+    elif sharding_type == ShardingType.GRID_SHARD.value:
+        if devices_per_node is None:
+            raise ValueError("create_global_tensor_shape_stride_from_metadata: a GRID_SHARD table needs "
+                             "devices_per_node (the ranks of one host) to know how its shards tile; pass it")
+        column_blocks = len(shards) // devices_per_node
+        size = torch.Size([devices_per_node * shards[0].shard_sizes[0], column_blocks * shards[0].shard_sizes[1]])
+    if size:
+        return size, (size[1], 1)
+    return size, (torch.Size([0, 0]), (0, 1))
 
 
 def _is_copy_mixin(module: nn.Module) -> bool:

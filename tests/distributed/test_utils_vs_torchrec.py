@@ -274,3 +274,55 @@ def test_sharded_model_copy_without_nccl_stand_in():
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(shared.state_dict().values(), net.state_dict().values()))
     assert copy.deepcopy(net).a.weight.data_ptr() != net.a.weight.data_ptr()
 
+
+
+def _shards(types_module, blocks):
+    """ShardMetadata of (row offset, col offset, rows, cols, rank) blocks."""
+    return [types_module.ShardMetadata(shard_offsets=[r, c], shard_sizes=[rows, cols], placement=f"rank:{rank}/cpu")
+            for r, c, rows, cols, rank in blocks]
+
+
+SHARDINGS = {  # sharding type -> shard blocks of a 12 x 8 table (grid: 2 ranks a host, 2 column blocks)
+    "table_wise": [(0, 0, 12, 8, 1)],
+    "column_wise": [(0, 0, 12, 4, 0), (0, 4, 12, 2, 1), (0, 6, 12, 2, 0)],
+    "row_wise": [(0, 0, 5, 8, 0), (5, 0, 7, 8, 1)],
+    "table_row_wise": [(0, 0, 6, 8, 2), (6, 0, 6, 8, 3)],
+    "grid_shard": [(0, 0, 6, 4, 0), (6, 0, 6, 4, 1), (0, 4, 6, 4, 2), (6, 4, 6, 4, 3)],
+    "data_parallel": [(0, 0, 12, 8, 0)],
+    "table_column_wise": [(0, 0, 12, 4, 0), (0, 4, 12, 4, 1)],
+}
+
+
+@pytest.mark.parametrize("sharding_type", sorted(SHARDINGS))
+@pytest.mark.parametrize("devices_per_node", [2, 4, None])
+def test_create_global_tensor_shape_stride_from_metadata(sharding_type, devices_per_node):
+    results = []
+    for module, types_module in ((ours, rtk_types), (theirs, tr_types)):
+        sharding = types_module.ParameterSharding(sharding_type, "fused", [0], types_module.EnumerableShardingSpec(
+            _shards(types_module, SHARDINGS[sharding_type])))
+        try:
+            results.append(module.create_global_tensor_shape_stride_from_metadata(sharding, devices_per_node))
+        except (AssertionError, ValueError) as error:  # grid without devices_per_node: both refuse
+            results.append(type(error).__name__)
+    if sharding_type == "grid_shard" and devices_per_node is None:
+        assert results == ["ValueError", "AssertionError"]
+    else:
+        assert results[0] == results[1]
+
+
+def test_copyable_mixin(nccl_stand_in):
+    copies = []
+    for module in (ours, theirs):
+        class Net(module.CopyableMixin):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(2, 2)
+
+        torch.manual_seed(0)
+        net = Net()
+        copied = net.copy(torch.device("cpu"))
+        assert copied is not net and copied.linear is not net.linear
+        # CPU to CPU: the tensors are shared with the original (copy_to_device moves, and there is no move), in both
+        copies.append(({name: tensor.tolist() for name, tensor in copied.state_dict().items()},
+                       copied.linear.weight.data_ptr() == net.linear.weight.data_ptr()))
+    assert copies[0] == copies[1]
