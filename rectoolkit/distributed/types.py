@@ -32,6 +32,7 @@ from rectoolkit.distributed.interfaces import (
     rank_device,
 )
 from rectoolkit.distributed.sharders import ModuleSharder
+from rectoolkit.distributed.utils import ShardingBucketMetadata
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import (
     BoundsCheckMode,
@@ -49,10 +50,10 @@ from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.interface import ShardingPlanner
 
 __all__ = [
-    "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CacheStatistics", "CommOp", "ComputeDevice",
-    "ComputeKernel", "DataType", "EmbeddingModuleShardingPlan", "EnumerableShardingSpec", "LazyAwaitable",
-    "LazyNoWait", "ModuleSharder", "ModuleShardingPlan", "NoOpQuantizedCommCodec", "NoWait",
-    "NullShardedModuleContext", "NullShardingContext", "ParameterConstraints", "ParameterSharding",
-    "ParameterStorage", "PipelineType", "QuantizedCommCodec", "QuantizedCommCodecs", "ShardedModule", "ShardingEnv",
-    "ShardingPlan", "ShardingPlanner", "ShardingStrategy", "ShardingType", "ShardMetadata", "StorageUsageType",
-    "compute_storage_usage", "get_tensor_size_bytes", "rank_device"]
+    "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CacheStatistics", "CommOp",
+    "compute_storage_usage", "ComputeDevice", "ComputeKernel", "DataType", "EmbeddingModuleShardingPlan",
+    "EnumerableShardingSpec", "get_tensor_size_bytes", "LazyAwaitable", "LazyNoWait", "ModuleSharder",
+    "ModuleShardingPlan", "NoOpQuantizedCommCodec", "NoWait", "NullShardedModuleContext", "NullShardingContext",
+    "ParameterConstraints", "ParameterSharding", "ParameterStorage", "PipelineType", "QuantizedCommCodec",
+    "QuantizedCommCodecs", "rank_device", "ShardedModule", "ShardingBucketMetadata", "ShardingEnv", "ShardingPlan",
+    "ShardingPlanner", "ShardingStrategy", "ShardingType", "ShardMetadata", "StorageUsageType"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Set, Tuple, Type, TypeVar, Union
 
@@ -24,16 +25,17 @@ from torch import nn
 
 from rectoolkit.distributed.interfaces import ShardedModule
 from rectoolkit.modules.configs import DataType, data_type_to_sparse_type
-from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType
+from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-__all__ = ["CopyableMixin", "add_params_from_parameter_sharding", "add_prefix_to_state_dict", "append_prefix",
-           "assert_instance", "convert_to_fbgemm_types", "copy_to_device",
+__all__ = ["add_params_from_parameter_sharding", "add_prefix_to_state_dict", "append_prefix", "assert_instance",
+           "convert_to_fbgemm_types", "copy_to_device", "CopyableMixin",
            "create_global_tensor_shape_stride_from_metadata", "emb_opt_type_to_optimizer_class", "filter_state_dict",
-           "get_class_name", "get_device_type", "get_unsharded_module_names", "init_parameters",
-           "merge_fused_params", "none_throws", "optimizer_type_to_emb_opt_type", "sharded_model_copy"]
+           "get_bucket_metadata_from_shard_metadata", "get_class_name", "get_device_type",
+           "get_unsharded_module_names", "init_parameters", "merge_fused_params", "none_throws",
+           "optimizer_type_to_emb_opt_type", "sharded_model_copy", "ShardingBucketMetadata"]
 
 
 def get_device_type() -> str:
@@ -212,6 +214,40 @@ def create_global_tensor_shape_stride_from_metadata(
     if size:
         return size, (size[1], 1)
     return size, (torch.Size([0, 0]), (0, 1))
+
+
+@dataclass
+class ShardingBucketMetadata:
+    """How a row-wise table's equal buckets fall on its shards: buckets per shard, the first bucket of each shard,
+    and the rows of one bucket (TorchRec's, of torchrec.distributed.types)."""
+
+    num_buckets_per_shard: List[int]
+    bucket_offsets_per_shard: List[int]
+    bucket_size: int
+
+
+def get_bucket_metadata_from_shard_metadata(shards: List[ShardMetadata], num_buckets: int) -> ShardingBucketMetadata:
+    """The buckets of a row-wise sharded table cut into `num_buckets` equal buckets (TorchRec's). ValueError, naming
+    the sizes, when there are no shards, the rows do not divide into num_buckets, a shard is not whole buckets or
+    is a column block."""
+    if not shards:
+        raise ValueError("get_bucket_metadata_from_shard_metadata: no shards given; pass the table's row-wise shards")
+    table_rows = shards[-1].shard_offsets[0] + shards[-1].shard_sizes[0]
+    if table_rows % num_buckets:
+        raise ValueError(f"get_bucket_metadata_from_shard_metadata: the table's {table_rows} rows do not divide into "
+                         f"num_buckets={num_buckets} equal buckets; pick a divisor of {table_rows}")
+    bucket_size = table_rows // num_buckets
+    metadata = ShardingBucketMetadata(num_buckets_per_shard=[], bucket_offsets_per_shard=[], bucket_size=bucket_size)
+    for index, shard in enumerate(shards):
+        if len(shard.shard_offsets) > 1 and shard.shard_offsets[1] != 0:
+            raise ValueError(f"get_bucket_metadata_from_shard_metadata: shard {index} starts at column "
+                             f"{shard.shard_offsets[1]}; bucketized tables are sharded by rows only")
+        if shard.shard_sizes[0] % bucket_size:
+            raise ValueError(f"get_bucket_metadata_from_shard_metadata: shard {index} has {shard.shard_sizes[0]} rows, "
+                             f"not whole buckets of {bucket_size} rows; make each shard's rows a multiple of it")
+        metadata.bucket_offsets_per_shard.append(sum(metadata.num_buckets_per_shard))
+        metadata.num_buckets_per_shard.append(shard.shard_sizes[0] // bucket_size)
+    return metadata
 
 
 def _is_copy_mixin(module: nn.Module) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import doctest
 import logging
 from collections import OrderedDict
@@ -326,3 +327,25 @@ def test_copyable_mixin(nccl_stand_in):
         copies.append(({name: tensor.tolist() for name, tensor in copied.state_dict().items()},
                        copied.linear.weight.data_ptr() == net.linear.weight.data_ptr()))
     assert copies[0] == copies[1]
+
+
+@pytest.mark.parametrize("blocks,num_buckets", [
+    ([(0, 0, 4, 8, 0), (4, 0, 8, 8, 1)], 3), ([(0, 0, 4, 8, 0), (4, 0, 8, 8, 1)], 6),
+    ([(0, 0, 12, 8, 0)], 1), ([(0, 0, 6, 8, 0), (6, 0, 0, 8, 1), (6, 0, 6, 8, 2)], 4),
+    ([(0, 0, 4, 8, 0), (4, 0, 8, 8, 1)], 5),  # 12 rows do not divide into 5
+    ([(0, 0, 5, 8, 0), (5, 0, 7, 8, 1)], 4),  # a shard of 5 rows: not whole buckets of 3
+    ([(0, 0, 12, 4, 0), (0, 4, 12, 4, 1)], 2),  # column blocks
+    ([], 2)])
+def test_get_bucket_metadata_from_shard_metadata(blocks, num_buckets):
+    results = []
+    for module, types_module in ((ours, rtk_types), (theirs, tr_types)):
+        try:
+            metadata = module.get_bucket_metadata_from_shard_metadata(_shards(types_module, blocks), num_buckets)
+            assert isinstance(metadata, types_module.ShardingBucketMetadata)
+            results.append(dataclasses.asdict(metadata))
+        except (AssertionError, ValueError) as error:  # ours: ValueError; TorchRec's: AssertionError
+            results.append(type(error).__name__)
+    assert results[0] == results[1] or results == ["ValueError", "AssertionError"]
+    if results[0] == "ValueError":
+        with pytest.raises(ValueError, match="get_bucket_metadata_from_shard_metadata: .*(shard|num_buckets|rows)"):
+            ours.get_bucket_metadata_from_shard_metadata(_shards(rtk_types, blocks), num_buckets)
