@@ -135,7 +135,7 @@ class PlacementBoard(anywidget.AnyWidget):
         capacity = self._capacity
         capacities = ([float(capacity)] * self.world_size if isinstance(capacity, (int, float))
                       else [float(c) for c in capacity] if capacity is not None else [0.0] * self.world_size)
-        self.columns = [
+        columns = [
             {"rank": rank, "label": f"rank {rank}", "color": rank_color(rank), "bytes": float(memory[rank]),
              "capacity": capacities[rank], "over": bool(capacities[rank] and memory[rank] > capacities[rank])}
             for rank in range(self.world_size)
@@ -163,4 +163,6 @@ class PlacementBoard(anywidget.AnyWidget):
                             f"cols {row.col_start}:{row.col_end}, {format_bytes(row.bytes)}"
                             + (" - a data-parallel replica (one on every rank): it cannot move" if fixed else "")),
             })
-        self.shards = shards
+        with self.hold_sync():  # one message: a page never draws the new columns with the old shards
+            self.columns = columns
+            self.shards = shards

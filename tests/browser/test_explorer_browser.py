@@ -47,8 +47,10 @@ def test_explorer_renders_and_replans(page, lab_server, artifacts):
     out.locator(".widget-tab .lm-TabBar-tab", has_text="Board").click()
     board = out.locator(".rtk-board")
     expect(board.locator(".rtk-board-column")).to_have_count(4, timeout=30_000)
-    shard = board.locator(".rtk-board-shard:not(.rtk-fixed)").first
-    shard_id = shard.get_attribute("data-shard")
+    shard_id = board.locator(".rtk-board-shard:not(.rtk-fixed)").first.get_attribute("data-shard")
+    # that shard by its id from here on: `.first` is looked up again at each use, and a board drawn again in between
+    # (its traits arrive one by one) can put another shard first, which the clicks would then move
+    shard = board.locator(f".rtk-board-shard[data-shard='{shard_id}']")
     source = shard.locator("xpath=ancestor::div[contains(@class,'rtk-board-column')]").get_attribute("data-rank")
     target = "0" if source != "0" else "1"
     shard.click()
