@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,17 @@ def test_readme_has_examples():
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index, tmp_path):
     code = BLOCKS[index]
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # faulthandler on: a run past the limit is stopped with SIGABRT, which prints where every thread of it was
+    process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", code], cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"README example {index} ran past 300 s; where it was:\n{stderr[-6000:]}\n--- stdout ---\n"
+                    f"{stdout[-2000:]}")
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert done.returncode == 0, f"README example {index} failed:\n{code}\n--- stderr ---\n{done.stderr[-4000:]}"
     # The values the README's comments promise (written by hand from the example's inputs).
     if "KeyedJaggedTensor(" in code:
