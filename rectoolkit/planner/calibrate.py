@@ -473,17 +473,27 @@ def _worker(rank: int, world_size: int, init_file: str, backend: str, compute_de
         # the load factor while calibrating, for the record (rectoolkit.planner.load; CPU tensors: gloo)
         probe = measure_load().to_dict() if backend == "gloo" else None
         if rank == 0:
-            results.put(("ok", dict(collectives=collectives, reads=reads, fixed=fixed, fixed_median=fixed_median,
-                                    beside=beside, sharing=sharing, load_probe=probe)))
+            _report(results, ("ok", dict(collectives=collectives, reads=reads, fixed=fixed, fixed_median=fixed_median,
+                                         beside=beside, sharing=sharing, load_probe=probe)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
-        results.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
+        _report(results, ("error", f"rank {rank}:\n{traceback.format_exc()}"))
         raise
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # leave without interpreter teardown, where gloo's threads can abort a finished process
+
+
+def _report(results, item) -> None:
+    """Put `item` on the queue and wait until it is in the pipe. A Queue's put only hands the item to a feeder
+    thread, which pickles and writes it later; the worker ends with os._exit, which kills that thread, so without
+    the wait a report could be lost (the caller then waited out its whole timeout for a finished calibration) or
+    cut short in the pipe (the caller's read then blocked for good)."""
+    results.put(item)
+    results.close()
+    results.join_thread()
 
 
 def _refuse_in_spawned_child() -> None:
@@ -543,12 +553,15 @@ def _wait_for_result(procs, results, timeout_s: float):
         except queue_module.Empty:
             pass
         dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-        if dead:
-            rank, code = dead[0]
+        if dead or all(p.exitcode == 0 for p in procs):
             try:
                 return results.get(timeout=2.0)
             except queue_module.Empty:
                 pass
+            if not dead:
+                raise CalibrationError("every calibration worker exited (code 0) without reporting a result; "
+                                       "this is a rectoolkit bug: please report it with the workers' output above")
+            rank, code = dead[0]
             raise CalibrationError(
                 f"calibration worker rank {rank} exited with code {code} before reporting. From a script, call "
                 "Topology.calibrate() under `if __name__ == \"__main__\":` (spawned workers re-import the script); "
