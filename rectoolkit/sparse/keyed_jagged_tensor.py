@@ -8,6 +8,11 @@
 Same constructor arguments, methods, results and printed layout as ``torchrec.KeyedJaggedTensor``,
 including a variable batch size per key (``stride_per_key_per_rank``, ``inverse_indices``; see
 rectoolkit.sparse.variable_batch).
+
+This module holds the class: construction, accessors and per-key caches, per-key views, printing. The longer
+operations live in one module each, which the methods call: the constructor's checks (kjt_validation), regrouping
+by keys - to_dict, from_jt_dict, split, permute, concat (kjt_keys), copies to a device or pinned memory
+(kjt_devices) and the all-to-all (kjt_dist).
 """
 
 from __future__ import annotations
@@ -16,15 +21,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from rectoolkit.sparse import kjt_dist, pytree_nodes, validation, variable_batch
+from rectoolkit.sparse import kjt_devices, kjt_dist, kjt_keys, kjt_validation, pytree_nodes, validation, variable_batch
 from rectoolkit.sparse.fx_construct import traced_call, traced_construction
 from rectoolkit.sparse.jagged_ops import (
-    batched_lengths_to_offsets,
-    cat_or_empty,
     cumsum_list,
     jagged_values_string,
     lengths_to_offsets,
-    min_and_sum_per_row,
     offsets_to_lengths,
 )
 from rectoolkit.sparse.jagged_tensor import JaggedTensor
@@ -102,64 +104,10 @@ class KeyedJaggedTensor:
         if check:
             self._validate()
 
-    # --------------------------------------------------------------------------------- validation
-    def _validate(self) -> None:
-        keys, values, lengths, offsets = self._keys, self._values, self._lengths, self._offsets
-        validation.check_integer(lengths, "lengths", _OWNER)
-        validation.check_integer(offsets, "offsets", _OWNER)
-        validation.check_weights(values, self._weights, _OWNER)
-        if self._stride_per_key_per_rank is not None:
-            self._validate_variable_batch()
-            return
-        num_lengths = lengths.numel() if lengths is not None else max(offsets.numel() - 1, 0)
-        stride = validation.check_keys_and_stride(keys, num_lengths, self._stride, _OWNER)
-        self._stride = stride
-        if offsets is not None:
-            offset_lengths = validation.check_offsets(offsets, values, _OWNER, keys, stride)
-            if lengths is not None and not torch.equal(lengths.to(offset_lengths.dtype), offset_lengths):
-                raise ValueError(f"{_OWNER}: lengths do not match offsets; lengths must equal diff(offsets)")
-            lengths = offset_lengths
-        if len(keys) == 0 or num_lengths == 0:
-            validation.check_total_length(0, values, _OWNER, f" (keys={validation._short_keys(keys)})")
-            computed = [0] * len(keys)
-        else:
-            # One segment sum and one min, read back with a single .tolist().
-            sum_dtype = torch.int32 if lengths.dtype == torch.int32 and values.size(0) < 2**31 else torch.int64
-            *computed, min_length = min_and_sum_per_row(lengths.view(len(keys), stride), sum_dtype)
-            validation.check_lengths_nonnegative(lengths, min_length, _OWNER, keys, stride)
-            total = sum(computed)
-            if total != values.size(0):  # the message (keys and all) is built only when it is needed
-                validation.check_total_length(
-                    total, values, _OWNER, f" (keys={validation._short_keys(keys)}, stride={stride})"
-                )
-        if self._length_per_key is not None and list(self._length_per_key) != computed:
-            raise ValueError(
-                f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
-            )
-        self._computed_length_per_key = computed
-        if self._inverse_indices is not None:
-            variable_batch.check_inverse_indices(self._inverse_indices, keys, [stride] * len(keys))
-
-    def _validate_variable_batch(self) -> None:
-        keys = self._keys
-        stride_per_key = variable_batch.per_key_strides(self._stride_per_key_per_rank, keys)
-        if self._stride_per_key is not None and list(self._stride_per_key) != stride_per_key:
-            raise ValueError(f"{_OWNER}: stride_per_key={list(self._stride_per_key)} but stride_per_key_per_rank "
-                             f"sums to {stride_per_key} per key")
-        lengths = self._lengths
-        if self._offsets is not None:
-            offset_lengths = validation.check_offsets(self._offsets, self._values, _OWNER)
-            if lengths is not None and not torch.equal(lengths.to(offset_lengths.dtype), offset_lengths):
-                raise ValueError(f"{_OWNER}: lengths do not match offsets; lengths must equal diff(offsets)")
-            lengths = offset_lengths
-        computed = variable_batch.check_lengths(keys, lengths, stride_per_key, self._values.size(0))
-        if self._length_per_key is not None and list(self._length_per_key) != computed:
-            raise ValueError(
-                f"{_OWNER}: length_per_key={list(self._length_per_key)} but the lengths sum to {computed} per key"
-            )
-        self._computed_length_per_key = computed
-        if self._inverse_indices is not None:
-            variable_batch.check_inverse_indices(self._inverse_indices, keys, stride_per_key)
+    def _validate(self) -> None:  # the checks: sparse/kjt_validation.py
+        self._stride, self._computed_length_per_key = kjt_validation.check_arguments(
+            self._keys, self._values, self._weights, self._lengths, self._offsets, self._stride,
+            self._stride_per_key_per_rank, self._stride_per_key, self._length_per_key, self._inverse_indices)
 
     # ----------------------------------------------------------------------------------- builders
     @staticmethod
@@ -213,70 +161,14 @@ class KeyedJaggedTensor:
         >>> KeyedJaggedTensor.from_jt_dict(jts).lengths()
         tensor([2, 0, 0, 1])
         """
-        keys = list(jt_dict.keys())
-        jts = list(jt_dict.values())
-        strides = [jt.lengths().numel() for jt in jts]
-        variable = len(set(strides)) > 1  # then a variable batch per key, as TorchRec
-        weighted = [jt.weights_or_none() is not None for jt in jts]
-        if any(weighted) and not all(weighted):
-            raise ValueError(f"{_OWNER}.from_jt_dict: some JaggedTensors have weights and some do not ({dict(zip(keys, weighted))})")
-        return KeyedJaggedTensor(
-            keys=keys,
-            values=torch.cat([jt.values() for jt in jts]),
-            weights=torch.cat([jt.weights() for jt in jts]) if jts and all(weighted) else None,
-            lengths=torch.cat([jt.lengths() for jt in jts]),
-            stride=None if variable else (strides[0] if strides else None),
-            stride_per_key_per_rank=[[stride] for stride in strides] if variable else None,
-        ).sync()
+        return KeyedJaggedTensor(**kjt_keys.from_jt_dict_arguments(jt_dict)).sync()
 
     @staticmethod
     @traced_call
     def concat(kjt_list: List["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         """Keys of all KJTs side by side; they must share the batch size and all (or none) be weighted."""
-        if len(kjt_list) == 0:
-            raise ValueError("Can't concat empty KJT list")
-        # a KJT with no keys adds nothing (and its values, e.g. KeyedJaggedTensor.empty()'s float32, must not promote
-        # the others' ids)
-        kjt_list = [kjt for kjt in kjt_list if kjt.keys()] or kjt_list[:1]
-        weighted = kjt_list[0].weights_or_none() is not None
-        variable = [kjt.variable_stride_per_key() for kjt in kjt_list]
-        if any(variable) and not all(variable):
-            raise validation.JaggedAssertionError(f"{_OWNER}.concat: some KJTs have a variable batch per key and some do not ({variable}); "
-                             "give all of them stride_per_key_per_rank, or none")
-        with_inverse = [kjt.inverse_indices_or_none() is not None for kjt in kjt_list]
-        if any(with_inverse) and not all(with_inverse):
-            raise validation.JaggedAssertionError(f"{_OWNER}.concat: some KJTs have inverse_indices and some do not ({with_inverse}); "
-                             "give all of them inverse indices, or none")
-        strides = [kjt.stride() for kjt in kjt_list if kjt.keys()]
-        if not all(variable) and len(set(strides)) > 1:
-            raise validation.JaggedAssertionError(f"{_OWNER}.concat: the KJTs have different strides {strides}; they must share the batch size")
-        keys: List[str] = []
-        length_per_key: List[int] = []
-        for kjt in kjt_list[:-1]:  # padding inside the result would shift the next KJT's values (TorchRec's does)
-            validation.check_not_padded(sum(kjt._known_length_per_key()), kjt.values(), _OWNER, "concat")
-        for kjt in kjt_list:
-            if (kjt.weights_or_none() is not None) != weighted:
-                raise ValueError("Can't merge weighted KJT with unweighted KJT")
-            keys += kjt.keys()
-            length_per_key += kjt._known_length_per_key()
-        # As TorchRec's: the result's length_per_key_or_none() is set only where every input's was
-        cached = all(kjt.length_per_key_or_none() is not None for kjt in kjt_list)
-        inverse = None
-        if all(with_inverse):
-            inverse = ([k for kjt in kjt_list for k in kjt.inverse_indices()[0]],
-                       torch.cat([kjt.inverse_indices()[1] for kjt in kjt_list]))
-        result = KeyedJaggedTensor(
-            keys=keys,
-            values=torch.cat([kjt.values() for kjt in kjt_list]),
-            weights=torch.cat([kjt.weights() for kjt in kjt_list]) if weighted else None,
-            lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
-            stride=None if all(variable) else (strides[0] if strides else kjt_list[0].stride()),
-            stride_per_key_per_rank=[row for kjt in kjt_list for row in kjt.stride_per_key_per_rank()]
-            if all(variable) else None,
-            length_per_key=length_per_key if cached else None,
-            inverse_indices=inverse,
-            validate=False,
-        )
+        arguments, length_per_key = kjt_keys.concat_arguments(kjt_list)
+        result = KeyedJaggedTensor(**arguments)
         result._computed_length_per_key = length_per_key
         return result
 
@@ -301,35 +193,7 @@ class KeyedJaggedTensor:
     @staticmethod
     def empty_like(kjt: "KeyedJaggedTensor", device: Optional[torch.device] = None) -> "KeyedJaggedTensor":
         """No keys, same stride and dtypes (device=None); or same shapes, uninitialized, on ``device``."""
-        if device is None:
-            weights = kjt.weights_or_none()
-            return KeyedJaggedTensor(
-                keys=[],
-                values=kjt.values().new_empty(0),
-                weights=weights.new_empty(0) if weights is not None else None,
-                lengths=kjt.lengths().new_empty(0),
-                stride=None if kjt.variable_stride_per_key() else kjt.stride(),
-                stride_per_key_per_rank=kjt._stride_per_key_per_rank,
-                validate=False,
-            )
-
-        def like(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return torch.empty_like(tensor, device=device) if tensor is not None else None
-
-        return KeyedJaggedTensor(
-            keys=kjt.keys(),
-            values=like(kjt._values),
-            weights=like(kjt._weights),
-            lengths=like(kjt._lengths),
-            offsets=like(kjt._offsets),
-            stride=None if kjt.variable_stride_per_key() else kjt.stride(),
-            stride_per_key_per_rank=kjt._stride_per_key_per_rank,
-            length_per_key=kjt._length_per_key,
-            offset_per_key=kjt._offset_per_key,
-            inverse_indices=(kjt._inverse_indices[0], like(kjt._inverse_indices[1]))
-            if kjt._inverse_indices is not None else None,
-            validate=False,
-        )
+        return KeyedJaggedTensor(**kjt_devices.empty_like_arguments(kjt, device))
 
     def copy_(self, kjt: "KeyedJaggedTensor", non_blocking: bool = False) -> "KeyedJaggedTensor":
         """Copy ``kjt`` into this one in place (TorchRec's copy_, e.g. into pinned or device buffers made by
@@ -565,35 +429,14 @@ class KeyedJaggedTensor:
 
     def to_dict(self, compute_offsets: bool = True) -> Dict[str, JaggedTensor]:
         """{key: JaggedTensor}, in key order (cached)."""
-        if self._jt_dict is not None:
-            return self._jt_dict
-        keys = self._keys
-        length_per_key = self.length_per_key()
-        if not length_per_key:
-            return {}
-        validation.check_not_padded(sum(length_per_key), self._values, _OWNER, "to_dict")
-        values = torch.split(self._values, length_per_key)
-        weights = torch.split(self._weights, length_per_key) if self._weights is not None else None
-        if self.variable_stride_per_key():
-            split_lengths = torch.split(self.lengths(), self.stride_per_key())
-            split_offsets = [lengths_to_offsets(part) for part in split_lengths] if compute_offsets else None
-        else:
-            lengths_2d = self.lengths().view(len(keys), self.stride())
-            split_lengths = lengths_2d.unbind(0)
-            split_offsets = batched_lengths_to_offsets(lengths_2d).unbind(0) if compute_offsets else None
-        self._jt_dict = {
-            key: JaggedTensor(
-                values=values[i],
-                weights=weights[i] if weights is not None else None,
-                lengths=split_lengths[i],
-                offsets=split_offsets[i] if split_offsets is not None else None,
-                validate=False,
-            )
-            for i, key in enumerate(keys)
-        }
+        if self._jt_dict is None:
+            jts = kjt_keys.jt_dict(self, compute_offsets)
+            if not jts:  # no keys: nothing to cache
+                return jts
+            self._jt_dict = jts
         return self._jt_dict
 
-    # --------------------------------------------------------------------------- reshaping by keys
+    # ------------------------------------------------------------- reshaping by keys (sparse/kjt_keys.py)
     def split(self, segments: List[int]) -> List["KeyedJaggedTensor"]:
         """Consecutive groups of keys: segments=[1, 2] -> a KJT of key 0, a KJT of keys 1 and 2.
 
@@ -601,55 +444,8 @@ class KeyedJaggedTensor:
         >>> [part.keys() for part in kjt.split([1, 2])]
         [['a'], ['b', 'c']]
         """
-        if any(segment < 0 for segment in segments) or sum(segments) > len(self._keys):
-            raise validation.JaggedIndexError(
-                f"{_OWNER}.split: segments {list(segments)} must be >= 0 and sum to at most the "
-                f"{len(self._keys)} keys"
-            )
-        length_per_key = self.length_per_key()
-        offset_per_key = self.offset_per_key()
-        lengths_offset_per_key = self.lengths_offset_per_key()
-        # A variable batch per key keeps each part's rows of stride_per_key_per_rank; like TorchRec, the parts
-        # keep this KJT's stride and drop the inverse indices.
-        variable = self._stride_per_key_per_rank
-        stride = self.stride()
-        lengths = self.lengths()
-        parts: List[KeyedJaggedTensor] = []
-        start = 0
-        for segment in segments:
-            end = start + segment
-            part_strides = variable[start:end] if variable is not None else None
-            if segment == len(self._keys):
-                parts.append(self)
-            elif segment == 0:
-                parts.append(
-                    KeyedJaggedTensor(
-                        keys=[],
-                        values=self._values.new_empty((0,) + tuple(self._values.shape[1:])),
-                        weights=self._weights.new_empty(0) if self._weights is not None else None,
-                        lengths=torch.empty(0, dtype=torch.int, device=self.device()),
-                        offsets=torch.empty(0, dtype=torch.int, device=self.device()),
-                        stride=stride,
-                        stride_per_key_per_rank=part_strides,
-                        validate=False,
-                    )
-                )
-            else:
-                first, last = offset_per_key[start], offset_per_key[end]
-                parts.append(
-                    KeyedJaggedTensor(
-                        keys=self._keys[start:end],
-                        values=self._values[first:last],
-                        weights=self._weights[first:last] if self._weights is not None else None,
-                        lengths=lengths[lengths_offset_per_key[start] : lengths_offset_per_key[end]],
-                        stride=stride,
-                        stride_per_key_per_rank=part_strides,
-                        length_per_key=length_per_key[start:end],
-                        validate=False,
-                    )
-                )
-            start = end
-        return parts
+        return [self if arguments is None else KeyedJaggedTensor(**arguments)
+                for arguments in kjt_keys.split_arguments(self, segments)]
 
     def permute(
         self, indices: Sequence[Union[int, str]], indices_tensor: Optional[torch.Tensor] = None
@@ -663,60 +459,7 @@ class KeyedJaggedTensor:
         >>> p.keys(), p.values()
         (['b', 'a', 'b'], tensor([2, 3, 1, 2, 3]))
         """
-        num_keys = len(self._keys)
-        positions: List[int] = []
-        for index in indices:
-            if isinstance(index, str):
-                positions.append(self._key_index(index))
-            elif -num_keys <= index < num_keys:
-                positions.append(index % num_keys)
-            else:
-                raise validation.JaggedIndexError(
-                    f"{_OWNER}.permute: index {index} is out of range for the {num_keys} keys "
-                    f"{validation._short_keys(self._keys)}"
-                )
-        length_per_key = self.length_per_key()
-        offset_per_key = self.offset_per_key()
-        lengths = self.lengths()
-        variable = self._stride_per_key_per_rank
-        if variable is not None:  # a variable batch per key: each key's lengths are a block too
-            lengths_offset_per_key = self.lengths_offset_per_key()
-            return KeyedJaggedTensor(
-                keys=[self._keys[p] for p in positions],
-                values=cat_or_empty([self._values[offset_per_key[p] : offset_per_key[p + 1]] for p in positions],
-                                    self._values),
-                weights=cat_or_empty([self._weights[offset_per_key[p] : offset_per_key[p + 1]] for p in positions],
-                                     self._weights) if self._weights is not None else None,
-                lengths=cat_or_empty(
-                    [lengths[lengths_offset_per_key[p] : lengths_offset_per_key[p + 1]] for p in positions], lengths),
-                stride=self.stride(),
-                stride_per_key_per_rank=[variable[p] for p in positions],
-                length_per_key=[length_per_key[p] for p in positions] if positions else None,
-                validate=False,
-            )
-        stride = self.stride()
-        if indices_tensor is None or any(isinstance(index, str) for index in indices):
-            indices_tensor = torch.tensor(positions, dtype=torch.long, device=lengths.device)
-        # Each key's values are one contiguous block, so permuting keys is one cat of slices.
-        value_blocks = [self._values[offset_per_key[p] : offset_per_key[p + 1]] for p in positions]
-        weights = None
-        if self._weights is not None:
-            weights = cat_or_empty(
-                [self._weights[offset_per_key[p] : offset_per_key[p + 1]] for p in positions], self._weights
-            )
-        if lengths.numel() > 0 or num_keys == 0:
-            permuted_lengths = lengths.view(num_keys, stride).index_select(0, indices_tensor.long()).view(-1)
-        else:
-            permuted_lengths = lengths
-        return KeyedJaggedTensor(
-            keys=[self._keys[p] for p in positions],
-            values=cat_or_empty(value_blocks, self._values),
-            weights=weights,
-            lengths=permuted_lengths,
-            stride=stride,
-            length_per_key=[length_per_key[p] for p in positions] if positions else None,
-            validate=False,
-        )
+        return KeyedJaggedTensor(**kjt_keys.permute_arguments(self, indices, indices_tensor))
 
     def flatten_lengths(self) -> "KeyedJaggedTensor":
         """The same KJT with 1-D lengths; like TorchRec it drops the inverse indices (so a variable batch per
@@ -732,61 +475,23 @@ class KeyedJaggedTensor:
             validate=False,
         )
 
-    # ------------------------------------------------------------------------------------ devices
+    # ---------------------------------------------------------------- devices (sparse/kjt_devices.py)
     def to(
         self, device: torch.device, non_blocking: bool = False, dtype: Optional[torch.dtype] = None
     ) -> "KeyedJaggedTensor":
         """A copy on ``device``; ``dtype`` converts the weights only (as in TorchRec)."""
 
-        def move(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return tensor.to(device, non_blocking=non_blocking) if tensor is not None else None
-
-        weights = self._weights
-        if weights is not None:
-            weights = weights.to(device=device, dtype=dtype, non_blocking=non_blocking)
-        inverse = self._inverse_indices
-        if inverse is not None:
-            inverse = (inverse[0], inverse[1].to(device, non_blocking=non_blocking))
-        moved = KeyedJaggedTensor(
-            keys=self._keys,
-            values=move(self._values),
-            weights=weights,
-            lengths=move(self._lengths),
-            offsets=move(self._offsets),
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            length_per_key=self._length_per_key,
-            offset_per_key=self._offset_per_key,
-            index_per_key=self._index_per_key,
-            jt_dict=self._jt_dict,
-            inverse_indices=inverse,
-            validate=False,
-        )
-        moved._computed_length_per_key = self._computed_length_per_key  # no device sync to find it again
+        arguments, computed_length_per_key = kjt_devices.to_arguments(self, device, non_blocking, dtype)
+        moved = KeyedJaggedTensor(**arguments)
+        moved._computed_length_per_key = computed_length_per_key
         return moved
 
     def pin_memory(self) -> "KeyedJaggedTensor":
         """A copy in pinned host memory, lengths and offsets both (the missing one is computed first), so that a
         following `.to(device, non_blocking=True)` carries everything and the device never has to derive them."""
-        def pin(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return tensor.pin_memory() if tensor is not None else None
-
-        pinned = KeyedJaggedTensor(
-            keys=self._keys,
-            values=pin(self._values),
-            weights=pin(self._weights),
-            lengths=pin(self.lengths()),
-            offsets=pin(self.offsets()),
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            length_per_key=self._length_per_key,
-            offset_per_key=self._offset_per_key,
-            index_per_key=self._index_per_key,
-            inverse_indices=(self._inverse_indices[0], self._inverse_indices[1].pin_memory())
-            if self._inverse_indices is not None else None,
-            validate=False,
-        )
-        pinned._computed_length_per_key = self._computed_length_per_key
+        arguments, computed_length_per_key = kjt_devices.pin_memory_arguments(self)
+        pinned = KeyedJaggedTensor(**arguments)
+        pinned._computed_length_per_key = computed_length_per_key
         return pinned
 
     def record_stream(self, stream: "torch.cuda.Stream") -> None:
