@@ -56,15 +56,14 @@ class AccuracyMetric(ThresholdedMetric):
     TorchRec's (default 0.5)."""
 
     _namespace = "accuracy"
-    _state_names = ("accuracy_sum", "weighted_num_samples")
+    _state_names = AccuracyMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        right = (self._predicted_positive(predictions) == labels).double()
-        return torch.stack([(weights * right).sum(), weights.sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_accuracy_states(labels, predictions, weights, self._threshold)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        right, weight = states
-        return {"accuracy": right / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
+        return {"accuracy": compute_accuracy(*states)}
 
 
 __all__ = ["AccuracyMetricComputation", "AccuracyMetric", "compute_accuracy", "compute_accuracy_sum", "get_accuracy_states"]

@@ -63,20 +63,19 @@ class CaliFreeNEMetric(NEMetric):
     """
 
     _namespace = "cali_free_ne"
-    _state_names = NEMetric._state_names + ("weighted_sum_predictions",)
+    _state_names = CaliFreeNEMetricComputation._state_names
     _options = {"allow_missing_label_with_zero_weight": False}
     _report_groups = ()
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        ne_states = super()._batch_states(predictions, labels, weights)
-        return torch.cat([ne_states, (weights * predictions).sum().view(1)])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_cali_free_ne_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        cross_entropy_sum, weighted_num_samples, positives, negatives, predicted = states
-        if self._options["allow_missing_label_with_zero_weight"] and not weighted_num_samples > 0:
+        # per task (TorchRec's [eta] stands for all tasks once one has no weight)
+        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
             return {"cali_free_ne": torch.tensor(ETA, dtype=torch.float64)}
-        return {"cali_free_ne": compute_cali_free_ne(cross_entropy_sum, weighted_num_samples, positives, negatives,
-                                                     predicted, ETA)}
+        return {"cali_free_ne": compute_cali_free_ne(*states, ETA)}
 
 
 __all__ = ["CaliFreeNEMetric", "CaliFreeNEMetricComputation", "compute_cali_free_ne", "compute_cross_entropy", "get_cali_free_ne_states"]

@@ -48,14 +48,14 @@ class CalibrationMetric(SumStateMetric):
     """Lifetime and window calibration per task (`calibration-{task}|{lifetime,window}_calibration`)."""
 
     _namespace = "calibration"
-    _state_names = ("calibration_num", "calibration_denom")
+    _state_names = CalibrationMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(predictions * weights).sum(), (labels * weights).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_calibration_states(labels, predictions, weights)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        predicted, observed = states
-        return {"calibration": predicted / observed if observed > 0 else torch.zeros((), dtype=torch.float64)}
+        return {"calibration": compute_calibration(*states)}
 
 
 __all__ = ["CalibrationMetric", "CalibrationMetricComputation", "compute_calibration", "get_calibration_states"]

@@ -53,7 +53,8 @@ class RecalibratedPredictions:
         super().__init__(*args, **kwargs)
         check_recalibration_coefficient(type(self).__name__, self._options["recalibration_coefficient"])
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
         recalibrated = recalibrate(predictions, float(self._options["recalibration_coefficient"]))
         return super()._batch_states(recalibrated, labels, weights)
 

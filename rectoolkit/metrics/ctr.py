@@ -43,14 +43,14 @@ class CTRMetric(SumStateMetric):
     """Lifetime and window CTR per task (`ctr-{task}|{lifetime,window}_ctr`)."""
 
     _namespace = "ctr"
-    _state_names = ("ctr_num", "ctr_denom")
+    _state_names = CTRMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(labels * weights).sum(), weights.sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_ctr_states(labels, predictions, weights)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        clicks, weight = states
-        return {"ctr": clicks / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
+        return {"ctr": compute_ctr(*states)}
 
 
 __all__ = ["CTRMetric", "CTRMetricComputation", "compute_ctr", "get_ctr_states"]

@@ -109,15 +109,6 @@ def checked_num_candidates(owner: str, num_candidates: Any, num_samples: Optiona
     return num_candidates.long()
 
 
-def session_auc_sums(predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                     num_candidates: torch.Tensor) -> torch.Tensor:
-    """[sum of the counted sessions' AUC, sessions counted] (float64) of one task's batch cut into consecutive
-    sessions of `num_candidates` samples (see the module docstring)."""
-    states = get_auc_states(*(tensor.double().view(1, -1) for tensor in (labels, predictions, weights)),
-                            num_candidates)
-    return torch.cat([states["auc_sum"], states["num_samples"].double()])
-
-
 class GAUCMetricComputation(SumStatesComputation):
     """TorchRec's GAUC computation: states `auc_sum`, `num_samples` (float64, with windows); update() takes
     `num_candidates=` (refused by name when missing or not the batch's session sizes); reports gauc, then
@@ -145,7 +136,7 @@ class GAUCMetric(SumStateMetric):
     update() needs `num_candidates=`, see the module docstring)."""
 
     _namespace = "gauc"
-    _state_names = ("auc_sum", "num_samples")
+    _state_names = GAUCMetricComputation._state_names
     _report_groups = (("gauc",), ("gauc_num_samples",))
 
     def _batch_inputs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -160,13 +151,13 @@ class GAUCMetric(SumStateMetric):
         super()._update_task(task_index, predictions, labels, weights, num_candidates=num_candidates)
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                      num_candidates: torch.Tensor) -> torch.Tensor:
-        return session_auc_sums(predictions, labels, weights, num_candidates)
+                      num_candidates: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_auc_states(*(tensor.view(1, -1) for tensor in (labels, predictions, weights)), num_candidates)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        auc_sum, sessions = states
-        return {"gauc": (auc_sum + 1e-9) / (sessions + 2e-9), "gauc_num_samples": sessions}
+        values = compute_window_auc(*states)
+        return {"gauc": values["gauc"], "gauc_num_samples": values["num_samples"]}
 
 
 __all__ = ["GAUCMetric", "GAUCMetricComputation", "checked_num_candidates", "compute_gauc_3d", "compute_window_auc",
-           "get_auc_states", "session_auc_sums", "to_3d"]
+           "get_auc_states", "to_3d"]

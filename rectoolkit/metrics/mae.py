@@ -51,14 +51,14 @@ class MAEMetric(SumStateMetric):
     """Lifetime and window MAE per task (`mae-{task}|{lifetime,window}_mae`)."""
 
     _namespace = "mae"
-    _state_names = ("error_sum", "weighted_num_samples")
+    _state_names = MAEMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(weights * (labels - predictions).abs()).sum(), weights.sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_mae_states(labels, predictions, weights)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        error, weight = states
-        return {"mae": error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)}
+        return {"mae": compute_mae(*states)}
 
 
 __all__ = ["MAEMetric", "MAEMetricComputation", "compute_error_sum", "compute_mae", "get_mae_states"]

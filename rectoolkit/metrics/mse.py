@@ -90,7 +90,7 @@ class MSEMetric(SumStateMetric):
     with include_r_squared)."""
 
     _namespace = "mse"
-    _state_names = ("error_sum", "weighted_num_samples", "label_sum", "label_squared_sum")
+    _state_names = MSE_STATES
     _options = {"include_r_squared": False}
     _report_groups = (("mse", "rmse"), ("r_squared",))
 
@@ -98,17 +98,16 @@ class MSEMetric(SumStateMetric):
         """TorchRec saves the label sums only when they are used (include_r_squared)."""
         return self._state_names if self._options["include_r_squared"] else self._state_names[:2]
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(weights * (labels - predictions) ** 2).sum(), weights.sum(), (weights * labels).sum(),
-                            (weights * labels ** 2).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_mse_states(labels, predictions, weights)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        error, weight, label_sum, label_squares = states
-        mse = error / weight if weight != 0 else torch.zeros((), dtype=torch.float64)
-        values = {"mse": mse, "rmse": mse.sqrt()}
+        error_sum, weighted_num_samples = states[:2]
+        values = {"mse": compute_mse(error_sum, weighted_num_samples),
+                  "rmse": compute_rmse(error_sum, weighted_num_samples)}
         if self._options["include_r_squared"]:
-            total = label_squares - label_sum ** 2 / weight
-            values["r_squared"] = 1 - error / total if total != 0 else torch.ones((), dtype=torch.float64)
+            values["r_squared"] = compute_r_squared(*states)
         return values
 
 

@@ -154,7 +154,7 @@ class NDCGMetric(SumStateMetric):
     (TorchRec's constructor and options, see the module docstring)."""
 
     _namespace = "ndcg"
-    _state_names = ("sum_ndcg", "num_sessions")
+    _state_names = NDCGComputation._state_names
     _options = {"exponential_gain": False, "session_key": SESSION_KEY, "k": -1,
                 "report_ndcg_as_decreasing_curve": True, "remove_single_length_sessions": False,
                 "scale_by_weights_tensor": False}
@@ -195,9 +195,10 @@ class NDCGMetric(SumStateMetric):
         super()._update_task(task_index, predictions, labels, weights, session_ids=rows[0])
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                      session_ids: torch.Tensor) -> Optional[torch.Tensor]:
+                      session_ids: torch.Tensor) -> Optional[Dict[str, torch.Tensor]]:
         options = {name: value for name, value in self._options.items() if name != "session_key"}
-        return session_ndcg_sums(predictions, labels, weights, session_ids, **options)
+        sums = session_ndcg_sums(predictions, labels, weights, session_ids, **options)
+        return None if sums is None else dict(zip(self._state_names, sums))
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
         sum_ndcg, sessions = states

@@ -136,22 +136,19 @@ class NEMetric(SumStateMetric):
     """
 
     _namespace = "ne"
-    _state_names = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    _state_names = NE_STATES
     _options = {"include_logloss": False, "allow_missing_label_with_zero_weight": False}
     _report_groups = (("ne",), ("logloss",))
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([cross_entropy_bits(labels, predictions, weights).sum(), weights.sum(),
-                            (weights * labels).sum(), (weights * (1 - labels)).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_ne_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        cross_entropy_sum, weighted_num_samples, positives, negatives = states
-        ne = normalized_entropy(cross_entropy_sum, weighted_num_samples, positives, negatives)
-        if self._options["allow_missing_label_with_zero_weight"] and not weighted_num_samples > 0:
-            ne = torch.tensor(ETA, dtype=torch.float64)
-        values = {"ne": ne}
+        cross_entropy_sum, _, positives, negatives = states
+        values = {"ne": compute_ne(*states, ETA, self._options["allow_missing_label_with_zero_weight"])}
         if self._options["include_logloss"]:
-            values["logloss"] = cross_entropy_sum / (positives + negatives).clamp(min=ETA)
+            values["logloss"] = compute_logloss(cross_entropy_sum, positives, negatives, ETA)
         return values
 
 

@@ -65,18 +65,18 @@ class NEPositiveMetric(SumStateMetric):
     """
 
     _namespace = "ne_positive"
-    _state_names = ("cross_entropy_positive_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+    _state_names = NEPositiveMetricComputation._state_names
     _options = {"allow_missing_label_with_zero_weight": False}
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        cross_entropy_positive = -weights * labels * torch.log2(predictions.clamp(ETA, 1 - ETA))
-        return torch.stack([cross_entropy_positive.sum(), weights.sum(), (weights * labels).sum(),
-                            (weights * (1 - labels)).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_ne_positive_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        # per task (TorchRec's [eta] stands for all tasks once one has no weight)
         if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
             return {"ne_positive": torch.tensor(ETA, dtype=torch.float64)}
-        return {"ne_positive": normalized_entropy(*states)}
+        return {"ne_positive": compute_ne_positive(*states, ETA)}
 
 
 __all__ = ["NEPositiveMetric", "NEPositiveMetricComputation", "compute_cross_entropy_positive", "compute_ne_positive", "get_ne_positive_states"]

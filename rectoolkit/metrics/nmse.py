@@ -40,6 +40,14 @@ def get_norm_mse_states(labels: torch.Tensor, predictions: torch.Tensor,
             "const_pred_error_sum": compute_error_sum(labels, torch.ones_like(labels), weights)}
 
 
+def compute_nmse_and_nrmse(error_sum: torch.Tensor, weighted_num_samples: torch.Tensor,
+                           const_pred_error_sum: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(nmse, nrmse): the model's MSE and RMSE over those of predicting 1, as TorchRec's computation reports them."""
+    return tuple(compute_norm(compute(error_sum, weighted_num_samples), compute(const_pred_error_sum,
+                                                                                weighted_num_samples))
+                 for compute in (compute_mse, compute_rmse))
+
+
 class NMSEMetricComputation(MSEMetricComputation):
     """TorchRec's computation: MSE's states and `const_pred_error_sum` (the error of predicting 1), reports `nmse`
     and `nrmse` (the model's MSE / RMSE over the constant's), lifetime then window."""
@@ -53,11 +61,10 @@ class NMSEMetricComputation(MSEMetricComputation):
     def _compute(self) -> List[MetricComputationReport]:
         reports = []
         for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW):
-            error, weight, const_error = self._states_at(prefix, ("error_sum", "weighted_num_samples",
-                                                                  "const_pred_error_sum"))
-            reports += [MetricComputationReport(name, prefix, compute_norm(compute(error, weight),
-                                                                           compute(const_error, weight)))
-                        for name, compute in ((MetricName.NMSE, compute_mse), (MetricName.NRMSE, compute_rmse))]
+            values = compute_nmse_and_nrmse(*self._states_at(prefix, ("error_sum", "weighted_num_samples",
+                                                                      "const_pred_error_sum")))
+            reports += [MetricComputationReport(name, prefix, value)
+                        for name, value in zip((MetricName.NMSE, MetricName.NRMSE), values)]
         return reports
 
 
@@ -65,23 +72,19 @@ class NMSEMetric(MSEMetric):
     """Lifetime and window NMSE and NRMSE per task (`nmse-{task}|{lifetime,window}_{nmse,nrmse}`)."""
 
     _namespace = "nmse"
-    _state_names = MSEMetric._state_names + ("const_pred_error_sum",)
+    _state_names = NMSEMetricComputation._state_names
     _report_groups = (("nmse", "nrmse"),)
 
     def _persistent_states(self) -> Tuple[str, ...]:
         return super()._persistent_states() + ("const_pred_error_sum",)
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        mse_states = super()._batch_states(predictions, labels, weights)
-        return torch.cat([mse_states, (weights * (labels - 1) ** 2).sum().view(1)])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_norm_mse_states(labels, predictions, weights)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        error, weight, baseline_error = states[0], states[1], states[4]
-        if weight == 0 or baseline_error == 0:  # TorchRec's 0 for an empty task or a zero baseline
-            zero = torch.zeros((), dtype=torch.float64)
-            return {"nmse": zero, "nrmse": zero}
-        mse, baseline_mse = error / weight, baseline_error / weight
-        return {"nmse": mse / baseline_mse, "nrmse": mse.sqrt() / baseline_mse.sqrt()}
+        nmse, nrmse = compute_nmse_and_nrmse(states[0], states[1], states[4])
+        return {"nmse": nmse, "nrmse": nrmse}
 
 
-__all__ = ["NMSEMetric", "NMSEMetricComputation", "compute_norm", "get_norm_mse_states"]
+__all__ = ["NMSEMetric", "NMSEMetricComputation", "compute_nmse_and_nrmse", "compute_norm", "get_norm_mse_states"]

@@ -60,16 +60,14 @@ class PrecisionMetric(ThresholdedMetric):
     TorchRec's (default 0.5)."""
 
     _namespace = "precision"
-    _state_names = ("true_pos_sum", "false_pos_sum")
+    _state_names = PrecisionMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        positive = self._predicted_positive(predictions)
-        return torch.stack([(weights * positive * labels).sum(), (weights * positive * (1 - labels)).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_precision_states(labels, predictions, weights, self._threshold)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        true_positives, false_positives = states
-        predicted = true_positives + false_positives
-        return {"precision": true_positives / predicted if predicted != 0 else torch.zeros((), dtype=torch.float64)}
+        return {"precision": compute_precision(*states)}
 
 
 __all__ = ["PrecisionMetricComputation", "PrecisionMetric", "compute_false_pos_sum", "compute_precision", "compute_true_pos_sum", "get_precision_states"]

@@ -398,6 +398,10 @@ def ratio_or_zero(numerator: torch.Tensor, denominator: torch.Tensor,
 class SumStateMetric(RecMetric):
     """A metric computed from weighted sums (`_state_names`): lifetime sums, window sums, all_reduce(SUM).
 
+    Its maths are its module's TorchRec functions, those its computation runs too: `_batch_states` returns what
+    `get_<metric>_states` says a batch adds, `_values` what `compute_<metric>` makes of the sums; this class keeps
+    the sums per task, their windows, their state_dict and their reduction over the ranks.
+
     Its state_dict holds this rank's lifetime sums under TorchRec's keys and shapes,
     `_metrics_computations.{i}.{state}`: one computation per task of shape [1] (unfused mode), or one of shape
     [n_tasks] (fused modes); the window is not saved, so after load_state_dict it starts empty (as TorchRec's).
@@ -468,23 +472,27 @@ class SumStateMetric(RecMetric):
         self._synced_states = None
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                      **inputs: Any) -> Optional[torch.Tensor]:
-        """The batch's sums, in the order of `_state_names` (inputs: one task's [batch] float64 tensors, and
-        what `_batch_inputs` read); None when the batch adds nothing, not even to the window (NDCG without a
-        session)."""
+                      **inputs: Any) -> Optional[Dict[str, torch.Tensor]]:
+        """{state: the batch's sum} (inputs: one task's [batch] float64 tensors, and what `_batch_inputs` read);
+        None when the batch adds nothing, not even to the window (NDCG without a session)."""
         raise NotImplementedError
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """{metric name: value} from a task's summed states."""
+        """{metric name: value} from a task's summed states (in the order of `_state_names`)."""
         raise NotImplementedError
+
+    def _window_samples(self, predictions: torch.Tensor) -> int:
+        """The samples a task's batch counts for in its window."""
+        return predictions.numel()
 
     def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
                      weights: torch.Tensor, **inputs: Any) -> None:
-        batch = self._batch_states(predictions, labels, weights, **inputs)
-        if batch is None:
+        sums = self._batch_states(predictions, labels, weights, **inputs)
+        if sums is None:
             return
+        batch = torch.stack([sums[name].double().reshape(()) for name in self._state_names])
         self._lifetime[task_index] += batch
-        self._windows[task_index].add(batch, predictions.numel())
+        self._windows[task_index].add(batch, self._window_samples(predictions))
 
     def _local_states(self) -> torch.Tensor:
         """[tasks, 2 (lifetime, window), states]."""

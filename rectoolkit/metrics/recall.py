@@ -56,17 +56,14 @@ class RecallMetric(ThresholdedMetric):
     (default 0.5)."""
 
     _namespace = "recall"
-    _state_names = ("true_pos_sum", "false_neg_sum")
+    _state_names = RecallMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        missed = (predictions <= self._threshold).double()
-        return torch.stack([(weights * self._predicted_positive(predictions) * labels).sum(),
-                            (weights * missed * labels).sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_recall_states(labels, predictions, weights, self._threshold)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        true_positives, false_negatives = states
-        positives = true_positives + false_negatives
-        return {"recall": true_positives / positives if positives != 0 else torch.zeros((), dtype=torch.float64)}
+        return {"recall": compute_recall(*states)}
 
 
 __all__ = ["RecallMetricComputation", "RecallMetric", "compute_false_neg_sum", "compute_recall", "compute_true_pos_sum", "get_recall_states"]

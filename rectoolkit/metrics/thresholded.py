@@ -44,10 +44,6 @@ class ThresholdedMetric(SumStateMetric):
                              "cut-off such as 0.5")
         self._threshold = float(threshold)
 
-    def _predicted_positive(self, predictions: torch.Tensor) -> torch.Tensor:
-        """1.0 where the prediction reaches the threshold, else 0.0."""
-        return (predictions >= self._threshold).double()
-
 
 class ThresholdedComputation(OneValueComputation):
     """TorchRec's accuracy / precision / recall computation: a OneValueComputation whose `_get_states` takes its

@@ -57,13 +57,15 @@ class UnweightedNEMetric(NEMetric):
     _options = {"allow_missing_label_with_zero_weight": False}
     _report_groups = ()
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return super()._batch_states(predictions, labels, torch.ones_like(weights))
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return get_unweighted_ne_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
+        # per task (TorchRec's [eta] stands for all tasks once one has no sample)
         if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
             return {"unweighted_ne": torch.tensor(ETA, dtype=torch.float64)}
-        return {"unweighted_ne": normalized_entropy(*states)}
+        return {"unweighted_ne": compute_ne(*states, ETA)}
 
 
 __all__ = ["UnweightedNEMetric", "UnweightedNEMetricComputation", "compute_cross_entropy", "compute_ne", "get_unweighted_ne_states"]

@@ -33,6 +33,11 @@ def get_mean(value_sum: torch.Tensor, num_samples: torch.Tensor) -> torch.Tensor
     return value_sum / num_samples
 
 
+def weighted_avg_states(predictions: torch.Tensor, weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A batch's sums over the last dim (TorchRec's computation's update)."""
+    return {"weighted_sum": (predictions * weights).sum(dim=-1), "weighted_num_samples": weights.sum(dim=-1)}
+
+
 class WeightedAvgMetricComputation(SumStatesComputation):
     """TorchRec's weighted average computation: states `weighted_sum`, `weighted_num_samples` (float64, with
     windows), reports `weighted_avg`; an update counts `labels.shape[0]` samples in the window, as TorchRec's."""
@@ -45,7 +50,7 @@ class WeightedAvgMetricComputation(SumStatesComputation):
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                       **kwargs: Any) -> Dict[str, torch.Tensor]:
-        return {"weighted_sum": (predictions * weights).sum(dim=-1), "weighted_num_samples": weights.sum(dim=-1)}
+        return weighted_avg_states(predictions, weights)
 
     def _compute(self) -> List[MetricComputationReport]:
         return self._lifetime_and_window_reports(MetricName.WEIGHTED_AVG, get_mean, self._state_names)
@@ -55,21 +60,18 @@ class WeightedAvgMetric(SumStateMetric):
     """Lifetime and window weighted average per task (`weighted_avg-{task}|{lifetime,window}_weighted_avg`)."""
 
     _namespace = "weighted_avg"
-    _state_names = ("weighted_sum", "weighted_num_samples")
+    _state_names = WeightedAvgMetricComputation._state_names
 
-    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(weights * predictions).sum(), weights.sum()])
+    def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return weighted_avg_states(predictions, weights)
 
-    def _update_task(self, task_index: int, predictions: torch.Tensor, labels: torch.Tensor,
-                     weights: torch.Tensor) -> None:
-        batch = self._batch_states(predictions, labels, weights)
-        self._lifetime[task_index] += batch
-        unfused = self._compute_mode == RecComputeMode.UNFUSED_TASKS_COMPUTATION
-        self._windows[task_index].add(batch, 1 if unfused else len(self._tasks))
+    def _window_samples(self, predictions: torch.Tensor) -> int:
+        # TorchRec's labels.shape[0]: the rows of the computation's [tasks, batch] input
+        return 1 if self._compute_mode == RecComputeMode.UNFUSED_TASKS_COMPUTATION else len(self._tasks)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        weighted_sum, weight = states
-        return {"weighted_avg": weighted_sum / weight}
+        return {"weighted_avg": get_mean(*states)}
 
 
-__all__ = ["WeightedAvgMetric", "WeightedAvgMetricComputation", "get_mean"]
+__all__ = ["WeightedAvgMetric", "WeightedAvgMetricComputation", "get_mean", "weighted_avg_states"]
