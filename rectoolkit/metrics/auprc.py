@@ -69,6 +69,12 @@ def compute_auprc_per_group(n_tasks: int, predictions: torch.Tensor, labels: tor
     return mean_over_groups(predictions, labels, weights, grouping_keys, _task_auprc)
 
 
+def lifetime_auprc(weighted_auprc_sum: torch.Tensor, weight_sum: torch.Tensor) -> torch.Tensor:
+    """TorchRec's lifetime AUPRC: the sum of the window values computed so far, each times its window's weight,
+    over the sum of those weights (times the tasks they cover); 0.5 before any weight."""
+    return torch.where(weight_sum > 0, weighted_auprc_sum / weight_sum, torch.tensor(0.5, dtype=torch.float64))
+
+
 class AUPRCMetricComputation(SampleWindowComputation):
     """TorchRec's AUPRC computation: the window's samples as one [n_tasks, n] float32 tensor per state list (the
     zero placeholder sample stays in the window until the window cuts it, as TorchRec's), the window AUPRC by
@@ -99,8 +105,7 @@ class AUPRCMetricComputation(SampleWindowComputation):
         window_weight = self.weights[0].sum()
         self._lifetime_weighted_auprc = self._lifetime_weighted_auprc + (window * window_weight).sum()
         self._lifetime_weight = self._lifetime_weight + window_weight * self._n_tasks
-        lifetime = torch.where(self._lifetime_weight > 0, self._lifetime_weighted_auprc / self._lifetime_weight,
-                               torch.tensor(0.5, dtype=torch.float64))
+        lifetime = lifetime_auprc(self._lifetime_weighted_auprc, self._lifetime_weight)
         return [MetricComputationReport(MetricName.AUPRC, MetricPrefix.WINDOW, window),
                 MetricComputationReport(MetricName.AUPRC, MetricPrefix.LIFETIME, lifetime.expand(self._n_tasks))]
 
@@ -132,8 +137,7 @@ class AUPRCMetric(SampleWindowMetric):
             window_weight = sum(states[row][2].sum() for row in rows)
             self._lifetime_sums[computation] += torch.stack([sum(window[row] for row in rows) * window_weight,
                                                              window_weight * len(rows)])
-            weighted, weight = self._lifetime_sums[computation]
-            lifetime = weighted / weight if weight > 0 else torch.tensor(0.5, dtype=torch.float64)
+            lifetime = lifetime_auprc(*self._lifetime_sums[computation])
             self._reported.update({row: (window[row], lifetime) for row in rows})
         return super()._report(states, key_prefix)
 
@@ -143,4 +147,5 @@ class AUPRCMetric(SampleWindowMetric):
         yield "lifetime", "auprc", lifetime
 
 
-__all__ = ["AUPRCMetric", "AUPRCMetricComputation", "compute_auprc", "compute_auprc_per_group", "weighted_auprc"]
+__all__ = ["AUPRCMetric", "AUPRCMetricComputation", "compute_auprc", "compute_auprc_per_group", "lifetime_auprc",
+           "weighted_auprc"]

@@ -21,7 +21,7 @@ import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.ne import (ETA, NE_STATES, EntropyComputation, NEMetric, compute_cross_entropy, get_ne_states,
-                                   normalized_entropy)
+                                   normalized_entropy, task_entropy)
 
 
 def compute_cali_free_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
@@ -72,10 +72,7 @@ class CaliFreeNEMetric(NEMetric):
         return get_cali_free_ne_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        # per task (TorchRec's [eta] stands for all tasks once one has no weight)
-        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
-            return {"cali_free_ne": torch.tensor(ETA, dtype=torch.float64)}
-        return {"cali_free_ne": compute_cali_free_ne(*states, ETA)}
+        return {"cali_free_ne": task_entropy(compute_cali_free_ne, states, self._options["allow_missing_label_with_zero_weight"])}
 
 
 __all__ = ["CaliFreeNEMetric", "CaliFreeNEMetricComputation", "compute_cali_free_ne", "compute_cross_entropy", "get_cali_free_ne_states"]

@@ -16,7 +16,7 @@ mean cross-entropy).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import torch
 
@@ -76,6 +76,16 @@ def get_ne_states(labels: torch.Tensor, predictions: torch.Tensor, weights: torc
 
 
 NE_STATES = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+
+
+def task_entropy(compute: Callable[..., torch.Tensor], states: torch.Tensor,
+                 allow_missing_label_with_zero_weight: bool) -> torch.Tensor:
+    """`compute(*states, ETA)` (a compute_* of the NE family) for one task's sums, whose second is the weight;
+    with allow_missing_label_with_zero_weight, ETA in float64 while that weight is not positive, task by task (the
+    TorchRec functions give `[eta]` in float32 for all tasks once one has no weight)."""
+    if allow_missing_label_with_zero_weight and not states[1] > 0:
+        return torch.tensor(ETA, dtype=torch.float64)
+    return compute(*states, ETA)
 
 
 class EntropyComputation(OneValueComputation):
@@ -146,11 +156,11 @@ class NEMetric(SumStateMetric):
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
         cross_entropy_sum, _, positives, negatives = states
-        values = {"ne": compute_ne(*states, ETA, self._options["allow_missing_label_with_zero_weight"])}
+        values = {"ne": task_entropy(compute_ne, states, self._options["allow_missing_label_with_zero_weight"])}
         if self._options["include_logloss"]:
             values["logloss"] = compute_logloss(cross_entropy_sum, positives, negatives, ETA)
         return values
 
 
 __all__ = ["NE_STATES", "EntropyComputation", "NEMetric", "NEMetricComputation", "compute_cross_entropy", "compute_logloss", "compute_ne", "cross_entropy_bits", "get_ne_states",
-           "normalized_entropy"]
+           "normalized_entropy", "task_entropy"]

@@ -17,7 +17,7 @@ from typing import Dict
 import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName
-from rectoolkit.metrics.ne import ETA, EntropyComputation, get_ne_states, normalized_entropy
+from rectoolkit.metrics.ne import ETA, EntropyComputation, get_ne_states, normalized_entropy, task_entropy
 from rectoolkit.metrics.rec_metric import SumStateMetric
 
 
@@ -73,10 +73,7 @@ class NEPositiveMetric(SumStateMetric):
         return get_ne_positive_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        # per task (TorchRec's [eta] stands for all tasks once one has no weight)
-        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
-            return {"ne_positive": torch.tensor(ETA, dtype=torch.float64)}
-        return {"ne_positive": compute_ne_positive(*states, ETA)}
+        return {"ne_positive": task_entropy(compute_ne_positive, states, self._options["allow_missing_label_with_zero_weight"])}
 
 
 __all__ = ["NEPositiveMetric", "NEPositiveMetricComputation", "compute_cross_entropy_positive", "compute_ne_positive", "get_ne_positive_states"]

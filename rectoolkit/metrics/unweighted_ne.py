@@ -17,7 +17,7 @@ import torch
 
 from rectoolkit.metrics.metrics_namespace import MetricName
 from rectoolkit.metrics.ne import (ETA, NE_STATES, EntropyComputation, NEMetric, compute_cross_entropy, get_ne_states,
-                                   normalized_entropy)
+                                   normalized_entropy, task_entropy)
 
 
 def compute_ne(ce_sum: torch.Tensor, weighted_num_samples: torch.Tensor, pos_labels: torch.Tensor,
@@ -62,10 +62,7 @@ class UnweightedNEMetric(NEMetric):
         return get_unweighted_ne_states(labels, predictions, weights, ETA)
 
     def _values(self, states: torch.Tensor) -> Dict[str, torch.Tensor]:
-        # per task (TorchRec's [eta] stands for all tasks once one has no sample)
-        if self._options["allow_missing_label_with_zero_weight"] and not states[1] > 0:
-            return {"unweighted_ne": torch.tensor(ETA, dtype=torch.float64)}
-        return {"unweighted_ne": compute_ne(*states, ETA)}
+        return {"unweighted_ne": task_entropy(compute_ne, states, self._options["allow_missing_label_with_zero_weight"])}
 
 
 __all__ = ["UnweightedNEMetric", "UnweightedNEMetricComputation", "compute_cross_entropy", "compute_ne", "get_unweighted_ne_states"]
