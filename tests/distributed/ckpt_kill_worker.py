@@ -4,7 +4,7 @@ forked from the test harness's forkserver; by hand, as a script):
     python ckpt_kill_worker.py RANK WORLD_SIZE INIT_FILE CHECKPOINT_DIR KILL_AT OUT_FILE
 
 Builds TinyModel (seed 0) under a mixed plan, saves checkpoint "version 1", adds 1 to every weight, then saves
-"version 2" over it with a line tracer on the checkpoint code (rectoolkit/distributed/checkpoint.py, agree.py and
+"version 2" over it with a line tracer on the checkpoint code (rectoolkit/distributed/checkpoint*.py, agree.py and
 torch.save's Python side). KILL_AT = 0: count the traced lines of the second save, write the counts to OUT_FILE
 and exit 0. KILL_AT = n > 0: SIGKILL this process at the n-th traced line, wherever that is. KILL_AT = -1: run
 untraced (the rank that is not the victim). The count (JSON) also gives the line at which rank 0 entered the
@@ -25,17 +25,22 @@ import torch.serialization
 
 import rectoolkit.distributed.agree
 import rectoolkit.distributed.checkpoint
+import rectoolkit.distributed.checkpoint_commit
+import rectoolkit.distributed.checkpoint_format
+import rectoolkit.distributed.checkpoint_resharding
 from rectoolkit.distributed import DistributedModelParallel, save_checkpoint
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
 from dist_harness import finish_worker
 from dist_workers import bag_tables, plan_for
 
-TRACED = {rectoolkit.distributed.checkpoint.__file__, rectoolkit.distributed.agree.__file__,
+TRACED = {rectoolkit.distributed.checkpoint.__file__, rectoolkit.distributed.checkpoint_commit.__file__,
+          rectoolkit.distributed.checkpoint_format.__file__, rectoolkit.distributed.checkpoint_resharding.__file__,
+          rectoolkit.distributed.agree.__file__,
           torch.serialization.__file__}
 
 
-MARKS = ("_commit", "_remove_stale")  # functions whose first call is recorded: the commit, the clean-up after it
+MARKS = ("commit", "remove_stale")  # functions whose first call is recorded: the commit, the clean-up after it
 
 
 def traced_lines(kill_at: int):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import rectoolkit.distributed.checkpoint as checkpoint
+import rectoolkit.distributed.checkpoint_format as checkpoint_format
 from rectoolkit.distributed import DistributedModelParallel, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.agree import PlanMismatchError
 from rectoolkit.distributed.checkpoint import CheckpointError
@@ -47,7 +48,7 @@ def failing_save_worker(rank: int, W: int, checkpoint_dir: str) -> None:
     if rank == 1:
         def disk_full(obj, path):
             raise OSError(28, f"No space left on device: {path}")
-        checkpoint._write_file = disk_full
+        checkpoint_format.write_file = disk_full
     expected = OSError if rank == 1 else CheckpointError
     with pytest.raises(expected) as info:
         save_checkpoint(model, checkpoint_dir, extra={"step": 2})
@@ -174,7 +175,7 @@ def peer_dies_during_save_worker(rank: int, W: int, checkpoint_dir: str, report_
 
     model, _ = _saved_then_changed(W, checkpoint_dir)
     if rank == 1:
-        checkpoint._write_file = lambda obj, file: os._exit(0)
+        checkpoint_format.write_file = lambda obj, file: os._exit(0)
     try:
         save_checkpoint(model, checkpoint_dir, extra={"step": 2})
     except BaseException as error:

@@ -25,6 +25,7 @@ import torch
 
 import rectoolkit
 import rectoolkit.distributed.checkpoint as checkpoint
+from rectoolkit.distributed import checkpoint_commit, checkpoint_format, checkpoint_resharding
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
@@ -97,7 +98,7 @@ def test_kill_any_rank_at_random_points_of_a_save_leaves_a_loadable_checkpoint(t
     codes, counts = run_ranks(count_dir, count_dir / "ckpt", {0: 0, 1: 0}, timeout_s=300)
     assert codes == [0, 0], [(count_dir / f"rank{r}.log").read_text()[-3000:] for r in range(2)]
     lines = [c["lines"] for c in counts]
-    commit_at, cleanup_at = counts[0]["_commit"], counts[0]["_remove_stale"]
+    commit_at, cleanup_at = counts[0]["commit"], counts[0]["remove_stale"]
     assert 50 < commit_at < cleanup_at < lines[0] and lines[1] > 50, counts
 
     # 8 kills anywhere in either rank's save, then 2 of rank 0 after its commit (so both outcomes are exercised)
@@ -302,7 +303,7 @@ def test_failed_save_keeps_the_previous_checkpoint(saved):
 
 def test_a_save_into_a_directory_another_save_holds_is_refused(saved):
     model, optimizer = fresh_model_and_optimizer()
-    other = checkpoint._DirectoryLock(saved)  # what a save from another job or thread holds while it runs
+    other = checkpoint_commit.DirectoryLock(saved)  # what a save from another job or thread holds while it runs
     other.acquire()
     try:
         with pytest.raises(CheckpointError, match="another save into this directory is in progress"):
@@ -323,13 +324,13 @@ def test_a_save_committed_during_a_load_leaves_the_data_the_load_reads(saved, mo
     saver, saver_optimizer = fresh_model_and_optimizer()  # seed 7, not the saved seed 0
     first, _ = fresh_model_and_optimizer()
     assert load_checkpoint(first, saved) == {"step": 1}  # the checkpoint as a load with no save beside it reads it
-    verified = checkpoint._verified_files
+    verified = checkpoint_format.verified_files
 
     def a_save_commits_meanwhile(path, metadata, checksum_of=None):
         save_checkpoint(saver, saved, dense_optimizer=saver_optimizer, extra={"step": 2})
         return verified(path, metadata, checksum_of)
 
-    monkeypatch.setattr(checkpoint, "_verified_files", a_save_commits_meanwhile)
+    monkeypatch.setattr(checkpoint_format, "verified_files", a_save_commits_meanwhile)
     model, optimizer = fresh_model_and_optimizer()
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
     monkeypatch.undo()
@@ -343,13 +344,13 @@ def test_a_save_committed_during_a_load_leaves_the_data_the_load_reads(saved, mo
 
 def test_a_commit_refuses_a_file_rank0_does_not_see(saved, monkeypatch):
     model, optimizer = fresh_model_and_optimizer()
-    commit = checkpoint._commit
+    commit = checkpoint_commit.commit
 
     def lose_a_file(path, data, metadata):  # a rank's file written where rank 0 cannot see it, or removed
         (data / "rank0-of-1.pt").unlink()
         commit(path, data, metadata)
 
-    monkeypatch.setattr(checkpoint, "_commit", lose_a_file)
+    monkeypatch.setattr(checkpoint_commit, "commit", lose_a_file)
     with pytest.raises(CheckpointError, match=r"rank0-of-1.pt is missing as rank 0 sees it \(rank 0 wrote it\)"):
         save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
@@ -446,7 +447,7 @@ def test_trial_load_refuses_a_state_torch_would_refuse(tmp_path):
     sgd.step()
     with pytest.raises(CheckpointError, match=r"x/dense.pt: the dense optimizer's groups were saved without "
                                               r"\['amsgrad', 'beta"):
-        checkpoint._trial_load(adam, sgd.state_dict(), tmp_path / "x" / "dense.pt")
+        checkpoint_resharding.trial_load(adam, sgd.state_dict(), tmp_path / "x" / "dense.pt")
     assert not adam.state  # untouched
 
 
@@ -476,7 +477,7 @@ def test_an_interrupted_save_removes_what_it_wrote(saved, monkeypatch):
     def interrupted(obj, file):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint, "_write_file", interrupted)
+    monkeypatch.setattr(checkpoint_format, "write_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(model, saved, dense_optimizer=optimizer, extra={"step": 2})
     monkeypatch.undo()
