@@ -9,6 +9,10 @@
 Controls: world size, ranks per host, memory per rank, batch size, optimizer, objective, and per table a
 forced sharding type (or auto). Drag shards on the placement board to override the planner. Errors (the
 plan does not fit, bad settings) are shown in the widget with the planner's explanation.
+
+This module holds the widget: its controls, events and tabs. The settings it starts from are made in
+explorer_settings, the HTML it shows beside its figures (status line, tables, error box, Measure note) in
+explorer_html, the planning itself in planning.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from rectoolkit.viz.measured import measured_vs_estimated_traces
 from rectoolkit.viz.frames import plan_diff
 from rectoolkit.viz.memory import memory_traces
 from rectoolkit.viz.placement import rank_table_traces, shard_placement_traces
-from rectoolkit.viz.style import format_bytes, humanize
 from rectoolkit.viz.timing import rank_time_traces
 from rectoolkit.widgets import planning
 from rectoolkit.widgets.board import PlacementBoard
+from rectoolkit.widgets.explorer_html import error_box, forced_label, html_table, measure_note, status_html
+from rectoolkit.widgets.explorer_settings import initial_settings
 from rectoolkit.widgets.inputs import as_table_set
 from rectoolkit.widgets.live_figure import SPINNER, LazyFigure, PaintProbe
 from rectoolkit.widgets.planning import (AUTO, ExplorerSettings, PlanningResult, measure_current_and_pinned,
@@ -46,28 +51,6 @@ SHARDING_CHOICES = [AUTO] + [t.value for t in ShardingType]
 DEFAULT_WORKDIR = Path.home() / "rectoolkit-work"
 _EMPTY_MEMORY_NOTE = "the planner's report has no per-rank memory table"
 NO_PLAN_NOTE = "No plan for the settings above (the message at the top says why)."
-
-
-def html_table(frame, columns: List[str], max_height_px: int = 380) -> str:
-    """A small scrollable HTML table (faster than DataFrame.to_html for a redraw on every click)."""
-    def cell(value: Any, column: str) -> str:
-        if isinstance(value, list) and len(value) > 8:
-            return html.escape(f"{value[:4]} ... ({len(value)} ranks)")
-        return html.escape(humanize(value, column))
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v, c)}</td>" for v, c in zip(row, columns)) + "</tr>"
-                   for row in frame[columns].itertuples(index=False, name=None))
-    return (f'<div style="max-height:{max_height_px}px;overflow:auto"><table class="rtk-choices" '
-            'style="border-collapse:collapse;font-size:12px"><thead style="position:sticky;top:0;background:#f3f4f6">'
-            f"<tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-            "<style>.rtk-choices td,.rtk-choices th{border:1px solid #e5e7eb;padding:2px 6px;text-align:left}</style>")
-
-
-def _error_box(text: str) -> str:
-    return ('<div class="rtk-plan-error" style="border:1px solid #fecaca;background:#fef2f2;color:#991b1b;'
-            'padding:8px;border-radius:6px;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px">'
-            f"<b>No plan:</b> {html.escape(text)}</div>")
 
 
 class PlanExplorer(w.VBox):
@@ -227,36 +210,8 @@ class PlanExplorer(w.VBox):
 
     def _initial_settings(self, topology, world_size, local_world_size, memory_gib, batch_size, optimizer,
                           objective, compute_device, forced) -> ExplorerSettings:
-        settings = ExplorerSettings()
-        if compute_device is not None:
-            settings.compute_device = compute_device
-        if topology is not None:
-            settings.world_size = int(getattr(topology, "world_size", settings.world_size))
-            settings.local_world_size = int(getattr(topology, "local_world_size", None) or settings.world_size)
-            settings.compute_device = str(getattr(topology, "compute_device", settings.compute_device))
-            cap = getattr(topology, "hbm_cap" if settings.compute_device != "cpu" else "ddr_cap", None)
-            if isinstance(cap, (list, tuple)):
-                cap = min(cap)
-            if cap:
-                settings.memory_per_rank_gib = float(cap) / planning.GIB
-            settings.batch_size = int(getattr(topology, "batch_size", None) or settings.batch_size)
-        if world_size is not None:
-            settings.world_size = world_size
-            if local_world_size is None and topology is None:
-                settings.local_world_size = world_size
-        if local_world_size is not None:
-            settings.local_world_size = local_world_size
-        if memory_gib is not None:
-            settings.memory_per_rank_gib = memory_gib
-        if batch_size is not None:
-            settings.batch_size = batch_size
-        elif topology is None and self.table_set.batch_size:
-            settings.batch_size = self.table_set.batch_size
-        if compute_device is not None:
-            settings.compute_device = compute_device
-        settings.optimizer, settings.objective = optimizer, objective
-        settings.forced = {k: ShardingType.parse(v).value for k, v in (forced or {}).items() if v != AUTO}
-        return ExplorerSettings(**{**settings.__dict__})  # validates
+        return initial_settings(self.table_set, topology, world_size, local_world_size, memory_gib, batch_size,
+                                optimizer, objective, compute_device, forced)
 
     def _build_controls(self, plan_path: str) -> None:
         s = self.settings
@@ -435,7 +390,7 @@ class PlanExplorer(w.VBox):
         try:
             action()
         except Exception as error:  # shown in the widget, never as a traceback
-            self.export_message.value = _error_box(f"{type(error).__name__}: {error}")
+            self.export_message.value = error_box(f"{type(error).__name__}: {error}")
 
     @staticmethod
     def _divisors(world_size: int) -> List[int]:
@@ -511,73 +466,16 @@ class PlanExplorer(w.VBox):
         try:
             self.measure(int(self.measure_steps.value))
         except Exception as error:  # shown in the tab, never as a traceback
-            self.measure_note.value = _error_box(f"{type(error).__name__}: {error}")
+            self.measure_note.value = error_box(f"{type(error).__name__}: {error}")
 
     def _draw_measure(self) -> None:
-        if self.profile is None:
-            terms = ("<b>Time terms:</b> TorchRec's bandwidth-only defaults (no calibration profile; make one with "
-                     "<code>python -m rectoolkit.planner.calibrate</code> and pass <code>profile=\"default\"</code>)")
-        else:
-            rows = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.profile.summary_rows())
-            where = self.profile.machine.get("host", "?")
-            terms = f"<b>Calibration profile</b> (measured on {html.escape(str(where))}):<ul>{rows}</ul>"
-        if self.measurements is None:
-            self.measure_note.value = ("Measure runs the current plan (and the pinned one) for a few steps on local "
-                                       f"CPU workers and shows measured beside estimated step time.<br>{terms}")
-            return
-        info = self.measurements.info
-        columns = [c for c in ("plan", "est_step_ms", "est_now_ms", "step_ms", "cpu_ms") if c in self.measurements.plans]
-        table = html_table(self.measurements.plans, columns)
-        probe = info.get("load_probe_before")
-        alone = probe.get("factor_alone") if probe else None
-        load = (f"; load factor {probe['factor']:.2f}: a synthetic step took that many times its work in wall time"
-                + (f", {alone:.2f} with one rank working" if alone is not None else "")
-                + " (est_now_ms = est_step_ms at that load, between the two by how busy the plan keeps the other "
-                "ranks: other work shares the cores)" if probe else "")
-        self.measure_note.value = (f"{table}<small>{info['world_size']} ranks, batch {info['batch_size']} per rank, "
-                                   f"load average {info['load_average_before'][0]} before the run{load}</small>"
-                                   f"<br>{terms}")
-        self.measure_fig.show(*measured_vs_estimated_traces(self.measurements.ranks))
+        self.measure_note.value = measure_note(self.profile, self.measurements)
+        if self.measurements is not None:
+            self.measure_fig.show(*measured_vs_estimated_traces(self.measurements.ranks))
 
     def _draw_status(self) -> None:
-        forced = ", ".join(f"{t}={k}" for t, k in sorted(self.settings.forced.items())) or "none"
-        moves = len(self.settings.moves)
-        self.forced_label.value = (f"<small>forced types: {html.escape(forced)}"
-                                   f"{f'; {moves} hand move(s) on the board' if moves else ''}</small>")
-        result = self.result
-        if not result.ok:
-            self.status.value = _error_box(result.error or "no plan")
-            return
-        tables = len(self.table_set.tables)
-        pieces = [f"<b>{tables} tables on {self.settings.world_size} ranks</b>"]
-        if result.memory is not None:
-            pieces.append(self._memory_summary(result.memory))
-        summary = getattr(result.report, "summary", None) or {}
-        if "max_time_ms" in summary:
-            pieces.append(f"slowest rank {summary['slowest_rank']}: {summary['max_time_ms']:.3f} ms per step")
-        if result.comm is not None:
-            options = comm_options(result.comm)
-            matrix = options[TOTAL]
-            pieces.append(f"{format_bytes(float(matrix.sum() - np.trace(matrix)))} across links per step")
-        notes = "".join(f"<br><small>{html.escape(n)}</small>" for n in result.notes)
-        self.status.value = ('<div class="rtk-status" style="padding:6px;border-radius:6px;background:#f0fdf4;'
-                             'border:1px solid #bbf7d0">' + " &middot; ".join(pieces) + notes + "</div>")
-
-    def _memory_summary(self, memory) -> str:
-        from rectoolkit.viz.memory import memory_stacks
-
-        from rectoolkit.viz.memory import primary_memory
-
-        _, _, values, cap, overflow = memory_stacks(memory)
-        used_col, _, kind = primary_memory(memory)
-        used = memory[used_col].to_numpy(dtype=float) if used_col else values.sum(axis=0)
-        peak = float(used.max()) if used.size else 0.0
-        text = f"peak {kind} {format_bytes(peak)}"
-        if np.isfinite(cap).any():
-            text += f" of {format_bytes(float(np.nanmax(cap)))}"
-        if overflow.any():
-            text += f' <span style="color:#b91c1c">({int((overflow > 0).sum())} rank(s) over capacity)</span>'
-        return text
+        self.forced_label.value = forced_label(self.settings)
+        self.status.value = status_html(self.result, self.settings, len(self.table_set.tables))
 
     def _draw_placement(self) -> None:
         placement = self.result.placement
