@@ -1,7 +1,7 @@
 """Fault injection for rectoolkit.launch: interrupts, killed and crashing ranks, hangs, helpers left behind.
 
-Each case runs a small caller script in a subprocess with a timeout, so a hang fails the test instead of
-hanging the suite. The worker functions live in the script's `__main__`, as in a notebook. Every process of a
+Each case runs a small caller script in a process of its own with a timeout, so a hang fails the test instead
+of hanging the suite (forked from a server that has imported rectoolkit.launch once: `launch_callers`). The worker functions live in the script's `__main__`, as in a notebook. Every process of a
 case (workers and the helpers they start) carries an environment mark unique to the case; the caller counts
 the marked processes while the job runs (so the counter is shown to work) and after it (0 orphans).
 """
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import uuid
 from pathlib import Path
 
+import launch_callers
 import pytest
 
 from rectoolkit.launch import launch
@@ -65,21 +63,17 @@ def emit(**fields):
 
 
 def run_case(tmp_path: Path, body: str, timeout_s: float = 180) -> dict:
-    """Run PRELUDE + body as a caller script; return the dict it emitted. A hang fails here, after timeout_s."""
+    """Run PRELUDE + body as a caller script (in a process of its own, forked with rectoolkit.launch already
+    imported: see launch_callers); return the dict it emitted. A hang fails here, after timeout_s."""
     script = tmp_path / "case.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     mark = uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_MARK=mark)
-    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, start_new_session=True)
-    try:
-        out, err = caller.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(caller.pid, signal.SIGKILL)
-        out, err = caller.communicate()
+    code, out, err = launch_callers.run(script, env, timeout_s)
+    if code is None:
         pytest.fail(f"the case hung (no result within {timeout_s} s)\nstdout:\n{out}\nstderr:\n{err[-4000:]}")
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert caller.returncode == 0 and lines, f"exit {caller.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+    assert code == 0 and lines, f"exit {code}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
     result["leftover_after_caller_exit"] = _marked_processes(mark)
     return result
