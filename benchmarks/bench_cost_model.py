@@ -592,7 +592,8 @@ def replicas(rounds: int, steps: int, counts=(0, 1, 3, 6, 9)) -> str:
         module_plan = dict(base.plan[""])
         for name in REPLICA_CANDIDATES[:k]:
             rows, dim = config[name].num_embeddings, config[name].embedding_dim
-            module_plan[name] = _sharding("data_parallel", [_shard(r, 0, 0, rows, dim) for r in range(WORLD_SIZE)])
+            module_plan[name] = _sharding("data_parallel", [_shard(r, 0, 0, rows, dim) for r in range(WORLD_SIZE)],
+                                          EmbeddingComputeKernel.DENSE.value)
         plans[f"replicas_{k}"] = ShardingPlan({"": module_plan})
     load_before = os.getloadavg()
     result = measure_workload(plans, workload, steps=steps, rounds=rounds, phase_steps=1, topology=topology)

@@ -6,6 +6,13 @@
     backward      the tables' dense gradients are all-reduced (dp_allreduce, replicas.py) and AVERAGED over the
                   ranks into the replicas' .grad; your dense optimizer updates them
 
+Gradient accumulation, as DDP's no_sync (the collection's `no_sync()`, entered by GradientAccumulationWrapper on
+its no-sync micro-batches): the backward of a lookup run inside it sends nothing and adds this rank's own gradient
+to .grad, unaveraged as DDP leaves it; the next backward outside it all-reduces the replicas' whole .grad with its
+own gradient and divides by the world size (DDP's all-reduce of the accumulated .grad), so the step sees what an
+all-reduce in every micro-batch gives, to float rounding, for the bytes of one. A step that no synced backward
+came before (a partial group at the end) calls `reduce_accumulated()` first, so the replicas stay equal.
+
 As TorchRec 1.8's DATA_PARALLEL (the DENSE kernel, its lookup wrapped in DistributedDataParallel): a replica is a
 plain parameter, not marked `_in_backward_optimizers`, so `in_backward_optimizer_filter(model.named_parameters())`
 gives it to the dense optimizer you build, and no fused optimizer (the collection's, the sharder's fused_params,
@@ -41,6 +48,8 @@ class DataParallelSharding(ShardingGroup):
         self.features = [f for t in self.tables for f in t.feature_names]
         self.feature_table = [i for i, t in enumerate(self.tables) for _ in t.feature_names]
         self.weights = make_replicas(spec)
+        self.sync_gradients = True  # False inside the collection's no_sync(): read by each lookup's forward
+        self.unsynced_grads = False  # a backward under no_sync left a local gradient in .grad, still to all-reduce
         columns = [torch.arange(spec.key_offsets[key], spec.key_offsets[key] + t.embedding_dim)
                    for t, keys in zip(self.tables, spec.output_keys) for key in keys]
         self.register_buffer("out_columns", torch.cat(columns).to(self.env.device), persistent=False)
@@ -66,13 +75,48 @@ class DataParallelSharding(ShardingGroup):
         return looked_up, torch.cat(where).reshape(-1)
 
     # -------------------------------------------------------------- backward (called by ReplicaLookup)
-    def reduce(self, flat: torch.Tensor, grads: List[torch.Tensor], divide_by: int) -> List[torch.Tensor]:
+    def reduce(self, flat: torch.Tensor, grads: List[torch.Tensor], divide_by: int, sync: bool = True
+               ) -> List[torch.Tensor]:
         """All-reduce the gradients and divide them by `divide_by` (what the output's gradient was not already
-        divided by, so that they end averaged); returned for autograd (.grad), in the replicas' dtype."""
-        all_reduce_gradients(self.env, flat, [g.numel() for g in grads])
-        if divide_by != 1:
-            flat.div_(divide_by)
-        return [grad.to(param.dtype) for grad, param in zip(grads, self.weights.values())]  # (float16 replicas)
+        divided by, so that they end averaged); returned for autograd (.grad), in the replicas' dtype.
+
+        With `sync` False (a lookup under no_sync) nothing is sent: this rank's gradient is returned as DDP leaves
+        it, not divided (times world_size / divide_by). The next synced backward all-reduces it from .grad with its
+        own, then divides by the world size, and .grad is replaced by the result (the module docstring)."""
+        params = list(self.weights.values())
+        undivided = self.env.world_size / divide_by  # what turns `flat` into this rank's undivided gradient
+        if not sync:
+            self.unsynced_grads = True
+            if undivided != 1:
+                flat.mul_(undivided)
+        elif self.unsynced_grads:
+            if undivided != 1:
+                flat.mul_(undivided)
+            for grad, param in zip(grads, params):
+                if param.grad is not None:
+                    grad.add_(param.grad)
+                    param.grad = None  # autograd stores the all-reduced sum in its place
+            all_reduce_gradients(self.env, flat, [g.numel() for g in grads])
+            flat.div_(self.env.world_size)
+            self.unsynced_grads = False
+        else:
+            all_reduce_gradients(self.env, flat, [g.numel() for g in grads])
+            if divide_by != 1:
+                flat.div_(divide_by)
+        return [grad.to(param.dtype) for grad, param in zip(grads, params)]  # (float16 replicas)
+
+    def reduce_accumulated(self) -> None:
+        """All-reduce now what backwards under no_sync left in the replicas' .grad, averaged over the ranks (for a
+        step that no synced backward came before); nothing when none is left. Collective: every rank calls it."""
+        if not self.unsynced_grads:
+            return
+        params = list(self.weights.values())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in params])
+        all_reduce_gradients(self.env, flat, [p.numel() for p in params])
+        flat.div_(self.env.world_size)
+        for piece, param in zip(flat.split([p.numel() for p in params]), params):
+            param.grad = piece.view_as(param).to(param.dtype)
+        self.unsynced_grads = False
 
     # -------------------------------------------------------------- state
     def local_shards(self) -> List[LocalShard]:

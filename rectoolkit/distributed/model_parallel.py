@@ -31,6 +31,7 @@ rectoolkit gives the whole table as a plain tensor on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections import OrderedDict
@@ -419,6 +420,27 @@ class DistributedModelParallel(nn.Module):
 
         visit(self._plain_module, prefix)
         return destination
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients without all-reduces (rectoolkit's; TorchRec 1.8's DMP has none, its
+        GradientAccumulationWrapper enters no_sync() on every DDP in the model, rectoolkit's on the same modules):
+        the dense part's DDP no_sync (once wrapped) and every sharded collection's (its DATA_PARALLEL replicas',
+        ShardedCollection.no_sync). Run the forward and backward inside; the first backward outside all-reduces
+        what accumulated, averaged like DDP's.
+
+            with model.no_sync():
+                loss_fn(model(batch)).backward()   # local gradients only
+            loss_fn(model(next_batch)).backward()  # all-reduced, the accumulated ones with it
+        """
+        with contextlib.ExitStack() as stack:
+            wrapped = self._dmp_wrapped_module
+            if wrapped is not self._plain_module and hasattr(wrapped, "no_sync"):
+                stack.enter_context(wrapped.no_sync())
+            for module in self._plain_module.modules():
+                if isinstance(module, ShardedCollection):
+                    stack.enter_context(module.no_sync())
+            yield
 
     @property
     def sharded_modules(self) -> Dict[str, Sharded]:

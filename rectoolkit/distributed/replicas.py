@@ -2,7 +2,8 @@
 
     forward    embedding_bag (or embedding) per feature on the local replica
     backward   each table's dense gradient (one flat buffer) -> dp_allreduce -> averaged over the ranks -> .grad
-               (as the DistributedDataParallel that TorchRec wraps its DATA_PARALLEL lookups in)
+               (as the DistributedDataParallel that TorchRec wraps its DATA_PARALLEL lookups in); a lookup run
+               under the collection's no_sync() skips the all-reduce, as DDP's no_sync (data_parallel.py)
 
 dp_allreduce is a reduce-scatter then an all-gather per table, chunk k of a table's N values to rank k, rank i
 sending rank j 4 * (chunk_j + chunk_i) bytes (rectoolkit.plan.traffic.dp_chunk_sizes).
@@ -65,11 +66,12 @@ def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[i
 
 class ReplicaLookup(torch.autograd.Function):
     """Forward: the local replicas' lookup, [sum of dims, B] transposed (pooled) or flat rows (sequence).
-    Backward: the dense gradients, averaged over the ranks by `group.reduce` (see module docstring)."""
+    Backward: the dense gradients, averaged over the ranks by `group.reduce` (see module docstring); whether it
+    all-reduces is decided at forward, as DDP's no_sync decides it."""
 
     @staticmethod
     def forward(ctx, group, batch: FeatureBatch, *weights: torch.Tensor) -> torch.Tensor:
-        ctx.group, ctx.batch = group, batch
+        ctx.group, ctx.batch, ctx.sync = group, batch, group.sync_gradients
         # averaged like DDP's: the collection divides its output's gradient by the world size when
         # get_gradient_division() (comm.divide_gradient); otherwise the replicas' backward divides
         ctx.divide_by = 1 if get_gradient_division() else group.env.world_size
@@ -108,4 +110,4 @@ class ReplicaLookup(torch.autograd.Function):
                 per_id = grad_out[column:column + ids.numel() * dim].view(-1, dim)
                 column += ids.numel() * dim
             grads[t].index_add_(0, ids, per_id.to(flat.dtype))
-        return (None, None) + tuple(group.reduce(flat, grads, ctx.divide_by))
+        return (None, None) + tuple(group.reduce(flat, grads, ctx.divide_by, ctx.sync))

@@ -18,6 +18,7 @@ input_dist, as TorchRec's variable batch per rank).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -49,7 +50,8 @@ from rectoolkit.optim.fused import FusedOptimizerModule
 from rectoolkit.optim.keyed import CombinedOptimizer
 from rectoolkit.modules.layout import FeatureLayout, expand_blocks, expand_pooled, guard_gradient
 from rectoolkit.modules.mixed_dtypes import table_dtype
-from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata
+from rectoolkit.plan.types import (
+    EmbeddingComputeKernel, ParameterSharding, ShardingType, ShardMetadata, check_data_parallel_kernel)
 from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -77,11 +79,12 @@ def uses_dense_kernel(table: str, ps: ParameterSharding, env: ShardingEnv,
       memory_bytes() counts them as host bytes). On GPU they would need fbgemm's managed (UVM) memory,
       which rectoolkit.kernels does not allocate yet: refused rather than silently placed in GPU memory.
     - "quant*": inference kernels (rectoolkit.quant.sharding); refused for a collection that trains.
-    DATA_PARALLEL tables always have the "dense" kernel (TorchRec's only kernel for them): a plain replica whose
-    gradient is averaged over the ranks into .grad for your dense optimizer, whatever fused optimizer the
-    collection has (data_parallel.py).
+    DATA_PARALLEL tables have the "dense" kernel only (TorchRec's only kernel for them; another is refused): a
+    plain replica whose gradient is averaged over the ranks into .grad for your dense optimizer, whatever fused
+    optimizer the collection has (data_parallel.py).
     """
     kernel = EmbeddingComputeKernel.parse(ps.compute_kernel)
+    check_data_parallel_kernel(ps.sharding_type, kernel, f"table {table!r}")  # (a plan edited after it was built)
     if kernel in (EmbeddingComputeKernel.QUANT, EmbeddingComputeKernel.QUANT_UVM,
                   EmbeddingComputeKernel.QUANT_UVM_CACHING) and optimizer is not None:
         raise ValueError(f"table {table!r} is planned with compute_kernel {kernel.value!r}, a quantized inference "
@@ -274,6 +277,30 @@ class ShardedCollection(ShardedModule):
 
     def embedding_configs(self) -> List[BaseEmbeddingConfig]:
         return self._tables
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's no_sync for the DATA_PARALLEL replicas: the backward of a forward run inside sends no all-reduce
+        and leaves this rank's gradient in .grad; the next backward of a forward outside all-reduces it with its own
+        (data_parallel.py). The other tables' gradients travel in every backward, as in TorchRec.
+        GradientAccumulationWrapper enters it on its no-sync micro-batches; DistributedModelParallel.no_sync too."""
+        replicas = [group for group in self.groups.values() if isinstance(group, DataParallelSharding)]
+        before = [group.sync_gradients for group in replicas]
+        for group in replicas:
+            group.sync_gradients = False
+        try:
+            yield
+        finally:
+            for group, sync in zip(replicas, before):
+                group.sync_gradients = sync
+
+    def reduce_accumulated_gradients(self) -> None:
+        """All-reduce now (averaged) what backwards under no_sync() left in the replicas' .grad: before an optimizer
+        step that no synced backward came before (GradientAccumulationWrapper's partial last group), so that the
+        replicas stay equal. Collective: every rank calls it."""
+        for group in self.groups.values():
+            if isinstance(group, DataParallelSharding):
+                group.reduce_accumulated()
 
     @property
     def fused_optimizer_config(self) -> Optional[FusedOptimizerConfig]:

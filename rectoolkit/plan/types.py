@@ -217,6 +217,16 @@ class ParameterSharding:
     builds them) or a plain list of ShardMetadata; its shards are kept in `shards` (also a keyword), and
     `sharding_spec` reads them back. For DATA_PARALLEL, `shards` holds one full-table replica per rank.
 
+    `compute_kernel` defaults to "fused", and to "dense" for DATA_PARALLEL: a replica has the dense kernel only
+    (TorchRec's sharders offer it no other), so another kernel on a DATA_PARALLEL entry is refused, not ignored.
+
+        >>> ParameterSharding("data_parallel", ranks=[0, 1]).compute_kernel
+        'dense'
+        >>> ParameterSharding("data_parallel", "fused", ranks=[0, 1])
+        Traceback (most recent call last):
+        ...
+        ValueError: ParameterSharding: a data_parallel table has compute_kernel 'fused', but a replica runs the dense kernel only (a plain parameter updated by your dense optimizer, as in TorchRec); use compute_kernel="dense" (or leave it out)
+
     TorchRec's per-table options ride along as TorchRec puts them (from the table's ParameterConstraints):
     `cache_params`, `enforce_hbm`, `stochastic_rounding`, `bounds_check_mode`, `output_dtype`. The sharded
     collections check them against what they run (rectoolkit.distributed.sharded_ebc.check_table_options).
@@ -236,7 +246,7 @@ class ParameterSharding:
     output_dtype: Optional[Any]  # a DataType
 
     def __init__(self, sharding_type: Union[ShardingType, str],
-                 compute_kernel: Union[EmbeddingComputeKernel, str] = EmbeddingComputeKernel.FUSED.value,
+                 compute_kernel: Optional[Union[EmbeddingComputeKernel, str]] = None,
                  ranks: Optional[Sequence[int]] = None, sharding_spec: Any = None,
                  cache_params: Optional[CacheParams] = None, enforce_hbm: Optional[bool] = None,
                  stochastic_rounding: Optional[bool] = None, bounds_check_mode: Optional[Any] = None,
@@ -250,7 +260,7 @@ class ParameterSharding:
             raise TypeError("ParameterSharding: give the shards once, as sharding_spec=EnumerableShardingSpec([...]) "
                             "(TorchRec's) or as shards=[...], not both")
         self.sharding_type = ShardingType.parse(sharding_type).value
-        self.compute_kernel = EmbeddingComputeKernel.parse(compute_kernel).value
+        self.compute_kernel = _kernel_for(ShardingType(self.sharding_type), compute_kernel).value
         self.ranks = [int(r) for r in ranks] if ranks is not None else None
         self.shards = _shards_of(sharding_spec if sharding_spec is not None else shards)
         self.cache_params = cache_params
@@ -287,6 +297,29 @@ class ParameterSharding:
     def sharding_spec(self) -> Optional[EnumerableShardingSpec]:
         """TorchRec's view of the shards (None while there are none, as for a DATA_PARALLEL table TorchRec plans)."""
         return EnumerableShardingSpec(self.shards) if self.shards else None
+
+
+def _kernel_for(sharding_type: ShardingType,
+                compute_kernel: Optional[Union[EmbeddingComputeKernel, str]]) -> EmbeddingComputeKernel:
+    """The kernel asked for, or the default: "dense" for DATA_PARALLEL (its only kernel), "fused" otherwise."""
+    if compute_kernel is None:
+        return EmbeddingComputeKernel.DENSE if sharding_type == ShardingType.DATA_PARALLEL \
+            else EmbeddingComputeKernel.FUSED
+    kernel = EmbeddingComputeKernel.parse(compute_kernel)
+    check_data_parallel_kernel(sharding_type, kernel, "ParameterSharding")
+    return kernel
+
+
+def check_data_parallel_kernel(sharding_type: Union[ShardingType, str], kernel: Union[EmbeddingComputeKernel, str],
+                               subject: str) -> None:
+    """Refuse a DATA_PARALLEL entry with a kernel other than "dense": TorchRec's sharders offer DATA_PARALLEL the
+    DENSE kernel only (its lookup is a plain replica under DDP), so any other kernel would be ignored. `subject`
+    says whose entry it is (the table, where known)."""
+    kernel = EmbeddingComputeKernel.parse(kernel)
+    if ShardingType.parse(sharding_type) == ShardingType.DATA_PARALLEL and kernel != EmbeddingComputeKernel.DENSE:
+        raise ValueError(f"{subject}: a data_parallel table has compute_kernel {kernel.value!r}, but a replica runs "
+                         "the dense kernel only (a plain parameter updated by your dense optimizer, as in TorchRec); "
+                         "use compute_kernel=\"dense\" (or leave it out)")
 
 
 def _shards_of(spec: Any) -> List[ShardMetadata]:

@@ -6,9 +6,13 @@ set_gradient_division says), the dense optimizer built over in_backward_optimize
 updates it, and DMP's fused_optimizer does not list it. Both DMPs get the same model (rectoolkit's weights copied
 into TorchRec's), the same per-rank batches and the same optimizers (a fused one for the ROW_WISE / TABLE_WISE
 tables, a dense Adagrad over the rest); every table's weights and the replica's .grad are compared after each step.
+Under both libraries' GradientAccumulationWrapper, rectoolkit's replicas skip their all-reduce on the no-sync
+micro-batches, as DDP's no_sync (accumulation_worker says what is compared).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -38,10 +42,10 @@ class Model(torch.nn.Module):
         return self.over(self.ebc(kjt).values()).squeeze(1)
 
 
-def _batches(rank: int):
+def _batches(rank: int, steps: int = STEPS):
     generator = torch.Generator().manual_seed(5 + rank)
     out = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         lengths = torch.randint(0, 4, (3 * len(TABLES),), generator=generator)
         values = torch.cat([torch.randint(0, rows, (int(lengths[3 * i:3 * i + 3].sum()),), generator=generator)
                             for i, (_, rows, _, _) in enumerate(TABLES)])
@@ -104,13 +108,10 @@ def _whole(value) -> torch.Tensor:
     return out
 
 
-def training_worker(rank: int, world_size: int, fused: str, division: bool) -> None:
-    import torch.distributed as dist
-
-    ours, our_dense, our_kjt = _dmp("rectoolkit", world_size, fused, division)
-    theirs, their_dense, their_kjt = _dmp("torchrec", world_size, fused, division)
+def _copy_weights(ours, theirs) -> dict:
+    """TorchRec's DMP initializes its tables afresh: give it rectoolkit's weights (rectoolkit's state, returned)."""
     our_state = ours.state_dict()
-    with torch.no_grad():  # TorchRec's DMP initializes its tables afresh: give it rectoolkit's weights
+    with torch.no_grad():
         for key, value in theirs.state_dict().items():
             if hasattr(value, "local_shards"):
                 for shard in value.local_shards():
@@ -118,6 +119,15 @@ def training_worker(rank: int, world_size: int, fused: str, division: bool) -> N
                     shard.tensor.copy_(our_state[key][r:r + h, c:c + w])
             else:
                 value.copy_(our_state[key])
+    return our_state
+
+
+def training_worker(rank: int, world_size: int, fused: str, division: bool) -> None:
+    import torch.distributed as dist
+
+    ours, our_dense, our_kjt = _dmp("rectoolkit", world_size, fused, division)
+    theirs, their_dense, their_kjt = _dmp("torchrec", world_size, fused, division)
+    our_state = _copy_weights(ours, theirs)
     assert _facts(ours, our_dense) == _facts(theirs, their_dense)
     facts = _facts(ours, our_dense)
     assert "ebc.embedding_bags.dp.weight" in facts["dense_optimizer_params"]
@@ -148,9 +158,117 @@ def training_worker(rank: int, world_size: int, fused: str, division: bool) -> N
     assert not torch.equal(our_replica.detach(), our_state["ebc.embedding_bags.dp.weight"])
 
 
+# ------------------------------------------------------------------------------------------------ accumulation
+class _Step:
+    """The smallest pipeline GradientAccumulationWrapper wraps (both libraries'): zero_grad, forward, backward, step
+    of the optimizer it holds as `_optimizer`."""
+
+    def __init__(self, dmp, optimizer, kjt) -> None:
+        self._dmp, self._optimizer, self._kjt = dmp, optimizer, kjt
+
+    def progress(self, batches):
+        values, lengths = next(batches)
+        self._optimizer.zero_grad()
+        out = self._dmp(self._kjt.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths))
+        loss = (out * torch.arange(1.0, out.numel() + 1)).sum()
+        loss.backward()
+        self._optimizer.step()
+        return loss.detach()
+
+
+def accumulation_worker(rank: int, world_size: int, fused: str, division: bool) -> None:
+    """GradientAccumulationWrapper (num_steps 3, 8 micro-batches: all-reduced at 0, 2, 5; the partial last group
+    stepped at StopIteration) around both libraries' DMPs. rectoolkit's replicas send dp_allreduce on the synced micro-batches only, each the bytes of one
+    all-reduce of the table; under no_sync their .grad holds this rank's own gradient (DDP's no_sync). TorchRec
+    1.8's wrapper does not reach the DDP of its ShardedEmbeddingBagCollection's DATA_PARALLEL lookups (they sit in
+    a plain list, not a submodule), so its replicas all-reduce in every micro-batch: its .grad is the mean of
+    ours over the ranks there, and on the synced micro-batches the .grad and the weights equal ours. A hand loop
+    under `dmp.no_sync()` gives the wrapper's numbers exactly, and one that all-reduces every micro-batch the same
+    to float rounding. At StopIteration rectoolkit all-reduces what the partial group's replicas accumulated
+    before the step (once), so the replicas stay equal on every rank and equal TorchRec's."""
+    import torch.distributed as dist
+
+    from rectoolkit.distributed.train_pipeline import gradient_accumulation as ours_ga
+    from torchrec.distributed.train_pipeline import gradient_accumulation as their_ga
+
+    num_steps, synced = 3, [True, False, True, False, False, True, False, False]
+    runs = {}
+    for lib_name, ga in (("rectoolkit", ours_ga), ("torchrec", their_ga)):
+        dmp, dense, kjt = _dmp(lib_name, world_size, fused, division)
+        runs[lib_name] = (dmp, ga.GradientAccumulationWrapper(_Step(dmp, dense, kjt), dense, dmp,
+                                                             ga.GradientAccumulationConfig(num_steps=num_steps)))
+    _copy_weights(runs["rectoolkit"][0], runs["torchrec"][0])
+    hand = {how: _dmp("rectoolkit", world_size, fused, division) for how in ("no_sync", "every_batch")}
+    replica = {name: dict(dmp.named_parameters())["ebc.embedding_bags.dp.weight"]
+               for name, dmp in [(lib, run[0]) for lib, run in runs.items()] + [(h, d[0]) for h, d in hand.items()]}
+    env = runs["rectoolkit"][0].env
+    table_values = 7 * 4  # the dp table, rows x dim: chunks of 14 values, rank i sending rank j 4 * (14 + 14) bytes
+    for step, batch in enumerate(_batches(rank, len(synced))):
+        where = f"rank {rank} micro-batch {step} ({'synced' if synced[step] else 'no_sync'})"
+        env.stats.reset()
+        for _, wrapper in runs.values():
+            wrapper.progress(iter([batch]))
+        sent = env.stats.bytes_sent.get("dp_allreduce")
+        if synced[step]:
+            assert env.stats.calls["dp_allreduce"] == 1 and sent.tolist() == [4 * table_values] * world_size, where
+        else:
+            assert sent is None, (where, sent)
+        for how, (dmp, dense, kjt) in hand.items():
+            if step % num_steps == 0:
+                dense.zero_grad(set_to_none=True)  # as the wrapper's
+            with dmp.no_sync() if how == "no_sync" and not synced[step] else contextlib.nullcontext():
+                if how == "no_sync" and not synced[step]:
+                    assert not dmp._dmp_wrapped_module.require_backward_grad_sync  # the dense DDP's too
+                out = dmp(kjt.from_lengths_sync(keys=FEATURES, values=batch[0], lengths=batch[1]))
+                (out * torch.arange(1.0, out.numel() + 1)).sum().backward()
+            if (step + 1) % num_steps == 0:
+                dense.step()
+        ours_on_ranks = [torch.empty_like(replica["rectoolkit"]) for _ in range(world_size)]
+        theirs_on_ranks = [torch.empty_like(replica["torchrec"]) for _ in range(world_size)]
+        dist.all_gather(ours_on_ranks, replica["rectoolkit"].grad)
+        dist.all_gather(theirs_on_ranks, replica["torchrec"].grad)
+        assert all(torch.equal(theirs_on_ranks[0], g) for g in theirs_on_ranks[1:]), where  # all-reduced
+        assert synced[step] == all(torch.equal(ours_on_ranks[0], g) for g in ours_on_ranks[1:]), where
+        torch.testing.assert_close(sum(ours_on_ranks) / world_size, replica["torchrec"].grad, atol=1e-6, rtol=1e-6,
+                                   msg=lambda m: f"{where} replica grad (mean over the ranks) against TorchRec's: {m}")
+        assert torch.equal(replica["rectoolkit"].grad, replica["no_sync"].grad), where
+        assert torch.equal(replica["rectoolkit"].detach(), replica["no_sync"].detach()), where
+        torch.testing.assert_close(replica["rectoolkit"].detach(), replica["torchrec"].detach(), atol=1e-6, rtol=1e-6,
+                                   msg=lambda m: f"{where} replica against TorchRec's: {m}")
+        if synced[step]:  # all-reduced: what an all-reduce in every micro-batch gives
+            torch.testing.assert_close(replica["rectoolkit"].grad, replica["every_batch"].grad, atol=1e-6, rtol=1e-6,
+                                       msg=lambda m: f"{where} replica grad against every micro-batch's: {m}")
+            torch.testing.assert_close(replica["rectoolkit"].detach(), replica["every_batch"].detach(), atol=1e-6,
+                                       rtol=1e-6, msg=lambda m: f"{where} replica against every micro-batch's: {m}")
+    env.stats.reset()
+    for _, wrapper in runs.values():
+        with pytest.raises(StopIteration):
+            wrapper.progress(iter([]))
+    assert env.stats.calls == {"dp_allreduce": 1}, env.stats.calls  # the partial group's, before its step
+    for how, (dmp, dense, _) in hand.items():
+        if how == "no_sync":
+            dmp.sharded_modules["ebc"].reduce_accumulated_gradients()
+        dense.step()
+    finals = {name: weight.detach() for name, weight in replica.items()}
+    on_ranks = [torch.empty_like(finals["rectoolkit"]) for _ in range(world_size)]
+    dist.all_gather(on_ranks, finals["rectoolkit"])
+    assert all(torch.equal(on_ranks[0], weight) for weight in on_ranks[1:]), f"rank {rank}: replicas differ"
+    assert torch.equal(finals["rectoolkit"], finals["no_sync"]), rank
+    for other in ("torchrec", "every_batch"):
+        torch.testing.assert_close(finals["rectoolkit"], finals[other], atol=1e-6, rtol=1e-6,
+                                   msg=lambda m: f"rank {rank} replica after the last step against {other}: {m}")
+    ours_now, theirs_now = runs["rectoolkit"][0].state_dict(), runs["torchrec"][0].state_dict()
+    for key, their_value in theirs_now.items():
+        expected = _whole(their_value)
+        held = ~expected.isnan()
+        torch.testing.assert_close(ours_now[key][held], expected[held], atol=1e-6, rtol=1e-6,
+                                   msg=lambda m: f"rank {rank} {key} after accumulation: {m}")
+
+
 @pytest.mark.multiprocess
 @pytest.mark.torchrec
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fused, division", [("sgd_in_backward", True), ("adagrad_fused_params", False)])
-def test_data_parallel_table_trains_as_torchrec(fused, division):
-    run_workers(training_worker, 2, fused, division)
+@pytest.mark.parametrize("worker", [training_worker, accumulation_worker], ids=["steps", "accumulation"])
+def test_data_parallel_table_trains_as_torchrec(worker, fused, division):
+    run_workers(worker, 2, fused, division)

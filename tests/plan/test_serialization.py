@@ -87,3 +87,12 @@ def test_replicas_and_ranks_are_checked():
         validate_plan(bad, {"b": (6, 4)})
     with pytest.raises(PlanValidationError, match="table a: shard 1 is placed on rank 1 but the world size is 1"):
         validate_plan(make_plan(), world_size=1)
+
+
+def test_a_file_whose_data_parallel_entry_has_another_kernel_is_refused_naming_the_table():
+    # TorchRec 1.8 cannot run such an entry either (its DATA_PARALLEL sharding fails inside fbgemm's fused kernel)
+    data = plan_to_dict(make_plan())
+    data["plan"][""]["b"]["compute_kernel"] = "fused"
+    with pytest.raises(PlanValidationError, match=r"plan: table 'b': .*data_parallel table has compute_kernel "
+                                                  r"'fused'.*use compute_kernel=\"dense\""):
+        plan_from_json(json.dumps(data))

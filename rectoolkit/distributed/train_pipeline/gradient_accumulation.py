@@ -8,12 +8,15 @@ What one `progress()` call does, as TorchRec 1.8's:
   the model for a mean);
 - data-parallel gradients are all-reduced (DDP) on the first micro-batch, on the `num_warmup_steps` first ones,
   on each group's last one and on `is_last_batch=True`; the others run under `no_sync()` of every
-  DistributedDataParallel in the model (all-reduce is linear, so where it happens changes no value);
+  DistributedDataParallel in the model and of every sharded collection (its DATA_PARALLEL replicas, which
+  rectoolkit all-reduces in their lookup's backward where TorchRec wraps the lookup in DDP): all-reduce is linear,
+  so where it happens changes no value, only how many bytes are sent;
 - the tables of a fused (in-backward) optimizer are updated in every backward, as without accumulation: only the
   optimizer handed to the pipeline accumulates;
 - when the batches run out (StopIteration) or on `is_last_batch=True`, a partial group steps at once and clears
   its gradients; at StopIteration that group's last micro-batches were not all-reduced (TorchRec's behaviour:
-  pass `is_last_batch=True` on the last batch for an all-reduced final step).
+  pass `is_last_batch=True` on the last batch for an all-reduced final step), except the replicas' gradients,
+  all-reduced before that step so that the replicas stay equal on every rank.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
 from torch import nn
+
+from rectoolkit.distributed.sharded_ebc import ShardedCollection
 
 
 @dataclass
@@ -154,6 +159,9 @@ class GradientAccumulationWrapper:
 
     def _flush(self, micro_batches: int) -> None:
         if micro_batches % self._config.num_steps:
+            for module in self._data_parallel_modules():
+                if isinstance(module, ShardedCollection):  # one table on every rank: diverged, it would stay so
+                    module.reduce_accumulated_gradients()
             self._optimizer_wrapper._optimizer.step()
             self._optimizer_wrapper._optimizer.zero_grad(set_to_none=True)
             self._optimizer_wrapper._needs_zero_grad = False
@@ -167,7 +175,7 @@ class GradientAccumulationWrapper:
 
     def _data_parallel_modules(self) -> List[Any]:
         """The model's outer data-parallel wrapper (under a DMP: its `_dmp_wrapped_module`), if it has no_sync,
-        and every DistributedDataParallel inside it (found once)."""
+        and every DistributedDataParallel and sharded collection inside it (found once)."""
         if self._ddp_modules is None:
             modules: List[Any] = []
             root: Any = self._model
@@ -179,8 +187,8 @@ class GradientAccumulationWrapper:
             if hasattr(root, "no_sync"):
                 modules.append(root)
             if isinstance(root, nn.Module):
-                modules += [m for m in root.modules()
-                            if m is not root and isinstance(m, nn.parallel.DistributedDataParallel)]
+                modules += [m for m in root.modules() if m is not root
+                            and isinstance(m, (nn.parallel.DistributedDataParallel, ShardedCollection))]
             self._ddp_modules = modules
         return self._ddp_modules
 
