@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from rectoolkit.metrics.rec_metric import RecMetric, SumStateMetric, WindowBuffer
+from rectoolkit.metrics.rec_metric import RecMetric, SumStateMetric
 
 States = Dict[str, Dict[str, Dict[str, torch.Tensor]]]
 
@@ -78,9 +78,9 @@ def load_pre_compute_states(metrics: List[RecMetric], source: States) -> None:
                                        f"has no state {key!r}; it has {sorted(entry)}")
                     target[rows, position] = torch.as_tensor(entry[key], dtype=torch.float64).cpu().reshape(-1)
         metric._lifetime = lifetime
-        metric._windows = [WindowBuffer(metric._window_size) for _ in metric._tasks]
+        metric._empty_windows()
         for task_index, buffer in enumerate(metric._windows):
-            buffer.add(window[task_index], metric._window_size)
+            buffer.aggregate_state(metric._window_sums[task_index], window[task_index], metric._window_size)
 
 
 # ---------------------------------------------------------------------- metrics written as TorchRec's computations

@@ -62,40 +62,6 @@ class MissingRequiredInputError(RecMetricException, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class WindowBuffer:
-    """The sum of the per-batch states of the last `max_size` samples (whole batches: the oldest batches
-    leave until the rest fit, and at most `max_buffer_count` batches stay).
-
-        >>> window = WindowBuffer(max_size=4)
-        >>> for batch_sum, size in [(1.0, 2), (10.0, 2), (100.0, 2)]:
-        ...     window.add(torch.tensor([batch_sum]), size)
-        >>> window.total.tolist(), window.samples
-        ([110.0], 4)
-    """
-
-    def __init__(self, max_size: int, max_buffer_count: int = MAX_BUFFER_COUNT) -> None:
-        self.max_size = max_size
-        self.batches: Deque[Tuple[torch.Tensor, int]] = deque()
-        self.max_buffer_count = max_buffer_count
-        self.total: Optional[torch.Tensor] = None
-        self.samples = 0
-
-    def add(self, state: torch.Tensor, size: int) -> None:
-        """Add one batch's state (of `size` samples), then drop the oldest batches beyond the window."""
-        if len(self.batches) == self.max_buffer_count:
-            self._drop_oldest()
-        self.batches.append((state.clone(), size))
-        self.total = state.clone() if self.total is None else self.total + state
-        self.samples += size
-        while self.samples > self.max_size:
-            self._drop_oldest()
-
-    def _drop_oldest(self) -> None:
-        state, size = self.batches.popleft()
-        self.total = self.total - state
-        self.samples -= size
-
-
 def metric_key(namespace: str, task: str, prefix: str, name: str) -> str:
     """TorchRec's metric key: `"ne-click|window_ne"` for ("ne", "click", "window", "ne") (metrics_namespace's)."""
     return compose_customized_metric_key(compose_metric_namespace(namespace, task), f"{prefix}_{name}")
@@ -462,14 +428,19 @@ class SumStateMetric(RecMetric):
                 loaded[rows, self._state_names.index(name)] = value
         if len(error_msgs) == errors_before:  # a failed load changes nothing
             self._lifetime = loaded
-            self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
+            self._empty_windows()
 
     def reset(self) -> None:
         if self._computation_class is not None:
             return super().reset()
         self._lifetime = torch.zeros(len(self._tasks), len(self._state_names), dtype=torch.float64)
-        self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
+        self._empty_windows()
         self._synced_states = None
+
+    def _empty_windows(self) -> None:
+        """Per task, the window's sums and the batches in them (TorchRec's WindowBuffer)."""
+        self._window_sums = [torch.zeros(len(self._state_names), dtype=torch.float64) for _ in self._tasks]
+        self._windows = [WindowBuffer(self._window_size) for _ in self._tasks]
 
     def _batch_states(self, predictions: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                       **inputs: Any) -> Optional[Dict[str, torch.Tensor]]:
@@ -492,14 +463,12 @@ class SumStateMetric(RecMetric):
             return
         batch = torch.stack([sums[name].double().reshape(()) for name in self._state_names])
         self._lifetime[task_index] += batch
-        self._windows[task_index].add(batch, self._window_samples(predictions))
+        self._windows[task_index].aggregate_state(self._window_sums[task_index], batch,
+                                                  self._window_samples(predictions))
 
     def _local_states(self) -> torch.Tensor:
         """[tasks, 2 (lifetime, window), states]."""
-        window = torch.stack([w.total if w.total is not None else torch.zeros(len(self._state_names),
-                                                                              dtype=torch.float64)
-                              for w in self._windows])
-        return torch.stack([self._lifetime, window], dim=1)
+        return torch.stack([self._lifetime, torch.stack(self._window_sums)], dim=1)
 
     def _reduce_states(self, states: torch.Tensor, group: Any) -> torch.Tensor:
         return all_reduce_sum(states, group)
@@ -565,6 +534,7 @@ class RecMetricList(nn.Module):
 
 
 from rectoolkit.metrics.computation import MetricComputationReport, RecMetricComputation  # noqa: E402  (TorchRec's path)
+from rectoolkit.metrics.computation import WindowStateBuffer as WindowBuffer  # noqa: E402  (TorchRec's name and path)
 
 __all__ = ["MAX_BUFFER_COUNT", "ratio_or_zero", "MetricComputationReport", "MissingRequiredInputError", "RecMetric",
            "RecMetricComputation", "RecMetricException", "RecMetricList", "SumStateMetric", "WindowBuffer", "metric_key"]
