@@ -14,16 +14,17 @@ import pytest
 import torch
 
 import rectoolkit as rtk
-from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, shard_embedding_bag_collection
+from rectoolkit.distributed import (DistributedModelParallel, ShardingEnv, shard_embedding_bag_collection,
+                                    shard_embedding_collection)
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
 from dist_dmp_workers import PATH, TinyModel
 from dist_harness import make_batch
-from dist_workers import bag_tables
+from dist_workers import bag_tables, seq_tables
 
 
-def replicated_plan():
+def replicated_plan(tables=None):
     return {t.name: ParameterSharding("data_parallel", ranks=[0], shards=[
-        ShardMetadata.on_rank(0, 0, 0, t.num_embeddings, t.embedding_dim)]) for t in bag_tables()}
+        ShardMetadata.on_rank(0, 0, 0, t.num_embeddings, t.embedding_dim)]) for t in tables or bag_tables()}
 
 
 def features():
@@ -47,14 +48,15 @@ def test_distributed_model_parallel_refuses_it_naming_the_table():
         DistributedModelParallel(TinyModel(), env=ShardingEnv.local(), plan=ShardingPlan({PATH: plan}))
 
 
-def replicated_and_reference():
+def replicated_and_reference(collection=rtk.EmbeddingBagCollection, tables=bag_tables,
+                             shard=shard_embedding_bag_collection):
     """(every table replicated on one rank, its env, an unsharded collection with the same weights)."""
     torch.manual_seed(0)
-    reference = rtk.EmbeddingBagCollection(bag_tables())
-    module = rtk.EmbeddingBagCollection(bag_tables())
+    reference = collection(tables())
+    module = collection(tables())
     module.load_state_dict(reference.state_dict())
     env = ShardingEnv.local()
-    return shard_embedding_bag_collection(module, replicated_plan(), env), env, reference
+    return shard(module, replicated_plan(tables()), env), env, reference
 
 
 def test_no_sync_skips_the_all_reduce_and_the_next_backward_reduces_the_accumulated_gradient():
@@ -106,3 +108,16 @@ def test_reduce_accumulated_gradients_all_reduces_what_no_sync_left_once():
     assert calls == [1, 0]
     for name, _, replica, _ in sharded.local_shards():
         torch.testing.assert_close(replica.grad, reference.embedding_bags[name].weight.grad)
+
+
+def test_a_sequence_collections_replicas_honour_no_sync_too():
+    sharded, env, reference = replicated_and_reference(rtk.EmbeddingCollection, seq_tables, shard_embedding_collection)
+    batch = make_batch({f: t.num_embeddings for t in seq_tables() for f in t.feature_names}, 4, seed=5)
+    with sharded.no_sync():
+        out = sharded(batch)
+    sum(out[f].values().square().sum() for f in out).backward()
+    expected = reference(batch)
+    sum(expected[f].values().square().sum() for f in expected).backward()
+    assert "dp_allreduce" not in env.stats.calls
+    for name, _, replica, _ in sharded.local_shards():
+        torch.testing.assert_close(replica.grad, reference.embeddings[name].weight.grad)
