@@ -5,10 +5,11 @@ Each fault case is a caller script run in a process of its own (`test_faults.run
 So the first case starts this file as a server that imports them once; each case is then a fork of it that runs
 the script as `__main__` (`runpy.run_path`: functions defined in it pickle by value, as in a notebook or a script),
 in a session of its own, with the case's environment, its stdout and stderr going to files, and ends as Python ends
-a script: non-daemon threads joined, atexit handlers run, stdio flushed, exit code from SystemExit. The server only
-imports: it runs no torch op, starts no Python thread and joins no process group, so every case starts clean (the
-distributed tests' forkserver does the same, see tests/distributed/dist_harness.py). The server ends when its
-stdin closes (the test session ends, or `close()`).
+a script: non-daemon threads joined, atexit handlers run, stdio flushed, the exit code of its SystemExit (1 for an
+exception; killed by SIGINT for an uncaught KeyboardInterrupt). The server only imports: it runs no torch op,
+starts no Python thread and joins no process group, so every case starts clean (the distributed tests' forkserver
+does the same, see tests/distributed/dist_harness.py). The server ends when its stdin closes (the test session
+ends, or `close()`).
 
 Protocol, one JSON line each way: {"script", "env", "stdout", "stderr"} -> {"pid"} at the fork, {"pid", "code"}
 when the case process has exited (`code` as Popen's returncode: negative for a signal).
@@ -22,8 +23,9 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import IO, Optional, Tuple
+from typing import Optional, Tuple
 
 PRELOAD = ("json", "os", "signal", "subprocess", "sys", "threading", "time", "pathlib", "rectoolkit.launch")
 
@@ -54,6 +56,9 @@ def _run_script(script: str, env: dict, stdout: str, stderr: str) -> None:
         else:
             print(exiting.code, file=sys.stderr)
             code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT  # as Python ends on an uncaught KeyboardInterrupt: killed by SIGINT
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -66,6 +71,9 @@ def _run_script(script: str, env: dict, stdout: str, stderr: str) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        if code == -signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
@@ -89,44 +97,65 @@ def serve() -> None:
 
 
 _server: Optional[subprocess.Popen] = None
+_unread = b""  # what was read from the server's stdout beyond the last reply line
 
 
 def _started_server() -> subprocess.Popen:
-    global _server
+    global _server, _unread
     if _server is None or _server.poll() is not None:
+        _unread = b""
         _server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
     return _server
 
 
-def _reply(stream: IO[str], timeout_s: Optional[float]) -> Optional[dict]:
-    """The server's next reply line, or None once `timeout_s` has passed without one."""
-    if timeout_s is not None and not select.select([stream], [], [], timeout_s)[0]:
-        return None
-    line = stream.readline()
-    if not line:
-        raise RuntimeError("the launch test caller server exited (see its stderr above)")
+def _reply(server: subprocess.Popen, timeout_s: Optional[float]) -> Optional[dict]:
+    """The server's next reply line, or None once `timeout_s` has passed without one. Read from the pipe's file
+    descriptor with a buffer of our own: a line already read ahead must not wait for the pipe to be readable."""
+    global _unread
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while b"\n" not in _unread:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not select.select([server.stdout], [], [], left)[0]:
+            return None
+        chunk = os.read(server.stdout.fileno(), 4096)
+        if not chunk:
+            raise RuntimeError("the launch test caller server exited (see its stderr above)")
+        _unread += chunk
+    line, _unread = _unread.split(b"\n", 1)
     return json.loads(line)
 
 
 def run(script: Path, env: dict, timeout_s: float) -> Tuple[Optional[int], str, str]:
     """Run `script` as a caller process (a fork of the server); return (exit code, stdout, stderr). Past
     `timeout_s`, its session is SIGKILLed and the exit code is None."""
+    global _server
     server = _started_server()
     out_path, err_path = script.with_suffix(".stdout"), script.with_suffix(".stderr")
     server.stdin.write(json.dumps({"script": str(script), "env": env, "stdout": str(out_path),
                                    "stderr": str(err_path)}) + "\n")
     server.stdin.flush()
-    pid = _reply(server.stdout, None)["pid"]  # the server imported PRELOAD before it reads the request
-    done = _reply(server.stdout, timeout_s)
+    pid = _reply(server, None)["pid"]  # the server imported PRELOAD before it reads the request
+    try:
+        done = _reply(server, timeout_s)
+    except BaseException:  # pytest-timeout, Ctrl-C: end the case, and the server, whose next reply is this case's
+        _kill_session(pid)
+        server.kill()
+        server.wait()
+        _server = None
+        raise
     if done is None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        _reply(server.stdout, None)
+        _kill_session(pid)
+        _reply(server, None)
     code = None if done is None else done["code"]
     return code, out_path.read_text(), err_path.read_text()
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the case is the leader of a session and process group of its own
+    except ProcessLookupError:
+        pass
 
 
 def close() -> None:
