@@ -19,6 +19,20 @@ def test_importing_rectoolkit_and_its_worker_loads_no_compiler_or_fsdp():
     assert done.stdout.strip() == "[]", f"imported at `import rectoolkit`: {done.stdout.strip()}"
 
 
+def test_building_the_collections_loads_no_compiler():
+    """Every rank builds its collections: a torch module made with device="meta" runs its random init on meta,
+    which imports torch._dynamo (about 3 s per process); the collections give their modules a meta weight instead."""
+    code = ("import sys, rectoolkit as rtk\n"
+            "bag = rtk.EmbeddingBagConfig(name='t', num_embeddings=10, embedding_dim=4, feature_names=['f'])\n"
+            "seq = rtk.EmbeddingConfig(name='s', num_embeddings=10, embedding_dim=4, feature_names=['g'])\n"
+            "rtk.EmbeddingBagCollection([bag]), rtk.EmbeddingCollection([seq])\n"
+            "rtk.EmbeddingBagCollection([bag], device='meta'), rtk.EmbeddingCollection([seq], device='meta')\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", f"imported by building the collections: {done.stdout.strip()}"
+
+
 def test_apply_optimizer_in_backward_records_what_torchs_does_and_warns_as_torchrecs():
     from torch.distributed.optim import _apply_optimizer_in_backward
 

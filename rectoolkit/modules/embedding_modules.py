@@ -53,6 +53,13 @@ def get_embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> List[
     return [[f if counts[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
 
 
+def _meta_weight(table: BaseEmbeddingConfig, dtype: torch.dtype) -> torch.Tensor:
+    """The weight a table's torch module is built around, on the meta device (the collection keeps the real one).
+    Given as `_weight`: built with device="meta" instead, nn.Embedding(Bag) runs its random init on meta, and that
+    imports torch._dynamo (about 3 s in every process that builds a collection: each rank, each notebook kernel)."""
+    return torch.empty(table.num_embeddings, table.embedding_dim, device="meta", dtype=dtype)
+
+
 def _optimizer_config(optimizer: Any, lr: Optional[float], fused_params: Optional[Mapping[str, Any]],
                       optimizer_kwargs: Mapping[str, Any]) -> Optional[FusedOptimizerConfig]:
     if fused_params is not None:
@@ -374,7 +381,7 @@ class EmbeddingBagCollection(_BatchedCollection, EmbeddingBagCollectionInterface
 
     def _table_module(self, table: EmbeddingBagConfig) -> nn.Module:
         return nn.EmbeddingBag(table.num_embeddings, table.embedding_dim, mode=table.pooling.value.lower(),
-                               include_last_offset=True, device="meta", dtype=self._dtype)
+                               include_last_offset=True, _weight=_meta_weight(table, self._dtype))
 
     def _configs(self) -> List[EmbeddingBagConfig]:
         return self._embedding_bag_configs
@@ -468,7 +475,7 @@ class EmbeddingCollection(SequenceCollectionAccessors, _BatchedCollection, Embed
         return self._use_gather_select_per_sharding
 
     def _table_module(self, table: EmbeddingConfig) -> nn.Module:
-        return nn.Embedding(table.num_embeddings, table.embedding_dim, device="meta", dtype=self._dtype)
+        return nn.Embedding(table.num_embeddings, table.embedding_dim, _weight=_meta_weight(table, self._dtype))
 
     def _part(self, tables: List[EmbeddingConfig], device: str) -> "EmbeddingCollection":
         return EmbeddingCollection(tables, device=device, need_indices=self._need_indices, backend=self._backend,

@@ -214,13 +214,10 @@ def test_launcher_timeout_names_the_unfinished_ranks():
                 time.sleep(120)
             return ctx.rank
     """, "work")
-    # rank 0 must have returned within the limit: a short one first, and only if rank 0 was still starting when it
-    # passed (a loaded machine; the error then rightly names both ranks), again with a limit it always meets
-    for timeout_s in (8.0, 30.0):
-        with pytest.raises(LaunchTimeout) as info:
-            launch(work, 2, timeout_s=timeout_s, grace_s=1.0, echo_output=False)
-        if info.value.ranks != [0, 1]:
-            break
+    # one limit that rank 0's start-up meets even on a loaded machine (no second try with a longer one: a test
+    # that passes only on its retry would hide a launcher that is slow to start)
+    with pytest.raises(LaunchTimeout) as info:
+        launch(work, 2, timeout_s=30.0, grace_s=1.0, echo_output=False)  # rank 0 returns well before, even loaded
     assert info.value.ranks == [1]
     assert "rank(s) [1]" in str(info.value) and "rank 1 (last reported step: 3) is at" in str(info.value)
     assert "time.sleep(120)" in str(info.value)  # where rank 1's main thread was
