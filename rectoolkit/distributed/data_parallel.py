@@ -24,13 +24,13 @@ Bytes (rectoolkit.plan.traffic): with chunk k of the N = rows * dim values, rank
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from rectoolkit.distributed.feature_shards import FeatureBatch, ShardingGroupSpec
 from rectoolkit.distributed.group import LocalShard, ShardingGroup, require
-from rectoolkit.distributed.replicas import ReplicaLookup, all_reduce_gradients, make_replicas
+from rectoolkit.distributed.replicas import ReplicaLookup, all_reduce_gradients, held_elsewhere, make_replicas
 from rectoolkit.plan.types import ShardingType, ShardMetadata
 
 
@@ -50,6 +50,7 @@ class DataParallelSharding(ShardingGroup):
         self.weights = make_replicas(spec)
         self.sync_gradients = True  # False inside the collection's no_sync(): read by each lookup's forward
         self.unsynced_grads = False  # a backward under no_sync left a local gradient in .grad, still to all-reduce
+        self._gradient_buffer: Optional[torch.Tensor] = None  # the last backward's (replicas.py)
         columns = [torch.arange(spec.key_offsets[key], spec.key_offsets[key] + t.embedding_dim)
                    for t, keys in zip(self.tables, spec.output_keys) for key in keys]
         self.register_buffer("out_columns", torch.cat(columns).to(self.env.device), persistent=False)
@@ -75,6 +76,16 @@ class DataParallelSharding(ShardingGroup):
         return looked_up, torch.cat(where).reshape(-1)
 
     # -------------------------------------------------------------- backward (called by ReplicaLookup)
+    def gradient_buffer(self, numel: int, device: torch.device) -> torch.Tensor:
+        """A zeroed float32 buffer of `numel` values for the replicas' gradients: the last backward's, zeroed in
+        place, when nothing else uses it any more; else a new one (replicas.py's docstring says why)."""
+        buffer = self._gradient_buffer
+        if buffer is None or buffer.numel() != numel or buffer.device != device or held_elsewhere(buffer):
+            buffer = self._gradient_buffer = torch.zeros(numel, dtype=torch.float32, device=device)
+        else:
+            buffer.zero_()
+        return buffer
+
     def reduce(self, flat: torch.Tensor, grads: List[torch.Tensor], divide_by: int, sync: bool = True
                ) -> List[torch.Tensor]:
         """All-reduce the gradients and divide them by `divide_by` (what the output's gradient was not already
