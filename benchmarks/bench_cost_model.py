@@ -53,7 +53,8 @@ from rectoolkit.modules.configs import PoolingType
 from rectoolkit.plan.serialization import plan_from_dict, plan_to_dict
 from rectoolkit.plan.types import EmbeddingComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
 from rectoolkit.planner import EmbeddingShardingPlanner, Topology, measure_plans
-from rectoolkit.planner.cost import CostModel, step_at_load
+from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.step_time import step_at_load
 from rectoolkit.planner.enumerate import row_blocks
 from rectoolkit.planner.load import load_factors
 from rectoolkit.planner.measure import estimate_plan

@@ -134,7 +134,7 @@ def group_terms_beside(wall_ms: Mapping[str, float], world_size: int,
     ...                     "beside_table_row_wise": 8.0, "beside_data_parallel": 6.0}, 2, ab)
     {'row_wise': 1.6, 'column_wise': 0.0, 'table_row_wise': 2.4, 'data_parallel': 0.9, 'grid_shard': 2.4}
     """
-    from rectoolkit.planner.cost import collective_calls
+    from rectoolkit.planner.step_time import collective_calls
 
     missing = sorted(f"beside_{kind}" for kind in BESIDE_KINDS if f"beside_{kind}" not in wall_ms)
     if missing:

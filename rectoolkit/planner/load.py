@@ -15,7 +15,7 @@ every collective. The probe then runs the same step with rank 0 working alone (t
 collectives): `factor_alone`, the slowdown of a plan whose other ranks mostly wait. Other work competes for the
 cores with every busy rank, so a plan that leaves ranks idle leaves cores to its busy one (on the 2-core machine
 under one busy loop: factor 2.1, factor_alone 1.2-1.3); the cost model interpolates between the two by how busy a
-plan keeps the other ranks (rectoolkit.planner.cost.step_at_load). The profile's terms are CPU times of the fastest repeats, which such waiting does not stretch, so
+plan keeps the other ranks (rectoolkit.planner.step_time.step_at_load). The profile's terms are CPU times of the fastest repeats, which such waiting does not stretch, so
 the estimate times the factor is the wall time to expect now. `CostModel` multiplies its step estimate by
 `Topology.load_factor` and `load_factor_alone` (`StepTime.load_ms` is the part load adds; `Topology.at_load(probe)`
 sets both), `measure_plans` probes before its first timed

@@ -68,7 +68,7 @@ class Topology:
             (1.0: the estimate as calibrated). It never changes which plan is fastest, only the times shown.
         load_factor_alone: the same with one rank working and the other local ranks waiting
             (`probe.factor_alone`); a plan whose ranks are unequally busy is priced between the two
-            (cost.step_at_load). Default 1.0: such a plan gets none of the load. `topology.at_load(probe)` sets both.
+            (step_time.step_at_load). Default 1.0: such a plan gets none of the load. `topology.at_load(probe)` sets both.
 
     `devices` is TorchRec's list of DeviceHardware, one per rank (rectoolkit.planner.hardware): each rank's capacities
     in bytes (hbm 0 on "cpu"; ssd 2 TiB unless ssd_cap is given, as TorchRec) and a zero Perf. The planner reads the

@@ -18,7 +18,8 @@ from rectoolkit.planner.calibrate import calibrate_profile, fastest_each, timed_
 from rectoolkit.planner.calibration_fit import (LOOKUP_SAMPLES, CalibrationError, fixed_terms, group_terms_beside,
                                                 id_term, lookup_slopes, monotone_curve, parallelism_term,
                                                 routing_id_term, shard_terms)
-from rectoolkit.planner.cost import CostModel, collective_calls
+from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.step_time import collective_calls
 from rectoolkit.planner.profile import ROW_ROUTED, AlphaBeta, CalibrationProfile, LookupTerms, fit_alpha_beta
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import collect_tables
