@@ -48,10 +48,9 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import pandas as pd
 import torch
 
 from rectoolkit.kernels.optimizer_state import EmbOptimType
@@ -60,11 +59,15 @@ from rectoolkit.modules.configs import EmbeddingBagConfig, PoolingType
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
-from rectoolkit.planner.cost import CostModel, step_at_load
+from rectoolkit.planner.cost import CostModel
+from rectoolkit.planner.step_time import step_at_load
 from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, load_factors, measure_load
 from rectoolkit.planner.stats import WorkloadStats
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
+
+if TYPE_CHECKING:  # pandas loads when frames are built: `import rectoolkit` stays without it (0.4 s a process)
+    import pandas as pd
 
 GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
 PROBE_STEPS_BETWEEN_BLOCKS = 4  # synthetic load-probe steps after every plan's block of timed steps
@@ -93,7 +96,7 @@ def estimate_plan(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[Pl
     out["est_memory_weights_bytes"] = cost.memory["weights"]
     out["est_memory_optimizer_bytes"] = cost.memory["optimizer"]
     out["est_bytes_sent"] = _off_diagonal_row_sums(cost.traffic)
-    if cost.step is not None:  # the quiet step and the share of a machine load it gets (cost.step_at_load)
+    if cost.step is not None:  # the quiet step and the share of a machine load it gets (step_time.step_at_load)
         out["est_quiet_ms"] = np.full(W, cost.step.quiet_ms)
         out["est_load_share"] = np.full(W, cost.step.load_share)
     return out
@@ -113,7 +116,7 @@ class PlanMeasurements:
     """What `measure_plans` measured, as DataFrames.
 
     plans: one row per plan: est_step_ms (the cost model's step estimate, CostModel.evaluate().step_time_ms, at the
-        topology's load_factor), est_load_share (the share of a machine load the plan gets: cost.step_at_load),
+        topology's load_factor), est_load_share (the share of a machine load the plan gets: step_time.step_at_load),
         est_now_ms (the quiet estimate at the load factor the run probed before its first timed step:
         rectoolkit.planner.load, info["load_probe_before"]), est_during_ms (the same with the
         load probed between the plans' blocks, info["load_probe_during"]), step_ms (median over timed steps of
@@ -475,6 +478,8 @@ def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[P
 
 def _frames(named: Mapping[str, ShardingPlan], per_rank: Sequence[Dict[str, Any]], estimates, exact, expected,
             info: Dict[str, Any]) -> PlanMeasurements:
+    import pandas as pd
+
     step_rows, phase_rows, byte_rows, rank_rows, plan_rows = [], [], [], [], []
     for name in named:
         for rank, result in enumerate(per_rank):

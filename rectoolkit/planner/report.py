@@ -14,7 +14,7 @@ Columns (stable; widgets and figures read them):
 * ``step``: the step estimate by group: module, sharding_type, fixed_ms, latency_ms, lookup_fwd_ms, comm_fwd_ms,
   lookup_bwd_ms, comm_bwd_ms, total_ms - one row per sharding-type group, a first row "per step" for the fixed
   cost of a step and, when Topology.load_factor or load_factor_alone is not 1, a last row "machine load (xF, xA
-  alone)" for what other work on the machine adds (rectoolkit.planner.cost.StepTime; the sum of total_ms is summary["step_time_ms"]).
+  alone)" for what other work on the machine adds (rectoolkit.planner.step_time.StepTime; the sum of total_ms is summary["step_time_ms"]).
 * ``candidates``: label, estimated_step_ms, measured_step_ms, chosen - the whole plans the planner priced (and
   ran, with measure_top_k); empty unless it compared candidates.
 * ``summary``: dict with step_time_ms, max_time_ms (the slowest rank's own sums), slowest_rank, total_bytes,
@@ -24,18 +24,27 @@ Columns (stable; widgets and figures read them):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
-import pandas as pd
 
 from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter, batch_sizes_of
 from rectoolkit.plan.types import ShardingPlan, ShardingType
-from rectoolkit.planner.cost import MEMORY_PARTS, CostModel, step_at_load
+from rectoolkit.planner.cost import MEMORY_PARTS, CostModel
+from rectoolkit.planner.step_time import step_at_load
 from rectoolkit.planner.enumerate import ShardingOption
 from rectoolkit.planner.load import load_factors
 from rectoolkit.planner.planner import PlanningResult, format_bytes
 from rectoolkit.planner.tables import PlannerTable
+
+if TYPE_CHECKING:  # pandas loads when a report is built: `import rectoolkit` stays without it (0.4 s a process)
+    import pandas as pd
+
+
+def _empty_frame() -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame()
 
 
 @dataclass
@@ -48,8 +57,8 @@ class PlanReport:
     traffic: Dict[str, pd.DataFrame]
     tables: pd.DataFrame
     summary: Dict[str, Any] = field(default_factory=dict)
-    step: pd.DataFrame = field(default_factory=pd.DataFrame)
-    candidates: pd.DataFrame = field(default_factory=pd.DataFrame)
+    step: pd.DataFrame = field(default_factory=_empty_frame)
+    candidates: pd.DataFrame = field(default_factory=_empty_frame)
 
     def total_traffic(self) -> pd.DataFrame:
         """Bytes per step summed over every collective, [W x W]."""
@@ -68,6 +77,8 @@ class PlanReport:
 
 def build_report(plan: ShardingPlan, tables: Sequence[PlannerTable], cost_model: CostModel,
                  result: Optional[PlanningResult] = None, batches: Optional[Sequence[Any]] = None) -> PlanReport:
+    import pandas as pd
+
     topo = cost_model.topology
     W, L = topo.world_size, topo.local_world_size
     if batches is not None:
@@ -148,6 +159,8 @@ STEP_COLUMNS = ("module", "sharding_type", "fixed_ms", "latency_ms", "lookup_fwd
 
 def step_frame(cost) -> pd.DataFrame:
     """The report's ``step`` frame: the fixed cost per step, then one row per sharding-type group."""
+    import pandas as pd
+
     rows = [dict(module="", sharding_type="per step", fixed_ms=cost.step.step_fixed_ms, latency_ms=0.0,
                  lookup_fwd_ms=0.0, comm_fwd_ms=0.0, lookup_bwd_ms=0.0, comm_bwd_ms=0.0,
                  total_ms=cost.step.step_fixed_ms)]
@@ -163,6 +176,8 @@ def step_frame(cost) -> pd.DataFrame:
 
 
 def candidates_frame(result: Optional[PlanningResult]) -> pd.DataFrame:
+    import pandas as pd
+
     rows = [] if result is None else [dict(label=c.label, estimated_step_ms=c.estimated_step_ms,
                                            measured_step_ms=c.measured_step_ms, chosen=c.label == result.chosen)
                                       for c in result.candidates]
