@@ -8,7 +8,7 @@
     >>> result = measure_plans(plans, tables, 2, steps=5, batch_size=64)      # doctest: +SKIP
     >>> result.plans[["plan", "est_step_ms", "step_ms", "bytes_exact", "memory_exact"]]   # doctest: +SKIP
 
-How it runs: ONE `rtk.launch` of `world_size` local workers (gloo on CPU, `num_threads` torch threads per
+How it runs (the workers' side: rectoolkit.planner.measure_worker): ONE `rtk.launch` of `world_size` local workers (gloo on CPU, `num_threads` torch threads per
 rank) builds every plan's DistributedModelParallel over an EmbeddingBagCollection with its fused optimizer,
 so start-up is paid once. Per plan: one step whose bytes the instrumented collectives count (compared with
 the cost model's bytes for that very batch: they must be equal), `warmup` steps, then `rounds` rounds in
@@ -60,17 +60,16 @@ from rectoolkit.plan.traffic import COLLECTIVES, batch_id_counter
 from rectoolkit.plan.types import ParameterSharding, ShardingPlan
 from rectoolkit.plan.validation import validate_plan
 from rectoolkit.planner.cost import CostModel
-from rectoolkit.planner.step_time import step_at_load
-from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, SyntheticStep, load_factors, measure_load
+from rectoolkit.planner.load import PROBE_SECONDS, PROBE_STEPS, LoadProbe, load_factors, measure_load
+from rectoolkit.planner.measure_worker import GROUP_PHASES, RunSpec, make_batches, measure_worker
 from rectoolkit.planner.stats import WorkloadStats
+from rectoolkit.planner.step_time import step_at_load
 from rectoolkit.planner.tables import PlannerTable, collect_tables
 from rectoolkit.planner.topology import Topology
 
 if TYPE_CHECKING:  # pandas loads when frames are built: `import rectoolkit` stays without it (0.4 s a process)
     import pandas as pd
 
-GROUP_PHASES = ("input_dist", "lookup", "output_dist")  # timed per sharding-type group
-PROBE_STEPS_BETWEEN_BLOCKS = 4  # synthetic load-probe steps after every plan's block of timed steps
 PHASES = GROUP_PHASES + ("forward_other", "backward")  # the last two for the whole collection
 MEASURED_STEP_COLUMNS = ("step_ms", "step_ms_min", "cpu_ms")  # what pick_measured_fastest can compare
 PlanInput = Union[ShardingPlan, Mapping[str, Any]]
@@ -157,187 +156,6 @@ class PlanMeasurements:
                 + self.plans[columns].to_string(index=False))
 
 
-# ------------------------------------------------------------------------------------------ the worker side
-@dataclass
-class _RunSpec:
-    """Everything the workers need (picklable)."""
-
-    plans: Dict[str, ShardingPlan]
-    tables: List[EmbeddingBagConfig]
-    pooling_factors: Dict[str, float]
-    batch_size: int
-    num_batches: int
-    zipf_alpha: float
-    seed: int
-    optimizer: str
-    lr: float
-    local_world_size: int
-    steps: int
-    warmup: int
-    rounds: int
-    phase_steps: int
-
-
-def _make_batches(spec: _RunSpec, rank: int, world_size: int) -> list:
-    """The `num_batches` KJTs of one rank (the same wherever they are made: the caller makes rank r's too)."""
-    from rectoolkit.train.data import SyntheticData
-
-    data = SyntheticData(spec.tables, spec.pooling_factors, spec.batch_size, dense_features=0,
-                         zipf_alpha=spec.zipf_alpha, seed=spec.seed, rank=rank, world_size=world_size)
-    return [data.batch(step).sparse_features for step in range(spec.num_batches)]
-
-
-class _PhaseClock:
-    """Times input_dist / lookup / output_dist of every sharding-type group of a sharded collection, each after
-    a barrier, and what the caller adds (forward_other, backward: group "", the whole collection).
-
-    Installs wrappers as instance attributes of the groups (their forward calls self.input_dist etc.), and
-    only records while `active`.
-    """
-
-    def __init__(self, collection: Any, pg: Any) -> None:
-        import torch.distributed as dist
-
-        self._dist, self._pg = dist, pg
-        self.active = False
-        self.times: Dict[Tuple[str, str], List[float]] = {}  # (group, phase) -> [wall ms, cpu ms]
-        self.barrier_ms = self.barrier_cpu_ms = 0.0
-        for key, group in collection.groups.items():
-            for phase in GROUP_PHASES:
-                setattr(group, phase, self._wrap(key, phase, getattr(group, phase)))
-
-    def reset(self) -> None:
-        self.times = {}
-        self.barrier_ms = self.barrier_cpu_ms = 0.0
-
-    def barrier(self) -> None:
-        wall, cpu = time.perf_counter(), time.process_time()
-        self._dist.barrier(group=self._pg)
-        self.barrier_ms += 1000 * (time.perf_counter() - wall)
-        self.barrier_cpu_ms += 1000 * (time.process_time() - cpu)
-
-    def add(self, group: str, phase: str, wall_s: float, cpu_s: float) -> None:
-        entry = self.times.setdefault((group, phase), [0.0, 0.0])
-        entry[0] += 1000 * wall_s
-        entry[1] += 1000 * cpu_s
-
-    def total_ms(self, index: int) -> float:
-        """Wall (index 0) or CPU (1) ms recorded so far."""
-        return sum(entry[index] for entry in self.times.values())
-
-    def _wrap(self, group: str, phase: str, method):
-        def timed(*args):
-            if not self.active:
-                return method(*args)
-            self.barrier()
-            wall, cpu = time.perf_counter(), time.process_time()
-            out = method(*args)
-            self.add(group, phase, time.perf_counter() - wall, time.process_time() - cpu)
-            return out
-
-        return timed
-
-
-class _PlanRunner:
-    """One plan on this rank: its DistributedModelParallel, a step, and the measurements of its steps."""
-
-    def __init__(self, name: str, plan: ShardingPlan, spec: _RunSpec, ctx: Any) -> None:
-        from rectoolkit.distributed import DistributedModelParallel
-        from rectoolkit.modules.embedding_modules import EmbeddingBagCollection
-
-        self.name = name
-        ebc = EmbeddingBagCollection(spec.tables, device="meta", optimizer=spec.optimizer, lr=spec.lr)
-        try:
-            self.model = DistributedModelParallel(ebc, plan=plan, device=ctx.device,
-                                                  local_world_size=spec.local_world_size)
-        except ValueError as error:
-            raise ValueError(f"plan {name!r} cannot be sharded on rank {ctx.rank}: {error}") from error
-        # no fused optimizer: DATA_PARALLEL replicas (dense kernel, as TorchRec's) and shards planned "dense"
-        plain = self.model.dense_parameters()
-        self.dense_optimizer = torch.optim.SGD(plain, lr=spec.lr) if plain else None
-        self.clock = _PhaseClock(self.model.sharded_modules[""], self.model.env.pg)
-        self.steps: List[Tuple[int, int, float, float]] = []  # (round, step, wall ms, cpu ms)
-        self.phases: List[Tuple[int, int, str, str, float, float]] = []  # (round, step, group, phase, wall, cpu)
-
-    def forward(self, kjt: Any) -> torch.Tensor:
-        return self.model(kjt).values()
-
-    def backward(self, out: torch.Tensor) -> None:
-        out.sum().backward()
-        if self.dense_optimizer is not None:
-            self.dense_optimizer.step()
-            self.dense_optimizer.zero_grad(set_to_none=True)
-
-    def timed_step(self, kjt: Any, round_index: int, step: int) -> None:
-        self.clock.barrier()
-        wall, cpu = time.perf_counter(), time.process_time()
-        self.backward(self.forward(kjt))
-        self.steps.append((round_index, step, 1000 * (time.perf_counter() - wall), 1000 * (time.process_time() - cpu)))
-
-    def phase_step(self, kjt: Any, round_index: int, step: int) -> None:
-        clock = self.clock
-        clock.reset()
-        clock.barrier()
-        barrier_wall, barrier_cpu = clock.barrier_ms, clock.barrier_cpu_ms
-        clock.active = True
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = self.forward(kjt)
-        forward_wall, forward_cpu = time.perf_counter() - wall, time.process_time() - cpu
-        clock.active = False
-        # what the forward spent outside the groups' phases and the barriers between them
-        clock.add("", "forward_other", forward_wall - (clock.barrier_ms - barrier_wall + clock.total_ms(0)) / 1000,
-                  forward_cpu - (clock.barrier_cpu_ms - barrier_cpu + clock.total_ms(1)) / 1000)
-        clock.barrier()
-        wall, cpu = time.perf_counter(), time.process_time()
-        self.backward(out)
-        clock.add("", "backward", time.perf_counter() - wall, time.process_time() - cpu)
-        for (group, phase), (wall_ms, cpu_ms) in clock.times.items():
-            self.phases.append((round_index, step, group, phase, wall_ms, cpu_ms))
-
-    def count_step(self, kjt: Any) -> Dict[str, Any]:
-        """One step with fresh byte counters: the bytes matrices (a collective), calls, memory."""
-        self.model.reset_bytes_sent()
-        self.backward(self.forward(kjt))
-        calls = dict(self.model.env.stats.calls)
-        matrices = {name: m.tolist() for name, m in self.model.bytes_sent().items()}
-        return {"bytes": matrices, "calls": calls, "memory": self.model.memory_usage()}
-
-
-def _measure_worker(ctx: Any, spec: _RunSpec) -> Dict[str, Any]:
-    """Runs on every rank: shard every plan, count, warm up, then alternate timed blocks round by round."""
-    torch.manual_seed(spec.seed)
-    batches = _make_batches(spec, ctx.rank, ctx.world_size)
-    runners = [_PlanRunner(name, plan, spec, ctx) for name, plan in spec.plans.items()]
-    counted = {}
-    for runner in runners:
-        counted[runner.name] = runner.count_step(batches[0])
-        for step in range(spec.warmup - 1):
-            runner.backward(runner.forward(batches[(step + 1) % len(batches)]))
-    ctx.report(stage="warm", plans=len(runners))
-    load_before = measure_load()  # before any timed step: the machine's slowdown the estimates are scaled by
-    during = SyntheticStep()  # a few synthetic steps after every plan's block: the load while the plans ran
-    during_alone = SyntheticStep(alone=True)  # and as many with rank 0 working alone (LoadProbe.factor_alone)
-    step_index = 0
-    for round_index in range(spec.rounds):
-        order = runners if round_index % 2 == 0 else runners[::-1]
-        for runner in order:
-            # one untimed step first: the other plans' blocks have evicted this plan's tables from the caches,
-            # which a training job running one plan does not see
-            runner.backward(runner.forward(batches[step_index % len(batches)]))
-            for _ in range(spec.steps):
-                runner.timed_step(batches[step_index % len(batches)], round_index, step_index)
-                step_index += 1
-            for _ in range(spec.phase_steps):
-                runner.phase_step(batches[step_index % len(batches)], round_index, step_index)
-                step_index += 1
-            during.run(PROBE_STEPS_BETWEEN_BLOCKS)
-            during_alone.run(PROBE_STEPS_BETWEEN_BLOCKS)
-        ctx.report(stage="round", round=round_index)
-    return {"plans": {runner.name: {"steps": runner.steps, "phases": runner.phases, **counted[runner.name]}
-                      for runner in runners},
-            "load": {"before": load_before.to_dict(), "during": during.probe(alone=during_alone).to_dict()}}
-
-
 # ------------------------------------------------------------------------------------------ the caller side
 def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], tables: Sequence[EmbeddingBagConfig],
                   world_size: int, steps: int = 10, *, warmup: int = 3, rounds: int = 3, phase_steps: int = 2,
@@ -395,13 +213,13 @@ def measure_plans(plans: Union[Mapping[str, PlanInput], Sequence[PlanInput]], ta
             estimates[name] = estimate_plan(cost_model, plan, planner_tables)
         except ValueError as error:
             raise ValueError(f"measure_plans: plan {name!r}: {error}") from error
-    spec = _RunSpec(named, list(tables), factors, batch_size, num_batches, float(zipf_alpha), seed, str(optimizer),
+    spec = RunSpec(named, list(tables), factors, batch_size, num_batches, float(zipf_alpha), seed, str(optimizer),
                     float(lr), topology.local_world_size, steps, warmup, rounds, phase_steps)
     from rectoolkit.launch import launch
 
     load_before = os.getloadavg()
     started = time.perf_counter()
-    per_rank = launch(_measure_worker, world_size, spec, num_threads=num_threads, backend="gloo", timeout_s=timeout_s,
+    per_rank = launch(measure_worker, world_size, spec, num_threads=num_threads, backend="gloo", timeout_s=timeout_s,
                       echo_output=False, cpu_binding=cpu_binding)
     info = {"world_size": world_size, "local_world_size": topology.local_world_size, "batch_size": batch_size,
             "steps": steps, "warmup": warmup, "rounds": rounds, "phase_steps": phase_steps,
@@ -468,10 +286,10 @@ def pick_measured_fastest(candidate_plans: Union[Mapping[str, PlanInput], Sequen
     return (plan if isinstance(plan, ShardingPlan) else ShardingPlan({"": dict(plan)})), result
 
 
-def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable], spec: _RunSpec,
+def _exact_traffic(cost_model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTable], spec: RunSpec,
                    world_size: int) -> Dict[str, np.ndarray]:
     """The cost model's bytes for the batch the counting step ran (every rank's batch 0)."""
-    first = [_make_batches(dataclasses.replace(spec, num_batches=1), rank, world_size)[0]
+    first = [make_batches(dataclasses.replace(spec, num_batches=1), rank, world_size)[0]
              for rank in range(world_size)]
     return cost_model.traffic(plan, tables, [spec.batch_size] * world_size, batch_id_counter(first))
 
