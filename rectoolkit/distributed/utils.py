@@ -114,8 +114,14 @@ class sharded_model_copy:
     `device` (detached; or are shared when device is None), and process groups, work handles and CUDA streams
     are shared rather than copied. TorchRec's; the patches are undone on exit.
 
-        with sharded_model_copy("cpu"):
+        with sharded_model_copy(torch.device("cpu")):
             cpu_model = copy.deepcopy(dmp)
+
+    As TorchRec's, a tensor that `.to(device)` would leave where it is (a device given as a string or an index) is
+    shared, not copied. Unlike TorchRec's, tensors that share storage in the model share it in the copy: each
+    storage is copied once and every tensor on it becomes the same view of the copy (rectoolkit's collections hold
+    their tables as views of one flat buffer, which TorchRec's per-tensor copy would split from the kernel's, so the
+    copy's parameters and state_dict would no longer be what it looks up and trains).
     """
 
     def __init__(self, device: Optional[Union[str, int, torch.device]]) -> None:
@@ -133,7 +139,11 @@ class sharded_model_copy:
 
         def tensor_copy(tensor: torch.Tensor, memo: Any) -> torch.Tensor:
             detached = tensor.detach()
-            return detached.to(device) if detached.device != device else detached.clone()
+            if detached.device == device:  # only a torch.device compares equal: a copy in place, as TorchRec's clone
+                return _copy_keeping_views(detached, torch.Tensor.clone, memo)
+            if not _moves(detached.device, device):
+                return detached  # TorchRec's `.to(device)` returns the tensor itself there: shared
+            return _copy_keeping_views(detached, lambda whole: whole.to(device), memo)
 
         def share(obj: Any, memo: Any) -> Any:
             return obj
@@ -153,6 +163,29 @@ class sharded_model_copy:
         torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__ = self._saved
         for shared in self._shared_types():
             shared.__deepcopy__ = None
+
+
+def _moves(tensor_device: torch.device, device: Any) -> bool:
+    """Whether `.to(device)` moves a tensor on `tensor_device` (False: it returns the tensor itself)."""
+    probe = torch.empty(0, device=tensor_device)
+    return probe.to(device) is not probe
+
+
+def _copy_keeping_views(tensor: torch.Tensor, copy_bytes: Any, memo: Dict[Any, Any]) -> torch.Tensor:
+    """`tensor` copied by `copy_bytes` (a function of a uint8 tensor over its whole storage) as the same view of a
+    copy of its storage, made once per storage in this deepcopy (`memo`), so that tensors sharing storage share it
+    in the copy too, as torch's own deepcopy keeps them. Tensors without plain strided storage (or with a
+    conjugate or negative bit, which lives on the tensor) are copied on their own."""
+    plain = tensor.layout == torch.strided and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())
+    storage = tensor.untyped_storage() if plain else None
+    if storage is None or storage.nbytes() == 0:
+        return copy_bytes(tensor)
+    key = ("sharded_model_copy storage", storage.data_ptr(), str(tensor.device))
+    whole = memo.get(key)
+    if whole is None:
+        whole = memo[key] = copy_bytes(torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage))
+    return torch.empty(0, dtype=tensor.dtype, device=whole.device).set_(
+        whole.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
 
 
 def copy_to_device(module: nn.Module, current_device: torch.device, to_device: torch.device) -> nn.Module:

@@ -277,6 +277,46 @@ def test_sharded_model_copy_without_nccl_stand_in():
 
 
 
+def test_a_sharded_collection_copied_trains_and_reports_its_own_tables():
+    """rectoolkit's collections hold their tables as views of one flat buffer: the copy's views must stay views of
+    the copy's buffer (TorchRec's per-tensor copy would split them: the copy's parameters and state_dict would
+    stop being what it looks up and trains), and nothing of the copy may be the original's."""
+    import rectoolkit as rtk
+    from rectoolkit.distributed import DistributedModelParallel, ShardingEnv
+    from rectoolkit.plan.types import ParameterSharding, ShardingPlan, ShardMetadata
+
+    tables = [rtk.EmbeddingBagConfig(name=f"t{i}", num_embeddings=10, embedding_dim=4, feature_names=[f"f{i}"])
+              for i in range(2)]
+    plan = ShardingPlan({"": {t.name: ParameterSharding("table_wise", "fused", ranks=[0],
+                                                        shards=[ShardMetadata.on_rank(0, 0, 0, 10, 4)])
+                              for t in tables}})
+    torch.manual_seed(0)
+    dmp = DistributedModelParallel(rtk.EmbeddingBagCollection(tables, optimizer="sgd", lr=0.1),
+                                   env=ShardingEnv.local(), plan=plan, init_data_parallel=False)
+    kjt = rtk.KeyedJaggedTensor.from_lengths_sync(["f0", "f1"], torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1, 0]))
+    with ours.sharded_model_copy(torch.device("cpu")):
+        twin = copy.deepcopy(dmp)
+    original = {k: v.clone() for k, v in dmp.state_dict().items()}
+    assert all(torch.equal(twin.state_dict()[k], v) for k, v in original.items())
+    # training the copy moves the copy's state_dict as it moves its lookups, and leaves the original alone
+    twin(kjt).values().sum().backward()
+    moved = twin.state_dict()["embedding_bags.t0.weight"]
+    assert not torch.equal(moved, original["embedding_bags.t0.weight"])
+    torch.testing.assert_close(moved[1], original["embedding_bags.t0.weight"][1] - 0.1)  # SGD on id 1, gradient 1
+    assert all(torch.equal(dmp.state_dict()[k], v) for k, v in original.items())
+    # writing the copy's parameter changes what the copy looks up
+    before = twin(kjt).values().detach()
+    with torch.no_grad():
+        dict(twin.named_parameters())["embedding_bags.t1.weight"].add_(1.0)
+    torch.testing.assert_close(twin(kjt).values().detach()[:, 4:], before[:, 4:] + torch.tensor([[1.0], [0.0]]))
+    # views of one storage elsewhere stay views of one storage
+    base = torch.arange(6.0)
+    with ours.sharded_model_copy(torch.device("cpu")):
+        whole, part = copy.deepcopy((base, base[2:4]))
+    part.add_(10.0)
+    assert whole.tolist() == [0.0, 1.0, 12.0, 13.0, 4.0, 5.0] and base.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def _shards(types_module, blocks):
     """ShardMetadata of (row offset, col offset, rows, cols, rank) blocks."""
     return [types_module.ShardMetadata(shard_offsets=[r, c], shard_sizes=[rows, cols], placement=f"rank:{rank}/cpu")
