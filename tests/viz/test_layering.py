@@ -44,7 +44,8 @@ LAYERS = ["fbgemm_probe", "streamable", "sparse", "kernels", "optim", "modules",
 # The planner's measuring modules run the sharded engine on spawned workers (distributed, launch, train's data):
 # they are a layer of their own above train. The planner reaches them only from the two calls that run a
 # measurement (measure_top_k, Topology.calibrate), by a lazy import there, and its package re-exports them.
-MODULE_LAYERS = {"rectoolkit.planner.measure": "measure", "rectoolkit.planner.calibrate": "measure"}
+MODULE_LAYERS = {"rectoolkit.planner.measure": "measure", "rectoolkit.planner.measure_worker": "measure",
+                 "rectoolkit.planner.calibrate": "measure"}
 MEASURE_CALLERS = {("rectoolkit.planner.planner", "rectoolkit.planner.measure"),
                    ("rectoolkit.planner.topology", "rectoolkit.planner.calibrate"),
                    ("rectoolkit.planner", "rectoolkit.planner.measure")}
