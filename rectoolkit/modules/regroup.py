@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from rectoolkit.modules.configs import DataType, data_type_to_dtype
 from rectoolkit.sparse import KeyedTensor
 
 __all__ = ["KTRegroupAsDict"]
@@ -23,7 +24,8 @@ class KTRegroupAsDict(torch.nn.Module):
     Args:
         groups: the KeyedTensor keys of each output tensor, in column order.
         keys: the name of each output.
-        emb_dtype: the outputs' DataType: None or FP32 (the embeddings' own dtype); others are refused.
+        emb_dtype: the DataType the regrouped embeddings are cast to (TorchRec's or rectoolkit's enum, or its name);
+            None keeps their own dtype. The packed INT4 / INT2 types are refused (torch cannot cast to them).
         multi_device: TorchRec's switch for its fbgemm buffers; rectoolkit keeps none, so only False.
     """
 
@@ -32,9 +34,7 @@ class KTRegroupAsDict(torch.nn.Module):
         super().__init__()
         if len(groups) != len(keys):
             raise ValueError(f"KTRegroupAsDict: {len(groups)} groups but {len(keys)} keys; give one key per group")
-        if emb_dtype is not None and getattr(emb_dtype, "name", str(emb_dtype)).upper() != "FP32":
-            raise NotImplementedError(f"KTRegroupAsDict(emb_dtype={emb_dtype}): casting the regrouped embeddings is "
-                                      "not implemented; leave emb_dtype None (or FP32) and cast the outputs yourself")
+        self._dtype = None if emb_dtype is None else _cast_dtype(emb_dtype)
         if multi_device:
             raise NotImplementedError("KTRegroupAsDict(multi_device=True): rectoolkit's regroup keeps no device "
                                       "buffers to move; leave it False")
@@ -42,4 +42,20 @@ class KTRegroupAsDict(torch.nn.Module):
         self._keys = keys
 
     def forward(self, keyed_tensors: List[KeyedTensor]) -> Dict[str, torch.Tensor]:
-        return KeyedTensor.regroup_as_dict(keyed_tensors, self._groups, self._keys)
+        out = KeyedTensor.regroup_as_dict(keyed_tensors, self._groups, self._keys)
+        if self._dtype is None:
+            return out
+        return {key: tensor.to(self._dtype) for key, tensor in out.items()}  # as TorchRec's cast before the permute
+
+
+def _cast_dtype(emb_dtype: Any) -> torch.dtype:
+    """The torch dtype of a DataType given as TorchRec's or rectoolkit's enum or its name."""
+    name = str(getattr(emb_dtype, "name", emb_dtype)).upper()
+    if name not in DataType.__members__:
+        raise ValueError(f"KTRegroupAsDict(emb_dtype={emb_dtype!r}): not a DataType; use one of "
+                         f"{list(DataType.__members__)} or None")
+    dtype = data_type_to_dtype(DataType[name])
+    if not (dtype.is_floating_point or dtype in (torch.int64, torch.int32, torch.int8, torch.uint8)):
+        raise ValueError(f"KTRegroupAsDict(emb_dtype={name}): embeddings cannot be cast to the packed {dtype}; "
+                         "use FP32, FP16, BF16 or an integer type of a whole byte, or None")
+    return dtype

@@ -107,8 +107,29 @@ def test_permute_multi_embedding_values_equal_torchrecs_and_gradients_route_back
 def test_kt_regroup_refuses_what_it_does_not_do():
     with pytest.raises(ValueError, match="2 groups but 1 keys"):
         KTRegroupAsDict([["a"], ["b"]], ["x"])
-    with pytest.raises(NotImplementedError, match="emb_dtype"):
-        KTRegroupAsDict([["a"]], ["x"], emb_dtype=rtk.DataType.FP16)
+    with pytest.raises(ValueError, match="packed torch.quint4x2"):
+        KTRegroupAsDict([["a"]], ["x"], emb_dtype=rtk.DataType.INT4)
+    with pytest.raises(ValueError, match="'FP12'.*not a DataType"):
+        KTRegroupAsDict([["a"]], ["x"], emb_dtype="FP12")
+
+
+@pytest.mark.parametrize("emb_dtype", ["FP32", "FP16", "BF16"])  # INT8: fbgemm's CPU permute has no int8 kernel
+def test_kt_regroup_as_dict_casts_to_emb_dtype_as_torchrec(emb_dtype):
+    from torchrec.modules.embedding_configs import DataType as TheirDataType
+    from torchrec.modules.regroup import KTRegroupAsDict as TorchRecRegroup
+
+    groups, keys = [["f1", "f3"], ["f2", "f5"]], ["x", "y"]
+    kts = [lambda lib: [lib.KeyedTensor(kt.keys(), kt.length_per_key(), 4 * kt.values()) for kt in _kts(lib)]][0]
+    theirs = TorchRecRegroup(groups, keys, emb_dtype=TheirDataType[emb_dtype])(kts(torchrec))
+    for given in (rtk.DataType[emb_dtype], TheirDataType[emb_dtype], emb_dtype):  # either enum, or the name
+        mine = KTRegroupAsDict(groups, keys, emb_dtype=given)(kts(rtk))
+        assert list(mine) == list(theirs)
+        for key in keys:
+            assert mine[key].dtype == theirs[key].dtype, (given, key)
+            torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0)
+    whole = KTRegroupAsDict(groups, keys)(kts(rtk))
+    cast = KTRegroupAsDict(groups, keys, emb_dtype="INT8")(kts(rtk))
+    assert all(torch.equal(cast[key], whole[key].to(torch.int8)) for key in keys)
 
 
 VALIDATOR_CASES = [  # (keys, values, lengths, offsets, weights)
