@@ -26,7 +26,9 @@ class KTRegroupAsDict(torch.nn.Module):
         keys: the name of each output.
         emb_dtype: the DataType the regrouped embeddings are cast to (TorchRec's or rectoolkit's enum, or its name);
             None keeps their own dtype. The packed INT4 / INT2 types are refused (torch cannot cast to them).
-        multi_device: TorchRec's switch for its fbgemm buffers; rectoolkit keeps none, so only False.
+        multi_device: TorchRec's switch that moves its index buffers to the inputs' device on every call (a model
+            loaded onto another device); rectoolkit's regroup keeps none and always runs where the inputs are, so
+            True and False behave alike.
     """
 
     def __init__(self, groups: List[List[str]], keys: List[str], emb_dtype: Optional[Any] = None,
@@ -35,9 +37,6 @@ class KTRegroupAsDict(torch.nn.Module):
         if len(groups) != len(keys):
             raise ValueError(f"KTRegroupAsDict: {len(groups)} groups but {len(keys)} keys; give one key per group")
         self._dtype = None if emb_dtype is None else _cast_dtype(emb_dtype)
-        if multi_device:
-            raise NotImplementedError("KTRegroupAsDict(multi_device=True): rectoolkit's regroup keeps no device "
-                                      "buffers to move; leave it False")
         self._groups = groups
         self._keys = keys
 

@@ -120,9 +120,9 @@ def test_kt_regroup_as_dict_casts_to_emb_dtype_as_torchrec(emb_dtype):
 
     groups, keys = [["f1", "f3"], ["f2", "f5"]], ["x", "y"]
     kts = [lambda lib: [lib.KeyedTensor(kt.keys(), kt.length_per_key(), 4 * kt.values()) for kt in _kts(lib)]][0]
-    theirs = TorchRecRegroup(groups, keys, emb_dtype=TheirDataType[emb_dtype])(kts(torchrec))
+    theirs = TorchRecRegroup(groups, keys, emb_dtype=TheirDataType[emb_dtype], multi_device=True)(kts(torchrec))
     for given in (rtk.DataType[emb_dtype], TheirDataType[emb_dtype], emb_dtype):  # either enum, or the name
-        mine = KTRegroupAsDict(groups, keys, emb_dtype=given)(kts(rtk))
+        mine = KTRegroupAsDict(groups, keys, emb_dtype=given, multi_device=True)(kts(rtk))
         assert list(mine) == list(theirs)
         for key in keys:
             assert mine[key].dtype == theirs[key].dtype, (given, key)
