@@ -191,12 +191,13 @@ class KJTAllToAll(nn.Module):
 
     def __init__(self, pg: dist.ProcessGroup, splits: List[int], stagger: int = 1) -> None:
         super().__init__()
-        world_size = env_of(pg, "KJTAllToAll").world_size
+        name = type(self).__name__
+        world_size = env_of(pg, name).world_size
         if len(splits) != world_size:
-            raise ValueError(f"KJTAllToAll: splits={splits} has {len(splits)} entries but the process group has "
+            raise ValueError(f"{name}: splits={splits} has {len(splits)} entries but the process group has "
                              f"{world_size} ranks; give the number of keys for each rank")
         if stagger < 1 or world_size % stagger:
-            raise ValueError(f"KJTAllToAll: stagger={stagger} must be >= 1 and divide the {world_size} ranks")
+            raise ValueError(f"{name}: stagger={stagger} must be >= 1 and divide the {world_size} ranks")
         self._pg, self._splits, self._stagger = pg, list(splits), stagger
         self._splits_cumsum = [0, *itertools.accumulate(splits)]
 
@@ -204,7 +205,7 @@ class KJTAllToAll(nn.Module):
         """Start sending `input`; the first wait() has the sizes, the second the KJT."""
         with torch.no_grad():
             if len(input.keys()) != sum(self._splits):
-                raise ValueError(f"KJTAllToAll: the KJT has {len(input.keys())} keys {input.keys()} but splits="
+                raise ValueError(f"{type(self).__name__}: the KJT has {len(input.keys())} keys {input.keys()} but splits="
                                  f"{self._splits} sum to {sum(self._splits)}; order the keys by destination rank "
                                  "and give every key to one rank")
             rank = dist.get_rank(self._pg)
@@ -213,6 +214,12 @@ class KJTAllToAll(nn.Module):
                 tensor_splits=input.dist_splits(self._splits), input_tensors=input.dist_tensors(),
                 keys=input.keys()[self._splits_cumsum[rank]:self._splits_cumsum[rank + 1]], device=input.device(),
                 stagger=self._stagger)
+
+
+class KJEAllToAll(KJTAllToAll):
+    """KJTAllToAll for embedding updates (TorchRec's name): a KJT whose weights carry what is written into each
+    key's table, keys ordered by destination rank, sent the same way and waited for twice the same way (TorchRec
+    1.8's is the same exchange under this name)."""
 
 
 class PooledEmbeddingsAwaitable(Awaitable[torch.Tensor]):
@@ -379,7 +386,7 @@ class SequenceEmbeddingsAllToAll(nn.Module):
 
 
 __all__ = [
-    "EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "JaggedTensorAllToAll", "KJTAllToAll",
+    "EmbeddingsAllToOne", "EmbeddingsAllToOneReduce", "JaggedTensorAllToAll", "KJEAllToAll", "KJTAllToAll",
     "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable", "KJTList", "KJTOneToAll",
     "MergePooledEmbeddingsModule", "PooledEmbeddingsAllGather", "PooledEmbeddingsAllToAll",
     "PooledEmbeddingsAwaitable", "PooledEmbeddingsReduceScatter", "SeqEmbeddingsAllToOne",

@@ -50,7 +50,7 @@ def _vbe_kjt(lib, rank: int, keys):
 
 
 def kjt_all_to_all_worker(rank: int, world_size: int) -> None:
-    """KJTAllToAll, both waits, over fixed and per-rank batches, weights, stagger, an empty block and a batch that
+    """KJTAllToAll and KJEAllToAll, both waits, over fixed and per-rank batches, weights, stagger, an empty block and a batch that
     varies per key, against TorchRec's."""
     torchrec, _, their_data = torchrec_modules()
     pg = torch.distributed.group.WORLD
@@ -64,13 +64,14 @@ def kjt_all_to_all_worker(rank: int, world_size: int) -> None:
         ("empty block", [3, 0], 1, lambda lib: _kjt(lib, rank, 2, keys, False, 5)),
         ("batch per key", [2, 1], 1, lambda lib: _vbe_kjt(lib, rank, keys)),
     ]
-    for name, splits, stagger, make in cases:
-        their_first = their_data.KJTAllToAll(pg, splits, stagger=stagger)(make(torchrec))
-        our_first = our_data.KJTAllToAll(pg, splits, stagger=stagger)(make(rtk))
-        their_second, our_second = their_first.wait(), our_first.wait()
-        assert isinstance(our_first, our_data.KJTAllToAllSplitsAwaitable), name
-        assert isinstance(our_second, our_data.KJTAllToAllTensorsAwaitable), name
-        assert_same_kjt(our_second.wait(), their_second.wait(), f"rank {rank}, {name}")
+    for module in ("KJTAllToAll", "KJEAllToAll"):  # KJE: the same exchange under TorchRec's embedding-update name
+        for name, splits, stagger, make in cases:
+            their_first = getattr(their_data, module)(pg, splits, stagger=stagger)(make(torchrec))
+            our_first = getattr(our_data, module)(pg, splits, stagger=stagger)(make(rtk))
+            their_second, our_second = their_first.wait(), our_first.wait()
+            assert isinstance(our_first, our_data.KJTAllToAllSplitsAwaitable), (module, name)
+            assert isinstance(our_second, our_data.KJTAllToAllTensorsAwaitable), (module, name)
+            assert_same_kjt(our_second.wait(), their_second.wait(), f"rank {rank}, {module}, {name}")
     # the inputs can be freed once the exchange has arrived; the KJT still comes out whole
     their_second = their_data.KJTAllToAll(pg, [2, 1])(_kjt(torchrec, rank, 3, keys, True, 6)).wait()
     our_second = our_data.KJTAllToAll(pg, [2, 1])(_kjt(rtk, rank, 3, keys, True, 6)).wait()
