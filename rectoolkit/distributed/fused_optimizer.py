@@ -15,8 +15,9 @@ so `dmp.fused_optimizer.params` holds "ebc.embedding_bags.t1.weight", `param_gro
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Mapping, Tuple
+
 import torch
-from typing import Any, Dict, List, Mapping
 
 from rectoolkit.distributed.state import collection_state_prefix
 from rectoolkit.kernels.optimizer_state import EmbOptimType
@@ -42,25 +43,39 @@ def torchrec_state_names(table: str, state: Mapping[str, torch.Tensor],
 
 class GroupFusedOptimizer(KeyedOptimizer):
     """The fused optimizer of one sharding group's shards on this rank (TorchRec's EmbeddingFusedOptimizer, one per
-    lookup). Keys "<embedding_bags|embeddings>.<table>.weight" (+ ".<row>.<col>" when this rank holds several shards
-    of the table); state "<table>.momentum1" for the first state, then fbgemm's name of the next ("<table>.exp_avg_sq"
-    for Adam's second moment), this rank's tensors (TorchRec: ShardedTensors). step() and zero_grad() push
+    lookup). Keys "<embedding_bags|embeddings>.<table>.weight"; each table a ShardedTensor of this rank's shards, its
+    state "<table>.momentum1" for the first state, then fbgemm's name of the next ("<table>.exp_avg_sq" for Adam's
+    second moment), ShardedTensors in TorchRec's layout (sharded_state.py) over the kernel's own tensors, so DCP
+    saves and reshards them. Without a process group of the whole world: this rank's tensors, one key per shard
+    when it holds several of a table (".<row offset>.<column offset>" added). step() and zero_grad() push
     param_groups[0]["lr"] into the group's kernel, as TorchRec's do."""
 
     def __init__(self, group: Any, prefix: str, optimizer: EmbOptimType, lr: float) -> None:
         self._group = group
         entries = [e for e in group.local_shards() if hasattr(e[2], "_in_backward_optimizers")]
-        per_table: Dict[str, int] = {}
-        for table, _, _, _ in entries:
-            per_table[table] = per_table.get(table, 0) + 1
+        per_table: Dict[str, List[Tuple[Any, torch.Tensor, Dict[str, torch.Tensor]]]] = {}
+        for table, shard, weight, state in entries:
+            per_table.setdefault(table, []).append((shard, weight, torchrec_state_names(table, state, optimizer)))
+        # (torch's ShardedTensor module costs 70 ms to import: loaded when a fused optimizer is built)
+        from rectoolkit.distributed.sharded_state import sharded_tensor_group, table_sharded_tensors
+
+        process_group = sharded_tensor_group(group.env)
+        configs = {t.name: t for t in group.tables}
         params: Dict[str, torch.Tensor] = {}
         states: Dict[Any, Any] = {}
-        for table, shard, weight, state in entries:
+        for table, local in per_table.items():
             key = f"{prefix}{table}.weight"
-            if per_table[table] > 1:
-                key += f".{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"
-            params[key] = weight
-            states[weight] = torchrec_state_names(table, state, optimizer)  # listed even without state (SGD)
+            if process_group is not None:  # TorchRec's: one ShardedTensor param per table, its states sharded
+                config = configs[table]
+                weight, state = table_sharded_tensors(table, config.num_embeddings, config.embedding_dim,
+                                                      group.module_plan[table].shards, local, process_group,
+                                                      group.env.local_world_size)
+                params[key] = weight
+                states[weight] = state  # listed even without state (SGD)
+                continue
+            for shard, weight, state in local:  # no process group: this rank's tensors
+                params[key if len(local) == 1 else f"{key}.{shard.shard_offsets[0]}.{shard.shard_offsets[1]}"] = weight
+                states[weight] = state
         self._pushed_lr = float(lr)
         super().__init__(params, states, [{"params": list(params.values()), "lr": float(lr)}])
 
@@ -81,6 +96,18 @@ class GroupFusedOptimizer(KeyedOptimizer):
 
     def post_load_state_dict(self) -> None:
         self._push_lr()
+
+    def init_state(self, sparse_grad_parameter_names: Any = None) -> None:
+        """Nothing to create: the kernel's state exists from the start (and a fused table takes no gradient)."""
+        self._push_lr()
+
+    def _load_state_tensor(self, value: torch.Tensor, saved: Any, where: str) -> None:
+        from rectoolkit.distributed.sharded_state import ShardedTensor, copy_into_sharded
+
+        if isinstance(value, ShardedTensor):
+            copy_into_sharded(value, saved, where)
+        else:
+            super()._load_state_tensor(value, saved, where)
 
     def set_optimizer_step(self, step: int) -> None:
         """TorchRec's: the fused optimizer's step count from here on (Adam's bias correction reads it)."""

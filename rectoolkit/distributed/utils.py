@@ -153,16 +153,50 @@ class sharded_model_copy:
         def param_copy(param: nn.Parameter, memo: Any) -> nn.Parameter:
             return nn.Parameter(copy_tensor(param, memo), requires_grad=param.requires_grad)
 
-        self._saved = (torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__)
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+        def sharded_copy(sharded: ShardedTensor, memo: Any) -> ShardedTensor:
+            return _copy_sharded_tensor(sharded, lambda tensor: copy.deepcopy(tensor, memo))
+
+        self._saved = (torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__, ShardedTensor.__dict__.get("__deepcopy__"))
         torch.Tensor.__deepcopy__ = copy_tensor
         nn.Parameter.__deepcopy__ = param_copy
+        ShardedTensor.__deepcopy__ = sharded_copy  # (a sharded fused optimizer's tables and states)
         for shared in self._shared_types():
             shared.__deepcopy__ = share
 
     def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
-        torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__ = self._saved
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+        torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__, sharded_deepcopy = self._saved
+        if sharded_deepcopy is None:
+            del ShardedTensor.__deepcopy__
+        else:
+            ShardedTensor.__deepcopy__ = sharded_deepcopy
         for shared in self._shared_types():
             shared.__deepcopy__ = None
+
+
+def _copy_sharded_tensor(sharded: Any, copy_tensor: Any) -> Any:
+    """A ShardedTensor over copies of its local shards (`copy_tensor` of each: the same views of the copied storage
+    as the rest of the model's copy), on the same process group; a shard copied to another device is placed there."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    metadata = copy.deepcopy(sharded.metadata())
+    local = []
+    for shard in sharded.local_shards():
+        tensor = copy_tensor(shard.tensor)
+        placed = shard.metadata
+        if tensor.device != shard.tensor.device:
+            rank = placed.placement.rank()
+            placed = ShardMetadata(list(placed.shard_offsets), list(placed.shard_sizes), f"rank:{rank}/{tensor.device}")
+            metadata.shards_metadata = [
+                placed if entry.shard_offsets == placed.shard_offsets and entry.placement.rank() == rank else entry
+                for entry in metadata.shards_metadata]
+        local.append(Shard(tensor, placed))
+    return ShardedTensor._init_from_local_shards_and_global_metadata(local, metadata,
+                                                                     process_group=sharded._process_group)
 
 
 def _moves(tensor_device: torch.device, device: Any) -> bool:

@@ -97,8 +97,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
                 if state_name not in saved[name]:
                     raise ValueError(f"optimizer state_dict: parameter {name!r} lacks state {state_name!r}")
                 if isinstance(value, torch.Tensor):
-                    with torch.no_grad():
-                        value.copy_(saved[name][state_name])
+                    self._load_state_tensor(value, saved[name][state_name], f"{name!r} {state_name!r}")
                 else:
                     param_state[state_name] = deepcopy(saved[name][state_name])
         for group, saved_group in zip(self.param_groups, state_dict.get("param_groups", [])):
@@ -106,6 +105,11 @@ class KeyedOptimizer(torch.optim.Optimizer):
                 if k != "params":
                     group[k] = deepcopy(v)
         self.post_load_state_dict()
+
+    def _load_state_tensor(self, value: torch.Tensor, saved: Any, where: str) -> None:
+        """Copy one saved state tensor into this optimizer's (the sharded fused optimizer loads ShardedTensors)."""
+        with torch.no_grad():
+            value.copy_(saved)
 
     def post_load_state_dict(self) -> None:
         """Hook for subclasses (the fused optimizer pushes lr into its kernel)."""
@@ -128,8 +132,10 @@ class KeyedOptimizer(torch.optim.Optimizer):
             warnings.warn(f"{type(self).__name__}.init_state: sparse_grad_parameter_names {unknown} name no parameter "
                           f"of this optimizer (its keys: {sorted(self.params)[:10]}); those get dense gradients, if "
                           "any: give the optimizer's own keys", stacklevel=2)
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+
         for key, param in self.params.items():
-            if param.requires_grad:
+            if param.requires_grad and not isinstance(param, ShardedTensor):  # (a sharded fused table: its own)
                 grad = torch.zeros_like(param)
                 param.grad = grad.to_sparse() if key in sparse else grad
         self.step()
