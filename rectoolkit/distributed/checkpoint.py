@@ -224,7 +224,9 @@ def _refuse_managed_collisions(model, done: str) -> None:
     if held:
         raise NotImplementedError(f"checkpoint: the model has managed-collision state sharded per rank ({held[0]}, "
                                   f"...), which cannot be {done} by rectoolkit's checkpoints yet (its row blocks' "
-                                  "slots would be lost); save each rank's dmp.state_dict() yourself")
+                                  "slots would be lost); save it with torch.distributed.checkpoint: "
+                                  "dcp.save(dmp.state_dict(), checkpoint_id=...) keeps every rank's row blocks "
+                                  "(ShardedTensors there)")
 
 
 def _check_dense_optimizer(model, dense_optimizer: Optional[torch.optim.Optimizer]) -> None:

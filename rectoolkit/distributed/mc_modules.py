@@ -16,7 +16,7 @@ int64 count per rank and table.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 from torch import nn
@@ -27,6 +27,11 @@ from rectoolkit.modules.mc_modules import (
     ManagedCollisionCollection, MCHManagedCollisionModule, features_by_table, with_remapped_ids)
 from rectoolkit.plan.types import ParameterSharding, ShardingType
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
+
+
+# TorchRec's managed-collision buffers that are not sharded by rows (the others are: one entry per row of the block)
+NOT_PER_ROW = ("_output_segments_tensor", "_current_iter_tensor", "_scalar_logger._scalar_logger_steps",
+               "_hash_zch_bucket")
 
 
 class ShardedManagedCollisionCollection(ShardedModule):
@@ -40,6 +45,7 @@ class ShardedManagedCollisionCollection(ShardedModule):
         self._unsharded = dict(module._managed_collision_modules.items())  # hashing only (a plain dict: no state)
         self._managed_collision_modules = nn.ModuleDict()
         self._bucket_owners: Dict[str, List[int]] = {}
+        self._row_blocks: Dict[str, Tuple[int, List[Tuple[int, int, int]]]] = {}  # table -> (my start, blocks)
         for config in module.embedding_configs():
             ps = module_plan.get(config.name)
             if ps is None or ShardingType.parse(ps.sharding_type) != ShardingType.ROW_WISE:
@@ -63,6 +69,22 @@ class ShardedManagedCollisionCollection(ShardedModule):
                 start = mine[0].shard_offsets[0]
                 self._managed_collision_modules[config.name] = unsharded.rebuild_with_output_id_range(
                     (start, start + mine[0].shard_sizes[0]), segments, device=env.device)
+                self._row_blocks[config.name] = (start, [(b.shard_offsets[0], b.shard_sizes[0], b.rank)
+                                                         for b in blocks])
+        self._register_state_dict_hook(_row_blocks_as_sharded_tensors)
+        self._register_load_state_dict_pre_hook(_row_blocks_from_saved, with_module=True)
+
+    def _per_row_buffers(self):
+        """(name in this module, table, buffer) of each per-row state buffer of this rank's row blocks: what
+        TorchRec's shards (all the persistent buffers but its bookkeeping ones)."""
+        for table, module in self._managed_collision_modules.items():
+            start, blocks = self._row_blocks[table]
+            rows = next(n for first, n, rank in blocks if first == start)
+            for name, buffer in module.named_buffers():
+                if name in NOT_PER_ROW or name in module._non_persistent_buffers_set:
+                    continue
+                if buffer.dim() > 0 and buffer.shape[0] == rows:
+                    yield f"_managed_collision_modules.{table}.{name}", table, buffer
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """The ids of this rank's samples remapped into global rows, keys in the tables' order."""
@@ -99,3 +121,33 @@ class ShardedManagedCollisionCollection(ShardedModule):
     def open_slots(self) -> Dict[str, torch.Tensor]:
         """Each local table's count of free slots in this rank's row block."""
         return {table: module.open_slots() for table, module in self._managed_collision_modules.items()}
+
+
+def _row_blocks_as_sharded_tensors(module: ShardedManagedCollisionCollection, state_dict: Dict[str, Any],
+                                   prefix: str, local_metadata: Any) -> None:
+    """state_dict hook: each per-row buffer as a ShardedTensor of the table's row blocks (TorchRec's), so that
+    torch.distributed.checkpoint saves every rank's block: under one key as plain tensors, DCP would take them for
+    replicas and keep one rank's. Plain without a process group of the whole world."""
+    from rectoolkit.distributed.sharded_state import row_block_sharded_tensor, sharded_tensor_group
+
+    group = sharded_tensor_group(module.env)
+    if group is None:
+        return
+    for name, table, buffer in module._per_row_buffers():
+        key = prefix + name
+        if key in state_dict:
+            start, blocks = module._row_blocks[table]
+            state_dict[key] = row_block_sharded_tensor(state_dict[key], start, blocks, group)
+
+
+def _row_blocks_from_saved(module: ShardedManagedCollisionCollection, state_dict: Dict[str, Any], prefix: str,
+                           *args: Any) -> None:
+    """load_state_dict pre-hook: this rank's block of each saved per-row buffer (a ShardedTensor's local shard, or
+    the rows of a whole tensor)."""
+    from rectoolkit.distributed.sharded_state import local_rows
+
+    for name, table, buffer in module._per_row_buffers():
+        key = prefix + name
+        if key in state_dict:
+            start, _ = module._row_blocks[table]
+            state_dict[key] = local_rows(state_dict[key], start, buffer.shape[0], f"managed-collision state {key!r}")

@@ -171,3 +171,34 @@ def copy_into_sharded(target: ShardedTensor, saved, where: str) -> None:
             raise ValueError(f"optimizer state {where}: a tensor of shape {list(saved.shape)} fits neither the whole "
                              f"state {list(target.size())} nor this rank's shards "
                              f"{[list(s.tensor.shape) for s in mine]}")
+
+
+def row_block_sharded_tensor(tensor: torch.Tensor, start: int, blocks: Sequence[Tuple[int, int, int]],
+                             group: dist.ProcessGroup) -> ShardedTensor:
+    """`tensor`, this rank's row block at row `start`, as a ShardedTensor of all the blocks: (start, rows, rank)
+    each, stacked along dim 0 (a row-wise managed-collision table's per-row state, as TorchRec's)."""
+    rest = list(tensor.shape[1:])
+    metadata = [_torch_metadata([first] + [0] * len(rest), [rows] + rest, f"rank:{rank}/{tensor.device}")
+                for first, rows, rank in blocks]
+    mine = [m for m, (first, _, rank) in zip(metadata, blocks) if first == start and rank == dist.get_rank()]
+    layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([sum(b[1] for b in blocks)] + rest),
+                                   tensor_properties=_properties(tensor))
+    return ShardedTensor._init_from_local_shards_and_global_metadata([Shard(tensor, mine[0])], layout,
+                                                                    process_group=group)
+
+
+def local_rows(saved, start: int, rows: int, where: str):
+    """This rank's row block [start, start + rows) of a saved row-block state: a ShardedTensor's local shard at
+    `start`, or the rows of a whole tensor; a tensor of the block's own size is returned as it is (a state_dict of
+    this rank's block)."""
+    if isinstance(saved, ShardedTensor):
+        for shard in saved.local_shards():
+            if shard.metadata.shard_offsets[0] == start and shard.metadata.shard_sizes[0] == rows:
+                return shard.tensor
+        raise ValueError(f"{where}: the saved ShardedTensor's local shards "
+                         f"{[(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in saved.local_shards()]} do not "
+                         f"hold this rank's rows [{start}, {start + rows}): it was saved under another plan; load it "
+                         "through torch.distributed.checkpoint, which reshards")
+    if isinstance(saved, torch.Tensor) and saved.dim() > 0 and saved.shape[0] > rows:
+        return saved[start:start + rows]
+    return saved
