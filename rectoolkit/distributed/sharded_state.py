@@ -148,10 +148,11 @@ def copy_into_sharded(target: ShardedTensor, saved, where: str) -> None:
                   for s in saved.local_shards()}
         wanted = [(tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)) for s in mine]
         missing = [w for w in wanted if w not in theirs]
-        if missing or list(saved.size()) != list(target.size()):
+        size, target_size = list(saved.metadata().size), list(target.metadata().size)  # (.size() warns)
+        if missing or size != target_size:
             raise ValueError(
-                f"optimizer state {where}: the saved ShardedTensor (size {list(saved.size())}, local shards at "
-                f"{sorted(theirs)}) does not hold this rank's shards {wanted} of size {list(target.size())}: it was "
+                f"optimizer state {where}: the saved ShardedTensor (size {size}, local shards at "
+                f"{sorted(theirs)}) does not hold this rank's shards {wanted} of size {target_size}: it was "
                 "saved under another plan. Load it through torch.distributed.checkpoint (dcp.load into this "
                 "optimizer's state_dict), which reshards")
         with torch.no_grad():
@@ -159,8 +160,9 @@ def copy_into_sharded(target: ShardedTensor, saved, where: str) -> None:
                 shard.tensor.copy_(theirs[key])
         return
     saved = torch.as_tensor(saved)
+    target_size = list(target.metadata().size)
     with torch.no_grad():
-        if list(saved.shape) == list(target.size()):
+        if list(saved.shape) == target_size:
             for shard in mine:
                 index = tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets,
                                                                 shard.metadata.shard_sizes))
@@ -169,7 +171,7 @@ def copy_into_sharded(target: ShardedTensor, saved, where: str) -> None:
             mine[0].tensor.copy_(saved)
         else:
             raise ValueError(f"optimizer state {where}: a tensor of shape {list(saved.shape)} fits neither the whole "
-                             f"state {list(target.size())} nor this rank's shards "
+                             f"state {target_size} nor this rank's shards "
                              f"{[list(s.tensor.shape) for s in mine]}")
 
 

@@ -216,3 +216,34 @@ def copy_worker(rank: int, world_size: int) -> None:
 @pytest.mark.timeout(240)
 def test_sharded_model_copy_keeps_the_copy_optimizer_state_its_own():
     run_workers(copy_worker, 2)
+
+
+def load_worker(rank: int, world_size: int) -> None:
+    """load_state_dict without DCP: whole tensors load into any plan (each rank takes its slices); a ShardedTensor
+    saved under another plan, or a tensor of neither shape, is refused naming the state."""
+    weights = {f"t{i}": torch.randn(rows, 8, generator=torch.Generator().manual_seed(i)) for i, rows in enumerate(ROWS)}
+    lib, trained = _build("rectoolkit", "row_wise_adagrad", world_size, "A", weights)
+    trained.module.ebc(_batch(lib, rank, 0)).wait().values().sum().backward()
+    saved = trained.fused_optimizer.state_dict()
+    whole = _assembled(_states(trained))
+    _, other = _build("rectoolkit", "row_wise_adagrad", world_size, "B", weights)
+    wanted = other.fused_optimizer.state_dict()
+    as_whole = {"state": {key: {name: whole[(key, name)] for name in states} for key, states in wanted["state"].items()}}
+    other.fused_optimizer.load_state_dict(as_whole)
+    for key, value in _states(other).items():
+        for shard in value.local_shards():
+            index = tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes))
+            assert torch.equal(shard.tensor, whole[key][index]), (rank, key)
+    # t1: row-wise in plan A, table-wise on rank 0 in plan B: rank 0's saved shard holds only its rows
+    t1 = "ebc.embedding_bags.t1.weight"
+    if t1 in wanted["state"]:
+        with pytest.raises(ValueError, match=r"embedding_bags\.t1\.weight' 't1\.momentum1'.*another plan"):
+            other.fused_optimizer.load_state_dict({"state": {**as_whole["state"], t1: saved["state"][t1]}})
+        with pytest.raises(ValueError, match=r"'t1\.momentum1'.*shape \[3\] fits neither the whole state \[7\]"):
+            other.fused_optimizer.load_state_dict({"state": {**as_whole["state"], t1: {"t1.momentum1": torch.ones(3)}}})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_fused_optimizer_loads_whole_tensors_and_names_what_does_not_fit():
+    run_workers(load_worker, 2)
