@@ -201,9 +201,11 @@ class PendingExchange:
 
 def _start_exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
                     output_splits: Sequence[int], name: str, out: Optional[torch.Tensor] = None,
-                    finish: Callable[[torch.Tensor], object] = lambda output: output) -> PendingExchange:
+                    finish: Callable[[torch.Tensor], object] = lambda output: output,
+                    comm: Optional[object] = None) -> PendingExchange:
     """Start one counted all_to_all_single of a 1-D tensor (splits in elements), into `out` when given; the
-    pending exchange's wait() returns finish(received)."""
+    pending exchange's wait() returns finish(received). `comm`: a custom all-to-all with TorchRec's interface
+    (custom_all_to_all.All2AllSingle) that allocates both buffers and runs the exchange."""
     if len(input_splits) != env.world_size or len(output_splits) != env.world_size:
         raise ValueError(f"{name}: splits must have world_size={env.world_size} entries, got "
                          f"{len(input_splits)} and {len(output_splits)}")
@@ -213,6 +215,13 @@ def _start_exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequen
     env.stats.record(name, [s * tensor.element_size() for s in input_splits])
     if env.world_size == 1:
         return PendingExchange(env, name, None, out.copy_(tensor) if out is not None else tensor.clone(), finish)
+    if comm is not None:
+        output = comm.allocate((int(sum(output_splits)),), dtype=tensor.dtype, device=tensor.device)
+        registered = comm.allocate(tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        registered.copy_(tensor)
+        work = comm(output_tensor=output, input_tensor=registered, output_split_sizes=list(map(int, output_splits)),
+                    input_split_sizes=list(map(int, input_splits)), group=env.pg, async_op=True)
+        return PendingExchange(env, name, work, output, finish)
     output = out if out is not None else tensor.new_empty(int(sum(output_splits)))
     work = dist.all_to_all_single(output, tensor.contiguous(), list(map(int, output_splits)),
                                   list(map(int, input_splits)), group=env.pg, async_op=True)
@@ -242,9 +251,9 @@ def all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[in
 
 
 def start_all_to_all(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int],
-                     output_splits: Sequence[int], name: str) -> PendingExchange:
-    """all_to_all, started: returns at once; `wait()` gives what all_to_all returns."""
-    return _start_exchange(env, tensor.detach(), input_splits, output_splits, name)
+                     output_splits: Sequence[int], name: str, comm: Optional[object] = None) -> PendingExchange:
+    """all_to_all, started: returns at once; `wait()` gives what all_to_all returns (`comm`: _start_exchange)."""
+    return _start_exchange(env, tensor.detach(), input_splits, output_splits, name, comm=comm)
 
 
 class _AllToAllWithGrad(torch.autograd.Function):

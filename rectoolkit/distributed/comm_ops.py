@@ -21,7 +21,8 @@ NoWait), and one rank alone gets its input back untouched.
 
 Codecs: None or rectoolkit's QuantizedCommCodecs (FP32/FP16/BF16: values cast for the wire and back); TorchRec's
 or fbgemm's codec objects are refused. A reduce-scatter with codecs adds the decoded float32 parts (TorchRec on
-NCCL adds them in the narrow type). TorchRec's `all_to_all_single_comm` (a custom all-to-all) is refused.
+NCCL adds them in the narrow type). A custom all-to-all (`all_to_all_single_comm`, TorchRec's All2AllSingle
+interface: custom_all_to_all.py) runs the forward exchange of alltoall_pooled and variable_batch_alltoall_pooled.
 
     >>> get_use_sync_collectives()
     False
@@ -43,6 +44,8 @@ from torch import Tensor
 from rectoolkit.distributed.awaitable import Awaitable, NoWait
 from rectoolkit.distributed.comm import (ShardingEnv, all_to_all, get_gradient_division, set_gradient_division,
                                          start_all_to_all)
+from rectoolkit.distributed.custom_all_to_all import (AllToAllSingle, All2AllSingle, Comm, DefaultAll2AllSingle,
+                                                      DefaultAllocMixin, check_custom_comm)
 from rectoolkit.distributed.fbgemm_qcomm_codec import QuantizedCommCodec, QuantizedCommCodecs
 from rectoolkit.sparse.kjt_dist import permute_segments
 
@@ -270,32 +273,27 @@ def check_codecs(codecs: Any, subject: str) -> Optional[QuantizedCommCodecs]:
                     "objects are not run here")
 
 
-def _refuse_custom_comm(all_to_all_single_comm: Any, subject: str) -> None:
-    if all_to_all_single_comm is not None:
-        raise NotImplementedError(f"{subject}(all_to_all_single_comm={type(all_to_all_single_comm).__name__}): "
-                                  "rectoolkit sends through its own counted all-to-all; leave it None")
-
-
-def _open(name: str, group: Optional[dist.ProcessGroup], codecs: Any, all_to_all_single_comm: Any = None
+def _open(name: str, group: Optional[dist.ProcessGroup], codecs: Any
           ) -> Tuple[ShardingEnv, Optional[QuantizedCommCodecs]]:
     """The env of op `name` on `group`, and its codecs checked (with more than one rank: one rank alone only gets
     its input back, as TorchRec's)."""
     env = env_of(group, name)
     if env.world_size > 1:
-        _refuse_custom_comm(all_to_all_single_comm, name)
         codecs = check_codecs(codecs, name)
     return env, codecs
 
 
 def start_request(env: ShardingEnv, tensor: Tensor, input_splits: Sequence[int], output_splits: Sequence[int],
-                  name: str, codecs: Optional[QuantizedCommCodecs], finish: Callable[[Tensor], W]) -> Awaitable[W]:
+                  name: str, codecs: Optional[QuantizedCommCodecs], finish: Callable[[Tensor], W],
+                  comm: Any = None) -> Awaitable[W]:
     """Start the all-to-all of the 1-D `tensor` (splits in elements) and return the request whose wait() gives
-    finish(received), differentiable; with the sync switch on, the NoWait of that result."""
+    finish(received), differentiable; with the sync switch on, the NoWait of that result. `comm`: a custom
+    all-to-all (custom_all_to_all.All2AllSingle) for the forward exchange."""
     sync = get_use_sync_collectives()
     input_splits, output_splits = list(map(int, input_splits)), list(map(int, output_splits))
     wire = tensor.detach().contiguous()
     pending = start_all_to_all(env, wire if codecs is None else codecs.forward.encode(wire), input_splits,
-                               output_splits, name)
+                               output_splits, name, comm=comm)
     request: Request[W] = Request(env.pg, tensor.device)
     request._arrive = lambda: finish(_Arrived.apply(tensor, pending, env, input_splits, output_splits, name, codecs))
     return NoWait(request.wait()) if sync else request
@@ -327,7 +325,8 @@ def alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank: List[in
     the ranks: rank r gets rows of its batch_size_per_rank[r] samples from every rank, side by side,
     [B_r, sum(dim_sum_per_rank)] (the two tensors TorchRec takes for its kernel are accepted and not needed)."""
     name = "alltoall_pooled"
-    env, codecs = _open(name, group, codecs, all_to_all_single_comm)
+    comm = check_custom_comm(all_to_all_single_comm, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(a2a_pooled_embs_tensor)
     _check_world(env, name, batch_size_per_rank=batch_size_per_rank, dim_sum_per_rank=dim_sum_per_rank)
@@ -345,7 +344,7 @@ def alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank: List[in
                                                                          dim_sum_per_rank)], dim=1)
 
     return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1),
-                         [b * local_dim for b in batch_size_per_rank], output_splits, name, codecs, side_by_side)
+                         [b * local_dim for b in batch_size_per_rank], output_splits, name, codecs, side_by_side, comm)
 
 
 def variable_batch_alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_per_rank_per_feature: List[List[int]],
@@ -359,7 +358,8 @@ def variable_batch_alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_pe
     this rank gets, per feature of every rank in rank order, batch_size_per_feature_pre_a2a rows of it. Returns
     the 1-D concatenation in that order (feature-major within each rank), as TorchRec's."""
     name = "variable_batch_alltoall_pooled"
-    env, codecs = _open(name, group, codecs, all_to_all_single_comm)
+    comm = check_custom_comm(all_to_all_single_comm, name)
+    env, codecs = _open(name, group, codecs)
     if env.world_size <= 1:
         return NoWait(a2a_pooled_embs_tensor)
     _check_world(env, name, batch_size_per_rank_per_feature=batch_size_per_rank_per_feature,
@@ -378,7 +378,7 @@ def variable_batch_alltoall_pooled(a2a_pooled_embs_tensor: Tensor, batch_size_pe
                          f"batches and dimensions say {sum(input_splits)}; pass the flat pooled rows of each rank's "
                          "samples, feature by feature")
     return start_request(env, divided(a2a_pooled_embs_tensor, env).reshape(-1), input_splits, output_splits, name,
-                         codecs, lambda received: received)
+                         codecs, lambda received: received, comm)
 
 
 def _sum_over_ranks(shape: Sequence[int]) -> Callable[[Tensor], Tensor]:
@@ -572,6 +572,7 @@ def alltoall_sequence(a2a_sequence_embs_tensor: Tensor, forward_recat_tensor: Te
 
 
 __all__ = [
+    "All2AllSingle", "AllToAllSingle", "Comm", "DefaultAll2AllSingle", "DefaultAllocMixin",
     "All2AllDenseInfo", "All2AllPooledInfo", "All2AllSequenceInfo", "All2AllVInfo", "AllGatherBaseInfo",
     "ReduceScatterBaseInfo", "ReduceScatterInfo", "ReduceScatterVInfo", "Request", "VariableBatchAll2AllPooledInfo",
     "all_gather_base_pooled", "all_gather_into_tensor", "alltoall_pooled", "alltoall_sequence", "get_gradient_division",

@@ -410,7 +410,7 @@ def refusals_worker(rank: int, world_size: int) -> None:
     embs = torch.zeros(4, [3, 2][rank])
     _raises(ValueError, f"rank {rank}'s embeddings are [4, {[3, 2][rank]}]",
             lambda: our_ops.alltoall_pooled(embs, [2, 2], [1, 1]))
-    _raises(NotImplementedError, "all_to_all_single_comm",
+    _raises(TypeError, "all_to_all_single_comm=object): pass None or an All2AllSingle",
             lambda: our_ops.alltoall_pooled(embs, [2, 2], [3, 2], all_to_all_single_comm=object()))
     _raises(ValueError, "do not split evenly over 2 ranks", lambda: our_data.PooledEmbeddingsAllToAll(pg, [3, 2])(
         torch.zeros(3, [3, 2][rank])))
@@ -427,3 +427,71 @@ def refusals_worker(rank: int, world_size: int) -> None:
     _raises(ValueError, "group_size=3 but group", lambda: our_ops.all_gather_into_tensor(torch.zeros(2), 0, 3, name, True))
     _raises(ValueError, "no process group is named 'nowhere'",
             lambda: our_ops.reduce_scatter_tensor(torch.zeros(2), "sum", 2, "nowhere", True))
+
+
+def _counting_comm(base):
+    """An instance of a subclass of `base` (a library's DefaultAll2AllSingle) that records its calls."""
+
+    class Counting(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = []
+
+        def allocate(self, size, *, dtype, device):
+            self.calls.append(("allocate", tuple(size), str(dtype)))
+            return super().allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, output_split_sizes=None, input_split_sizes=None, group=None,
+                     async_op=False):
+            self.calls.append(("call", list(output_split_sizes), list(input_split_sizes), async_op))
+            return super().__call__(output_tensor, input_tensor, output_split_sizes, input_split_sizes, group=group,
+                                    async_op=async_op)
+
+    return Counting()
+
+
+def custom_comm_worker(rank: int, world_size: int) -> None:
+    """A custom all-to-all (TorchRec's All2AllSingle interface) runs the forward exchange of alltoall_pooled and
+    variable_batch_alltoall_pooled: outputs and input gradients equal TorchRec's with its own, and each library's
+    comm sees the same calls (buffer sizes, splits); TorchRec's DefaultAll2AllSingle object runs rectoolkit's op;
+    AllToAllSingle, the autograd function, equals TorchRec's with gradient division on and off."""
+    _, their_ops, _ = torchrec_modules()
+    pg = torch.distributed.group.WORLD
+    dims = [3, 2]
+    g = torch.Generator().manual_seed(300 + rank)
+    source = torch.randn(4, dims[rank], generator=g)
+    results, calls = [], []
+    for ops in (their_ops, our_ops):
+        comm = _counting_comm(ops.DefaultAll2AllSingle)
+        results.append(_grad_of(lambda x: ops.alltoall_pooled(x, [1, 3], dims, group=pg,
+                                                              all_to_all_single_comm=comm).wait(), source, 31))
+        calls.append(comm.calls)
+    _same(results[1], results[0], f"rank {rank}, alltoall_pooled through a custom comm")
+    assert calls[1] == calls[0] and [c[0] for c in calls[1]] == ["allocate", "allocate", "call"], (rank, calls)
+    theirs = _grad_of(lambda x: their_ops.alltoall_pooled(x, [1, 3], dims, group=pg).wait(), source, 31)
+    ours = _grad_of(lambda x: our_ops.alltoall_pooled(
+        x, [1, 3], dims, group=pg, all_to_all_single_comm=their_ops.DefaultAll2AllSingle()).wait(), source, 31)
+    _same(ours, theirs, f"rank {rank}, TorchRec's DefaultAll2AllSingle in rectoolkit's op")
+
+    vb_dims = [[2], [3, 3]]
+    per_rank_per_feature = [[[2], [1]], [[1, 3], [2, 2]]][rank]
+    pre_a2a = [[2, 1, 3], [1, 2, 2]][rank]
+    source = torch.randn([6, 24][rank], generator=g)
+    results, calls = [], []
+    for ops in (their_ops, our_ops):
+        comm = _counting_comm(ops.DefaultAll2AllSingle)
+        results.append(_grad_of(lambda x: ops.variable_batch_alltoall_pooled(
+            x, per_rank_per_feature, pre_a2a, vb_dims, group=pg, all_to_all_single_comm=comm).wait(), source, 32))
+        calls.append(comm.calls)
+    _same(results[1], results[0], f"rank {rank}, variable_batch_alltoall_pooled through a custom comm")
+    assert calls[1] == calls[0], (rank, calls)
+
+    in_splits = [[1, 2], [2, 1]]  # rows rank i sends to rank j
+    out_splits = [in_splits[i][rank] for i in range(world_size)]
+    rows = torch.randn(sum(in_splits[rank]), 4, generator=g)
+    for division in (True, False):
+        results = [_grad_of(lambda x: ops.AllToAllSingle.apply(x, out_splits, in_splits[rank], ops.pg_name(pg),
+                                                              world_size, division), rows, 33)
+                   for ops in (their_ops, our_ops)]
+        results[0] = (results[0][0].clone(), results[0][1])  # (TorchRec's output: a functional collective's tensor)
+        _same(results[1], results[0], f"rank {rank}, AllToAllSingle, gradient_division={division}")

@@ -114,6 +114,16 @@ def test_variable_batch_pooled_all_to_all_outputs_and_gradients_match_torchrec()
     run_workers(variable_batch_worker, 2)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.torchrec
+@pytest.mark.timeout(300)
+def test_custom_all_to_all_and_all_to_all_single_match_torchrec():
+    _torchrec_dist_data()
+    from dist_comm_ops_workers import custom_comm_worker
+
+    run_workers(custom_comm_worker, 2)
+
+
 # ------------------------------------------------------------------------------------------------ one process
 def _forward_and_grads(module, tensors, loss_seed):
     """(outputs, input gradients) under a fixed random loss; gradients None where the module has no backward
