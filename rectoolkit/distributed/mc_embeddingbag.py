@@ -18,7 +18,7 @@ from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.interfaces import ShardedModule
-from rectoolkit.distributed.mc_modules import ShardedManagedCollisionCollection
+from rectoolkit.distributed.mc_modules import ManagedCollisionCollectionSharder, ShardedManagedCollisionCollection
 from rectoolkit.distributed.sharded_ebc import shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import shard_embedding_collection
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder
@@ -68,6 +68,30 @@ class ManagedCollisionEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharde
     module_type = ManagedCollisionEmbeddingBagCollection
     sharded_type = ShardedManagedCollisionEmbeddingBagCollection
     _types = [ShardingType.ROW_WISE]
+    _inner_sharder = EmbeddingBagCollectionSharder
+
+    def __init__(self, ebc_sharder: Optional[EmbeddingBagCollectionSharder] = None,
+                 mc_sharder: Optional[ManagedCollisionCollectionSharder] = None,
+                 fused_params: Optional[Dict[str, Any]] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, Any]] = None) -> None:
+        """TorchRec's arguments: the embedding collection's sharder (its fused_params and qcomm_codecs_registry are
+        the shards'; default: one of `fused_params` and `qcomm_codecs_registry`) and the managed-collision
+        collection's (default: a ManagedCollisionCollectionSharder)."""
+        subject = type(self).__name__
+        if ebc_sharder is not None and not isinstance(ebc_sharder, self._inner_sharder):
+            raise TypeError(f"{subject}: the first argument is the embedding collection's sharder (a "
+                            f"{self._inner_sharder.__name__}), got a {type(ebc_sharder).__name__}; pass fused_params "
+                            "by keyword")
+        if ebc_sharder is not None and fused_params is not None:
+            raise ValueError(f"{subject}: both a sharder and fused_params given; give fused_params to the sharder "
+                             f"({self._inner_sharder.__name__}(fused_params=...)): TorchRec uses the sharder's alone")
+        if mc_sharder is not None and not isinstance(mc_sharder, ManagedCollisionCollectionSharder):
+            raise TypeError(f"{subject}: mc_sharder must be a ManagedCollisionCollectionSharder, got a "
+                            f"{type(mc_sharder).__name__}")
+        inner = ebc_sharder if ebc_sharder is not None else self._inner_sharder(fused_params, qcomm_codecs_registry)
+        codecs = qcomm_codecs_registry if qcomm_codecs_registry is not None else inner.qcomm_codecs_registry
+        super().__init__(inner.fused_params, codecs)
+        self._mc_sharder = mc_sharder if mc_sharder is not None else ManagedCollisionCollectionSharder()
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         """TorchRec's list on every device, in its order (without its "key_value": rectoolkit has no such kernel)."""

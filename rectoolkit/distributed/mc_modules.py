@@ -23,6 +23,7 @@ from torch import nn
 
 from rectoolkit.distributed.comm import ShardingEnv, all_to_all
 from rectoolkit.distributed.interfaces import ShardedModule
+from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.modules.mc_modules import (
     ManagedCollisionCollection, MCHManagedCollisionModule, features_by_table, with_remapped_ids)
 from rectoolkit.plan.types import ParameterSharding, ShardingType
@@ -151,3 +152,38 @@ def _row_blocks_from_saved(module: ShardedManagedCollisionCollection, state_dict
         if key in state_dict:
             start, _ = module._row_blocks[table]
             state_dict[key] = local_rows(state_dict[key], start, buffer.shape[0], f"managed-collision state {key!r}")
+
+
+class ManagedCollisionCollectionSharder(ModuleSharder):
+    """TorchRec's sharder of a ManagedCollisionCollection: ROW_WISE, with the embedding collection it remaps for
+    (ManagedCollisionEmbeddingBagCollectionSharder takes one and calls it). Standalone sharding is not offered,
+    as in TorchRec: `shardable_parameters` raises.
+
+        >>> ManagedCollisionCollectionSharder().sharding_types("cpu")
+        ['row_wise']
+    """
+
+    module_type = ManagedCollisionCollection
+
+    def shard(self, module: ManagedCollisionCollection, params: Mapping[str, ParameterSharding], env: Any,
+              embedding_shardings: Any = None, device: Any = None, use_index_dedup: bool = False
+              ) -> ShardedManagedCollisionCollection:
+        """This rank's managed-collision modules for the row blocks `params` give it. `embedding_shardings`
+        (TorchRec passes its embedding collection's) is not needed here: the ids go to the plan's row blocks."""
+        if use_index_dedup:
+            raise NotImplementedError("ManagedCollisionCollectionSharder.shard(use_index_dedup=True): ids are sent "
+                                      "as they are here (no dedup before the all-to-all); leave it False")
+        if not isinstance(module, ManagedCollisionCollection):
+            raise TypeError(f"ManagedCollisionCollectionSharder.shard: got a {type(module).__name__}, this sharder "
+                            "shards ManagedCollisionCollection")
+        if not isinstance(env, ShardingEnv):
+            env = ShardingEnv.from_process_group(env, device=device)
+        return ShardedManagedCollisionCollection(module, dict(params), env)
+
+    def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
+        raise NotImplementedError("ManagedCollisionCollectionSharder: a managed-collision collection is sharded with "
+                                  "its embedding collection (ManagedCollisionEmbeddingBagCollectionSharder), as in "
+                                  "TorchRec; it has no parameters of its own to plan")
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return [ShardingType.ROW_WISE.value]

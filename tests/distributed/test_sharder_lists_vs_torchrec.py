@@ -42,3 +42,38 @@ def test_sharding_types_and_kernels_are_torchrecs(module, name, device):
 def test_dense_is_offered_for_data_parallel_only():
     ours = _sharders("embeddingbag", "EmbeddingBagCollectionSharder")[1]
     assert [t for t in ours.sharding_types("cpu") if "dense" in ours.compute_kernels(t, "cpu")] == ["data_parallel"]
+
+
+@pytest.mark.parametrize("module, name, inner", [("mc_embeddingbag", "ManagedCollisionEmbeddingBagCollectionSharder",
+                                                  ("embeddingbag", "EmbeddingBagCollectionSharder")),
+                                                 ("mc_embedding", "ManagedCollisionEmbeddingCollectionSharder",
+                                                  ("embedding", "EmbeddingCollectionSharder"))])
+def test_managed_collision_sharders_take_torchrecs_arguments(module, name, inner):
+    """TorchRec's constructor: (the embedding collection's sharder, a ManagedCollisionCollectionSharder,
+    fused_params, qcomm_codecs_registry), positionally or by keyword; the fused params are the inner sharder's."""
+    pytest.importorskip("torchrec")
+    fused = {"optimizer": "sgd", "learning_rate": 0.25}
+    seen = []
+    for lib in ("torchrec", "rectoolkit"):
+        outer = getattr(importlib.import_module(f"{lib}.distributed.{module}"), name)
+        inner_sharder = getattr(importlib.import_module(f"{lib}.distributed.{inner[0]}"), inner[1])
+        mc_sharder = importlib.import_module(f"{lib}.distributed.mc_modules").ManagedCollisionCollectionSharder()
+        positional = outer(inner_sharder(fused_params=fused), mc_sharder)
+        by_keyword = outer(fused_params=fused)
+        seen.append((positional.fused_params, by_keyword.fused_params, mc_sharder.sharding_types("cpu"),
+                     mc_sharder.sharding_types("cuda"), positional.sharding_types("cuda")))
+        with pytest.raises(NotImplementedError):
+            mc_sharder.shardable_parameters(None)
+    assert seen[1] == seen[0] and seen[1][0] == fused
+
+
+def test_managed_collision_sharder_refuses_what_it_would_ignore():
+    from rectoolkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from rectoolkit.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder as Sharder
+
+    with pytest.raises(ValueError, match="both a sharder and fused_params given"):
+        Sharder(EmbeddingBagCollectionSharder(), fused_params={"optimizer": "sgd"})
+    with pytest.raises(TypeError, match="the first argument is the embedding collection's sharder.*got a dict"):
+        Sharder({"optimizer": "sgd"})
+    with pytest.raises(TypeError, match="mc_sharder must be a ManagedCollisionCollectionSharder, got a str"):
+        Sharder(mc_sharder="row_wise")
