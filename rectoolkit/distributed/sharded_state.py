@@ -56,13 +56,19 @@ def _properties(tensor: torch.Tensor) -> TensorProperties:
     return TensorProperties(dtype=tensor.dtype, layout=tensor.layout, requires_grad=tensor.requires_grad)
 
 
+def _placed(shard: ShardMetadata, device, rank: Optional[int]) -> str:
+    """The shard's placement: this rank's on `device` (where its tensor is: torch checks the two agree), another
+    rank's on the device the plan places it (all on `device` when `rank` is None)."""
+    return f"rank:{shard.rank}/{device if rank is None or shard.rank == rank else shard.device}"
+
+
 def _same_shard(a: ShardMetadata, b: ShardMetadata) -> bool:
     return list(a.shard_offsets) == list(b.shard_offsets) and list(a.shard_sizes) == list(b.shard_sizes)
 
 
 def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: ShardMetadata,
                    local_world_size: int, dtype: torch.dtype = torch.float32,
-                   device: str = "cpu") -> ShardedTensorMetadata:
+                   device: str = "cpu", rank: Optional[int] = None) -> ShardedTensorMetadata:
     """TorchRec's layout of a rowwise state (one value per row of each shard). Column-wise and grid tables are
     told from this rank's shard `local`, as TorchRec tells them (its columns not the table's: column-wise; its rows
     not the table's either: grid)."""
@@ -76,7 +82,7 @@ def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: 
             offset, rolling = rolling, rolling + shard.shard_sizes[0]
         elif column_split:
             offset = index * shard.shard_sizes[0]
-        metadata.append(_torch_metadata([offset], [shard.shard_sizes[0]], f"rank:{shard.rank}/{device}"))
+        metadata.append(_torch_metadata([offset], [shard.shard_sizes[0]], _placed(shard, device, rank)))
     stacked = len(ordered) if column_split and not grid else 1
     grid_nodes = len(ordered) // local_world_size if grid else 1
     return ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([rows * stacked * grid_nodes]),
@@ -84,22 +90,22 @@ def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: 
 
 
 def _state_layout(name: str, value: torch.Tensor, shards: Sequence[ShardMetadata], rows: int, dim: int,
-                  local: ShardMetadata, local_world_size: int) -> Tuple[ShardedTensorMetadata, List[int]]:
+                  local: ShardMetadata, local_world_size: int, rank: int) -> Tuple[ShardedTensorMetadata, List[int]]:
     """The global layout of one state and, per global shard (plan order), its index in that layout."""
     device = str(value.device)
     if value.numel() == 1 and not name.endswith(".momentum1"):  # one value per shard (TorchRec's test, as it is)
-        metadata = [_torch_metadata([i], [1], f"rank:{s.rank}/{device}") for i, s in enumerate(shards)]
+        metadata = [_torch_metadata([i], [1], _placed(s, device, rank)) for i, s in enumerate(shards)]
         layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([len(shards)]),
                                        tensor_properties=TensorProperties(dtype=value.dtype, requires_grad=False))
         return layout, list(range(len(shards)))
     if value.dim() == 1:
-        layout = rowwise_layout(shards, rows, dim, local, local_world_size, value.dtype, device)
+        layout = rowwise_layout(shards, rows, dim, local, local_world_size, value.dtype, device, rank)
         column_split = local.shard_sizes[1] != dim
         order = sorted(range(len(shards)), key=lambda i: shards[i].shard_offsets[1]) if column_split \
             else list(range(len(shards)))
         position = {shard_index: k for k, shard_index in enumerate(order)}
         return layout, [position[i] for i in range(len(shards))]
-    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, f"rank:{s.rank}/{device}") for s in shards]
+    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, device, rank)) for s in shards]
     layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([rows, dim]),
                                    tensor_properties=TensorProperties(dtype=value.dtype, requires_grad=False))
     return layout, list(range(len(shards)))
@@ -120,7 +126,8 @@ def table_sharded_tensors(table: str, rows: int, dim: int, shards: Sequence[Shar
                              f"not one of the plan's shards {[(s.shard_offsets, s.shard_sizes) for s in shards]}")
         where.append(matches[0])
     weights = [weight for _, weight, _ in local]
-    weight_metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, f"rank:{s.rank}/{weights[0].device}")
+    rank = dist.get_rank()
+    weight_metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, weights[0].device, rank))
                        for s in shards]
     weight = ShardedTensor._init_from_local_shards_and_global_metadata(
         [Shard(w, weight_metadata[i]) for w, i in zip(weights, where)],
@@ -131,7 +138,7 @@ def table_sharded_tensors(table: str, rows: int, dim: int, shards: Sequence[Shar
     names = list(local[0][2]) if local else []
     for name in names:
         values = [state[name] for _, _, state in local]
-        layout, position = _state_layout(name, values[0], shards, rows, dim, local[0][0], local_world_size)
+        layout, position = _state_layout(name, values[0], shards, rows, dim, local[0][0], local_world_size, rank)
         local_shards = [Shard(v, layout.shards_metadata[position[i]]) for v, i in zip(values, where)]
         states[name] = ShardedTensor._init_from_local_shards_and_global_metadata(local_shards, layout,
                                                                                 process_group=group)
