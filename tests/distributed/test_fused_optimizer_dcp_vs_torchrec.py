@@ -1,8 +1,9 @@
 """The fused optimizer's state through torch.distributed.checkpoint (DCP), beside TorchRec 1.8's, on 2 gloo ranks.
 
 Each table of `dmp.fused_optimizer` is a ShardedTensor param and each of its states a ShardedTensor in TorchRec's
-layout (table-wise, row-wise, column-wise and table-row-wise tables; row-wise Adagrad's one value per row, Adam's
-two moments), so that:
+layout (a bag collection's table-wise, row-wise, column-wise and table-row-wise tables and a sequence collection's
+table-wise and row-wise ones; row-wise Adagrad's one value per row, Adagrad's one per element, Adam's two moments),
+so that:
 - the state_dict has TorchRec's keys, sizes, global shards (offsets, sizes, placements) and local shards, and
   after the same two training steps the same values;
 - `dcp.save(dmp.fused_optimizer.state_dict())` keeps every rank's state (saved as plain tensors under one key, DCP
@@ -24,7 +25,8 @@ from dist_harness import load_torchrec_shards, run_workers
 
 torchrec = pytest.importorskip("torchrec")
 
-ROWS = [6, 7, 8, 9]
+ROWS = [6, 7, 8, 9]  # the bag collection's tables t0..t3
+SEQUENCE_ROWS = [5, 7]  # the sequence collection's e0, e1
 
 
 def _model(lib):
@@ -33,7 +35,16 @@ def _model(lib):
     model.ebc = lib.EmbeddingBagCollection(tables=[
         lib.EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=8, feature_names=[f"f{i}"])
         for i, rows in enumerate(ROWS)], device=torch.device("cpu"))
+    model.ec = lib.EmbeddingCollection(tables=[
+        lib.EmbeddingConfig(name=f"e{i}", num_embeddings=rows, embedding_dim=8, feature_names=[f"g{i}"])
+        for i, rows in enumerate(SEQUENCE_ROWS)], device=torch.device("cpu"))
     return model
+
+
+def _weights():
+    """Every table's starting weights, by table name."""
+    return {f"{prefix}{i}": torch.randn(rows, 8, generator=torch.Generator().manual_seed(10 * k + i))
+            for k, (prefix, tables) in enumerate((("t", ROWS), ("e", SEQUENCE_ROWS))) for i, rows in enumerate(tables)}
 
 
 def _plan(sp, model, world_size, which, sharder):
@@ -44,40 +55,54 @@ def _plan(sp, model, world_size, which, sharder):
         "B": {"t0": sp.row_wise(**fused), "t1": sp.table_wise(rank=0, **fused),
               "t2": sp.column_wise(ranks=[1, 0], **fused), "t3": sp.table_wise(rank=1, **fused)},
     }[which]
+    sequences = {"A": {"e0": sp.table_wise(rank=0, **fused), "e1": sp.row_wise(**fused)},
+                 "B": {"e0": sp.row_wise(**fused), "e1": sp.table_wise(rank=1, **fused)}}[which]
     plan = sp.construct_module_sharding_plan(model.ebc, tables, world_size=world_size, device_type="cpu",
-                                             sharder=sharder)
+                                             sharder=sharder[0])
     plan["t3"].compute_kernel = "fused"  # (table_row_wise takes no kernel: the sharder's first, dense on CPU)
-    return {"ebc": plan}
+    return {"ebc": plan, "ec": sp.construct_module_sharding_plan(model.ec, sequences, world_size=world_size,
+                                                                 device_type="cpu", sharder=sharder[1])}
 
 
-def _batch(lib, rank, step):
-    generator = torch.Generator().manual_seed(10 * step + rank)
-    lengths = torch.randint(0, 4, (2 * len(ROWS),), generator=generator)
+def _batch(lib, rank, step, prefix="f", tables=ROWS):
+    generator = torch.Generator().manual_seed(10 * step + rank + (0 if prefix == "f" else 5000))
+    lengths = torch.randint(0, 4, (2 * len(tables),), generator=generator)
     values = torch.cat([torch.randint(0, rows, (int(lengths[2 * i:2 * i + 2].sum()),), generator=generator)
-                        for i, rows in enumerate(ROWS)])
-    return lib.KeyedJaggedTensor.from_lengths_sync(keys=[f"f{i}" for i in range(len(ROWS))], values=values,
+                        for i, rows in enumerate(tables)])
+    return lib.KeyedJaggedTensor.from_lengths_sync(keys=[f"{prefix}{i}" for i in range(len(tables))], values=values,
                                                    lengths=lengths)
+
+
+def _train_step(lib, dmp, rank, step):
+    """Forward and backward of both collections (their fused optimizers update them)."""
+    pooled = dmp.module.ebc(_batch(lib, rank, step)).wait().values().sum()
+    sequences = dmp.module.ec(_batch(lib, rank, step, "g", SEQUENCE_ROWS)).wait()
+    (pooled + sum(jt.values().sum() for jt in sequences.values())).backward()
 
 
 def _build(lib_name, optimizer, world_size, which, weights):
     if lib_name == "torchrec":
         from torchrec.distributed import model_parallel as mp
         from torchrec.distributed import sharding_plan as sp
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         lib = torchrec
     else:
         import rectoolkit as lib
         from rectoolkit.distributed import model_parallel as mp
         from rectoolkit.distributed import sharding_plan as sp
+        from rectoolkit.distributed.embedding import EmbeddingCollectionSharder
         from rectoolkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": optimizer, "learning_rate": 0.1})
+    fused = {"optimizer": optimizer, "learning_rate": 0.1}
+    sharders = [EmbeddingBagCollectionSharder(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
     model = _model(lib)
-    dmp = mp.DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder],
-                                      plan=mp.ShardingPlan(_plan(sp, model, world_size, which, sharder)))
+    dmp = mp.DistributedModelParallel(model, device=torch.device("cpu"), sharders=sharders,
+                                      plan=mp.ShardingPlan(_plan(sp, model, world_size, which, sharders)))
     if lib_name == "torchrec":
         load_torchrec_shards(dmp, weights)
     else:
-        dmp.load_state_dict({f"ebc.embedding_bags.{t}.weight": w for t, w in weights.items()})
+        dmp.load_state_dict({(f"ebc.embedding_bags.{t}.weight" if t.startswith("t") else f"ec.embeddings.{t}.weight"): w
+                             for t, w in weights.items()})
     return lib, dmp
 
 
@@ -119,13 +144,13 @@ def dcp_worker(rank: int, world_size: int, optimizer_name: str, out_dir: str) ->
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     optimizer = getattr(EmbOptimType, optimizer_name)
-    weights = {f"t{i}": torch.randn(rows, 8, generator=torch.Generator().manual_seed(i)) for i, rows in enumerate(ROWS)}
+    weights = _weights()
     libraries = ("rectoolkit",) if optimizer_name == "ADAM" else ("torchrec", "rectoolkit")  # (fbgemm's CPU: no Adam)
     trained, whole, tables, params = {}, {}, {}, {}
     for lib_name in libraries:
         lib, dmp = _build(lib_name, optimizer, world_size, "A", weights)
         for step in range(2):
-            dmp.module.ebc(_batch(lib, rank, step)).wait().values().sum().backward()
+            _train_step(lib, dmp, rank, step)
         states = _states(dmp)
         trained[lib_name] = states
         params[lib_name] = dict(dmp.fused_optimizer.params)
@@ -141,6 +166,7 @@ def dcp_worker(rank: int, world_size: int, optimizer_name: str, out_dir: str) ->
     expected_names = {"EXACT_ROWWISE_ADAGRAD": {"momentum1"}, "EXACT_ADAGRAD": {"momentum1"},
                       "ADAM": {"momentum1", "exp_avg_sq"}}[optimizer_name]
     assert {name.split(".", 1)[1] for _, name in ours} == expected_names
+    assert {key.split(".")[0] for key, _ in ours} == {"ebc", "ec"}, sorted(ours)  # both collections on every rank
     for key, value in ours.items():
         assert type(value).__name__ == "ShardedTensor", key
         assert whole["rectoolkit"][key].abs().sum() > 0, key  # trained: a load of zeros would not pass below
@@ -197,18 +223,19 @@ def copy_worker(rank: int, world_size: int) -> None:
 
     from rectoolkit.distributed.utils import sharded_model_copy
 
-    weights = {f"t{i}": torch.randn(rows, 8, generator=torch.Generator().manual_seed(i)) for i, rows in enumerate(ROWS)}
+    weights = _weights()
     lib, dmp = _build("rectoolkit", "row_wise_adagrad", world_size, "A", weights)
     with sharded_model_copy(torch.device("cpu")):
         twin = copy.deepcopy(dmp)
-    twin.module.ebc(_batch(lib, rank, 0)).wait().values().sum().backward()
+    _train_step(lib, twin, rank, 0)
     original, copied = _states(dmp), _states(twin)
     assert sorted(original) == sorted(copied)
     assert sum(s.tensor.abs().sum() for value in copied.values() for s in value.local_shards()) > 0  # trained
     for key in original:
         assert all(s.tensor.abs().sum() == 0 for s in original[key].local_shards()), key  # untouched
         trained = [s.tensor for s in copied[key].local_shards()]
-        kernel_states = [state for table, _, _, state in twin.module.ebc.local_shards() if table == key[1][:2]]
+        collection = twin.module.ebc if key[0].startswith("ebc.") else twin.module.ec
+        kernel_states = [state for table, _, _, state in collection.local_shards() if table == key[1][:2]]
         assert [t.data_ptr() for t in trained] == [s["momentum1"].data_ptr() for s in kernel_states], key
 
 
@@ -221,9 +248,9 @@ def test_sharded_model_copy_keeps_the_copy_optimizer_state_its_own():
 def load_worker(rank: int, world_size: int) -> None:
     """load_state_dict without DCP: whole tensors load into any plan (each rank takes its slices); a ShardedTensor
     saved under another plan, or a tensor of neither shape, is refused naming the state."""
-    weights = {f"t{i}": torch.randn(rows, 8, generator=torch.Generator().manual_seed(i)) for i, rows in enumerate(ROWS)}
+    weights = _weights()
     lib, trained = _build("rectoolkit", "row_wise_adagrad", world_size, "A", weights)
-    trained.module.ebc(_batch(lib, rank, 0)).wait().values().sum().backward()
+    _train_step(lib, trained, rank, 0)
     saved = trained.fused_optimizer.state_dict()
     whole = _assembled(_states(trained))
     _, other = _build("rectoolkit", "row_wise_adagrad", world_size, "B", weights)
