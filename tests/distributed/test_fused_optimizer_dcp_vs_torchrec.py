@@ -1,7 +1,8 @@
 """The fused optimizer's state through torch.distributed.checkpoint (DCP), beside TorchRec 1.8's, on 2 gloo ranks.
 
 Each table of `dmp.fused_optimizer` is a ShardedTensor param and each of its states a ShardedTensor in TorchRec's
-layout (a bag collection's table-wise, row-wise, column-wise and table-row-wise tables and a sequence collection's
+layout (a bag collection's table-wise, row-wise, column-wise (two column shards on each rank: one param of two local
+shards, as TorchRec's) and table-row-wise tables and a sequence collection's
 table-wise and row-wise ones; row-wise Adagrad's one value per row, Adagrad's one per element, Adam's two moments),
 so that:
 - the state_dict has TorchRec's keys, sizes, global shards (offsets, sizes, placements) and local shards, and
@@ -51,9 +52,9 @@ def _plan(sp, model, world_size, which, sharder):
     fused = dict(compute_kernel="fused")
     tables = {
         "A": {"t0": sp.table_wise(rank=1, **fused), "t1": sp.row_wise(**fused),
-              "t2": sp.column_wise(ranks=[0, 1], **fused), "t3": sp.table_row_wise(host_index=0)},
+              "t2": sp.column_wise(ranks=[0, 1, 1, 0], **fused), "t3": sp.table_row_wise(host_index=0)},
         "B": {"t0": sp.row_wise(**fused), "t1": sp.table_wise(rank=0, **fused),
-              "t2": sp.column_wise(ranks=[1, 0], **fused), "t3": sp.table_wise(rank=1, **fused)},
+              "t2": sp.column_wise(ranks=[1, 0, 0, 1], **fused), "t3": sp.table_wise(rank=1, **fused)},
     }[which]
     sequences = {"A": {"e0": sp.table_wise(rank=0, **fused), "e1": sp.row_wise(**fused)},
                  "B": {"e0": sp.row_wise(**fused), "e1": sp.table_wise(rank=1, **fused)}}[which]
