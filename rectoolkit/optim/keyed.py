@@ -325,7 +325,13 @@ class CombinedOptimizer(KeyedOptimizer):
             if "param_groups" in state_dict:
                 sub["param_groups"] = [{**g, "params": [own[n] for n in g["params"]]}
                                        for g in state_dict["param_groups"] if g["params"] and g["params"][0] in own]
-            opt.load_state_dict(sub)
+            try:
+                opt.load_state_dict(sub)
+            except ValueError as error:  # the sub-optimizer names its own keys: say whose they are
+                if not key:
+                    raise
+                raise ValueError(f"{type(self).__name__}, optimizer {key!r} (its keys start {key + '.'!r}): "
+                                 f"{error}") from error
 
     def save_param_groups(self, save: bool) -> None:
         self.defaults["_save_param_groups"] = save

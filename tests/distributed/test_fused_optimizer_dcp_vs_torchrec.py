@@ -265,7 +265,7 @@ def load_worker(rank: int, world_size: int) -> None:
     # t1: row-wise in plan A, table-wise on rank 0 in plan B: rank 0's saved shard holds only its rows
     t1 = "ebc.embedding_bags.t1.weight"
     if t1 in wanted["state"]:
-        with pytest.raises(ValueError, match=r"embedding_bags\.t1\.weight' 't1\.momentum1'.*another plan"):
+        with pytest.raises(ValueError, match=r"optimizer 'ebc'.*embedding_bags\.t1\.weight' 't1\.momentum1'.*another plan"):
             other.fused_optimizer.load_state_dict({"state": {**as_whole["state"], t1: saved["state"][t1]}})
         with pytest.raises(ValueError, match=r"'t1\.momentum1'.*shape \[3\] fits neither the whole state \[7\]"):
             other.fused_optimizer.load_state_dict({"state": {**as_whole["state"], t1: {"t1.momentum1": torch.ones(3)}}})
