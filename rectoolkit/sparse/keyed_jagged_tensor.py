@@ -462,14 +462,15 @@ class KeyedJaggedTensor:
         return KeyedJaggedTensor(**kjt_keys.permute_arguments(self, indices, indices_tensor))
 
     def flatten_lengths(self) -> "KeyedJaggedTensor":
-        """The same KJT with 1-D lengths; like TorchRec it drops the inverse indices (so a variable batch per
-        key gets the largest key's stride back)."""
+        """The same KJT with 1-D lengths; like TorchRec it drops the inverse indices and keeps the stride as far as
+        it is known (a variable batch per key: the inverse indices' batch size once stride() has been asked for,
+        else the largest key's)."""
         return KeyedJaggedTensor(
             keys=self._keys,
             values=self._values,
             weights=self._weights,
             lengths=self.lengths().view(-1),
-            stride=None if self._stride_per_key_per_rank is not None else self._stride,
+            stride=self._stride,
             stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self.length_per_key(),
             validate=False,

@@ -115,6 +115,9 @@ def test_vbe_concat_flatten_and_from_jt_dict(case):
     assert_same_vbe_kjt(ours.KeyedJaggedTensor.concat([a, a2]), theirs.KeyedJaggedTensor.concat([b, b2]))
     fresh_a, fresh_b = pair(case)
     assert_same_vbe_kjt(fresh_a.flatten_lengths(), fresh_b.flatten_lengths())
+    # once stride() has been asked for (the inverse indices' batch size, if any), the flattened KJT keeps it
+    assert fresh_a.stride() == fresh_b.stride()
+    assert fresh_a.flatten_lengths().stride() == fresh_b.flatten_lengths().stride()
     jts = b.to_dict()
     ours_jts = {k: ours.JaggedTensor(values=jt.values(), weights=jt.weights_or_none(), lengths=jt.lengths())
                 for k, jt in jts.items()}
