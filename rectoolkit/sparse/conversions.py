@@ -2,7 +2,7 @@
 
 ComputeKJTToJTDict and ComputeJTDictToKJT are nn.Modules around `kjt.to_dict()` and
 `KeyedJaggedTensor.from_jt_dict()`, so a model can hold them (and fx can trace through them);
-regroup_kts is `KeyedTensor.regroup` as a function; flatten_kjt_list / unflatten_kjt_list turn a list of KJTs
+regroup_kts is `KeyedTensor.regroup` as a function (a key in several KeyedTensors taken from the first, as TorchRec's); flatten_kjt_list / unflatten_kjt_list turn a list of KJTs
 into their pytree leaves (``len(KeyedJaggedTensor._fields)`` per KJT) and keys, and back.
 
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a", "b"], values=torch.tensor([1, 2, 3]),
@@ -40,13 +40,14 @@ class ComputeJTDictToKJT(torch.nn.Module):
 
 
 def regroup_kts(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> List[torch.Tensor]:
-    """One tensor per group: the groups' keys' columns, concatenated in the order given (KeyedTensor.regroup).
+    """One tensor per group: the groups' keys' columns, concatenated in the order given (KeyedTensor.regroup; a key
+    in several KeyedTensors is taken from the first, as TorchRec's fbgemm kernel takes it).
 
     >>> kt = KeyedTensor.from_tensor_list(["x", "y"], [torch.ones(2, 1), torch.zeros(2, 2)])
     >>> [t.shape[1] for t in regroup_kts([kt], [["y"], ["x", "y"]])]
     [2, 3]
     """
-    return KeyedTensor.regroup(keyed_tensors, groups)
+    return KeyedTensor._regroup(keyed_tensors, groups, "regroup_kts", first_wins=True)
 
 
 def permute_multi_embedding(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> List[torch.Tensor]:

@@ -9,6 +9,8 @@ Same constructor arguments, methods, results and printed layout as ``torchrec.Ke
 
 from __future__ import annotations
 
+import functools
+
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -145,32 +147,46 @@ class KeyedTensor:
     def regroup(keyed_tensors: List["KeyedTensor"], groups: List[List[str]]) -> List[torch.Tensor]:
         """One tensor per group: the blocks of the group's keys, found in any of ``keyed_tensors``.
 
-        Keys may appear in several groups. Differentiable.
+        Keys may appear in several groups; a key in several KeyedTensors is taken from the last one (as TorchRec's).
+        An empty group gives an empty block (no columns). Inputs of different dtypes give every group their
+        promoted dtype (TorchRec concatenates all inputs first). Differentiable.
 
         >>> kt = KeyedTensor(keys=["a", "b", "c"], length_per_key=[1, 1, 1], values=torch.tensor([[1, 2, 3]]))
         >>> KeyedTensor.regroup([kt], [["c", "a"], ["b"]])
         [tensor([[3, 1]]), tensor([[2]])]
         """
+        return KeyedTensor._regroup(keyed_tensors, groups, "regroup", first_wins=False)
+
+    @staticmethod
+    @traced_call
+    def _regroup(keyed_tensors: List["KeyedTensor"], groups: List[List[str]], caller: str,
+                 first_wins: bool) -> List[torch.Tensor]:
+        """regroup, with a key found in several KeyedTensors taken from the first (`first_wins`: TorchRec's
+        regroup_kts and permute_multi_embedding) or the last (its KeyedTensor.regroup)."""
         if not keyed_tensors:
-            raise ValueError(f"{_OWNER}.regroup: no KeyedTensors given")
+            raise ValueError(f"{_OWNER}.{caller}: no KeyedTensors given")
         key_dim = keyed_tensors[0].key_dim()
-        # key -> (which KeyedTensor, start, length); a later KeyedTensor wins a repeated key (as TorchRec).
+        dtype = functools.reduce(torch.promote_types, [kt.values().dtype for kt in keyed_tensors])
+        # key -> (which KeyedTensor, start, length)
         where: Dict[str, Tuple[int, int, int]] = {}
         for kt_index, kt in enumerate(keyed_tensors):
             for key, start, length in zip(kt.keys(), kt.offset_per_key(), kt.length_per_key()):
-                where[key] = (kt_index, start, length)
+                if not (first_wins and key in where):
+                    where[key] = (kt_index, start, length)
         outputs: List[torch.Tensor] = []
-        for group_index, group in enumerate(groups):
+        for group in groups:
             if len(group) == 0:
-                raise ValueError(f"{_OWNER}.regroup: group {group_index} is empty (groups={groups}); give every group "
-                                 f"at least one key")
+                shape = list(keyed_tensors[0].values().shape)
+                shape[key_dim] = 0
+                outputs.append(keyed_tensors[0].values().new_zeros(shape, dtype=dtype))
+                continue
             # Merge runs of keys that sit next to each other in the same input: fewer, wider copies.
             runs: List[List[int]] = []
             for key in group:
                 found = where.get(key)
                 if found is None:
                     all_keys = [k for kt in keyed_tensors for k in kt.keys()]
-                    raise validation.unknown_key_error(key, all_keys, f"{_OWNER}.regroup")
+                    raise validation.unknown_key_error(key, all_keys, f"{_OWNER}.{caller}")
                 kt_index, start, length = found
                 last = runs[-1] if runs else None
                 if last is not None and last[0] == kt_index and last[1] + last[2] == start:
@@ -180,13 +196,13 @@ class KeyedTensor:
             if len(runs) == 1:
                 kt_index, start, length = runs[0]
                 block = keyed_tensors[kt_index].values().narrow(key_dim, start, length)
-                outputs.append(block.clone(memory_format=torch.contiguous_format))
+                outputs.append(block.to(dtype) if block.dtype != dtype else block.clone(memory_format=torch.contiguous_format))
                 continue
             blocks = KeyedTensor._same_width_blocks(keyed_tensors, [where[key] for key in group], key_dim)
             if blocks is not None:
-                outputs.append(blocks)
+                outputs.append(blocks.to(dtype))
                 continue
-            slices = [keyed_tensors[i].values().narrow(key_dim, start, length) for i, start, length in runs]
+            slices = [keyed_tensors[i].values().narrow(key_dim, start, length).to(dtype) for i, start, length in runs]
             outputs.append(torch.cat(slices, dim=key_dim))
         return outputs
 

@@ -71,8 +71,8 @@ def test_regroup_same_width_keys_hand_worked():
     assert values.grad.tolist() == [[1, 1, 0, 0, 2, 2], [1, 1, 0, 0, 2, 2]]
 
 
-def test_an_empty_group_is_refused_by_name_as_torchrec_refuses_it():
-    with pytest.raises(ValueError, match=r"regroup: group 1 is empty \(groups=\[\['a'\], \[\]\]\); give every group"):
-        KeyedTensor.regroup([_kt()], [["a"], []])
-    with pytest.raises(ValueError, match="group 0 is empty"):
-        KeyedTensor.regroup_as_dict([_kt()], [[]], ["g"])
+def test_an_empty_group_gives_an_empty_block_as_torchrec_gives_it():
+    first, empty = KeyedTensor.regroup([_kt()], [["a"], []])
+    assert first.tolist() == [[1, 1]] * 3
+    assert empty.shape == (3, 0) and empty.dtype == torch.int64
+    assert KeyedTensor.regroup_as_dict([_kt()], [[]], ["g"])["g"].shape == (3, 0)
