@@ -151,9 +151,9 @@ setattr(LazyAwaitable, "__neg__", lambda self: -LazyAwaitable._resolve(self))
 class Ready(LazyAwaitable[W]):
     """An awaitable whose result is already computed (TorchRec's LazyNoWait)."""
 
-    def __init__(self, result: W) -> None:
+    def __init__(self, obj: W) -> None:  # (TorchRec's argument name)
         super().__init__()
-        self._ready = result
+        self._ready = obj
 
     def _wait_impl(self) -> W:
         return self._ready

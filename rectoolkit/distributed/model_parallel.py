@@ -253,6 +253,7 @@ class DistributedModelParallel(nn.Module):
         init_data_parallel: wrap the dense part in DDP (default True; False: call `init_data_parallel()` later).
         data_parallel_wrapper: how `init_data_parallel()` wraps it (TorchRec's DataParallelWrapper interface);
             default DefaultDataParallelWrapper(), TorchRec's DDP options and defaults.
+        model_tracker_configs: TorchRec's model delta tracking; only None (not implemented here).
 
     The shards' fused optimizer, as in TorchRec: the sharders' `fused_params`, or what torch's
     `_apply_optimizer_in_backward` recorded on the tables' weights, or the collection's own optimizer; with none of
@@ -274,8 +275,13 @@ class DistributedModelParallel(nn.Module):
                  device: Optional[torch.device] = None, plan: Optional[ShardingPlan] = None,
                  sharders: Optional[List[Any]] = None, init_data_parallel: bool = True,
                  init_parameters: bool = True, data_parallel_wrapper: Optional[DataParallelWrapper] = None,
-                 local_world_size: Optional[int] = None, backend: str = "auto") -> None:
+                 model_tracker_configs: Any = None, local_world_size: Optional[int] = None,
+                 backend: str = "auto") -> None:
         super().__init__()
+        if model_tracker_configs is not None:
+            raise NotImplementedError("DistributedModelParallel(model_tracker_configs=...): TorchRec's model delta "
+                                      "tracking (the ids and rows each step touched) is not implemented in "
+                                      "rectoolkit; leave it None")
         self.init_parameters = init_parameters
         if not isinstance(env, ShardingEnv):
             env = ShardingEnv.from_process_group(env, local_world_size=local_world_size,

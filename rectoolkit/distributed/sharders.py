@@ -115,8 +115,14 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
               ShardingType.TABLE_COLUMN_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD]
 
     def __init__(self, fused_params: Optional[Dict[str, Any]] = None,
-                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None) -> None:
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                 sharded_module_order_overwrite: Optional[List[str]] = None) -> None:
         super().__init__(qcomm_codecs_registry)
+        if sharded_module_order_overwrite is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__}(sharded_module_order_overwrite={sharded_module_order_overwrite!r}): TorchRec "
+                "orders its sharded output's keys by sharding type and this reorders them; rectoolkit's sharded "
+                "output always lists the keys in the collection's own order; leave it None")
         if fused_params is not None:
             FusedOptimizerConfig.from_fused_params(fused_params)  # refuse unknown keys now, not at shard()
         self._fused_params = dict(fused_params) if fused_params is not None else None
@@ -170,6 +176,17 @@ class EmbeddingCollectionSharder(EmbeddingBagCollectionSharder):
 
     module_type = EmbeddingCollection
     _types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE]
+
+    def __init__(self, fused_params: Optional[Dict[str, Any]] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                 use_index_dedup: bool = False) -> None:
+        """TorchRec's arguments; `use_index_dedup=True` (send each distinct id once, a speed switch in TorchRec) is
+        refused: rectoolkit sends the ids as given."""
+        super().__init__(fused_params, qcomm_codecs_registry)
+        if use_index_dedup:
+            raise NotImplementedError(f"{type(self).__name__}(use_index_dedup=True): rectoolkit's sharded "
+                                      "EmbeddingCollection sends every id as given (outputs are the same either way); "
+                                      "leave it False")
 
     def shardable_parameters(self, module: nn.Module) -> Dict[str, nn.Parameter]:
         """Table name -> its weight, the names a plan uses."""

@@ -41,12 +41,16 @@ def tower_input_params(module: nn.Module) -> Tuple[bool, bool]:
 
 
 def _check_device(device: Optional[torch.device], modules: List[nn.Module], owner: str) -> None:
-    """`device` says where the modules live: refuse a parameter elsewhere rather than ignore the argument."""
+    """`device` says where the modules live: refuse a parameter elsewhere rather than ignore the argument. A
+    parameter on the meta device is no conflict (TorchRec's models are built on meta for
+    DistributedModelParallel, which gives them memory on the device)."""
     if device is None:
         return
     device = torch.device(device)
     for module in modules:
         for name, param in module.named_parameters():
+            if param.device.type == "meta":
+                continue
             if param.device.type != device.type or (device.index is not None and param.device != device):
                 raise ValueError(f"{owner}(device={device}): parameter {name!r} of {type(module).__name__} is on "
                                  f"{param.device}; build the modules on {device} (or leave device=None)")

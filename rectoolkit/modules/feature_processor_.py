@@ -47,15 +47,16 @@ def position_weights_for(module: str, key: str, lengths: torch.Tensor, position_
     return position_weight[positions_in_bags(lengths)]
 
 
-def write_positions(module: str, features, max_length: int) -> None:
-    """`features.weights()[i] = ` the position of id i in its bag, in place (for `pre_process_input`)."""
+def write_positions(module: str, features, max_length: Optional[int]) -> None:
+    """`features.weights()[i] = ` the position of id i in its bag, in place (for `pre_process_input`); a bag longer
+    than `max_length` is refused (None: no check here)."""
     weights = features.weights_or_none()
     if weights is None:
         raise ValueError(f"{module}.pre_process_input: the input has no weights to write the positions into; "
                          f"give it weights (e.g. torch.zeros(len(values)))")
     positions = positions_in_bags(features.lengths())
     longest = int(positions.max()) + 1 if positions.numel() else 0
-    if longest > max_length:
+    if max_length is not None and longest > max_length:
         raise ValueError(f"{module}.pre_process_input: a bag has {longest} ids but the max feature length is "
                          f"{max_length}; raise the max length or truncate the bags")
     weights.copy_(positions.to(weights.dtype))
@@ -115,8 +116,9 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
         if bad:
             raise ValueError(f"PositionWeightedModuleCollection: max_feature_lengths {bad} must be positive")
         self.max_feature_lengths = dict(max_feature_lengths)
-        self.position_weights = nn.ParameterDict(
-            {key: nn.Parameter(torch.empty(length, device=device)) for key, length in max_feature_lengths.items()})
+        self.position_weights = nn.ParameterDict()  # filled key by key: in the dict's order, as TorchRec's (a plain
+        for key, length in max_feature_lengths.items():  # dict given to ParameterDict would be sorted)
+            self.position_weights[key] = nn.Parameter(torch.empty(length, device=device))
         self._pre_processed = False
         self.reset_parameters()
 
@@ -137,7 +139,15 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
     def pre_process_input(self, features: KeyedJaggedTensor) -> None:
         """Write each id's position into `features`' weights (in place); forward then reads the positions from
         the weights instead of the lengths, as TorchRec's pipelined inputs do."""
-        write_positions("PositionWeightedModuleCollection", features, max(self.max_feature_lengths.values(), default=0))
+        write_positions("PositionWeightedModuleCollection", features, None)
+        # only the features with position weights are bound by a max length (the others get weight 1)
+        for key, lengths in zip(features.keys(), torch.split(features.lengths(), features.stride_per_key())):
+            if key in self.max_feature_lengths:
+                longest = int(lengths.max()) if lengths.numel() else 0
+                if longest > self.max_feature_lengths[key]:
+                    raise ValueError(f"PositionWeightedModuleCollection.pre_process_input: feature {key!r} has a "
+                                     f"bag of {longest} ids but its max_feature_length is "
+                                     f"{self.max_feature_lengths[key]}; raise the max length or truncate the bags")
         self._pre_processed = True
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:

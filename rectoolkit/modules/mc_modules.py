@@ -28,6 +28,7 @@ exactly as TorchRec 1.8 breaks them, so the same batches give the same rows and 
 from __future__ import annotations
 
 import abc
+import logging
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -37,6 +38,7 @@ from rectoolkit.modules.configs import BaseEmbeddingConfig
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 _EMPTY_SLOT = torch.iinfo(torch.int64).max  # the raw id of a slot no id holds (sorts last)
+logger = logging.getLogger(__name__)
 _MAX_SEGMENTS = 1025  # TorchRec's fixed length of _output_segments_tensor (at most 1024 row-wise shards)
 
 ThresholdFilter = Callable[[torch.Tensor], Tuple[torch.Tensor, Union[float, torch.Tensor]]]
@@ -177,9 +179,19 @@ class ManagedCollisionModule(nn.Module):
     entries; `_current_iter_tensor` counts training batches. Both are saved, under TorchRec's names.
     """
 
-    def __init__(self, device: Union[str, torch.device], output_segments: List[int]) -> None:
+    def __init__(self, device: Union[str, torch.device], output_segments: List[int], skip_state_validation: bool = False,
+                 read_only_suffix: str = "_readonly", enable_per_feature_lookups: bool = False) -> None:
+        """TorchRec's arguments: `skip_state_validation` registers neither buffer nor the check after loading (the
+        module then cannot be resharded, as TorchRec warns); `read_only_suffix` (`readable_suffix`) and
+        `enable_per_feature_lookups` are kept for subclasses, as TorchRec's base keeps them."""
         super().__init__()
         self._device = torch.device(device)
+        self._enable_per_feature_lookups = enable_per_feature_lookups
+        self._read_only_suffix = read_only_suffix
+        if skip_state_validation:
+            logger.warning(f"{type(self).__name__}: skip_state_validation=True: no output segments or iteration "
+                           "counter kept, no check after loading; this module cannot be resharded")
+            return
         if len(output_segments) > _MAX_SEGMENTS:
             raise ValueError(f"{type(self).__name__}: {len(output_segments) - 1} row-wise shards; at most "
                              f"{_MAX_SEGMENTS - 1} are supported (TorchRec's limit)")
@@ -192,6 +204,11 @@ class ManagedCollisionModule(nn.Module):
     def device(self) -> torch.device:
         """The device the module's buffers live on."""
         return self._device
+
+    @property
+    def readable_suffix(self) -> str:
+        """The suffix of feature names looked up read-only (TorchRec's `read_only_suffix`)."""
+        return self._read_only_suffix
 
     def validate_state(self) -> None:
         """Checks the state after `load_state_dict` (subclasses); the base keeps no rule."""

@@ -16,6 +16,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -40,13 +41,31 @@ _TORCHREC_ONLY_ARGS = ("enumerator", "storage_reservation", "proposer", "partiti
                        "callbacks", "heuristical_storage_reservation_percentage")
 
 
-class PlannerError(ValueError):
-    """No plan fits. `tables`: the tables that do not fit; `shortfall_bytes`: rank -> bytes over capacity when
-    they are forced in at their smallest; `suggestions`: what would make it fit."""
+class PlannerErrorType(Enum):
+    """What kind of planning failure a PlannerError is (TorchRec's names and values)."""
 
-    def __init__(self, message: str, tables: Sequence[str] = (), shortfall_bytes: Optional[Dict[int, float]] = None,
+    INSUFFICIENT_STORAGE = "insufficient_storage"
+    STRICT_CONSTRAINTS = "strict_constraints"
+    PARTITION = "partition"
+    OTHER = "other"
+    PLANNER_INPUT_CONTEXT_MISMATCH = "planner_input_context_mismatch"
+    PLAN_LOADING_FAILED = "plan_loading_failed"
+    INVALID_RANK_ASSIGNMENT = "invalid_rank_assignment"
+    INPUT_VALIDATION = "input_validation"
+    MISSING_MODULE_IN_PLAN = "missing_module_in_plan"
+    INVALID_COMPUTE_KERNEL = "invalid_compute_kernel"
+
+
+class PlannerError(ValueError):
+    """No plan fits. TorchRec's arguments first (`message`, `error_type`: a PlannerErrorType); then `tables`: the
+    tables that do not fit; `shortfall_bytes`: rank -> bytes over capacity when they are forced in at their
+    smallest; `suggestions`: what would make it fit."""
+
+    def __init__(self, message: str, error_type: "PlannerErrorType" = PlannerErrorType.OTHER,
+                 tables: Sequence[str] = (), shortfall_bytes: Optional[Dict[int, float]] = None,
                  suggestions: Sequence[str] = ()) -> None:
         super().__init__(message)
+        self.error_type = error_type
         self.tables = list(tables)
         self.shortfall_bytes = dict(shortfall_bytes or {})
         self.suggestions = list(suggestions)
@@ -228,7 +247,7 @@ class EmbeddingShardingPlanner(ShardingPlanner):
             try:
                 options.append(enumerate_options(table, index, self.topology))
             except ValueError as error:  # constraints that allow nothing: name the table and the constraint
-                raise PlannerError(str(error), [table.label]) from None
+                raise PlannerError(str(error), PlannerErrorType.STRICT_CONSTRAINTS, [table.label]) from None
 
         def fill(batch: List[ShardingOption]) -> None:
             cost_model.fill_many(batch, [tables[o.table_index] for o in batch])
@@ -437,7 +456,8 @@ def _check_device_groups(tables: Sequence[PlannerTable], compute_device: str) ->
     if others:
         raise PlannerError(f"tables {', '.join(others)} belong to another device group than the topology's "
                            f"compute_device {compute_device!r}; rectoolkit plans every table on one device group: "
-                           f"leave device_group None (or {compute_device!r})", [t.split(' ')[0] for t in others])
+                           f"leave device_group None (or {compute_device!r})", PlannerErrorType.INPUT_VALIDATION,
+                           [t.split(' ')[0] for t in others])
 
 
 def _storage_reservation(reservation: Any, percentage: Optional[float]) -> Any:
@@ -536,4 +556,5 @@ def _no_fit_error(tables, options, unplaced, assignments, searcher: Searcher, pl
     message = (f"tables {', '.join(names)} do not fit"
                + (f": {shortfall}" if shortfall else "")
                + ". To make it fit: " + "; or ".join(suggestions))
-    return PlannerError(message, names, over, suggestions)
+    kind = PlannerErrorType.INSUFFICIENT_STORAGE if over else PlannerErrorType.PARTITION
+    return PlannerError(message, kind, names, over, suggestions)

@@ -353,6 +353,8 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
     """Per-id lookups from quantized tables: KeyedJaggedTensor -> {feature: JaggedTensor [ids, dim]}.
 
     Arguments as QuantEmbeddingBagCollection (no is_weighted), plus need_indices. All tables share one dim.
+    cache_features_order: accepted as TorchRec's (there it caches the features' permutation: a speed switch,
+    outputs alike either way).
     """
 
     _dict_name = "embeddings"
@@ -361,8 +363,8 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
                  need_indices: bool = False, output_dtype: torch.dtype = torch.float,
                  table_name_to_quantized_weights: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
                  register_tbes: bool = False, quant_state_dict_split_scale_bias: bool = False,
-                 row_alignment: int = DEFAULT_ROW_ALIGNMENT, *, backend: str = "auto",
-                 ids_out_of_range: str = "error") -> None:
+                 row_alignment: int = DEFAULT_ROW_ALIGNMENT, cache_features_order: bool = False, *,
+                 backend: str = "auto", ids_out_of_range: str = "error") -> None:
         if quant_state_dict_split_scale_bias:
             raise NotImplementedError("quant_state_dict_split_scale_bias=True is not supported")
         pruned = [t.name for t in tables if getattr(t, "num_embeddings_post_pruning", None) is not None]

@@ -183,9 +183,10 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
     _types = BAG_SHARDING_TYPES
     _shard: Callable[..., nn.Module] = staticmethod(shard_quant_embedding_bag_collection)
 
-    def __init__(self, fused_params=None, qcomm_codecs_registry=None, shardable_params=None) -> None:
-        given = {k: v for k, v in (("fused_params", fused_params), ("qcomm_codecs_registry", qcomm_codecs_registry),
-                                   ("shardable_params", shardable_params)) if v is not None}
+    def __init__(self, fused_params=None, shardable_params=None, qcomm_codecs_registry=None) -> None:
+        # (TorchRec's order: fused_params, shardable_params)
+        given = {k: v for k, v in (("fused_params", fused_params), ("shardable_params", shardable_params),
+                                   ("qcomm_codecs_registry", qcomm_codecs_registry)) if v is not None}
         if given:
             raise NotImplementedError(f"{type(self).__name__}({', '.join(given)}=...): not implemented "
                                       "for rectoolkit's quantized sharding; leave them None")

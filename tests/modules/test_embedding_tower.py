@@ -74,3 +74,13 @@ def test_missing_input_and_wrong_device_are_refused():
         ours(_features(rtk, False))
     with pytest.raises(ValueError, match=r"EmbeddingTower\(device=meta\): parameter 'linear.weight' of PooledLinear is on cpu"):
         EmbeddingTower(nn.Identity(), PooledLinear(4, 2), device=torch.device("meta"))
+
+
+def test_modules_built_on_meta_take_the_target_device_as_torchrecs():
+    """TorchRec's models are built on meta for DistributedModelParallel, their towers told the device to come."""
+    ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=2,
+                                                             feature_names=["f"])], device=torch.device("meta"))
+    tower = EmbeddingTower(ebc, nn.Identity(), device=torch.device("cpu"))
+    assert tower.embedding is ebc
+    collection = EmbeddingTowerCollection([tower], device=torch.device("cpu"))
+    assert collection.towers[0] is tower

@@ -190,3 +190,30 @@ def test_torch_fx_traces_the_collection_form_as_torchrecs():
     expected = torch.fx.symbolic_trace(theirs)(torchrec.KeyedJaggedTensor(**_inputs()))
     assert got.keys() == expected.keys()
     torch.testing.assert_close(got.values(), expected.values())
+
+
+@pytest.mark.torchrec
+def test_keys_keep_the_given_order_and_only_weighted_features_are_bound_by_a_max_length_as_torchrec():
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.modules import feature_processor_ as theirs_module
+
+    lengths = {"user": 3, "hist": 2}  # not sorted: TorchRec keeps this order
+    ours, theirs = PositionWeightedModuleCollection(lengths), theirs_module.PositionWeightedModuleCollection(lengths)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["position_weights.user", "position_weights.hist"]
+    assert [name for name, _ in ours.named_parameters()] == [name for name, _ in theirs.named_parameters()]
+    assert list(ours.position_weights_dict) == list(theirs.position_weights_dict) == ["user", "hist"]
+    _random_position_weights(ours)
+    theirs.load_state_dict(ours.state_dict())
+    # "other" has no position weights: its bag of 5 ids is no bag too long (weight 1 for each id, as TorchRec's)
+    inputs = dict(keys=["hist", "other"], values=torch.arange(8), lengths=torch.tensor([2, 1, 5, 0]))
+    our_kjt = rtk.KeyedJaggedTensor(**inputs, weights=torch.zeros(8))
+    their_kjt = torchrec.KeyedJaggedTensor(**inputs, weights=torch.zeros(8))
+    ours.pre_process_input(our_kjt)
+    theirs.pre_process_input(their_kjt)
+    assert our_kjt.weights().tolist() == their_kjt.weights().tolist() == [0, 1, 0, 0, 1, 2, 3, 4]
+    torch.testing.assert_close(ours(our_kjt).weights(), theirs(their_kjt).weights())
+    assert ours(our_kjt).weights()[3:].tolist() == [1.0] * 5
+    too_long = rtk.KeyedJaggedTensor(keys=["hist"], values=torch.arange(3), lengths=torch.tensor([3]),
+                                     weights=torch.zeros(3))
+    with pytest.raises(ValueError, match="feature 'hist' has a bag of 3 ids but its max_feature_length is 2"):
+        ours.pre_process_input(too_long)

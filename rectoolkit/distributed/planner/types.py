@@ -7,6 +7,7 @@ from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import BoundsCheckMode, CacheParams
 from rectoolkit.planner import ParameterConstraints, PlannerError, Topology
 from rectoolkit.planner.hardware import DeviceHardware, Perf, Storage
+from rectoolkit.planner.planner import PlannerErrorType
 
 __all__ = ["BoundsCheckMode", "CacheParams", "DataType", "DeviceHardware", "ParameterConstraints", "Perf", "PlannerError",
-           "Storage", "Topology"]
+           "PlannerErrorType", "Storage", "Topology"]
