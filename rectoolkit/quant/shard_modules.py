@@ -20,7 +20,7 @@ from torch import nn
 from rectoolkit.distributed.comm import ShardingEnv
 from rectoolkit.distributed.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 from rectoolkit.plan.constructors import ParameterShardingGenerator, get_device_type, get_local_size
-from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ShardingPlan
+from rectoolkit.plan.types import EmbeddingModuleShardingPlan, ModuleShardingPlan, ShardingPlan
 from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder
 
 
@@ -83,6 +83,44 @@ def _shard_modules(module: nn.Module, env: Optional[ShardingEnv] = None, device:
             parent = module.get_submodule(parent_path) if parent_path else module
             setattr(parent, name, by_type[type(child)].shard(child, module_plan, env, env.device, path))
     return module
+
+
+def shard(module: nn.Module, plan: Any, env: Optional[ShardingEnv] = None, device: Optional[torch.device] = None,
+          sharder: Any = None) -> nn.Module:
+    """TorchRec's `torchrec.distributed.shard.shard`: the sharded form of one collection, by `plan`:
+
+        sharded = shard(ebc, row_wise())                                  # one generator for every table
+        sharded = shard(ebc, {"t0": table_wise(rank=0), "t1": row_wise()})  # generators (or ParameterShardings)
+        sharded = shard(ebc, construct_module_sharding_plan(ebc, ...))     # a module plan as it is
+
+    `env` None: the default process group's; `device` None: the current CUDA device when there is one, else cpu
+    (TorchRec's defaults); `sharder` None: the collection type's default sharder. Generators are run as TorchRec
+    runs them: (parameter, TorchRec's local size, world size, device type, sharder)."""
+    sharder = _sharder_for(module, sharder, "shard")
+    if env is None:
+        if not dist.is_initialized():
+            raise RuntimeError("shard: no env given and torch.distributed is not initialized; call "
+                               "dist.init_process_group first or pass env=ShardingEnv.local()")
+        if device is None:
+            device = torch.device(torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        env = ShardingEnv.from_process_group(dist.GroupMember.WORLD, device=torch.device(device))
+    device = torch.device(device) if device is not None else env.device
+    if not isinstance(plan, ModuleShardingPlan):
+        shardable = sharder.shardable_parameters(module)
+        if callable(plan):
+            plan = {name: plan for name in shardable}
+        if not isinstance(plan, Mapping):
+            raise TypeError(f"shard: plan must be a ModuleShardingPlan, a dict of table -> ParameterSharding or "
+                            f"generator, or one generator; got a {type(plan).__name__}")
+        unknown = [name for name in plan if name not in shardable]
+        if unknown:
+            raise ValueError(f"shard: the plan names {unknown}, which are not tables of the "
+                             f"{type(module).__name__} (tables: {list(shardable)})")
+        local_size = get_local_size(env.world_size)
+        plan = EmbeddingModuleShardingPlan(
+            (name, sharding(shardable[name], local_size, env.world_size, device.type, sharder)
+             if callable(sharding) else sharding) for name, sharding in plan.items())
+    return sharder.shard(module, plan, env, device)
 
 
 def _module_plan(plan: ShardingPlan, path: str):
