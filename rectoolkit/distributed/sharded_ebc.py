@@ -355,6 +355,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         mean = [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names]
         self._mean_features = mean if any(mean) else None
 
+    inference_only = False  # (the quantized sharded collections: True, nothing of theirs trains)
+
     def unsharded_module_type(self) -> type:
         return EmbeddingBagCollection
 
@@ -365,7 +367,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
     def _outputs(self, features: KeyedJaggedTensor) -> KeyedTensor:
         weights = features.weights_or_none()
-        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+        if weights is not None and weights.requires_grad and torch.is_grad_enabled() and not self.inference_only:
             raise ValueError(f"{type(self).__name__} (rank {self.env.rank}): the per-id weights require grad (e.g. "
                              "the position weights of a FeatureProcessedEmbeddingBagCollection), but the sharded "
                              "input_dist sends them as data, so they would get no gradient; freeze them "

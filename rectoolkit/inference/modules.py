@@ -21,7 +21,8 @@ Where rectoolkit differs (an error says so, nothing is dropped silently):
   the quantized weights themselves, so pass sharding_device="cpu" (or "cuda").
 - compute_device="cuda" (TorchRec's default) needs a GPU here; TorchRec plans for cuda anyway on a CPU-only
   machine, but its result then runs only on meta tensors. Pass compute_device="cpu".
-- FeatureProcessedEmbeddingBagCollection is not quantized (no quantized form in rectoolkit).
+- A FeatureProcessedEmbeddingBagCollection is quantized as TorchRec's (its tables as `fp_weight_dtype`, its feature
+  processors kept) anywhere in the model, the model itself included (TorchRec's fails on one not nested two deep).
 - A quantization_mapping value must be a class with `from_float` (rectoolkit's quantized collections, or yours).
 - PredictModule, PredictFactory, BatchingMetadata, QualNameMetadata (rectoolkit.inference.predict) are TorchRec's
   serving interfaces; PredictModule(device=None) runs on the CPU where there is no CUDA (TorchRec's fails).
@@ -49,11 +50,13 @@ from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from rectoolkit.quant.config import make_qconfig
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+from rectoolkit.quant.fp_embedding_modules import QuantFeatureProcessedEmbeddingBagCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup
 from rectoolkit.quant.one_process import shard_quant_in_one_process
 from rectoolkit.quant.pruning import MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT
 from rectoolkit.quant.shard_modules import shard_modules
-from rectoolkit.quant.sharding import QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder
+from rectoolkit.quant.sharding import (QuantEmbeddingBagCollectionSharder, QuantEmbeddingCollectionSharder,
+                                      QuantFeatureProcessedEmbeddingBagCollectionSharder)
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +91,9 @@ _COLLECTION_TYPES = (EmbeddingBagCollection, EmbeddingCollection, QuantEmbedding
 
 
 def default_quant_sharders() -> List[Any]:
-    """TorchRec's DEFAULT_SHARDERS: one sharder per quantized collection (bags, sequences)."""
-    return [QuantEmbeddingBagCollectionSharder(), QuantEmbeddingCollectionSharder()]
+    """TorchRec's DEFAULT_SHARDERS: one sharder per quantized collection (bags, sequences, feature-processed bags)."""
+    return [QuantEmbeddingBagCollectionSharder(), QuantEmbeddingCollectionSharder(),
+            QuantFeatureProcessedEmbeddingBagCollectionSharder()]
 
 
 def quantize_feature(module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -200,8 +204,9 @@ def quantize_inference_model(model: nn.Module, quantization_mapping: Optional[Di
     "torchrec.modules.embedding_modules.EmbeddingBagCollection" spelling is accepted too) -> quantized class
     (default: EmbeddingBagCollection -> QuantEmbeddingBagCollection, EmbeddingCollection -> QuantEmbeddingCollection).
     Weights are stored as `quantization_dtype` (or `per_table_weight_dtype[table]`), outputs are `output_dtype`.
-    `fp_weight_dtype` is for a FeatureProcessedEmbeddingBagCollection, which rectoolkit does not quantize: a model
-    holding one is refused.
+    A FeatureProcessedEmbeddingBagCollection becomes a QuantFeatureProcessedEmbeddingBagCollection
+    (rectoolkit.quant.fp_embedding_modules), its tables stored as `fp_weight_dtype` (or `per_table_weight_dtype`),
+    its feature processors kept; one given as `model` itself is returned quantized.
 
     >>> import rectoolkit as rtk
     >>> model = torch.nn.Sequential(rtk.EmbeddingCollection([rtk.EmbeddingConfig(name="t", num_embeddings=8,
@@ -210,20 +215,29 @@ def quantize_inference_model(model: nn.Module, quantization_mapping: Optional[Di
     'QuantEmbeddingCollection'
     """
     mapping = DEFAULT_QUANT_MAPPING if quantization_mapping is None else _resolve_mapping(quantization_mapping)
+    per_table = dict(per_table_weight_dtype or {})
+    # the feature-processed collections first, by a direct swap as TorchRec's (their tables leave per_table: the
+    # collections inside them are quantized with them, not again below)
+    for path in [path for path, module in model.named_modules() if _typename(type(module)) == FEATURE_PROCESSED_EBC_TYPE]:
+        float_fp = model.get_submodule(path)
+        tables = {t.name for t in _table_configs(float_fp.split()[1])}
+        float_fp.qconfig = make_qconfig(fp_weight_dtype, output_dtype,
+                                        {t: d for t, d in per_table.items() if t in tables} or None)
+        quantized = QuantFeatureProcessedEmbeddingBagCollection.from_float(float_fp)
+        per_table = {t: d for t, d in per_table.items() if t not in tables}
+        if not path:
+            return quantized
+        parent_path, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent_path) if parent_path else model, name, quantized)
     additional_keys, additional_mapping = [], {}
-    for path, module in model.named_modules():
+    for module in model.modules():
         typename = _typename(type(module))
         if typename in mapping:
             additional_keys.append(type(module))
             additional_mapping[type(module)] = mapping[typename]
-        elif typename == FEATURE_PROCESSED_EBC_TYPE:
-            raise NotImplementedError(
-                f"quantize_inference_model: the module at {path!r} is a FeatureProcessedEmbeddingBagCollection, which "
-                f"rectoolkit cannot quantize (fp_weight_dtype={fp_weight_dtype}); serve it unquantized or replace it "
-                "by an EmbeddingBagCollection with weighted features")
     quantize_embeddings(model, dtype=quantization_dtype, inplace=True, additional_qconfig_spec_keys=additional_keys,
                         additional_mapping=additional_mapping, output_dtype=output_dtype,
-                        per_table_weight_dtype=per_table_weight_dtype)
+                        per_table_weight_dtype=per_table or None)
     logger.info("Default quantization dtype is %s, per_table_weight_dtype=%s.", quantization_dtype,
                 per_table_weight_dtype)
     return model
@@ -378,7 +392,7 @@ def shard_quant_model(model: nn.Module, world_size: int = 1, compute_device: str
     if world_size < 1:
         raise ValueError(f"shard_quant_model(world_size={world_size}): give at least 1 rank")
     sharders = list(sharders) if sharders else default_quant_sharders()
-    supported = (QuantEmbeddingBagCollection, QuantEmbeddingCollection)
+    supported = (QuantEmbeddingBagCollection, QuantEmbeddingCollection, QuantFeatureProcessedEmbeddingBagCollection)
     for sharder in sharders:
         if world_size > 1 and sharder.module_type not in supported:
             raise NotImplementedError(

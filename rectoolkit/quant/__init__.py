@@ -6,6 +6,7 @@ from rectoolkit.quant.embedding_modules import (
     QuantEmbeddingCollection,
     quantize_embeddings,
 )
+from rectoolkit.quant.fp_embedding_modules import QuantFeatureProcessedEmbeddingBagCollection
 from rectoolkit.quant.export import (
     ServingModule,
     export_for_serving,

@@ -316,13 +316,8 @@ class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterf
         (a QuantConfig, as set by torch.ao.quantization.quantize_dynamic). Tables named by set_pruning_data keep
         only their first rows (rectoolkit.quant.pruning).
         """
-        configs, data_types, out_dtype = _quantized_configs(module, module.embedding_bag_configs(), dtype,
-                                                            per_table_weight_dtype, output_dtype)
-        apply_pruning_dict(configs, pruning_dict_of(module))
-        quantized = cls(configs, module.is_weighted(), device=_module_device(module), output_dtype=out_dtype,
-                        row_alignment=row_alignment, backend=backend)
-        quantized.load_float_weights(_float_weights(module, "embedding_bags", configs))
-        return quantized
+        return quantized_bag_collection(cls, module, module, dtype=dtype, per_table_weight_dtype=per_table_weight_dtype,
+                                        output_dtype=output_dtype, backend=backend, row_alignment=row_alignment)
 
     def _get_name(self) -> str:
         return "QuantizedEmbeddingBagCollection"
@@ -332,6 +327,20 @@ class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterf
 
     def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
         return self._embedding_bag_configs
+
+
+def quantized_bag_collection(cls: type, ebc: nn.Module, marked: nn.Module, *, dtype, per_table_weight_dtype,
+                             output_dtype, backend: str, row_alignment: int, **extra) -> QuantEmbeddingBagCollection:
+    """`cls` (a QuantEmbeddingBagCollection class) holding float `ebc`'s tables quantized; `marked` is the module that
+    carries the qconfig and the pruning data (the collection itself, or the feature-processed one around it);
+    `extra` goes to `cls`."""
+    configs, _, out_dtype = _quantized_configs(marked, ebc.embedding_bag_configs(), dtype, per_table_weight_dtype,
+                                               output_dtype)
+    apply_pruning_dict(configs, pruning_dict_of(marked) or pruning_dict_of(ebc))
+    quantized = cls(configs, ebc.is_weighted(), device=_module_device(ebc), output_dtype=out_dtype,
+                    row_alignment=row_alignment, backend=backend, **extra)
+    quantized.load_float_weights(_float_weights(ebc, "embedding_bags", configs))
+    return quantized
 
 
 def mean_pooled(pooled: torch.Tensor, lengths: torch.Tensor, mean_features: torch.Tensor,
@@ -476,6 +485,16 @@ def _float_weights(module: nn.Module, dict_name: str, configs: Sequence[BaseEmbe
 # TorchRec's spelling: `from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection`
 EmbeddingBagCollection = QuantEmbeddingBagCollection
 EmbeddingCollection = QuantEmbeddingCollection
+
+
+def __getattr__(name: str):
+    """TorchRec's FeatureProcessedEmbeddingBagCollection at this path: the quantized one, which lives in
+    rectoolkit.quant.fp_embedding_modules (it builds on this module, so it is looked up when first asked for)."""
+    if name == "FeatureProcessedEmbeddingBagCollection":
+        from rectoolkit.quant.fp_embedding_modules import QuantFeatureProcessedEmbeddingBagCollection
+
+        return QuantFeatureProcessedEmbeddingBagCollection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def quantize_embeddings(module: nn.Module, dtype: Union[torch.dtype, DataType, str] = torch.int8, inplace: bool = False,

@@ -64,11 +64,26 @@ def shard_quant_in_one_process(module: nn.Module, module_plan: Mapping[str, Para
     """A QuantEmbeddingBagCollection or QuantEmbeddingCollection sharded by `module_plan` over `world_size` ranks
     held in this process (see the module docstring); its forward takes and returns what `module`'s does."""
     if isinstance(module, QuantEmbeddingBagCollection):
-        return OneProcessShardedQuantEmbeddingBagCollection(module, module_plan, world_size)
+        sharded = OneProcessShardedQuantEmbeddingBagCollection(module, module_plan, world_size)
+        processor = getattr(module, "feature_processor", None)  # a quantized feature-processed collection's
+        return sharded if processor is None else FeatureProcessedInOneProcess(processor, sharded)
     if isinstance(module, QuantEmbeddingCollection):
         return OneProcessShardedQuantEmbeddingCollection(module, module_plan, world_size)
     raise TypeError(f"shard_quant_in_one_process takes a QuantEmbeddingBagCollection or QuantEmbeddingCollection, got "
                     f"a {type(module).__name__}; quantize it first (from_float or quantize_embeddings)")
+
+
+class FeatureProcessedInOneProcess(nn.Module):
+    """A quantized FeatureProcessedEmbeddingBagCollection sharded in one process: its feature processors (whole,
+    as the unsharded one's) in front of the sharded lookup."""
+
+    def __init__(self, feature_processor: nn.Module, sharded: nn.Module) -> None:
+        super().__init__()
+        self.feature_processor = feature_processor
+        self.sharded = sharded
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        return self.sharded(self.feature_processor(features))
 
 
 class RankShards(nn.Module):

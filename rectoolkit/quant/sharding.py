@@ -45,6 +45,7 @@ from rectoolkit.distributed.sharders import ModuleSharder
 from rectoolkit.modules.configs import BaseEmbeddingConfig, DataType
 from rectoolkit.plan.types import ParameterSharding, ShardingType, ShardMetadata
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection
+from rectoolkit.quant.fp_embedding_modules import QuantFeatureProcessedEmbeddingBagCollection
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.pruning import stored_rows
 from rectoolkit.quant.rowwise import _check_dim, slice_columns_rowwise
@@ -61,10 +62,13 @@ def shard_quant_embedding_bag_collection(qebc: QuantEmbeddingBagCollection,
     """Shard a QuantEmbeddingBagCollection by `module_plan` on `env` (a rectoolkit.distributed.ShardingEnv)."""
     configs = qebc.embedding_bag_configs()
     check_quant_plan(type(qebc).__name__, configs, module_plan, BAG_SHARDING_TYPES)
+    processor = getattr(qebc, "feature_processor", None)  # a quantized feature-processed collection's
+    kind = ShardedQuantEmbeddingBagCollection if processor is None else ShardedQuantFeatureProcessedEmbeddingBagCollection
     # The sharded module built for float tables gives the communication; its float shards are replaced below.
-    sharded = ShardedQuantEmbeddingBagCollection(_float_configs(configs), module_plan, env,
-                                                 is_weighted=qebc.is_weighted(), backend="torch",
-                                                 ids_out_of_range=qebc._ids_out_of_range)
+    sharded = kind(_float_configs(configs), module_plan, env, is_weighted=qebc.is_weighted(), backend="torch",
+                   ids_out_of_range=qebc._ids_out_of_range)
+    if processor is not None:
+        sharded.feature_processor = processor
     return _quantize_shards(sharded, configs, _stored_rows(qebc.embedding_bags), qebc.row_alignment, backend,
                             pooled=True)
 
@@ -117,6 +121,7 @@ class QuantizedShards:
     """What both sharded quantized collections say about their shards: stored bytes, no optimizer state."""
 
     own_table_view = False  # their state is the stored rows of their groups (not the float table view)
+    inference_only = True  # nothing trains: per-id weights that require grad are read as data
 
     def memory_bytes(self) -> Dict[str, int]:
         """Bytes of the quantized shards on this rank, and where they live (as ShardedCollection.memory_bytes)."""
@@ -140,6 +145,17 @@ class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCol
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         return self._run_groups(features)
+
+
+class ShardedQuantFeatureProcessedEmbeddingBagCollection(ShardedQuantEmbeddingBagCollection):
+    """A quantized FeatureProcessedEmbeddingBagCollection sharded for inference: its `feature_processor` (whole on
+    every rank, as TorchRec's) weights each rank's ids before they are distributed."""
+
+    def unsharded_module_type(self) -> type:
+        return QuantFeatureProcessedEmbeddingBagCollection
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        return self._run_groups(self.feature_processor(features))
 
 
 class ShardedQuantEmbeddingCollection(QuantizedShards, ShardedEmbeddingCollection):
@@ -225,6 +241,13 @@ class QuantEmbeddingCollectionSharder(QuantEmbeddingBagCollectionSharder):
     module_type = QuantEmbeddingCollection
     _types = SEQUENCE_SHARDING_TYPES
     _shard = staticmethod(shard_quant_embedding_collection)
+
+
+class QuantFeatureProcessedEmbeddingBagCollectionSharder(QuantEmbeddingBagCollectionSharder):
+    """TorchRec's sharder for the quantized FeatureProcessedEmbeddingBagCollection: the bag collection's sharding
+    types; the feature processors go whole with every rank's sharded module."""
+
+    module_type = QuantFeatureProcessedEmbeddingBagCollection
 
 
 def _float_configs(configs: Sequence[BaseEmbeddingConfig]) -> List[BaseEmbeddingConfig]:

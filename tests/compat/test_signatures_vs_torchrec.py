@@ -28,6 +28,7 @@ BUILT_BY_SHARDERS = {
     "distributed.mc_embedding.ShardedManagedCollisionEmbeddingCollection",
     "distributed.quant_embedding.ShardedQuantEmbeddingCollection",
     "distributed.quant_embeddingbag.ShardedQuantEmbeddingBagCollection",
+    "distributed.quant_embeddingbag.ShardedQuantFeatureProcessedEmbeddingBagCollection",
 }
 DIFFER_ON_PURPOSE = {
     # TorchRec's planner parts (enumerator, proposer, partitioner, ...) have no counterpart in rectoolkit's planner
