@@ -20,6 +20,7 @@ from torch import nn
 from rectoolkit.plan.types import ShardingType
 from rectoolkit.sparse import KeyedJaggedTensor
 from rectoolkit.distributed import TrainPipelineBase, TrainPipelineSparseDist
+from rectoolkit.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDistLite
 from dist_harness import run_workers
 from dist_pipeline_workers import (
     assert_identical,
@@ -27,6 +28,7 @@ from dist_pipeline_workers import (
     build,
     check_pipelined,
     check_eval_pipeline,
+    count_own_input_dists,
     epochs_and_detach_worker,
     eval_pipeline_worker,
     local_env,
@@ -314,3 +316,57 @@ def test_errors_name_the_problem_and_the_fix():
         pipeline.progress(iter([]))  # an empty iterator: nothing to train on, as in TorchRec
     with pytest.raises(TypeError, match="must have .to"):
         TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu")).progress(iter([{"ids": [1, 2]}]))
+
+
+@pytest.mark.parametrize("case", ["mixed_a", "sequence_table_wise"])
+def test_lite_pipeline_equals_the_plain_loop_with_each_input_dist_in_its_own_forward(case):
+    """TorchRec's TrainPipelineSparseDistLite: one batch in flight, nothing run ahead: every forward runs its own
+    input_dist; the plain loop's losses and weights bit for bit; StopIteration at the end and again after."""
+    data = batches(0, 1, STEPS, case)
+    plain = plain_loop(case, data, 1, local_env())
+    dmp, optimizer = build(case, 1, local_env())
+    own_input_dists, routed = count_own_input_dists(dmp, case)
+    pipeline = TrainPipelineSparseDistLite(dmp, optimizer, torch.device("cpu"))
+    feed, losses = iter(data), []
+    with pytest.raises(StopIteration):
+        while True:
+            losses.append(pipeline.progress(feed))
+    with pytest.raises(StopIteration):
+        pipeline.progress(feed)
+    assert pipeline.pipelined_modules == [] and len(pipeline._batches) == 0
+    assert len(own_input_dists) == len(routed) * STEPS
+    assert_identical(0, case, plain, (losses, dmp.state_dict()), STEPS)
+
+
+def torchrec_lite_epochs_worker(rank: int, W: int, out_file: str) -> None:
+    """How many batches TorchRec 1.8's TrainPipelineSparseDistLite trains on in three epochs of 3 batches (each
+    from a new iterator), with reset() after each or not."""
+    from torchrec.datasets.utils import Batch as TorchRecBatch
+    from torchrec.distributed.model_parallel import DistributedModelParallel as TorchRecDMP
+    from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDistLite as TorchRecLite
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TorchRecKJT
+
+    from dist_pipeline_workers import _TorchRecModel
+
+    def batch(i: int):
+        kjt = TorchRecKJT.from_lengths_sync(["f"], torch.tensor([i % 10, 1]), torch.tensor([1, 1]))
+        return TorchRecBatch(dense_features=torch.zeros(2, 1), sparse_features=kjt, labels=torch.zeros(2))
+
+    counts = {}
+    for reset in (False, True):
+        dmp = TorchRecDMP(_TorchRecModel(), device=torch.device("cpu"))
+        pipeline = TorchRecLite(dmp, torch.optim.SGD(dmp.parameters(), lr=0.1), torch.device("cpu"))
+        counts[reset] = train_epochs(pipeline, [[batch(i) for i in range(3)]] * 3, reset)
+    torch.save(counts, out_file)
+
+
+@pytest.mark.torchrec
+def test_lite_pipeline_trains_as_many_batches_per_epoch_as_torchrecs(tmp_path):
+    pytest.importorskip("torchrec")
+    out_file = str(tmp_path / "torchrec_lite.pt")
+    run_workers(torchrec_lite_epochs_worker, 1, out_file)
+    theirs = torch.load(out_file)
+    for reset in (False, True):
+        dmp, optimizer = build("table_wise", 1, local_env())
+        pipeline = TrainPipelineSparseDistLite(dmp, optimizer, torch.device("cpu"))
+        assert train_epochs(pipeline, [batches(0, 1, 3)] * 3, reset) == theirs[reset], reset

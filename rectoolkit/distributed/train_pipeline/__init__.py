@@ -2,7 +2,7 @@
 TrainPipelineSemiSync their embedding lookup, run ahead of this batch's step.
 
 One module per pipeline: sparse_dist (TrainPipeline, TrainPipelineBase, TrainPipelineSparseDist,
-EvalPipelineSparseDist), semi_sync (TrainPipelineSemiSync), fused (TrainPipelineFusedSparseDist,
+TrainPipelineSparseDistLite, EvalPipelineSparseDist), semi_sync (TrainPipelineSemiSync), fused (TrainPipelineFusedSparseDist,
 PrefetchTrainPipelineSparseDist), staged (StagedTrainPipeline), pt2 (TrainPipelinePT2, TorchCompileConfig),
 compiled_autograd (TrainPipelineSparseDistCompAutograd), pipeline_stage (PipelineStage,
 SparseDataDistUtil, StageOut); gradient_accumulation (GradientAccumulationConfig,

@@ -69,7 +69,8 @@ from rectoolkit.distributed.train_pipeline.batch_fields import FieldPath, follow
 from rectoolkit.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from rectoolkit.distributed.train_pipeline.utils import wait_for_copy
 
-__all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist"]
+__all__ = ["EvalPipelineSparseDist", "TrainPipeline", "TrainPipelineBase", "TrainPipelineSparseDist",
+           "TrainPipelineSparseDistLite"]
 
 ModelForward = Callable[[Any], Tuple[torch.Tensor, Any]]
 
@@ -418,6 +419,35 @@ class TrainPipelineSparseDist(TrainPipelineBase[In, Out]):
         for started in self._ahead:
             for ahead in started.values():
                 ahead.wait()
+
+
+class TrainPipelineSparseDistLite(TrainPipelineSparseDist[In, Out]):
+    """TorchRec's TrainPipelineSparseDistLite: one batch in flight. Batch i+1 is loaded and copied to the device
+    (a side stream on CUDA) while batch i trains; batch i's input_dist runs in its own forward, in the critical
+    path (no input_dist ahead, so no batch's ids or sizes are held for the next steps: the memory of one batch).
+    Every batch is trained on (TorchRec's execute_all_batches), StopIteration at the end; the numbers are the plain
+    loop's. `pipelined_modules` is empty: nothing runs ahead.
+
+    Args (TorchRec's): model, optimizer, device, custom_model_fwd; apply_jit, context_type, pipeline_postproc,
+    enable_inplace_copy_batch, free_features_storage_early and clear_data_dist_inputs at their defaults only, as in
+    TrainPipelineSparseDist.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Any, device: torch.device, apply_jit: bool = False,
+                 context_type: Optional[type] = TrainPipelineContext, pipeline_postproc: bool = False,
+                 custom_model_fwd: Optional[ModelForward] = None, enable_inplace_copy_batch: bool = False,
+                 free_features_storage_early: bool = False, clear_data_dist_inputs: bool = False) -> None:
+        super().__init__(model, optimizer, device, execute_all_batches=True, apply_jit=apply_jit,
+                         context_type=context_type, pipeline_postproc=pipeline_postproc,
+                         custom_model_fwd=custom_model_fwd, enable_inplace_copy_batch=enable_inplace_copy_batch,
+                         free_features_storage_early=free_features_storage_early,
+                         clear_data_dist_inputs=clear_data_dist_inputs, background_input_dist=False)
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """Train on batch i (its input_dist in its forward) while batch i+1 is loaded; its output."""
+        if not self._attached:
+            self.attach()
+        return TrainPipelineBase.progress(self, dataloader_iter)
 
 
 class EvalPipelineSparseDist(TrainPipelineSparseDist[In, Out]):

@@ -11,8 +11,10 @@ from rectoolkit.distributed.train_pipeline.sparse_dist import (
     TrainPipeline,
     TrainPipelineBase,
     TrainPipelineSparseDist,
+    TrainPipelineSparseDistLite,
 )
 
 __all__ = ["EvalPipelineSparseDist", "PrefetchTrainPipelineSparseDist", "StagedTrainPipeline", "TorchCompileConfig",
            "TrainPipeline", "TrainPipelineBase", "TrainPipelineFusedSparseDist", "TrainPipelinePT2",
-           "TrainPipelineSemiSync", "TrainPipelineSparseDist", "TrainPipelineSparseDistCompAutograd"]
+           "TrainPipelineSemiSync", "TrainPipelineSparseDist", "TrainPipelineSparseDistCompAutograd",
+           "TrainPipelineSparseDistLite"]
