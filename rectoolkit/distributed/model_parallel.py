@@ -73,6 +73,22 @@ def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
     return [(path, m) for path, m in module.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
 
 
+def sharded_by_their_sharders(module: nn.Module, sharders: Optional[List[Any]]) -> List[Tuple[str, nn.Module, Any]]:
+    """(path, module, sharder) of every module of `module` (itself included) that holds no float collection but
+    whose exact type one of `sharders` shards (TorchRec's DMP shards whatever its sharders shard: the quantized
+    collections, with the Quant...Sharders, for inference); outermost first, none inside another. Modules that hold
+    float collections (the collections, feature-processed and managed-collision ones) are sharded as below."""
+    floats = (EmbeddingBagCollection, EmbeddingCollection)
+    by_type = {s.module_type: s for s in sharders or [] if isinstance(getattr(s, "module_type", None), type)}
+    found: List[Tuple[str, nn.Module, Any]] = []
+    for path, child in module.named_modules():
+        if type(child) not in by_type or any(isinstance(m, floats) for m in child.modules()):
+            continue
+        if not any(path.startswith(p + ".") or not p for p, _, _ in found):
+            found.append((path, child, by_type[type(child)]))
+    return found
+
+
 def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
     """A plan for every collection, by rectoolkit.planner. `sharders`, if given, limit the planner's sharding
     types (EmbeddingShardingPlanner.plan); the tables behind managed collisions are planned ROW_WISE.
@@ -89,7 +105,7 @@ def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]]
                          for _, m in module.named_modules() if isinstance(m, BaseManagedCollisionEmbeddingCollection)
                          for config in m._managed_collision_collection.embedding_configs()}
         plan = EmbeddingShardingPlanner(topology=topology, constraints=row_wise_only or None).plan(module, sharders)
-    if env.world_size > 1:
+    if env.world_size > 1 and (env.pg is not None or dist.is_initialized()):  # (ranks held in one process: one plan)
         box = [plan]
         dist.broadcast_object_list(box, src=0, group=env.pg)
         plan = box[0]
@@ -292,22 +308,42 @@ class DistributedModelParallel(nn.Module):
                             "wrap(dmp, env, device) method; subclass DataParallelWrapper (or pass None for DDP)")
         self._data_parallel_wrapper = data_parallel_wrapper or DefaultDataParallelWrapper()
         collections = find_collections(module)
-        if not collections:
+        by_sharder = sharded_by_their_sharders(module, sharders)
+        if not collections and not by_sharder:
             raise ValueError(f"DistributedModelParallel: {type(module).__name__} holds no EmbeddingBagCollection or "
-                             "EmbeddingCollection; use torch's DistributedDataParallel for a dense-only model")
+                             "EmbeddingCollection (nor a module of a type one of `sharders` shards, such as a "
+                             "quantized collection with its Quant...Sharder); use torch's DistributedDataParallel for "
+                             "a dense-only model")
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
-        # self.plan keeps TorchRec's keys (a feature-processed collection's own path); the collections are sharded at
-        # theirs
-        at_collections = plan_at_collections(self.plan, module)
-        chosen = collections_to_shard(module, at_collections, sharders)
-        _refuse_diverging_replicas(module, chosen, env)
-        at_collections = ShardingPlan({path: at_collections.plan[path] for path in chosen})
-        shapes = {key: shape for key, shape in _shapes(module).items() if key[0] in chosen}
-        validate_plan(at_collections, shapes, env.world_size, source="the plan of DistributedModelParallel")
-        check_same_plan(at_collections, env)  # a stale plan file on one host would compute wrong results silently
-        sharded = shard_collections(module, at_collections, env, backend, sharders)
+        # the modules their own sharders shard (quantized collections for inference): replaced as TorchRec's DMP does
+        for path, child, sharder in by_sharder:
+            module_plan = self.plan.get_plan_for_module(path)
+            if module_plan is None:
+                warnings.warn(f"DistributedModelParallel: the {type(child).__name__} at {path!r} has a sharder but no "
+                              "plan entry; it stays unsharded", stacklevel=2)
+                continue
+            replacement = sharder.shard(child, module_plan, env, env.device, path)
+            if not path:
+                module = replacement
+            else:
+                parent_path, _, name = path.rpartition(".")
+                setattr(module.get_submodule(parent_path) if parent_path else module, name, replacement)
+        float_plan = ShardingPlan({path: tables for path, tables in self.plan.plan.items()
+                                   if path not in {p for p, _, _ in by_sharder}})
+        sharded: Dict[str, Sharded] = {}
+        if collections:
+            # self.plan keeps TorchRec's keys (a feature-processed collection's own path); the collections are
+            # sharded at theirs
+            at_collections = plan_at_collections(float_plan, module)
+            chosen = collections_to_shard(module, at_collections, sharders)
+            _refuse_diverging_replicas(module, chosen, env)
+            at_collections = ShardingPlan({path: at_collections.plan[path] for path in chosen})
+            shapes = {key: shape for key, shape in _shapes(module).items() if key[0] in chosen}
+            validate_plan(at_collections, shapes, env.world_size, source="the plan of DistributedModelParallel")
+            check_same_plan(at_collections, env)  # a stale plan file on one host would compute wrong results silently
+            sharded = shard_collections(module, at_collections, env, backend, sharders)
         if "" in sharded:  # the model IS a collection
             module = sharded[""]
         if init_parameters:

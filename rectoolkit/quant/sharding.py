@@ -226,7 +226,19 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
         if device is not None and torch.device(device) != env.device:
             env = ShardingEnv(env.world_size, env.rank, env.pg, local_world_size=env.local_world_size,
                               device=torch.device(device))
-        sharded = self._shard(module, dict(params), env)
+        on_meta = sorted(name for name, tensor in module.state_dict().items() if tensor.is_meta)
+        if on_meta:
+            raise ValueError(f"{type(self).__name__}.shard: the {type(module).__name__}'s stored rows {on_meta} are on "
+                             "the meta device; rectoolkit shards the quantized weights themselves (its sharded modules "
+                             "load none later): quantize the model with its weights (e.g. load the trained state_dict "
+                             "before quantize_embeddings / quantize_inference_model)")
+        if env.world_size > 1 and env.pg is None and not torch.distributed.is_initialized():
+            # TorchRec's ShardingEnv(W, 0) in a process without a process group: the W ranks are held here
+            from rectoolkit.quant.one_process import shard_quant_in_one_process  # (it builds on this module)
+
+            sharded = shard_quant_in_one_process(module.to(env.device), dict(params), env.world_size)
+        else:
+            sharded = self._shard(module, dict(params), env)
         sharded.module_fqn = module_fqn
         return sharded
 
