@@ -51,6 +51,9 @@ from rectoolkit.modules.fx_call import trace_as_one_call
 from rectoolkit.modules.layout import FeatureLayout, GatheredFeatures, rows_per_feature
 from rectoolkit.quant.config import QuantConfig, weight_data_type
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
+from rectoolkit.quant import prep
+from rectoolkit.quant.prep import (MODULE_ATTR_CACHE_FEATURES_ORDER, MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS,
+                                   MODULE_ATTR_REGISTER_TBES_BOOL, MODULE_ATTR_ROW_ALIGNMENT_INT)
 from rectoolkit.quant.pruning import (MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT,  # noqa: F401
                                       apply_pruning_dict, pruned_ids_read_row_zero, pruning_dict_of, stored_rows,
                                       warn_pruned_ids)
@@ -309,12 +312,13 @@ class QuantEmbeddingBagCollection(_QuantCollection, EmbeddingBagCollectionInterf
                    dtype: Union[torch.dtype, DataType, str, None] = None,
                    per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
                    output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
-                   row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantEmbeddingBagCollection":
+                   row_alignment: Optional[int] = None) -> "QuantEmbeddingBagCollection":
         """Quantize a float EmbeddingBagCollection (rectoolkit's or TorchRec's).
 
         The storage dtype comes from `dtype` (and `per_table_weight_dtype`), or else from `module.qconfig`
         (a QuantConfig, as set by torch.ao.quantization.quantize_dynamic). Tables named by set_pruning_data keep
-        only their first rows (rectoolkit.quant.pruning).
+        only their first rows (rectoolkit.quant.pruning). `row_alignment` None: the module's
+        quant_prep_customize_row_alignment mark, else 16; the other quant_prep marks as rectoolkit.quant.prep says.
         """
         return quantized_bag_collection(cls, module, module, dtype=dtype, per_table_weight_dtype=per_table_weight_dtype,
                                         output_dtype=output_dtype, backend=backend, row_alignment=row_alignment)
@@ -338,9 +342,21 @@ def quantized_bag_collection(cls: type, ebc: nn.Module, marked: nn.Module, *, dt
                                                output_dtype)
     apply_pruning_dict(configs, pruning_dict_of(marked) or pruning_dict_of(ebc))
     quantized = cls(configs, ebc.is_weighted(), device=_module_device(ebc), output_dtype=out_dtype,
-                    row_alignment=row_alignment, backend=backend, **extra)
+                    backend=backend, **_prep_marks(ebc, marked, row_alignment), **extra)
     quantized.load_float_weights(_float_weights(ebc, "embedding_bags", configs))
     return quantized
+
+
+def _prep_marks(collection: nn.Module, marked: nn.Module, row_alignment: Optional[int]) -> Dict[str, object]:
+    """The quantized module's arguments the quant_prep functions mark (rectoolkit.quant.prep): row alignment and the
+    split scale / bias layout on the collection, register_tbes and cache_features_order on `marked` (TorchRec's
+    reading); an explicit `row_alignment` wins."""
+    return dict(
+        row_alignment=row_alignment if row_alignment is not None else getattr(
+            collection, MODULE_ATTR_ROW_ALIGNMENT_INT, DEFAULT_ROW_ALIGNMENT),
+        quant_state_dict_split_scale_bias=getattr(collection, MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS, False),
+        register_tbes=getattr(marked, MODULE_ATTR_REGISTER_TBES_BOOL, False),
+        cache_features_order=getattr(marked, MODULE_ATTR_CACHE_FEATURES_ORDER, False))
 
 
 def mean_pooled(pooled: torch.Tensor, lengths: torch.Tensor, mean_features: torch.Tensor,
@@ -420,7 +436,7 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
                    dtype: Union[torch.dtype, DataType, str, None] = None,
                    per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
                    output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
-                   row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantEmbeddingCollection":
+                   row_alignment: Optional[int] = None) -> "QuantEmbeddingCollection":
         """Quantize a float EmbeddingCollection (see QuantEmbeddingBagCollection.from_float); pruning data
         naming its tables is refused (TorchRec's quantized EC ignores it and keeps every row)."""
         pruned = sorted(set(pruning_dict_of(module)) & {t.name for t in module.embedding_configs()})
@@ -431,7 +447,7 @@ class QuantEmbeddingCollection(SequenceCollectionAccessors, _QuantCollection, Em
         configs, _, out_dtype = _quantized_configs(module, module.embedding_configs(), dtype,
                                                    per_table_weight_dtype, output_dtype)
         quantized = cls(configs, device=_module_device(module), need_indices=module.need_indices(),
-                        output_dtype=out_dtype, row_alignment=row_alignment, backend=backend)
+                        output_dtype=out_dtype, backend=backend, **_prep_marks(module, module, row_alignment))
         quantized.load_float_weights(_float_weights(module, "embeddings", configs))
         return quantized
 
@@ -482,6 +498,15 @@ def _float_weights(module: nn.Module, dict_name: str, configs: Sequence[BaseEmbe
     return {c.name: tables[c.name].weight.detach() for c in configs}
 
 
+# TorchRec's quantization preparation at its path (rectoolkit.quant.prep)
+for_each_module_of_type_do = prep.for_each_module_of_type_do
+quant_prep_enable_quant_state_dict_split_scale_bias = prep.quant_prep_enable_quant_state_dict_split_scale_bias
+quant_prep_enable_quant_state_dict_split_scale_bias_for_types = prep.quant_prep_enable_quant_state_dict_split_scale_bias_for_types
+quant_prep_enable_register_tbes = prep.quant_prep_enable_register_tbes
+quant_prep_customize_row_alignment = prep.quant_prep_customize_row_alignment
+quant_prep_enable_cache_features_order = prep.quant_prep_enable_cache_features_order
+quantize_state_dict = prep.quantize_state_dict
+
 # TorchRec's spelling: `from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection`
 EmbeddingBagCollection = QuantEmbeddingBagCollection
 EmbeddingCollection = QuantEmbeddingCollection
@@ -500,8 +525,9 @@ def __getattr__(name: str):
 def quantize_embeddings(module: nn.Module, dtype: Union[torch.dtype, DataType, str] = torch.int8, inplace: bool = False,
                         output_dtype: torch.dtype = torch.float,
                         per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
-                        backend: str = "auto", row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> nn.Module:
-    """Replace every EmbeddingBagCollection / EmbeddingCollection inside `module` by its quantized version.
+                        backend: str = "auto", row_alignment: Optional[int] = None) -> nn.Module:
+    """Replace every EmbeddingBagCollection / EmbeddingCollection inside `module` by its quantized version
+    (`row_alignment` None: each collection's quant_prep_customize_row_alignment mark, else 16).
 
     TorchRec's `torchrec.inference.modules.quantize_embeddings`: what the seed-001 quantize_dynamic call
     does, without torch.ao's (deprecated) machinery. A collection given directly is returned quantized.

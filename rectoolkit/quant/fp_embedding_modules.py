@@ -67,7 +67,7 @@ class QuantFeatureProcessedEmbeddingBagCollection(QuantEmbeddingBagCollection):
                    dtype: Union[torch.dtype, str, None] = None,
                    per_table_weight_dtype: Optional[Dict[str, torch.dtype]] = None,
                    output_dtype: Optional[torch.dtype] = None, backend: str = "auto",
-                   row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> "QuantFeatureProcessedEmbeddingBagCollection":
+                   row_alignment: Optional[int] = None) -> "QuantFeatureProcessedEmbeddingBagCollection":
         """Quantize a float FeatureProcessedEmbeddingBagCollection: its tables as QuantEmbeddingBagCollection.from_float
         stores them (`dtype`, or the module's qconfig as quantize_inference_model sets it), its feature processors
         kept (the same module objects; a per-feature dict as one collection)."""
