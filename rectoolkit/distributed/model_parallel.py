@@ -53,6 +53,7 @@ from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbedd
 from rectoolkit.distributed.sharded_ebc import (
     ShardedCollection, ShardedEmbeddingBagCollection, shard_embedding_bag_collection)
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
+from rectoolkit.distributed.sharder_modules import shard_by_their_sharders, sharded_by_their_sharders
 from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.table_sources import wrapped_collections
@@ -71,22 +72,6 @@ Sharded = Union[ShardedEmbeddingBagCollection, ShardedEmbeddingCollection]
 def find_collections(module: nn.Module) -> List[Tuple[str, Collection]]:
     """(path, module) of every embedding collection inside `module` ("" when `module` is one)."""
     return [(path, m) for path, m in module.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
-
-
-def sharded_by_their_sharders(module: nn.Module, sharders: Optional[List[Any]]) -> List[Tuple[str, nn.Module, Any]]:
-    """(path, module, sharder) of every module of `module` (itself included) that holds no float collection but
-    whose exact type one of `sharders` shards (TorchRec's DMP shards whatever its sharders shard: the quantized
-    collections, with the Quant...Sharders, for inference); outermost first, none inside another. Modules that hold
-    float collections (the collections, feature-processed and managed-collision ones) are sharded as below."""
-    floats = (EmbeddingBagCollection, EmbeddingCollection)
-    by_type = {s.module_type: s for s in sharders or [] if isinstance(getattr(s, "module_type", None), type)}
-    found: List[Tuple[str, nn.Module, Any]] = []
-    for path, child in module.named_modules():
-        if type(child) not in by_type or any(isinstance(m, floats) for m in child.modules()):
-            continue
-        if not any(path.startswith(p + ".") or not p for p, _, _ in found):
-            found.append((path, child, by_type[type(child)]))
-    return found
 
 
 def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]] = None) -> ShardingPlan:
@@ -317,19 +302,7 @@ class DistributedModelParallel(nn.Module):
         self.plan: ShardingPlan = plan if plan is not None else make_plan(module, env, sharders)
         if not isinstance(self.plan, ShardingPlan):
             self.plan = ShardingPlan(dict(self.plan))
-        # the modules their own sharders shard (quantized collections for inference): replaced as TorchRec's DMP does
-        for path, child, sharder in by_sharder:
-            module_plan = self.plan.get_plan_for_module(path)
-            if module_plan is None:
-                warnings.warn(f"DistributedModelParallel: the {type(child).__name__} at {path!r} has a sharder but no "
-                              "plan entry; it stays unsharded", stacklevel=2)
-                continue
-            replacement = sharder.shard(child, module_plan, env, env.device, path)
-            if not path:
-                module = replacement
-            else:
-                parent_path, _, name = path.rpartition(".")
-                setattr(module.get_submodule(parent_path) if parent_path else module, name, replacement)
+        module = shard_by_their_sharders(module, by_sharder, self.plan, env)  # quantized collections (inference)
         float_plan = ShardingPlan({path: tables for path, tables in self.plan.plan.items()
                                    if path not in {p for p, _, _ in by_sharder}})
         sharded: Dict[str, Sharded] = {}
