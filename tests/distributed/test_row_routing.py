@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from rectoolkit.distributed import row_wise
+
 from rectoolkit.distributed.feature_shards import FeatureBatch, FeatureShard
 from rectoolkit.distributed.row_wise import bucket_by_rows
 
@@ -20,6 +22,14 @@ def make_batch(seed, features, rows, batch_size, weighted, strides=None):
         weights[f] = torch.rand(int(n.sum()), generator=g) if weighted else None
         starts[f], start = start, start + int(n.sum())
     return FeatureBatch(batch_size, values, lengths, weights, starts, strides)
+
+
+@pytest.fixture(params=["masks", "numbers"], autouse=True)
+def routing(request, monkeypatch):
+    """Both ways of routing: a mask per block (few ids, or a GPU) and numbering each id by its block, then sorting
+    (many ids on CPU: comparisons where a feature's blocks tile its rows, a search otherwise)."""
+    monkeypatch.setattr(row_wise, "_MASKED_IDS", 10 ** 9 if request.param == "masks" else 0)
+    return request.param
 
 
 def reference(batch, shard):
@@ -90,3 +100,65 @@ def test_an_empty_batch_routes_nothing():
     batch = make_batch(2, ["a"], {"a": 5}, 0, True)
     (got,), = bucket_by_rows(batch, [[FeatureShard("t", "a", "a", 0, 0, 0, 2, 0, 4, 5)]])
     assert got.lengths.numel() == 0 and got.ids.numel() == 0 and got.weights.numel() == 0
+
+
+def _random_blocks(g, rows):
+    """Blocks of each feature as a plan may cut them: tiling all rows (2-10 blocks, some empty), leaving gaps, or
+    overlapping (the same rows twice, as two groups of one collection may route them)."""
+    blocks = []
+    for feature, n in rows.items():
+        kind = int(torch.randint(0, 3, (1,), generator=g))
+        cuts = sorted(int(c) for c in torch.randint(0, n + 1, (int(torch.randint(1, 10, (1,), generator=g)),),
+                                                    generator=g))
+        edges = [0, *cuts, n]
+        spans = list(zip(edges, edges[1:]))
+        if kind == 1:  # gaps: every other block left out
+            spans = spans[::2]
+        elif kind == 2:  # overlaps: another cut of the same feature besides
+            spans += [(0, n // 2), (n // 3, n)]
+        blocks += [(feature, start, end) for start, end in spans]
+    return blocks
+
+
+class _Block:
+    def __init__(self, feature, row_start, row_end):
+        self.feature, self.row_start, self.row_end = feature, row_start, row_end
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_cuts_gaps_and_overlaps_route_as_bag_by_bag(seed):
+    from rectoolkit.distributed.row_wise import block_ids
+
+    g = torch.Generator().manual_seed(100 + seed)
+    rows = {f: int(torch.randint(1, 60, (1,), generator=g)) for f in ("a", "b", "c", "d")}
+    strides = {f: int(torch.randint(0, 7, (1,), generator=g)) for f in rows} if seed % 3 == 0 else None
+    batch = make_batch(seed, list(rows), rows, 6, weighted=seed % 2 == 0, strides=strides)
+    if seed % 4 == 1:  # ids outside their table (a collection with ids_out_of_range="unchecked"): routed nowhere
+        batch.values["a"][::3] = rows["a"] + 5
+        batch.values["b"][::4] = -2
+    blocks = _random_blocks(g, rows)
+    positions = seed % 2 == 1
+    got = block_ids(batch, [(f, start, end, positions) for f, start, end in blocks])
+    assert len(got) == len(blocks)
+    for (feature, start, end), routed in zip(blocks, got):
+        lengths, ids, weights, where = reference(batch, _Block(feature, start, end))
+        assert routed.lengths.tolist() == lengths, (feature, start, end)
+        assert routed.ids.tolist() == ids and routed.ids.dtype == torch.int64, (feature, start, end)
+        assert (routed.positions.tolist() == where) if positions else routed.positions is None
+        if batch.weights[feature] is None:
+            assert routed.weights is None
+        else:
+            assert routed.weights.tolist() == pytest.approx(weights)
+
+
+def test_more_blocks_than_a_small_number_can_count_are_routed():
+    from rectoolkit.distributed.row_wise import block_ids
+
+    rows = 2 ** 15 + 3  # one-row blocks: more block numbers than int16 holds
+    batch = make_batch(7, ["a"], {"a": rows}, 40, weighted=False)
+    blocks = [("a", r, r + 1, False) for r in range(rows)]
+    got = block_ids(batch, blocks)
+    ids = batch.values["a"].tolist()
+    for row in {*ids, 0, rows - 1}:
+        assert got[row].ids.tolist() == [0] * ids.count(row)
+        assert int(got[row].lengths.sum()) == ids.count(row)
