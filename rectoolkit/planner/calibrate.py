@@ -410,9 +410,10 @@ def _beside_plans(world_size: int) -> Dict[str, Dict[str, object]]:
             for kind in BESIDE_KINDS}
 
 
-def measure_groups_beside(rank: int, world_size: int, repeats: int) -> Dict[str, float]:
-    """The fastest step (sharded EBC forward + backward + fused SGD) of each of _beside_plans, slowest rank, in ms of
-    wall time, over BESIDE_ROUNDS_PER_REPEAT x `repeats` rounds, all timed interleaved (group_terms_beside). A group's
+def measure_groups_beside(rank: int, world_size: int, repeats: int) -> Dict[str, List[float]]:
+    """The step (sharded EBC forward + backward + fused SGD) of each of _beside_plans, slowest rank, in ms of wall
+    time, in each of BESIDE_ROUNDS_PER_REPEAT x `repeats` rounds, all timed interleaved (group_terms_beside reads the
+    fastest of each; the profile keeps every round). A group's
     collectives synchronize the ranks inside a step of real work, and on the wall clock that costs more than its
     calls' latency alone: on the 2-core CPU machine one 305-row table of dlrm26_100k row-wise instead of table-wise
     made the step 1.18-1.23x (median of 10 rounds), where the tiny steps of measure_fixed_costs priced it 1.08x."""
@@ -438,8 +439,7 @@ def measure_groups_beside(rank: int, world_size: int, repeats: int) -> Dict[str,
         kjt = KeyedJaggedTensor.from_lengths_sync([f"f_{t}" for t in plan], torch.cat(ids).to(_device()),
                                                   torch.cat(lengths).to(_device()))
         calls[name] = _kjt_step(sharded, kjt)
-    times = timed_each(calls, BESIDE_ROUNDS_PER_REPEAT * repeats, clock=time.perf_counter, synced=True)
-    return {key: min(t) for key, t in times.items()}
+    return timed_each(calls, BESIDE_ROUNDS_PER_REPEAT * repeats, clock=time.perf_counter, synced=True)
 
 
 def measure_sharing(rank: int, world_size: int, repeats: int) -> Tuple[List[float], List[float]]:

@@ -302,12 +302,13 @@ def fit_collectives(samples: Mapping[str, Sequence[Tuple[float, float]]]) -> Dic
 def fit_profile(payload: dict, world_size: int, backend: str, compute_device: str, threads: int, repeats: int,
                 seconds: float) -> CalibrationProfile:
     """The CalibrationProfile fitted from one calibration's timings (`payload`: rank 0's collectives, reads, fixed
-    and fixed_median, beside (the plan-sized steps, wall), sharing (the heavy lookup's times alone and together, per
+    and fixed_median, beside (the plan-sized steps, wall, every round), sharing (the heavy lookup's times alone and together, per
     round), load_probe), with a record of the machine and the run (`machine`)."""
     reads = payload["reads"]
     collectives = fit_collectives(payload["collectives"])
     step, shard, group = fixed_terms(payload["fixed"], world_size)
-    group.update(group_terms_beside(payload["beside"], world_size, collectives))
+    beside = {name: min(rounds) for name, rounds in payload["beside"].items()}  # (the fastest round of each)
+    group.update(group_terms_beside(beside, world_size, collectives))
     curve = tuple((size, round(bw, 1)) for size, bw in reads["read_curve"])
     machine = dict(host=platform.node(), processor=platform.processor() or platform.machine(), cores=os.cpu_count(),
                    torch=torch.__version__, device=compute_device, backend=backend, world_size=world_size,
@@ -317,7 +318,8 @@ def fit_profile(payload: dict, world_size: int, backend: str, compute_device: st
                    load_probe=payload.get("load_probe"), cpus=payload.get("cpus"),
                    fixed_plan_step_ms={k: round(v, 4) for k, v in payload["fixed"].items()},
                    fixed_plan_step_ms_median={k: round(v, 4) for k, v in payload["fixed_median"].items()},
-                   beside_step_ms={k: round(v, 4) for k, v in payload["beside"].items()},
+                   beside_step_ms={k: round(v, 4) for k, v in beside.items()},
+                   beside_round_ms={k: [round(ms, 4) for ms in v] for k, v in payload["beside"].items()},
                    sharing_ms={k: [round(ms, 4) for ms in v] for k, v in zip(("alone", "together"), payload["sharing"])},
                    collective_samples={k: [[b, round(ms, 4)] for b, ms in v] for k, v in payload["collectives"].items()})
     terms = lambda values: LookupTerms(*(float(f"{x:.6g}") for x in values))  # noqa: E731

@@ -338,10 +338,12 @@ def test_calibration_measures_every_term(tmp_path):
     assert profile.shard_ms == pytest.approx(shard_terms(fastest, 2, profile)[0], abs=record)
     assert profile.replica_ms == pytest.approx(shard_terms(median, 2, profile)[1], abs=record)
     # the groups other than table-wise from the plan-sized steps on the wall clock, each less its calls' latency
-    beside = profile.machine["beside_step_ms"]
-    assert set(beside) == {f"beside_{kind}" for kind in ("table_wise", "row_wise", "column_wise", "table_row_wise",
-                                                        "data_parallel")}
+    beside, rounds = profile.machine["beside_step_ms"], profile.machine["beside_round_ms"]
+    assert set(beside) == set(rounds) == {f"beside_{kind}" for kind in ("table_wise", "row_wise", "column_wise",
+                                                                       "table_row_wise", "data_parallel")}
     assert all(ms > 0 for ms in beside.values())
+    # every round kept (for refitting a saved profile), the fit read from the fastest of each
+    assert all(len(r) == len(rounds["beside_table_wise"]) >= 4 and min(r) == beside[k] for k, r in rounds.items())
     for kind, ms in group_terms_beside(beside, 2, profile.collectives).items():
         assert profile.group_ms[kind] == pytest.approx(ms, abs=record)
     assert topo.cores_per_host == os.cpu_count()
