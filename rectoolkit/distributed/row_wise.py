@@ -95,8 +95,6 @@ def _masked_block_ids(batch: FeatureBatch, blocks: Sequence[Tuple[str, int, int,
     return [RoutedIds(*parts) for parts in zip(kept.unbind(0), routed_ids, kept_weights, where)]
 
 
-
-
 def _disjoint_layers(blocks: Sequence[Tuple[str, int, int, bool]]) -> List[List[int]]:
     """The blocks' indices in groups whose blocks of one feature do not overlap (one group unless rows repeat),
     each group in order of feature and first row."""
@@ -146,7 +144,7 @@ def _disjoint_block_ids(batch: FeatureBatch, blocks: Sequence[Tuple[str, int, in
     B = lengths.shape[1]
     bag = torch.arange(B, dtype=torch.int32, device=device).repeat(len(features)).repeat_interleave(
         lengths.view(-1), output_size=total)
-    key = number.to(torch.int32).add_(1).mul_(B).add_(bag)  # (block + 1, bag): ids in no block count first
+    key = number.to(torch.int32, copy=True).add_(1).mul_(B).add_(bag)  # (block + 1, bag): ids in no block first
     kept = torch.bincount(key, minlength=(len(blocks) + 1) * B)[B:].view(len(blocks), B)
     where: Sequence[Optional[torch.Tensor]] = [None] * len(blocks)
     if positions:  # where each kept id sits in the collection's values: its place among the features' ids, moved
