@@ -20,9 +20,10 @@ What it does, in order (one plain function each, below):
    replicas, always averaged like DDP's: TorchRec wraps their lookups in DDP). The replicas have the dense kernel:
    their gradients wait in .grad for your dense optimizer, as TorchRec's (rectoolkit.distributed.data_parallel).
 
-`state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a
-collective, every rank calls it); `load_state_dict()` takes such global tensors, each rank copying its slices, so a
-state_dict loads into a DMP of any plan. TorchRec gives a ShardedTensor per table instead (its `.local_shards()`);
+`state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a collective,
+every rank calls it; a rank that calls it alone warns after 10 s and waits, one whose peer has left raises:
+rectoolkit.distributed.state.join_gather); `load_state_dict()` takes such global tensors, each rank copying its
+slices, so a state_dict loads into a DMP of any plan. TorchRec gives a ShardedTensor per table instead (its `.local_shards()`);
 rectoolkit gives the whole table as a plain tensor on every rank.
 
 `named_parameters()`, `bare_named_parameters()`, `named_buffers()` give TorchRec's names: the unsharded model's

@@ -1,7 +1,14 @@
 """Global (unsharded) tensors of a sharded collection: gather a table from its shards, or load one into them.
 
-Both are collectives over the collection's ranks (every rank calls them, in the same order). Gathering
-moves each shard once, from its owner, with broadcasts, so the bits are exactly the shard's bits.
+Gathering is a collective over the collection's ranks (every rank calls it, in the same order); it moves each
+shard once, from its owner, with broadcasts, so the bits are exactly the shard's bits. Loading copies this rank's
+slices and sends nothing.
+
+A collection's state_dict() gathers its tables, so it first meets the other ranks on a gloo group of its own
+(`join_gather`): a rank that calls it alone (TorchRec's state_dict needs no other rank, so ported code may do
+`if rank == 0: torch.save(model.state_dict(), ...)`) warns after WARN_AFTER_S naming what is wrong instead of
+waiting in silence, a rank that left ends it with an error at once, and ranks saving different collections at
+the same time raise before any table moves (their broadcasts would pair up with each other's).
 
     >>> import rectoolkit as rtk
     >>> from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
@@ -15,6 +22,9 @@ moves each shard once, from its owner, with broadcasts, so the bits are exactly 
 
 from __future__ import annotations
 
+import hashlib
+import time
+import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -22,6 +32,10 @@ import torch.distributed as dist
 
 from rectoolkit.modules.mixed_dtypes import table_dtype
 from rectoolkit.plan.types import ShardingType
+
+
+WARN_AFTER_S = 10.0  # a rank that waits this long for the others to start gathering says so
+_GATHER_GROUPS: Dict[object, "dist.ProcessGroup"] = {}  # process group -> the gloo group its gathers meet on
 
 
 def _local_index(collection) -> Dict[Tuple[str, int, int], torch.Tensor]:
@@ -76,3 +90,64 @@ def load_table(collection, table: str, full: torch.Tensor, local: Optional[Dict]
 def collection_state_prefix(collection) -> str:
     """'embedding_bags.' for bag collections, 'embeddings.' for sequence ones (the unsharded modules' names)."""
     return "embedding_bags." if hasattr(collection, "embedding_bag_configs") else "embeddings."
+
+
+def gather_group(env, create: bool = False) -> Optional["dist.ProcessGroup"]:
+    """The gloo group of `env`'s ranks that state_dict() meets on before gathering (one per process group; None
+    for one rank). `create=True` makes it if there is none yet: a collective of the group's ranks, so only where
+    every rank runs it (sharding a collection)."""
+    if env.world_size == 1 or not dist.is_initialized():
+        return None
+    pg = env.pg if env.pg is not None else dist.group.WORLD
+    if pg not in _GATHER_GROUPS and create:
+        _GATHER_GROUPS[pg] = dist.new_group(ranks=dist.get_process_group_ranks(pg), backend="gloo",
+                                            use_local_synchronization=True)
+    return _GATHER_GROUPS.get(pg)
+
+
+def _tables_digest(collection) -> int:
+    """A number every rank computes alike from the collection's tables and their placement."""
+    text = repr([(type(collection).__name__, c.name, c.num_embeddings, c.embedding_dim,
+                  str(collection.module_plan[c.name].sharding_type),
+                  [(s.rank, s.rows, s.columns) for s in collection.module_plan[c.name].shards])
+                 for c in collection.embedding_configs()])
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "little", signed=True)
+
+
+def needs_gather(collection) -> bool:
+    """Whether the collection's state_dict moves anything between ranks (a DATA_PARALLEL table is on every rank)."""
+    return collection.env.world_size > 1 and any(
+        ShardingType.parse(ps.sharding_type) != ShardingType.DATA_PARALLEL for ps in collection.module_plan.values())
+
+
+def join_gather(collection, group: "dist.ProcessGroup", what: str = "state_dict()") -> None:
+    """Wait until every rank of `group` has started gathering the same collection's tables; warn once after
+    WARN_AFTER_S (naming the call and the fix) and keep waiting; raise at once if a rank left (its connection
+    closed) or gathers another collection."""
+    env = collection.env
+    name = f"{type(collection).__name__}.{what} on rank {env.rank}"
+    digest = _tables_digest(collection)
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(every, torch.tensor([digest], dtype=torch.int64), group=group, async_op=True)
+    started, pause, warned = time.monotonic(), 0.0002, False
+    while not work.is_completed():
+        if not warned and time.monotonic() - started > WARN_AFTER_S:
+            warnings.warn(f"{name} has waited {WARN_AFTER_S:.0f} s for the other ranks of its group: it gathers whole "
+                          f"tables from every rank (a collective), so every rank must call it, in the same order. "
+                          f"TorchRec's state_dict() gives each rank's shards and needs no other rank; here call it on "
+                          f"every rank (e.g. before `if rank == 0: torch.save(...)`). Still waiting.",
+                          RuntimeWarning, stacklevel=2)
+            warned = True
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
+    try:
+        work.wait()
+    except RuntimeError as error:
+        raise RuntimeError(f"{name}: another rank of its group left or failed before the tables were gathered "
+                           f"({error}); state_dict() is a collective: every rank must call it") from error
+    others = [rank for rank, value in enumerate(every) if int(value) != digest]
+    if others:
+        raise ValueError(f"{name}: rank(s) {others} are gathering another collection's tables at the same time (their "
+                         f"tables or placement differ): call state_dict() on the same modules, in the same order, "
+                         f"on every rank")
+

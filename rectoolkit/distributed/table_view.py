@@ -38,7 +38,7 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
-from rectoolkit.distributed.state import gather_table, load_table
+from rectoolkit.distributed.state import gather_group, gather_table, join_gather, load_table, needs_gather
 
 
 class ShardedTable(nn.Module):
@@ -86,9 +86,19 @@ def table_view(collection: nn.Module, fused_tables: Sequence[str]) -> nn.ModuleD
     for table, _, weight, _ in collection.local_shards():
         shards.setdefault(table, []).append(weight)
     fused = set(fused_tables)
+    if needs_gather(collection):  # the group state_dict() meets on (every rank shards the collection: made here)
+        gather_group(collection.env, create=True)
+        collection.register_state_dict_pre_hook(_join_before_gather)
     return nn.ModuleDict({config.name: ShardedTable(collection, config.name, shards.get(config.name, []),
                                                     config.name in fused)
                           for config in collection.embedding_configs()})
+
+
+def _join_before_gather(collection: nn.Module, prefix: str, keep_vars: bool) -> None:
+    """state_dict pre-hook: meet the other ranks before the tables are gathered (state.join_gather)."""
+    group = gather_group(collection.env)
+    if group is not None and not collection.__dict__.get("_skip_table_state", False):
+        join_gather(collection, group)
 
 
 class table_state_skipped:

@@ -1,0 +1,115 @@
+"""state_dict() of a sharded collection gathers whole tables, a collective: what happens when the ranks do not all
+call it alike (2 gloo ranks).
+
+TorchRec's state_dict() needs no other rank, so ported code may call it on rank 0 alone; here that used to wait in
+silence (or, with the other rank in a barrier, pair the table broadcasts with the barrier). Now the ranks meet first
+(rectoolkit.distributed.state.join_gather): a rank waiting alone warns, a rank that left ends the wait with an error,
+and ranks saving different collections raise before any table moves.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import rectoolkit as rtk
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, shard_embedding_bag_collection
+from rectoolkit.distributed import state
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dist_harness import data_parallel, row_wise, run_workers, table_wise  # noqa: E402
+
+
+def _tables(prefix: str = "t"):
+    return [rtk.EmbeddingBagConfig(name=f"{prefix}{i}", num_embeddings=20 + 5 * i, embedding_dim=4,
+                                   feature_names=[f"{prefix}f{i}"]) for i in range(2)]
+
+
+def _collection(prefix: str = "t"):
+    torch.manual_seed(0)  # the same weights on every rank
+    return rtk.EmbeddingBagCollection(_tables(prefix))
+
+
+def _late_worker(rank: int, world_size: int) -> None:
+    state.WARN_AFTER_S = 0.2 if rank == 0 else 5.0
+    model = _collection()
+    expected = {f"embedding_bags.{name}.weight": bag.weight.detach().clone()
+                for name, bag in model.embedding_bags.items()}
+    plan = rtk.ShardingPlan({"": {"t0": table_wise(1, 20, 4), "t1": row_wise([0, 1], 25, 4)}})
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(), plan=plan)
+    if rank == 1:
+        time.sleep(3.0)  # rank 0 starts state_dict() alone and waits for this rank
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = dmp.state_dict()
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    if rank == 0:
+        assert len(said) == 1, said
+        assert "rank 0 has waited" in said[0] and "every rank must call it" in said[0], said[0]
+    else:
+        assert said == [], said  # it came last: nobody to wait for (the gather takes milliseconds, not 5 s)
+    assert sorted(got) == sorted(expected)
+    for key, tensor in expected.items():
+        assert torch.equal(got[key], tensor), key
+
+
+def test_a_rank_that_calls_state_dict_alone_warns_and_still_gets_the_tables_when_the_other_comes():
+    run_workers(_late_worker, 2)
+
+
+def _left_worker(rank: int, world_size: int) -> None:
+    sharded = shard_embedding_bag_collection(
+        _collection(), {"t0": table_wise(0, 20, 4), "t1": table_wise(1, 25, 4)}, ShardingEnv.from_process_group())
+    dist.barrier()  # both have built the collection (and its gather group: leaving sooner breaks that instead)
+    if rank == 1:  # leaves without saving (a script whose rank 0 alone saves, then ends)
+        dist.destroy_process_group()
+        os._exit(0)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 0: another rank of its group left or failed .*every rank must call"):
+        sharded.state_dict()
+    assert time.monotonic() - started < 30.0  # the closed connection ends it (the group's timeout is 60 s)
+    del sharded
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_state_dict_on_one_rank_after_the_other_left_raises_at_once():
+    run_workers(_left_worker, 2)
+
+
+def _different_worker(rank: int, world_size: int) -> None:
+    env = ShardingEnv.from_process_group()
+    first = shard_embedding_bag_collection(_collection("a"), {"a0": table_wise(0, 20, 4), "a1": table_wise(1, 25, 4)}, env)
+    second = shard_embedding_bag_collection(_collection("b"), {"b0": table_wise(1, 20, 4), "b1": table_wise(0, 25, 4)}, env)
+    mine = first if rank == 0 else second
+    other = 1 - rank
+    with pytest.raises(ValueError, match=rf"on rank {rank}: rank\(s\) \[{other}\] are gathering another collection"):
+        mine.state_dict()
+    # nothing moved and nothing is left half done: both collections still save when the ranks agree
+    assert torch.equal(first.state_dict()["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
+    assert torch.equal(second.state_dict()["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
+
+
+def test_ranks_saving_different_collections_at_once_raise_before_any_table_moves():
+    run_workers(_different_worker, 2)
+
+
+def _replicated_worker(rank: int, world_size: int) -> None:
+    state.WARN_AFTER_S = 0.1
+    sharded = shard_embedding_bag_collection(
+        _collection(), {"t0": data_parallel(2, 20, 4), "t1": data_parallel(2, 25, 4)}, ShardingEnv.from_process_group())
+    if rank == 0:  # every table is on every rank: nothing to gather, so rank 0 alone needs nobody
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = sharded.state_dict()
+        assert torch.equal(got["embedding_bags.t1.weight"], _collection().embedding_bags["t1"].weight)
+
+
+def test_a_collection_of_replicas_saves_on_one_rank_without_waiting():
+    run_workers(_replicated_worker, 2)
