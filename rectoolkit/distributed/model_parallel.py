@@ -93,7 +93,7 @@ def make_plan(module: nn.Module, env: ShardingEnv, sharders: Optional[List[Any]]
         plan = EmbeddingShardingPlanner(topology=topology, constraints=row_wise_only or None).plan(module, sharders)
     if env.world_size > 1 and (env.pg is not None or dist.is_initialized()):  # (ranks held in one process: one plan)
         box = [plan]
-        dist.broadcast_object_list(box, src=0, group=env.pg)
+        dist.broadcast_object_list(box, group=env.pg, group_src=0)  # (rank 0 of env.pg)
         plan = box[0]
     return plan
 

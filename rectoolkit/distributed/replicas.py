@@ -41,7 +41,7 @@ def make_replicas(spec: ShardingGroupSpec) -> nn.ParameterDict:
             else:
                 table.init_fn(param)
                 if spec.env.world_size > 1:  # replicas must start equal
-                    dist.broadcast(param.data, src=0, group=spec.env.pg)
+                    dist.broadcast(param.data, group=spec.env.pg, group_src=0)  # (rank 0 of the group)
             replicas[table.name] = param
     return replicas
 

@@ -35,7 +35,7 @@ from rectoolkit.plan.types import ShardingType
 
 
 WARN_AFTER_S = 10.0  # a rank that waits this long for the others to start gathering says so
-_GATHER_GROUPS: Dict[object, "dist.ProcessGroup"] = {}  # process group -> the gloo group its gathers meet on
+_GATHER_GROUPS: Dict[Tuple[object, Tuple[int, ...]], "dist.ProcessGroup"] = {}  # (world, ranks) -> gloo group
 
 
 def _local_index(collection) -> Dict[Tuple[str, int, int], torch.Tensor]:
@@ -69,7 +69,7 @@ def gather_table(collection, table: str, local: Optional[Dict] = None) -> torch.
         else:
             buffer = torch.empty(r1 - r0, c1 - c0, dtype=full.dtype, device=env.device)
         if env.world_size > 1:
-            dist.broadcast(buffer, src=shard.rank, group=env.pg)
+            dist.broadcast(buffer, group=env.pg, group_src=shard.rank)  # (a rank of env.pg)
         full[r0:r1, c0:c1] = buffer
     return full
 
@@ -93,16 +93,18 @@ def collection_state_prefix(collection) -> str:
 
 
 def gather_group(env, create: bool = False) -> Optional["dist.ProcessGroup"]:
-    """The gloo group of `env`'s ranks that state_dict() meets on before gathering (one per process group; None
-    for one rank). `create=True` makes it if there is none yet: a collective of the group's ranks, so only where
-    every rank runs it (sharding a collection)."""
+    """The gloo group of `env`'s ranks that state_dict() meets on before gathering (one per set of ranks; None for
+    one rank). `create=True` makes it if there is none yet: a collective of those ranks (of every rank when they
+    are the whole world), so only where they all run it (sharding a collection)."""
     if env.world_size == 1 or not dist.is_initialized():
         return None
-    pg = env.pg if env.pg is not None else dist.group.WORLD
-    if pg not in _GATHER_GROUPS and create:
-        _GATHER_GROUPS[pg] = dist.new_group(ranks=dist.get_process_group_ranks(pg), backend="gloo",
-                                            use_local_synchronization=True)
-    return _GATHER_GROUPS.get(pg)
+    ranks = tuple(dist.get_process_group_ranks(env.pg if env.pg is not None else dist.group.WORLD))
+    key = (dist.group.WORLD, ranks)  # (a world destroyed and made again has a WORLD of its own)
+    if key not in _GATHER_GROUPS and create:
+        # a group of part of the world is made by its own ranks alone (use_local_synchronization), named after them
+        _GATHER_GROUPS[key] = dist.new_group(ranks=list(ranks), backend="gloo",
+                                             use_local_synchronization=len(ranks) < dist.get_world_size())
+    return _GATHER_GROUPS.get(key)
 
 
 def _tables_digest(collection) -> int:
