@@ -118,8 +118,20 @@ def equivalence_worker(rank: int, W: int, cases: List[tuple], result_file: str, 
                 f.write(json.dumps(r) + "\n")
 
 
-def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.device("cpu")) -> dict:
-    env = ShardingEnv.from_process_group(local_world_size=L, device=device) if dist.is_initialized() \
+def subgroup_equivalence_worker(rank: int, W: int, cases: List[tuple], result_file: str) -> None:
+    """The world split into groups of 2 ranks (every rank makes every group); each group runs equivalence_worker's
+    checks as a world of 2 on its own process group, at once with the others. Each group's first rank writes."""
+    groups = [dist.new_group([first, first + 1]) for first in range(0, W, 2)]
+    results = [_check(rank % 2, 2, L, case, collection, "adagrad" if collection == "ec" else None, False,
+                      pg=groups[rank // 2]) for case, L in cases for collection in ("ebc", "ec")]
+    if rank % 2 == 0:
+        with open(result_file, "a") as f:
+            for r in results:
+                f.write(json.dumps({**r, "group": rank // 2}) + "\n")
+
+
+def _check(rank, W, L, case, collection, optimizer, weighted, device=torch.device("cpu"), pg=None) -> dict:
+    env = ShardingEnv.from_process_group(pg, local_world_size=L, device=device) if dist.is_initialized() \
         else ShardingEnv.local(device)
     tables = bag_tables() if collection == "ebc" else seq_tables()
     features = {f: t.num_embeddings for t in tables for f in t.feature_names}

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from dist_harness import run_workers
-from dist_workers import equivalence_worker
+from dist_workers import equivalence_worker, subgroup_equivalence_worker
 
 ALL_TYPES = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "grid_shard",
              "table_column_wise"]
@@ -50,6 +50,20 @@ def test_four_ranks_two_hosts(tmp_path):
     (column blocks on one host), RW and DP."""
     rows = _run(tmp_path, 4, [("mixed_b", 2), ("mixed_c", 2)])
     assert all(r["world_size"] == 4 for r in rows)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_groups_of_two_ranks_each_on_its_own_process_group(tmp_path):
+    """4 ranks as two worlds of 2 (TorchRec's 2D parallel shards each replica group on a group of its own): every
+    type on groups whose ranks are not the global ones (the second group is global ranks 2 and 3)."""
+    result_file = os.path.join(tmp_path, "results.jsonl")
+    cases = [("mixed_a", 2), ("mixed_b", 1)]
+    run_workers(subgroup_equivalence_worker, 4, cases, result_file)
+    rows = [json.loads(line) for line in open(result_file)]
+    assert sorted((r["group"], r["case"], r["collection"]) for r in rows) == sorted(
+        (group, case, collection) for group in (0, 1) for case, _ in cases for collection in ("ebc", "ec"))
+    assert all(r["max_output_diff"] <= 1e-5 and r["max_grad_or_weight_diff"] <= 1e-5 for r in rows), rows
 
 
 @pytest.mark.timeout(60)
