@@ -5,7 +5,8 @@ shard once, from its owner, with broadcasts, so the bits are exactly the shard's
 slices and sends nothing.
 
 A collection's state_dict() gathers its tables, so it first meets the other ranks on a gloo group of its own
-(`join_gather`): a rank that calls it alone (TorchRec's state_dict needs no other rank, so ported code may do
+(`join_gather`; a collection on every rank of the world, the usual case; one on a group of part of the world
+gathers straight away): a rank that calls it alone (TorchRec's state_dict needs no other rank, so ported code may do
 `if rank == 0: torch.save(model.state_dict(), ...)`) warns after WARN_AFTER_S naming what is wrong instead of
 waiting in silence, a rank that left ends it with an error at once, and ranks saving different collections at
 the same time raise before any table moves (their broadcasts would pair up with each other's).
@@ -35,7 +36,7 @@ from rectoolkit.plan.types import ShardingType
 
 
 WARN_AFTER_S = 10.0  # a rank that waits this long for the others to start gathering says so
-_GATHER_GROUPS: Dict[Tuple[object, Tuple[int, ...]], "dist.ProcessGroup"] = {}  # (world, ranks) -> gloo group
+_GATHER_GROUPS: Dict[object, "dist.ProcessGroup"] = {}  # the world (its WORLD group) -> its gloo gather group
 
 
 def _local_index(collection) -> Dict[Tuple[str, int, int], torch.Tensor]:
@@ -93,18 +94,17 @@ def collection_state_prefix(collection) -> str:
 
 
 def gather_group(env, create: bool = False) -> Optional["dist.ProcessGroup"]:
-    """The gloo group of `env`'s ranks that state_dict() meets on before gathering (one per set of ranks; None for
-    one rank). `create=True` makes it if there is none yet: a collective of those ranks (of every rank when they
-    are the whole world), so only where they all run it (sharding a collection)."""
-    if env.world_size == 1 or not dist.is_initialized():
+    """The gloo group of every rank that state_dict() meets on before gathering (None for one rank, and for a
+    collection on a group of part of the world: torch names a group made by part of the world after its ranks, one
+    such group per set of ranks, which the group's own code may need; those gather without meeting first).
+    `create=True` makes it if there is none yet: a collective of every rank, so only where they all run it (sharding
+    a collection)."""
+    if env.world_size == 1 or not dist.is_initialized() or env.world_size != dist.get_world_size():
         return None
-    ranks = tuple(dist.get_process_group_ranks(env.pg if env.pg is not None else dist.group.WORLD))
-    key = (dist.group.WORLD, ranks)  # (a world destroyed and made again has a WORLD of its own)
-    if key not in _GATHER_GROUPS and create:
-        # a group of part of the world is made by its own ranks alone (use_local_synchronization), named after them
-        _GATHER_GROUPS[key] = dist.new_group(ranks=list(ranks), backend="gloo",
-                                             use_local_synchronization=len(ranks) < dist.get_world_size())
-    return _GATHER_GROUPS.get(key)
+    world = dist.group.WORLD  # (a world destroyed and made again has a WORLD of its own)
+    if world not in _GATHER_GROUPS and create:
+        _GATHER_GROUPS[world] = dist.new_group(backend="gloo")
+    return _GATHER_GROUPS.get(world)
 
 
 def _tables_digest(collection) -> int:

@@ -116,21 +116,14 @@ def test_a_collection_of_replicas_saves_on_one_rank_without_waiting():
 
 
 def _subgroup_worker(rank: int, world_size: int) -> None:
-    state.WARN_AFTER_S = 0.2
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # (every rank makes every group)
     again = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # other groups of the same ranks
-    local = rank % 2
     first = shard_embedding_bag_collection(_collection("a"), {"a0": table_wise(0, 20, 4), "a1": row_wise([0, 1], 25, 4)},
                                            ShardingEnv.from_process_group(pairs[rank // 2]))
     second = shard_embedding_bag_collection(_collection("b"), {"b0": table_wise(1, 20, 4), "b1": table_wise(0, 25, 4)},
                                             ShardingEnv.from_process_group(again[rank // 2]))
-    if local == 1:
-        time.sleep(1.5)  # the pair's other rank waits for this one alone, not for the other pair
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = first.state_dict()
-    assert [issubclass(w.category, RuntimeWarning) for w in caught] == ([True] if local == 0 else [])
-    assert torch.equal(got["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
+    assert state.gather_group(first.env) is None  # a group of part of the world gathers without meeting first
+    assert torch.equal(first.state_dict()["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
     assert torch.equal(second.state_dict()["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
     # a DMP on the pair plans on the pair's first rank and shares it; tables made on meta start from their init_fn,
     # replicas broadcast from the pair's first rank: every table is the same on both ranks of the pair
@@ -145,5 +138,5 @@ def _subgroup_worker(rank: int, world_size: int) -> None:
         assert torch.equal(both[0][key], both[1][key]) and bool(both[0][key].abs().sum() > 0), key
 
 
-def test_collections_on_groups_of_part_of_the_world_meet_their_own_ranks_only():
+def test_collections_on_groups_of_part_of_the_world_gather_from_their_own_ranks():
     run_workers(_subgroup_worker, 4)
