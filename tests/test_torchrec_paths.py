@@ -121,6 +121,7 @@ PATHS = {
     "optim.rowwise_adagrad": ["RowWiseAdagrad"],
     "streamable": ["Pipelineable", "Multistreamable"],
     "quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
+    "inference.model_packager": ["PredictFactoryPackager", "load_pickle_config", "load_config_text"],
     "inference.modules": ["quantize_inference_model", "shard_quant_model", "quantize_embeddings", "quantize_feature",
                           "quantize_dense", "trim_torch_package_prefix_from_typename", "DEFAULT_QUANT_MAPPING"],
     "metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key",
