@@ -188,8 +188,9 @@ def _kernels_for(sharding_type: ShardingType, table: PlannerTable, topology: Top
         supported = [EmbeddingComputeKernel.QUANT]  # the kernel rectoolkit.quant's sharded collections run
     elif sharding_type == ShardingType.DATA_PARALLEL:
         supported = [EmbeddingComputeKernel.DENSE]
-    elif wanted is not None:
-        supported = [k for k in KERNEL_SPEED_ORDER]  # explicit requests may use any training kernel
+    elif wanted is not None:  # explicit requests may use any training kernel but "dense", which is DATA_PARALLEL's
+        # (TorchRec's sharders offer it there only, so compute_kernels=["dense"] makes a table data-parallel)
+        supported = [k for k in KERNEL_SPEED_ORDER if k != EmbeddingComputeKernel.DENSE]
     else:
         supported = list(CUDA_KERNELS if topology.uses_hbm else CPU_KERNELS)
     if wanted is None:

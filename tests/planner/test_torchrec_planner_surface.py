@@ -78,6 +78,24 @@ def test_default_sharders_plan_a_float_collection_with_fused_kernels():
     assert theirs == {"t0": ("row_wise", "fused", [0, 1]), "t1": ("column_wise", "fused", [0, 1])}
 
 
+@pytest.mark.torchrec
+def test_a_dense_kernel_constraint_makes_the_table_data_parallel_as_in_torchrec():
+    """TorchRec's golden data-parallel example forces a table data-parallel with compute_kernels=["dense"] (its
+    sharders offer "dense" for DATA_PARALLEL only); asked for table-wise as well, no option is left in either."""
+    wanted = {"t0": dict(compute_kernels=["dense"]), "t1": dict(compute_kernels=["fused"])}
+    theirs = _plan("torchrec", hbm_cap=10 ** 9, constraints=wanted)
+    ours = _plan("rectoolkit", hbm_cap=10 ** 9, constraints=wanted)
+    assert ours["t0"] == theirs["t0"] == ("data_parallel", "dense", [0, 1])
+    assert ours["t1"][1] == theirs["t1"][1] == "fused"
+    clash = {"t0": dict(compute_kernels=["dense"], sharding_types=["table_wise"]), "t1": {}}
+    with pytest.raises(RuntimeError, match="No available sharding type and compute kernel combination"):
+        _plan("torchrec", hbm_cap=10 ** 9, constraints=clash)
+    with pytest.raises(PlannerError, match="constraints leave no sharding option for table 't0'"):
+        EmbeddingShardingPlanner(Topology(world_size=2), constraints={
+            "t0": ParameterConstraints(**clash["t0"])}).plan([rtk.EmbeddingBagConfig(
+                name="t0", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["f0"])])
+
+
 def test_reservation_percentage_is_checked_and_the_planner_refuses_torchrecs_own():
     with pytest.raises(ValueError, match="percentage=1.5"):
         ours.HeuristicalStorageReservation(1.5)

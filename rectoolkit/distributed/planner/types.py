@@ -3,11 +3,14 @@ input types. The planner itself is rectoolkit.planner; TorchRec's other names he
 Enumerator / Proposer / Partitioner interfaces, ...) describe parts of TorchRec's planner that rectoolkit's does not
 have (docs/cost_model.md)."""
 
+from rectoolkit.distributed.types import ModuleSharder, ShardingPlan, StorageUsageType
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import BoundsCheckMode, CacheParams
 from rectoolkit.planner import ParameterConstraints, PlannerError, Topology
 from rectoolkit.planner.hardware import DeviceHardware, Perf, Storage
 from rectoolkit.planner.planner import PlannerErrorType
 
-__all__ = ["BoundsCheckMode", "CacheParams", "DataType", "DeviceHardware", "ParameterConstraints", "Perf", "PlannerError",
-           "PlannerErrorType", "Storage", "Topology"]
+# (TorchRec's module imports ModuleSharder, ShardingPlan and StorageUsageType from torchrec.distributed.types, and
+# code imports them from here: `from torchrec.distributed.planner.types import ParameterConstraints, ShardingPlan`)
+__all__ = ["BoundsCheckMode", "CacheParams", "DataType", "DeviceHardware", "ModuleSharder", "ParameterConstraints", "Perf",
+           "PlannerError", "PlannerErrorType", "ShardingPlan", "Storage", "StorageUsageType", "Topology"]
