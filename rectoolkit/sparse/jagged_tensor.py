@@ -218,30 +218,58 @@ class JaggedTensor:
         lengths = self.lengths().tolist()
         return list(torch.split(self._weights[:sum(lengths)], lengths))
 
-    def _padded(self, source: torch.Tensor, desired_length: Optional[int], padding_value: float) -> torch.Tensor:
+    def _padded(self, source: torch.Tensor, desired_length: Optional[int], padding_value: float,
+                pad_from_beginning: bool = False, chop_from_beginning: bool = False) -> torch.Tensor:
         lengths = self.lengths()
         if desired_length is None:
             desired_length = int(lengths.max()) if lengths.numel() > 0 else 0
-        return jagged_to_padded_dense(source, self.offsets(), lengths, desired_length, padding_value)
+        if not pad_from_beginning and not chop_from_beginning:  # (TorchRec 1.8's only way)
+            return jagged_to_padded_dense(source, self.offsets(), lengths, desired_length, padding_value)
+        lengths = lengths.to(torch.long)
+        kept = lengths.clamp(max=desired_length)  # values of each row that show
+        first = self.offsets()[:-1].to(torch.long) + (lengths - kept if chop_from_beginning else 0)
+        column0 = desired_length - kept if pad_from_beginning else torch.zeros_like(kept)  # where they start
+        columns = torch.arange(desired_length, device=source.device)
+        inside = (columns >= column0[:, None]) & (columns < (column0 + kept)[:, None])
+        shape = (lengths.numel(), desired_length, *source.shape[1:])
+        if source.shape[0] == 0:
+            return torch.full(shape, padding_value, dtype=source.dtype, device=source.device)
+        index = (first[:, None] + columns - column0[:, None]).clamp(0, source.shape[0] - 1)
+        taken = source[index]
+        inside = inside.view(*inside.shape, *([1] * (source.dim() - 1)))
+        return torch.where(inside, taken, torch.full_like(taken, padding_value))
 
-    def to_padded_dense(self, desired_length: Optional[int] = None, padding_value: float = 0.0) -> torch.Tensor:
+    def to_padded_dense(self, desired_length: Optional[int] = None, padding_value: float = 0.0,
+                        pad_from_beginning: bool = False, chop_from_beginning: bool = False) -> torch.Tensor:
         """A [B, N] tensor, N = desired_length or the longest sample; short rows padded, long rows cut.
+
+        As TorchRec 1.8's by default: values from the left, padding after them, long rows keep their first N values.
+        `pad_from_beginning` / `chop_from_beginning` (later TorchRec's options, whose defaults are True there): the
+        padding goes before the values / long rows keep their last N values.
 
         >>> jt = JaggedTensor(values=torch.tensor([1., 2., 3.]), lengths=torch.tensor([2, 0, 1]))
         >>> jt.to_padded_dense(desired_length=1, padding_value=9.0)
         tensor([[1.],
                 [9.],
                 [3.]])
+        >>> jt.to_padded_dense(desired_length=3, pad_from_beginning=True)
+        tensor([[0., 1., 2.],
+                [0., 0., 0.],
+                [0., 0., 3.]])
+        >>> jt.to_padded_dense(desired_length=1, chop_from_beginning=True)
+        tensor([[2.],
+                [0.],
+                [3.]])
         """
-        return self._padded(self._values, desired_length, padding_value)
+        return self._padded(self._values, desired_length, padding_value, pad_from_beginning, chop_from_beginning)
 
-    def to_padded_dense_weights(
-        self, desired_length: Optional[int] = None, padding_value: float = 0.0
-    ) -> Optional[torch.Tensor]:
+    def to_padded_dense_weights(self, desired_length: Optional[int] = None, padding_value: float = 0.0,
+                                pad_from_beginning: bool = False,
+                                chop_from_beginning: bool = False) -> Optional[torch.Tensor]:
         """Like to_padded_dense, for the weights; None if unweighted."""
         if self._weights is None:
             return None
-        return self._padded(self._weights, desired_length, padding_value)
+        return self._padded(self._weights, desired_length, padding_value, pad_from_beginning, chop_from_beginning)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "JaggedTensor":
         def move(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

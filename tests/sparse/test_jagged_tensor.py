@@ -100,3 +100,46 @@ def test_validation_can_be_switched_off():
         JaggedTensor(**bad)
     with pytest.raises(ValueError):
         JaggedTensor(**bad)
+
+
+# ------------------------------------------------------------------ to_padded_dense: later TorchRec's padding options
+PADDED_ROWS = [[1.0, 2.0], [], [3.0], [4.0], [5.0], [6.0, 7.0, 8.0]]
+
+
+def _rows_jt(weights=False):
+    values = torch.tensor([v for row in PADDED_ROWS for v in row])
+    return JaggedTensor(values=values, lengths=torch.tensor([len(row) for row in PADDED_ROWS]),
+                        weights=values * 10 if weights else None)
+
+
+@pytest.mark.parametrize("pad_from_beginning, chop_from_beginning, expected", [
+    (False, False, [[1, 2], [10, 10], [3, 10], [4, 10], [5, 10], [6, 7]]),  # TorchRec 1.8's (the default)
+    (True, True, [[1, 2], [10, 10], [10, 3], [10, 4], [10, 5], [7, 8]]),  # later TorchRec's default
+    (False, True, [[1, 2], [10, 10], [3, 10], [4, 10], [5, 10], [7, 8]]),
+    (True, False, [[1, 2], [10, 10], [10, 3], [10, 4], [10, 5], [6, 7]]),
+])
+def test_to_padded_dense_pads_before_or_after_and_keeps_the_first_or_last_values(
+        pad_from_beginning, chop_from_beginning, expected):
+    jt = _rows_jt(weights=True)
+    got = jt.to_padded_dense(desired_length=2, padding_value=10.0, pad_from_beginning=pad_from_beginning,
+                             chop_from_beginning=chop_from_beginning)
+    assert got.tolist() == expected
+    weights = jt.to_padded_dense_weights(desired_length=2, padding_value=1.0, pad_from_beginning=pad_from_beginning,
+                                         chop_from_beginning=chop_from_beginning)
+    assert weights.tolist() == [[1.0 if v == 10 else 10.0 * v for v in row] for row in expected]
+
+
+def test_to_padded_dense_from_the_beginning_longer_rows_2d_values_gradients_and_no_values():
+    jt = _rows_jt()
+    assert jt.to_padded_dense(pad_from_beginning=True).tolist() == [
+        [0, 1, 2], [0, 0, 0], [0, 0, 3], [0, 0, 4], [0, 0, 5], [6, 7, 8]]  # N = the longest row
+    values = torch.arange(12.0).view(6, 2).requires_grad_()  # [ids, 2]: rows of 2 numbers
+    padded = JaggedTensor(values=values, lengths=torch.tensor([1, 0, 3, 2])).to_padded_dense(
+        desired_length=2, padding_value=-1.0, pad_from_beginning=True, chop_from_beginning=True)
+    assert padded.shape == (4, 2, 2)
+    assert padded.tolist() == [[[-1, -1], [0, 1]], [[-1, -1], [-1, -1]], [[4, 5], [6, 7]], [[8, 9], [10, 11]]]
+    padded.sum().backward()
+    assert values.grad[:, 0].tolist() == [1, 0, 1, 1, 1, 1]  # the chopped value (row 2's first) gets no gradient
+    empty = JaggedTensor(values=torch.zeros(0), lengths=torch.tensor([0, 0]))
+    assert empty.to_padded_dense(desired_length=2, padding_value=5.0, pad_from_beginning=True).tolist() == [[5, 5],
+                                                                                                          [5, 5]]
