@@ -76,11 +76,11 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
         if env.world_size == 1 or not dense:
             return
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(ignore))
-        dense_group = dist.new_group(ranks=list(range(env.world_size)), backend=dist.get_backend(env.pg))
+        group = dense_group(env)
         options = dict(gradient_as_bucket_view=True, broadcast_buffers=False, static_graph=self._static_graph,
                        find_unused_parameters=self._find_unused_parameters, bucket_cap_mb=self._bucket_cap_mb)
         ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
-                                      process_group=dense_group, **{**options, **self._ddp_kwargs})
+                                      process_group=group, **{**options, **self._ddp_kwargs})
         if self._allreduce_comm_precision is not None:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -88,6 +88,23 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
                 else default_hooks.bf16_compress_hook
             ddp.register_comm_hook(None, hook)
         dmp._dmp_wrapped_module = ddp
+
+
+_PART_GROUPS: Dict[Any, dist.ProcessGroup] = {}  # (world, ranks) -> the dense group of a part of the world
+
+
+def dense_group(env: ShardingEnv) -> dist.ProcessGroup:
+    """The process group the dense part's all-reduces run on: a new group of env's ranks, so that they never queue
+    among the embedding collectives on env.pg. Made by every rank of the world when env's ranks are the whole world;
+    a group of part of the world is made by its own ranks alone (the groups of a 2D layout make theirs at once),
+    which torch allows once per set of ranks (it names the group after them): every DMP on those ranks shares it."""
+    ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(dist.get_world_size()))
+    if len(ranks) == dist.get_world_size():
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg))
+    key = (dist.group.WORLD, tuple(ranks), dist.get_backend(env.pg))
+    if key not in _PART_GROUPS:
+        _PART_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg), use_local_synchronization=True)
+    return _PART_GROUPS[key]
 
 
 def sharded_state_names(module: nn.Module, sharded: Iterable[nn.Module], extra: Iterable[str] = ()) -> List[str]:

@@ -520,6 +520,12 @@ def _ahead_env(env: Any) -> Any:
     if env.world_size == 1:
         return env
     ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(env.world_size))
+    if len(ranks) < dist.get_world_size():
+        raise NotImplementedError(
+            f"TrainPipelineSparseDist on a process group of part of the world (ranks {ranks} of "
+            f"{dist.get_world_size()}): its input_dists ahead need a group of their own, which those ranks alone would "
+            "have to make, and torch allows that once per set of ranks (DistributedModelParallel's dense part takes "
+            "it); train on the whole world, or without the pipeline (TrainPipelineBase or a plain loop)")
     return env.with_group(dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg)))
 
 
