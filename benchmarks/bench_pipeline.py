@@ -141,7 +141,7 @@ def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, 
     workload = Workload(**workload)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=300))
-    from rectoolkit.distributed import TrainPipelineSparseDist
+    from rectoolkit.distributed import TrainPipelineSparseDist, full_state_dict
 
     total = WARMUP + rounds * steps
     batches = make_batches(workload, total + 2, rank)
@@ -214,14 +214,14 @@ def worker(rank: int, world_size: int, init_file: str, rounds: int, steps: int, 
             results[name + "_cpu"].append(cpu)
             results[name + "_input_wait"].append(input_wait)
             results[name + "_other_wait"].append(other_wait)
-    plain_state, identical = plain_dmp.state_dict(), True
+    plain_state, identical = full_state_dict(plain_dmp), True
     for pipeline, feed, dmp in pipelines:
         try:  # a pipeline trains on the batch it holds last: run it out so every DMP saw every batch
             while True:
                 pipeline.progress(feed)
         except StopIteration:
             pass
-        state = dmp.state_dict()
+        state = full_state_dict(dmp)
         identical = identical and all(torch.equal(v, state[k]) for k, v in plain_state.items())
     if rank == 0:
         torch.save({**results, "identical": identical, "steps_trained": total}, out_file)

@@ -90,7 +90,7 @@ def dense_state(model) -> Dict[str, torch.Tensor]:
     if "" in model.sharded_modules:
         return {}
     prefixes = tuple(p + "." for p in model.sharded_modules)
-    with table_state_skipped(model.sharded_modules.values()):  # (their whole tables would be a collective)
+    with table_state_skipped(model.sharded_modules.values()):  # (their shards are saved per rank, not here)
         state = model.module.state_dict()
     return {k: v.detach().cpu().clone() for k, v in state.items() if not k.startswith(prefixes)}
 

@@ -20,11 +20,13 @@ What it does, in order (one plain function each, below):
    replicas, always averaged like DDP's: TorchRec wraps their lookups in DDP). The replicas have the dense kernel:
    their gradients wait in .grad for your dense optimizer, as TorchRec's (rectoolkit.distributed.data_parallel).
 
-`state_dict()` gives the unsharded model's names and shapes (tables gathered from their shards: a collective,
-every rank calls it; a rank that calls it alone warns after 10 s and waits, one whose peer has left raises:
-rectoolkit.distributed.state.join_gather); `load_state_dict()` takes such global tensors, each rank copying its
-slices, so a state_dict loads into a DMP of any plan. TorchRec gives a ShardedTensor per table instead (its `.local_shards()`);
-rectoolkit gives the whole table as a plain tensor on every rank.
+`state_dict()` gives the unsharded model's names, as TorchRec's: each sharded table as a torch ShardedTensor (this
+rank's shards as its `.local_shards()`, every rank's in its `.metadata()`; no communication, so one rank may call it
+alone, and torch.distributed.checkpoint saves and reshards it), a DATA_PARALLEL table as its replica.
+`rectoolkit.distributed.full_state_dict(model)` gives whole tables instead (a collective: every rank calls it; a
+rank that calls it alone warns after 10 s and waits, one whose peer has left raises: rectoolkit.distributed.state).
+`load_state_dict()` takes either: whole tensors, each rank copying its slices (so the state of a DMP of another plan
+loads too), or ShardedTensors saved under the same plan.
 
 `named_parameters()`, `bare_named_parameters()`, `named_buffers()` give TorchRec's names: the unsharded model's
 ("ebc.embedding_bags.t0.weight" for this rank's shard of t0), without the DDP wrapper's "module." prefix.
@@ -55,7 +57,7 @@ from rectoolkit.distributed.sharded_ebc import (
     ShardedCollection, ShardedEmbeddingBagCollection, shard_embedding_bag_collection)
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.sharder_modules import shard_by_their_sharders, sharded_by_their_sharders
-from rectoolkit.distributed.state import collection_state_prefix, gather_table, load_table
+from rectoolkit.distributed.state import collection_state_prefix, load_table, table_state
 from rectoolkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from rectoolkit.modules.table_sources import wrapped_collections
 from rectoolkit.optim.fused import FusedOptimizerModule
@@ -505,11 +507,11 @@ class DistributedModelParallel(nn.Module):
         return keys
 
     def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, torch.Tensor]:
-        """The unsharded model's state_dict: same names, full-size tables (collective: every rank calls it). Keys in
-        sorted order, as TorchRec's DMP gives them (its add_prefix_to_state_dict sorts; `destination`'s own keys
-        too)."""
-        # the sharded collections' own state_dict holds their whole tables (table_view.py: gathered, in the same order
-        # on every rank); anything else under their paths is their own bookkeeping
+        """The unsharded model's names; each sharded table as a ShardedTensor (state.table_state; module docstring).
+        Keys in sorted order, as TorchRec's DMP gives them (its add_prefix_to_state_dict sorts; `destination`'s own
+        keys too)."""
+        # the sharded collections' own state_dict holds their tables (table_view.py); anything else under their paths
+        # is their own bookkeeping
         plain = self._plain_module.state_dict(keep_vars=keep_vars)
         sharded_keys = self._sharded_keys()
         shard_prefixes = tuple(path + "." for path in self._sharded if path)
@@ -518,7 +520,7 @@ class DistributedModelParallel(nn.Module):
             if key in sharded_keys or ("" not in self._sharded and not key.startswith(shard_prefixes)))
         for key, (collection, table) in sharded_keys.items():  # the same order on every rank
             if prefix + key not in out:
-                out[prefix + key] = gather_table(collection, table)
+                out[prefix + key] = table_state(collection, table, keep_vars)
         result = destination if destination is not None else out
         if destination is not None:
             destination.update(out)
@@ -528,8 +530,9 @@ class DistributedModelParallel(nn.Module):
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], prefix: str = "",
                         strict: bool = True) -> _IncompatibleKeys:
-        """Load global tensors (the unsharded model's names and shapes, each key after `prefix`, as TorchRec's
-        signature has it); each rank copies its own slices, so the state of a DMP with another plan loads too."""
+        """Load the unsharded model's names (each key after `prefix`, as TorchRec's signature has it): whole tables,
+        each rank copying its own slices (so the state of a DMP with another plan loads too), or ShardedTensors saved
+        under the same plan."""
         if prefix:
             state_dict = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
         sharded_keys = self._sharded_keys()
@@ -537,7 +540,7 @@ class DistributedModelParallel(nn.Module):
         dense_state = {k: v for k, v in state_dict.items() if k not in sharded_keys}
         for key, (collection, table) in sharded_keys.items():
             if key in state_dict:
-                load_table(collection, table, state_dict[key].to(self.env.device))
+                load_table(collection, table, state_dict[key])
         result = None
         if "" not in self._sharded:
             shard_prefixes = [p + "." for p in self._sharded]

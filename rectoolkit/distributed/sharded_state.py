@@ -34,7 +34,7 @@ from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetada
 
 from rectoolkit.plan.types import ShardMetadata
 
-__all__ = ["ShardedTensor", "sharded_tensor_group", "table_sharded_tensors", "rowwise_layout", "copy_into_sharded"]
+__all__ = ["ShardedTensor", "sharded_tensor_group", "weight_sharded_tensor", "table_sharded_tensors", "rowwise_layout", "copy_into_sharded"]
 
 
 def sharded_tensor_group(env) -> Optional[dist.ProcessGroup]:
@@ -111,29 +111,47 @@ def _state_layout(name: str, value: torch.Tensor, shards: Sequence[ShardMetadata
     return layout, list(range(len(shards)))
 
 
-def table_sharded_tensors(table: str, rows: int, dim: int, shards: Sequence[ShardMetadata],
-                          local: Sequence[Tuple[ShardMetadata, torch.Tensor, Mapping[str, torch.Tensor]]],
-                          group: dist.ProcessGroup, local_world_size: int
-                          ) -> Tuple[ShardedTensor, Dict[str, ShardedTensor]]:
-    """The table's weight and each of its states (named as TorchRec names them, "<table>.momentum1", ...) as
-    ShardedTensors over `local`: this rank's (shard, weight, state) in the table's own order. `shards`: all the
-    table's shards (the plan's, every rank's, in its order)."""
+def _plan_positions(table: str, shards: Sequence[ShardMetadata], local: Sequence[ShardMetadata]) -> List[int]:
+    """The index in `shards` (the plan's, every rank's) of each of this rank's shards `local`."""
     where = []
-    for shard, _, _ in local:
+    for shard in local:
         matches = [i for i, s in enumerate(shards) if _same_shard(s, shard) and s.rank == shard.rank]
         if len(matches) != 1:
             raise ValueError(f"table {table!r}: this rank's shard at {shard.shard_offsets} of {shard.shard_sizes} is "
                              f"not one of the plan's shards {[(s.shard_offsets, s.shard_sizes) for s in shards]}")
         where.append(matches[0])
-    weights = [weight for _, weight, _ in local]
+    return where
+
+
+def weight_sharded_tensor(table: str, rows: int, dim: int, shards: Sequence[ShardMetadata],
+                          local: Sequence[Tuple[ShardMetadata, torch.Tensor]], group: dist.ProcessGroup,
+                          device: torch.device, dtype: torch.dtype) -> ShardedTensor:
+    """The [rows, dim] table as a ShardedTensor over this rank's (shard, weight) pairs `local` (none: a table with no
+    shard here, TorchRec's empty ShardedTensor); one global shard per plan shard, in the plan's order. The local
+    tensors are the given ones (no copy, no communication)."""
+    where = _plan_positions(table, shards, [shard for shard, _ in local])
     rank = dist.get_rank()
-    weight_metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, weights[0].device, rank))
-                       for s in shards]
-    weight = ShardedTensor._init_from_local_shards_and_global_metadata(
-        [Shard(w, weight_metadata[i]) for w, i in zip(weights, where)],
-        ShardedTensorMetadata(shards_metadata=weight_metadata, size=torch.Size([rows, dim]),
-                              tensor_properties=_properties(weights[0])),
+    here = local[0][1].device if local else device
+    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, here, rank)) for s in shards]
+    properties = _properties(local[0][1]) if local else TensorProperties(dtype=dtype, requires_grad=False)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        [Shard(w, metadata[i]) for (_, w), i in zip(local, where)],
+        ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([rows, dim]), tensor_properties=properties),
         process_group=group)
+
+
+def table_sharded_tensors(table: str, rows: int, dim: int, shards: Sequence[ShardMetadata],
+                          local: Sequence[Tuple[ShardMetadata, torch.Tensor, Mapping[str, torch.Tensor]]],
+                          group: dist.ProcessGroup, local_world_size: int
+                          ) -> Tuple[ShardedTensor, Dict[str, ShardedTensor]]:
+    """The table's weight and each of its states (named as TorchRec names them, "<table>.momentum1", ...) as
+    ShardedTensors over `local`: this rank's (shard, weight, state) in the table's own order (at least one).
+    `shards`: all the table's shards (the plan's, every rank's, in its order)."""
+    where = _plan_positions(table, shards, [shard for shard, _, _ in local])
+    first = local[0][1]
+    weight = weight_sharded_tensor(table, rows, dim, shards, [(shard, w) for shard, w, _ in local], group,
+                                   first.device, first.dtype)
+    rank = dist.get_rank()
     states: Dict[str, ShardedTensor] = {}
     names = list(local[0][2]) if local else []
     for name in names:

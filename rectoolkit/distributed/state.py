@@ -1,15 +1,24 @@
-"""Global (unsharded) tensors of a sharded collection: gather a table from its shards, or load one into them.
+"""A sharded collection's tables in a state_dict: this rank's shards as a ShardedTensor, or the whole table.
 
-Gathering is a collective over the collection's ranks (every rank calls it, in the same order); it moves each
-shard once, from its owner, with broadcasts, so the bits are exactly the shard's bits. Loading copies this rank's
-slices and sends nothing.
+    table_state(collection, table)        what the collection's state_dict() holds for the table (TorchRec's):
+                                          a ShardedTensor of this rank's shards, no communication
+    full_state_dict(module)               module.state_dict() with every ShardedTensor gathered whole (a collective)
+    load_table(collection, table, saved)  copy this rank's slices of a whole table, or its local shards of a
+                                          ShardedTensor saved under the same plan, into its shards (no communication)
 
-A collection's state_dict() gathers its tables, so it first meets the other ranks on a gloo group of its own
-(`join_gather`; a collection on every rank of the world, the usual case; one on a group of part of the world
-gathers straight away): a rank that calls it alone (TorchRec's state_dict needs no other rank, so ported code may do
-`if rank == 0: torch.save(model.state_dict(), ...)`) warns after WARN_AFTER_S naming what is wrong instead of
-waiting in silence, a rank that left ends it with an error at once, and ranks saving different collections at
-the same time raise before any table moves (their broadcasts would pair up with each other's).
+As in TorchRec, `state_dict()` of a sharded collection or a DistributedModelParallel gives each sharded table as a
+torch ShardedTensor (`.local_shards()`: this rank's blocks, views of the live weights; `.metadata()`: every rank's),
+a DATA_PARALLEL table as its replica, and needs no other rank, so `if rank == 0: torch.save(model.state_dict(), ...)`
+is fine, and torch.distributed.checkpoint saves each rank's shards and reshards on load. Where there is no
+ShardedTensor to make (one process without torch.distributed, or a collection on a group of part of the world: torch
+places ShardedTensor shards by global rank) the state_dict holds whole tables, gathered (a collective there).
+
+`full_state_dict` gathers every ShardedTensor into a whole tensor on every rank (its owner broadcasts each shard, so
+the bits are exactly the shard's bits): the unsharded model's state, loadable into a model of any plan, or none. It
+is a collective, so the ranks first meet on a gloo group of their own (made when the collections are sharded): a
+rank that calls it alone warns after WARN_AFTER_S naming what is wrong instead of waiting in silence, a rank that
+left ends it with an error at once, and ranks gathering different tables at the same time raise before any table
+moves (their broadcasts would pair up with each other's).
 
     >>> import rectoolkit as rtk
     >>> from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
@@ -17,19 +26,21 @@ the same time raise before any table moves (their broadcasts would pair up with 
     ...                                                           feature_names=["f"])])
     >>> plan = {"t": rtk.ParameterSharding("row_wise", ranks=[0], shards=[rtk.ShardMetadata.on_rank(0, 0, 0, 4, 2)])}
     >>> sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local())
-    >>> torch.equal(gather_table(sharded, "t"), ebc.embedding_bags["t"].weight)
+    >>> torch.equal(full_state_dict(sharded)["embedding_bags.t.weight"], ebc.embedding_bags["t"].weight)
     True
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from rectoolkit.modules.mixed_dtypes import table_dtype
 from rectoolkit.plan.types import ShardingType
@@ -76,16 +87,105 @@ def gather_table(collection, table: str, local: Optional[Dict] = None) -> torch.
 
 
 @torch.no_grad()
-def load_table(collection, table: str, full: torch.Tensor, local: Optional[Dict] = None) -> None:
-    """Copy this rank's slices of a global [rows, dim] tensor into its shards (no communication)."""
+def table_state(collection, table: str, keep_vars: bool = False) -> torch.Tensor:
+    """The table in the collection's state_dict (module docstring): a ShardedTensor of this rank's shards (their
+    weights themselves with `keep_vars`, else detached views), a DATA_PARALLEL table's replica, or, where the
+    collection has no ShardedTensor group, the whole table gathered (a collective)."""
+    env = collection.env
     config = _config(collection, table)
+    local = [(shard, weight) for name, shard, weight, _ in collection.local_shards() if name == table]
+    ps = collection.module_plan[table]
+    if ShardingType.parse(ps.sharding_type) == ShardingType.DATA_PARALLEL:
+        return local[0][1] if keep_vars else local[0][1].detach()
+    # (torch's ShardedTensor module costs 70 ms to import: loaded when first needed)
+    from rectoolkit.distributed.sharded_state import sharded_tensor_group, weight_sharded_tensor
+
+    group = sharded_tensor_group(env)
+    if group is None:
+        return gather_table(collection, table)
+    return weight_sharded_tensor(table, config.num_embeddings, config.embedding_dim, ps.shards,
+                                 [(shard, weight if keep_vars else weight.detach()) for shard, weight in local],
+                                 group, env.device, table_dtype(config.data_type))
+
+
+def is_sharded_tensor(value) -> bool:
+    """Whether `value` is a torch ShardedTensor (without importing torch's module for it: none exists before)."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    return module is not None and isinstance(value, module.ShardedTensor)
+
+
+@torch.no_grad()
+def load_table(collection, table: str, saved: torch.Tensor, local: Optional[Dict] = None) -> None:
+    """Copy this rank's slices of `saved` into its shards (no communication): a whole [rows, dim] tensor (each shard
+    takes its slice), or a ShardedTensor whose local shards are this rank's shards (saved under the same plan)."""
+    config = _config(collection, table)
+    local = _local_index(collection) if local is None else local
+    mine = {(r0, c0): weight for (name, r0, c0), weight in local.items() if name == table}
+    if is_sharded_tensor(saved):
+        size = list(saved.metadata().size)  # (.size() warns)
+        theirs = {tuple(s.metadata.shard_offsets): s.tensor for s in saved.local_shards()}
+        held = {offsets: list(weight.shape) for offsets, weight in mine.items()}
+        if size != [config.num_embeddings, config.embedding_dim] or any(
+                offsets not in theirs or list(theirs[offsets].shape) != shape for offsets, shape in held.items()):
+            raise ValueError(
+                f"table {table!r}: the saved ShardedTensor (size {size}, this rank's shards at (row, column) "
+                f"{sorted(theirs)}) does not hold this rank's shards {sorted(held)} of the "
+                f"{config.num_embeddings} x {config.embedding_dim} table: it was saved under another plan. Save "
+                "whole tables (rectoolkit.distributed.full_state_dict) to load them under any plan, or load through "
+                "torch.distributed.checkpoint (dcp.load into this model's state_dict), which reshards")
+        for offsets, weight in mine.items():
+            weight.copy_(theirs[offsets])
+        return
+    full = torch.as_tensor(saved)
     if tuple(full.shape) != (config.num_embeddings, config.embedding_dim):
         raise ValueError(f"table {table!r}: got a tensor of shape {tuple(full.shape)}, the table is "
                          f"{config.num_embeddings} x {config.embedding_dim}")
-    local = _local_index(collection) if local is None else local
-    for (name, r0, c0), weight in local.items():
-        if name == table:
-            weight.copy_(full[r0:r0 + weight.shape[0], c0:c0 + weight.shape[1]])
+    for (r0, c0), weight in mine.items():
+        weight.copy_(full[r0:r0 + weight.shape[0], c0:c0 + weight.shape[1]])
+
+
+@torch.no_grad()
+def gather_sharded_tensor(value) -> torch.Tensor:
+    """A ShardedTensor's whole tensor on every rank of its group (collective): each shard broadcast by its owner."""
+    metadata = value.metadata()
+    group = value._process_group
+    rank = dist.get_rank()
+    mine = {tuple(s.metadata.shard_offsets): s.tensor for s in value.local_shards()}
+    if mine:
+        device = next(iter(mine.values())).device
+    else:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
+            torch.device("cpu")
+    dtype = metadata.tensor_properties.dtype
+    full = torch.empty(list(metadata.size), dtype=dtype, device=device)
+    for shard in metadata.shards_metadata:
+        owner = shard.placement.rank()
+        if owner == rank:
+            buffer = mine[tuple(shard.shard_offsets)].detach().to(device=device, dtype=dtype).contiguous()
+        else:
+            buffer = torch.empty(shard.shard_sizes, dtype=dtype, device=device)
+        dist.broadcast(buffer, src=owner, group=group)  # (the whole world's group: global rank = group rank)
+        full[tuple(slice(o, o + n) for o, n in zip(shard.shard_offsets, shard.shard_sizes))] = buffer
+    return full
+
+
+def full_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """`module.state_dict()` with every ShardedTensor gathered into the whole tensor on every rank: the unsharded
+    model's state, which loads into a model of any plan (a collective: every rank calls it, in the same order)."""
+    state = module.state_dict()
+    sharded = [(key, value) for key, value in state.items() if is_sharded_tensor(value)]
+    if not sharded:
+        return state
+    group = _GATHER_GROUPS.get(dist.group.WORLD)
+    if group is not None:
+        layout = repr([(key, list(value.metadata().size),
+                        [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in value.metadata().shards_metadata])
+                       for key, value in sharded])
+        join_gather(group, int.from_bytes(hashlib.sha1(layout.encode()).digest()[:8], "little", signed=True),
+                    f"full_state_dict({type(module).__name__}) on rank {dist.get_rank()}")
+    for key, value in sharded:
+        state[key] = gather_sharded_tensor(value)
+    return state
 
 
 def collection_state_prefix(collection) -> str:
@@ -94,9 +194,9 @@ def collection_state_prefix(collection) -> str:
 
 
 def gather_group(env, create: bool = False) -> Optional["dist.ProcessGroup"]:
-    """The gloo group of every rank that state_dict() meets on before gathering (None for one rank, and for a
+    """The gloo group of every rank that full_state_dict() meets on before gathering (None for one rank, and for a
     collection on a group of part of the world: torch names a group made by part of the world after its ranks, one
-    such group per set of ranks, which the group's own code may need; those gather without meeting first).
+    such group per set of ranks, which the group's own code may need; and its state_dict has no ShardedTensors).
     `create=True` makes it if there is none yet: a collective of every rank, so only where they all run it (sharding
     a collection)."""
     if env.world_size == 1 or not dist.is_initialized() or env.world_size != dist.get_world_size():
@@ -107,38 +207,26 @@ def gather_group(env, create: bool = False) -> Optional["dist.ProcessGroup"]:
     return _GATHER_GROUPS.get(world)
 
 
-def _tables_digest(collection) -> int:
-    """A number every rank computes alike from the collection's tables and their placement."""
-    text = repr([(type(collection).__name__, c.name, c.num_embeddings, c.embedding_dim,
-                  str(collection.module_plan[c.name].sharding_type),
-                  [(s.rank, s.rows, s.columns) for s in collection.module_plan[c.name].shards])
-                 for c in collection.embedding_configs()])
-    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "little", signed=True)
-
-
 def needs_gather(collection) -> bool:
-    """Whether the collection's state_dict moves anything between ranks (a DATA_PARALLEL table is on every rank)."""
+    """Whether the collection's tables move between ranks to be whole (a DATA_PARALLEL table is on every rank)."""
     return collection.env.world_size > 1 and any(
         ShardingType.parse(ps.sharding_type) != ShardingType.DATA_PARALLEL for ps in collection.module_plan.values())
 
 
-def join_gather(collection, group: "dist.ProcessGroup", what: str = "state_dict()") -> None:
-    """Wait until every rank of `group` has started gathering the same collection's tables; warn once after
-    WARN_AFTER_S (naming the call and the fix) and keep waiting; raise at once if a rank left (its connection
-    closed) or gathers another collection."""
-    env = collection.env
-    name = f"{type(collection).__name__}.{what} on rank {env.rank}"
-    digest = _tables_digest(collection)
-    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+def join_gather(group: "dist.ProcessGroup", digest: int, name: str) -> None:
+    """Wait until every rank of `group` has started gathering the same tables (`digest`: a number every rank
+    computes alike from them); warn once after WARN_AFTER_S (naming the call `name` and the fix) and keep waiting;
+    raise at once if a rank left (its connection closed) or gathers other tables."""
+    every: List[torch.Tensor] = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     work = dist.all_gather(every, torch.tensor([digest], dtype=torch.int64), group=group, async_op=True)
     started, pause, warned = time.monotonic(), 0.0002, False
     while not work.is_completed():
         if not warned and time.monotonic() - started > WARN_AFTER_S:
             warnings.warn(f"{name} has waited {WARN_AFTER_S:.0f} s for the other ranks of its group: it gathers whole "
-                          f"tables from every rank (a collective), so every rank must call it, in the same order. "
-                          f"TorchRec's state_dict() gives each rank's shards and needs no other rank; here call it on "
-                          f"every rank (e.g. before `if rank == 0: torch.save(...)`). Still waiting.",
-                          RuntimeWarning, stacklevel=2)
+                          f"tables from every rank (a collective), so every rank must call it, in the same order "
+                          f"(e.g. before `if rank == 0: torch.save(...)`). To save on one rank alone, save "
+                          f"`model.state_dict()` (each rank's shards as ShardedTensors, no communication). Still "
+                          f"waiting.", RuntimeWarning, stacklevel=3)
             warned = True
         time.sleep(pause)
         pause = min(2 * pause, 0.02)
@@ -146,10 +234,9 @@ def join_gather(collection, group: "dist.ProcessGroup", what: str = "state_dict(
         work.wait()
     except RuntimeError as error:
         raise RuntimeError(f"{name}: another rank of its group left or failed before the tables were gathered "
-                           f"({error}); state_dict() is a collective: every rank must call it") from error
+                           f"({error}); full_state_dict() is a collective: every rank must call it") from error
     others = [rank for rank, value in enumerate(every) if int(value) != digest]
     if others:
-        raise ValueError(f"{name}: rank(s) {others} are gathering another collection's tables at the same time (their "
-                         f"tables or placement differ): call state_dict() on the same modules, in the same order, "
-                         f"on every rank")
-
+        raise ValueError(f"{name}: rank(s) {others} are gathering other tables at the same time (their names, sizes "
+                         f"or placement differ): call full_state_dict() on the same modules, in the same order, on "
+                         f"every rank")

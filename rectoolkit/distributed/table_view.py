@@ -2,8 +2,9 @@
 names, "embedding_bags.<table>.weight" (sequence collections: "embeddings.<table>.weight").
 
     sharded.embedding_bags["t0"].weight   this rank's shard of t0 (the Parameter the kernel looks up and updates)
-    sharded.state_dict()                  {"embedding_bags.t0.weight": the whole t0, ...}: gathered (a collective)
-    sharded.load_state_dict(state)        each rank copies its slices of the whole tables (no communication)
+    sharded.state_dict()                  {"embedding_bags.t0.weight": t0 as a ShardedTensor, ...} (TorchRec's)
+    sharded.load_state_dict(state)        each rank copies its slices of whole tables, or its local shards of
+                                          ShardedTensors saved under the same plan (no communication)
 
 So `named_parameters()`, `parameters()`, `state_dict()` and `load_state_dict()` of a sharded collection, or of a
 model holding one, give TorchRec's keys; the sharding groups (input_dist, lookup, output_dist) are not submodules
@@ -14,10 +15,11 @@ model holding one, give TorchRec's keys; the sharding groups (input_dist, lookup
   on the shards' device (TorchRec's on the CPU), so that all of a DMP's parameters are on its device.
 - A table with several shards on this rank (column shards placed on one rank) registers the first as `weight` and
   the others as `weight_1`, `weight_2`, ... (TorchRec lists one `weight` spanning them: its kernel stores them
-  back to back); they are all in `parameters()`, and state_dict still has one whole table under `weight`.
-- `state_dict()` is a collective (every rank calls it, in the same order): it holds whole tables, as
-  DistributedModelParallel.state_dict() does, so it loads into a collection of any plan. TorchRec's holds a
-  ShardedTensor per table.
+  back to back); they are all in `parameters()`, and state_dict still has one entry under `weight`: a
+  ShardedTensor with each of them as a local shard.
+- `state_dict()` holds a ShardedTensor per table, as TorchRec's and DistributedModelParallel.state_dict() do
+  (rectoolkit.distributed.state: no communication); `rectoolkit.distributed.full_state_dict(sharded)` gives whole
+  tables instead (a collective), which load into a collection of any plan.
 
     >>> import rectoolkit as rtk
     >>> from rectoolkit.distributed import ShardingEnv, shard_embedding_bag_collection
@@ -27,7 +29,7 @@ model holding one, give TorchRec's keys; the sharding groups (input_dist, lookup
     >>> sharded = shard_embedding_bag_collection(ebc, plan, ShardingEnv.local())
     >>> [(name, tuple(weight.shape)) for name, weight in sharded.named_parameters()]
     [('embedding_bags.t.weight', (4, 2))]
-    >>> torch.equal(sharded.state_dict()["embedding_bags.t.weight"], ebc.embedding_bags["t"].weight)
+    >>> torch.equal(sharded.state_dict()["embedding_bags.t.weight"], ebc.embedding_bags["t"].weight)  # (one process)
     True
 """
 
@@ -38,11 +40,11 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
-from rectoolkit.distributed.state import gather_group, gather_table, join_gather, load_table, needs_gather
+from rectoolkit.distributed.state import gather_group, load_table, needs_gather, table_state
 
 
 class ShardedTable(nn.Module):
-    """One table of a sharded collection: its local shards as parameters, its whole tensor as its state."""
+    """One table of a sharded collection: its local shards as parameters, and as its state (state.table_state)."""
 
     def __init__(self, collection: nn.Module, table: str, shards: Sequence[nn.Parameter], fused: bool) -> None:
         super().__init__()
@@ -60,7 +62,7 @@ class ShardedTable(nn.Module):
     def _save_to_state_dict(self, destination: Dict, prefix: str, keep_vars: bool) -> None:
         collection = self._collection
         if not collection.__dict__.get("_skip_table_state", False):
-            destination[prefix + "weight"] = gather_table(collection, self.table)
+            destination[prefix + "weight"] = table_state(collection, self.table, keep_vars)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
@@ -69,7 +71,7 @@ class ShardedTable(nn.Module):
             missing_keys.append(key)
         else:
             try:
-                load_table(self._collection, self.table, torch.as_tensor(state_dict[key]))
+                load_table(self._collection, self.table, state_dict[key])
             except ValueError as error:
                 error_msgs.append(f"{key}: {error}")
         if strict:
@@ -86,24 +88,16 @@ def table_view(collection: nn.Module, fused_tables: Sequence[str]) -> nn.ModuleD
     for table, _, weight, _ in collection.local_shards():
         shards.setdefault(table, []).append(weight)
     fused = set(fused_tables)
-    if needs_gather(collection):  # the group state_dict() meets on (every rank shards the collection: made here)
+    if needs_gather(collection):  # the group full_state_dict() meets on (every rank shards the collection: made here)
         gather_group(collection.env, create=True)
-        collection.register_state_dict_pre_hook(_join_before_gather)
     return nn.ModuleDict({config.name: ShardedTable(collection, config.name, shards.get(config.name, []),
                                                     config.name in fused)
                           for config in collection.embedding_configs()})
 
 
-def _join_before_gather(collection: nn.Module, prefix: str, keep_vars: bool) -> None:
-    """state_dict pre-hook: meet the other ranks before the tables are gathered (state.join_gather)."""
-    group = gather_group(collection.env)
-    if group is not None and not collection.__dict__.get("_skip_table_state", False):
-        join_gather(collection, group)
-
-
 class table_state_skipped:
-    """Within it, the collections' state_dict() leaves their tables out (no collective): for state saved by one
-    rank alone, such as a checkpoint's dense part."""
+    """Within it, the collections' state_dict() leaves their tables out: for state saved by one rank alone, such
+    as a checkpoint's dense part."""
 
     def __init__(self, collections: Sequence[nn.Module]) -> None:
         self.collections = list(collections)

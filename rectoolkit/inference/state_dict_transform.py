@@ -5,9 +5,9 @@ model's, for inference (collectives: every rank calls them, in the same order).
     state_dict_all_gather_keys(state_dict, pg)                 every rank's keys, sorted
     state_dict_to_device(state_dict, pg, device)               the state_dict on `device`, ShardedTensors kept sharded
 
-A DistributedModelParallel's tables are whole tensors in its state_dict here (TorchRec's are ShardedTensors), so
-they are copied as they are; the ShardedTensors rectoolkit does hold (a sharded managed-collision collection's
-row blocks) are gathered to rank 0 as TorchRec gathers them.
+A DistributedModelParallel's sharded tables (and a sharded managed-collision collection's row blocks) are
+ShardedTensors in its state_dict, as in TorchRec: they are gathered to rank 0 as TorchRec gathers them; plain
+tensors (dense layers, DATA_PARALLEL tables) are copied as they are.
 """
 
 from __future__ import annotations

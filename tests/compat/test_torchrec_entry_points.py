@@ -10,6 +10,8 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+
+from rectoolkit.distributed import full_state_dict
 from torch.distributed.optim import _apply_optimizer_in_backward
 
 import rectoolkit as rtk
@@ -346,7 +348,7 @@ def test_dmp_fused_optimizer_settings_match_torchrec(setting, one_process_group)
     # TorchRec's DMP initializes its shards afresh (rectoolkit's copies the module's weights): give it ours
     their_state = their_dmp.state_dict()
     with torch.no_grad():
-        for key, value in our_dmp.state_dict().items():
+        for key, value in full_state_dict(our_dmp).items():
             _local(their_state[key]).copy_(value)  # a view of TorchRec's live table
     grad_out = torch.randn(3, 12)
     tkjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1"], values=batch().values(),
@@ -355,7 +357,7 @@ def test_dmp_fused_optimizer_settings_match_torchrec(setting, one_process_group)
         (our_dmp(batch()).wait().values() * grad_out).sum().backward()
         (their_dmp(tkjt).wait().values() * grad_out).sum().backward()
     their_state = their_dmp.state_dict()
-    for key, value in our_dmp.state_dict().items():
+    for key, value in full_state_dict(our_dmp).items():
         torch.testing.assert_close(value, _local(their_state[key]), msg=lambda m: f"{key}: {m}")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from rectoolkit.distributed import full_state_dict
 from torch import nn
 
 import rectoolkit as rtk
@@ -85,7 +87,7 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
         optimizer.zero_grad()
         ref_opt.step()
         ref_opt.zero_grad()
-    state = dmp.state_dict()
+    state = full_state_dict(dmp)
     ref_state = reference.state_dict()
     # the unsharded model's keys, sorted as TorchRec's DMP sorts them
     assert list(state) == sorted(ref_state), f"state_dict keys {list(state)} != {sorted(ref_state)}"
@@ -94,7 +96,7 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
         assert torch.allclose(state[key], value, atol=1e-5), f"{key}: differs by {(state[key] - value).abs().max()}"
     # load_state_dict of global tensors: each rank takes its slice; gathering again gives the same bits
     dmp.load_state_dict(ref_state)
-    again = dmp.state_dict()
+    again = full_state_dict(dmp)
     assert all(torch.equal(again[k], v) for k, v in ref_state.items())
     # memory: shard weights + fused Adagrad state (one float per weight of the fused shards) as the plan says
     usage = dmp.memory_usage()
@@ -111,7 +113,7 @@ def dmp_worker(rank: int, W: int, L: int, checkpoint_dir: str, reference_file: s
     other = DistributedModelParallel(TinyModel(optimizer=None), plan=ShardingPlan({PATH: plan_b}), local_world_size=L)
     extra = load_checkpoint(other, checkpoint_dir)
     assert extra == {"step": 2}
-    loaded = other.state_dict()
+    loaded = full_state_dict(other)
     assert all(torch.equal(loaded[k], v) for k, v in again.items()), "weights changed in the plan A -> B round trip"
     kinds = {ps.sharding_type for ps in plan_b.values()} | {ps.sharding_type for ps in plan_a.values()}
     assert len(kinds) >= 5, kinds

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rectoolkit.distributed import full_state_dict
+
 import rectoolkit.distributed.checkpoint as checkpoint
 import rectoolkit.distributed.checkpoint_format as checkpoint_format
 from rectoolkit.distributed import DistributedModelParallel, load_checkpoint, save_checkpoint
@@ -24,7 +26,7 @@ def _model(seed: int, W: int, kind: str = "mixed_a") -> DistributedModelParallel
 
 
 def _state(model) -> dict:
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    return {k: v.clone() for k, v in full_state_dict(model).items()}
 
 
 def _equal(a: dict, b: dict) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from rectoolkit.distributed import full_state_dict
 from torch import nn
 
 import rectoolkit as rtk
@@ -77,7 +79,7 @@ def fp_dmp_worker(rank: int, W: int, cases: list, plan_key: str) -> None:
             optimizer.zero_grad()
             ref_opt.step()
             ref_opt.zero_grad()
-        state, ref_state = dmp.state_dict(), reference.state_dict()
+        state, ref_state = full_state_dict(dmp), reference.state_dict()
         # the unsharded model's keys, sorted as TorchRec's DMP sorts them
         assert list(state) == sorted(ref_state), f"state_dict keys {list(state)} != {sorted(ref_state)}"
         for key, value in ref_state.items():
@@ -114,7 +116,7 @@ def fp_sharder_worker(rank: int, W: int) -> None:
     replicas = dense_and_replicas(dmp)[1]
     if replicas:
         torch.optim.SGD(replicas, lr=0.5).step()
-    state, ref_state = dmp.state_dict(), reference.state_dict()
+    state, ref_state = full_state_dict(dmp), reference.state_dict()
     for key in [k for k in ref_state if "embedding_bags" in k]:
         assert torch.allclose(state[key], ref_state[key], atol=1e-5), \
             f"rank {rank}, {key}: the fused SGD of the sharder's fused_params was not used"

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rectoolkit.distributed import DistributedModelParallel, EvalPipelineSparseDist, ShardingEnv, TrainPipelineSparseDist
+from rectoolkit.distributed import (
+    DistributedModelParallel, EvalPipelineSparseDist, ShardingEnv, TrainPipelineSparseDist, full_state_dict)
 from rectoolkit.distributed.train_pipeline import train_pipelines
 from rectoolkit.optim import CombinedOptimizer
 from rectoolkit.plan.types import ShardingPlan, ShardingType
@@ -94,7 +95,7 @@ def plain_loop(case: str, data: List[Batch], W: int, env=None, device: str = "cp
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-    return losses, dmp.state_dict()
+    return losses, full_state_dict(dmp)
 
 
 def count_own_input_dists(dmp, case: str) -> Tuple[List[int], list]:
@@ -132,7 +133,7 @@ def pipelined(case: str, data: List[Batch], W: int, env=None, execute_all_batche
     info = dict(modules=pipeline.pipelined_modules, waits=dict(dmp.env.stats.wait_s), stops=stops,
                 sync_input_dists=len(sync_calls), routed_groups=len(routed),
                 side_stream=pipeline._memcpy_stream is not None)
-    return losses, dmp.state_dict(), info
+    return losses, full_state_dict(dmp), info
 
 
 def check_pipelined(rank: int, case: str, info: Dict, path: str = "") -> None:
@@ -226,7 +227,7 @@ def check_eval_pipeline(rank: int, W: int, case: str, steps: int, env=None) -> N
     with torch.no_grad():
         expected = [dmp(batch)[1] for batch in data]
     dmp, optimizer = build(case, W, env)
-    before = {k: v.clone() for k, v in dmp.state_dict().items()}
+    before = {k: v.clone() for k, v in full_state_dict(dmp).items()}
     pipeline = EvalPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
     feed = iter(data)
     outputs = [pipeline.progress(feed) for _ in data]
@@ -238,7 +239,7 @@ def check_eval_pipeline(rank: int, W: int, case: str, steps: int, env=None) -> N
     assert pipeline.pipelined_modules == [path_of(case)], f"rank {rank} {case}: {pipeline.pipelined_modules}"
     for step, (a, b) in enumerate(zip(outputs, expected)):
         assert torch.equal(a, b) and not a.requires_grad, f"rank {rank} {case} step {step}: {a} (pipeline) != {b}"
-    assert all(torch.equal(v, before[k]) for k, v in dmp.state_dict().items()), f"rank {rank} {case}: weights moved"
+    assert all(torch.equal(v, before[k]) for k, v in full_state_dict(dmp).items()), f"rank {rank} {case}: weights moved"
 
 
 def eval_pipeline_worker(rank: int, W: int, cases: List[str], steps: int) -> None:
@@ -329,7 +330,8 @@ def epochs_and_detach_worker(rank: int, W: int, case: str, steps: int, env=None)
         expected = [steps] * 3 if execute_all else [steps - 2, steps, steps]
         assert trained == expected, f"rank {rank} {case} execute_all_batches={execute_all}: trained {trained}"
         _, plain_state = plain_loop(case, [b for data in epochs for b in data][:sum(trained)], W, env)
-        assert all(torch.equal(dmp.state_dict()[k], v) for k, v in plain_state.items()), (
+        whole = full_state_dict(dmp)  # (a collective: once, outside the all())
+        assert all(torch.equal(whole[k], v) for k, v in plain_state.items()), (
             f"rank {rank} {case} execute_all_batches={execute_all}: weights differ from the plain loop's")
 
     data, probe = epochs[0], batches(rank, W, steps + 1, case)[-1]
@@ -349,5 +351,6 @@ def epochs_and_detach_worker(rank: int, W: int, case: str, steps: int, env=None)
     assert torch.equal(outside, expected), f"rank {rank} {case}: detached model gave {outside}, plain {expected}"
     assert train_epochs(pipeline, [feed]) == [steps - 2]  # the same iterator (iter(feed) is feed): goes on
     _, plain_state = plain_loop(case, data, W, env)
-    assert all(torch.equal(dmp.state_dict()[k], v) for k, v in plain_state.items()), (
+    whole = full_state_dict(dmp)  # (a collective: once, outside the all())
+    assert all(torch.equal(whole[k], v) for k, v in plain_state.items()), (
         f"rank {rank} {case}: weights differ from the plain loop's after detach / attach")

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import rectoolkit as rtk
+from rectoolkit.distributed import full_state_dict
 from rectoolkit.train.data import Batch
 from dist_harness import load_torchrec_shards, run_cpu_shims
 
@@ -129,19 +130,13 @@ def plain_loop(dmp, optimizer, data: List) -> List[torch.Tensor]:
 
 
 def local_slices(dmp) -> Dict[str, List[Tuple[Tuple[int, ...], torch.Tensor]]]:
-    """Every state entry as (offsets, this rank's tensor) pieces: TorchRec's sharded tables give their local
-    shards; plain tensors (and rectoolkit's full tables) one piece at the origin."""
-    out = {}
-    for key, value in dmp.state_dict().items():
-        if hasattr(value, "local_shards"):
-            out[key] = [(tuple(s.metadata.shard_offsets), s.tensor.detach().clone()) for s in value.local_shards()]
-        else:
-            out[key] = [((0,) * value.dim(), value.detach().clone())]
-    return out
+    """Every state entry as (offsets, tensor) pieces: the whole tensor at the origin, each library's ShardedTensors
+    gathered by rectoolkit's full_state_dict (a collective: every rank calls this alike)."""
+    return {key: [((0,) * value.dim(), value.detach().clone())] for key, value in full_state_dict(dmp).items()}
 
 
 def assert_state_close(rank: int, where: str, ours: Dict, theirs: Dict) -> None:
-    """TorchRec's pieces equal the same slices of rectoolkit's tensors."""
+    """TorchRec's pieces equal the same slices of rectoolkit's tensors (whole ones, from local_slices)."""
     for key, pieces in theirs.items():
         (_, full), = ours[key]
         for offsets, piece in pieces:

@@ -7,6 +7,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from rectoolkit.distributed import full_state_dict
 from rectoolkit.distributed.train_pipeline import PipelineStage, SparseDataDistUtil, StagedTrainPipeline
 from dist_pipeline_workers import assert_identical, batches, build, count_own_input_dists, path_of, plain_loop
 
@@ -28,7 +29,7 @@ def staged(case: str, data: List, W: int, env=None, copy_stage: bool = True):
         losses.append(loss.detach())
     info = dict(modules=sdd.pipelined_modules, sync_input_dists=len(sync_calls), routed_groups=len(routed),
                 after_end=pipeline.progress(feed))
-    return losses, dmp.state_dict(), info
+    return losses, full_state_dict(dmp), info
 
 
 def check_staged(rank: int, case: str, info: Dict) -> None:

@@ -26,7 +26,7 @@ import torch
 import rectoolkit
 import rectoolkit.distributed.checkpoint as checkpoint
 from rectoolkit.distributed import checkpoint_commit, checkpoint_format, checkpoint_resharding
-from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, full_state_dict, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.checkpoint import CheckpointError
 from rectoolkit.plan.types import ShardingPlan
 from dist_dmp_workers import PATH, TinyModel
@@ -115,7 +115,7 @@ def test_kill_any_rank_at_random_points_of_a_save_leaves_a_loadable_checkpoint(t
         model = local_model(seed=5, keep_replicas=True)
         extra = load_checkpoint(model, case_dir / "ckpt")  # never raises: the old or the new checkpoint is there
         version = extra["version"]
-        assert states_equal(model.state_dict(), old if version == 1 else new), \
+        assert states_equal(full_state_dict(model), old if version == 1 else new), \
             f"case {case} (rank {victim} killed at line {kill_at}): weights are not those of version {version}"
         if victim == 0 and kill_at < commit_at:
             assert version == 1, f"case {case}: rank 0 died before its commit, yet version {version} loads"
@@ -157,11 +157,11 @@ def assert_load_refused(path: Path, match: str, model=None, optimizer=None) -> N
     """Loading must raise naming `match`, and leave the model's weights and optimizer exactly as they were."""
     if model is None:
         model, optimizer = fresh_model_and_optimizer()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    before = {k: v.clone() for k, v in full_state_dict(model).items()}
     optimizer_before = repr(optimizer.state_dict()) if optimizer is not None else None
     with pytest.raises((CheckpointError, FileNotFoundError), match=match):
         load_checkpoint(model, path, dense_optimizer=optimizer)
-    assert states_equal(model.state_dict(), before), "a failed load changed the model"
+    assert states_equal(full_state_dict(model), before), "a failed load changed the model"
     if optimizer is not None:
         assert repr(optimizer.state_dict()) == optimizer_before, "a failed load changed the optimizer"
 
@@ -175,7 +175,7 @@ def test_round_trip_loads_the_saved_weights_and_optimizer(saved):
         for name, p in reference.named_parameters():
             if not name.startswith("sparse."):
                 p -= 0.1  # the SGD step above: grad 1, lr 0.1
-    assert states_equal(model.state_dict(), reference.state_dict())
+    assert states_equal(full_state_dict(model), full_state_dict(reference))
     assert all(torch.equal(s["momentum_buffer"], torch.ones_like(s["momentum_buffer"]))
                for s in optimizer.state_dict()["state"].values())
 
@@ -334,8 +334,8 @@ def test_a_save_committed_during_a_load_leaves_the_data_the_load_reads(saved, mo
     model, optimizer = fresh_model_and_optimizer()
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 1}
     monkeypatch.undo()
-    assert states_equal(model.state_dict(), first.state_dict())
-    assert not states_equal(model.state_dict(), saver.state_dict())
+    assert states_equal(full_state_dict(model), full_state_dict(first))
+    assert not states_equal(full_state_dict(model), full_state_dict(saver))
     assert len(list(saved.glob("data-*"))) == 2  # the previous data directory was left to the load
     assert load_checkpoint(model, saved, dense_optimizer=optimizer) == {"step": 2}  # the save did commit
     save_checkpoint(saver, saved, dense_optimizer=saver_optimizer, extra={"step": 3})

@@ -17,6 +17,8 @@ import contextlib
 import pytest
 import torch
 
+from rectoolkit.distributed import full_state_dict
+
 from dist_harness import run_workers
 
 torchrec = pytest.importorskip("torchrec")
@@ -110,7 +112,7 @@ def _whole(value) -> torch.Tensor:
 
 def _copy_weights(ours, theirs) -> dict:
     """TorchRec's DMP initializes its tables afresh: give it rectoolkit's weights (rectoolkit's state, returned)."""
-    our_state = ours.state_dict()
+    our_state = {k: v.clone() for k, v in full_state_dict(ours).items()}  # (a replica in it is a view, as in TorchRec)
     with torch.no_grad():
         for key, value in theirs.state_dict().items():
             if hasattr(value, "local_shards"):
@@ -144,7 +146,7 @@ def training_worker(rank: int, world_size: int, fused: str, division: bool) -> N
         for dense in (our_dense, their_dense):
             dense.step()
             dense.zero_grad()
-        ours_now, theirs_now = ours.state_dict(), theirs.state_dict()
+        ours_now, theirs_now = full_state_dict(ours), theirs.state_dict()
         assert sorted(ours_now) == sorted(theirs_now)
         for key, their_value in theirs_now.items():
             expected = _whole(their_value)
@@ -257,7 +259,7 @@ def accumulation_worker(rank: int, world_size: int, fused: str, division: bool) 
     for other in ("torchrec", "every_batch"):
         torch.testing.assert_close(finals["rectoolkit"], finals[other], atol=1e-6, rtol=1e-6,
                                    msg=lambda m: f"rank {rank} replica after the last step against {other}: {m}")
-    ours_now, theirs_now = runs["rectoolkit"][0].state_dict(), runs["torchrec"][0].state_dict()
+    ours_now, theirs_now = full_state_dict(runs["rectoolkit"][0]), runs["torchrec"][0].state_dict()
     for key, their_value in theirs_now.items():
         expected = _whole(their_value)
         held = ~expected.isnan()

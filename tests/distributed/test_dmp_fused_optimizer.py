@@ -15,6 +15,8 @@ import os
 
 import pytest
 import torch
+
+from rectoolkit.distributed import full_state_dict
 from torch import nn
 
 from dist_harness import run_side_by_side, run_workers
@@ -132,7 +134,7 @@ def group_lr_worker(rank: int, world_size: int) -> None:
         "t2": sp.data_parallel()},
         world_size=world_size, device_type="cpu", sharder=sharder)})
     dmp = mp.DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
-    before = {k: v.clone() for k, v in dmp.state_dict().items()}
+    before = {k: v.clone() for k, v in full_state_dict(dmp).items()}
     optimizer = dmp.fused_optimizer
     groups = {tuple(key for key, p in optimizer.params.items() if any(p is q for q in g["params"])): g
               for g in optimizer.param_groups}
@@ -144,7 +146,7 @@ def group_lr_worker(rank: int, world_size: int) -> None:
     kjt = rtk.KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=torch.tensor([1, 2, 3, 4, 5, 0]),
                                                  lengths=torch.tensor([1, 1, 1, 1, 1, 1]))
     dmp.module.ebc(kjt).wait().values().sum().backward()
-    after = dmp.state_dict()
+    after = full_state_dict(dmp)
     assert torch.equal(after["ebc.embedding_bags.t1.weight"], before["ebc.embedding_bags.t1.weight"])
     assert torch.equal(after["ebc.embedding_bags.t2.weight"], before["ebc.embedding_bags.t2.weight"])
     assert dict(dmp.named_parameters())["ebc.embedding_bags.t2.weight"].grad.abs().sum() > 0

@@ -17,6 +17,8 @@ import os
 
 import pytest
 import torch
+
+from rectoolkit.distributed import full_state_dict
 from torch import nn
 
 from dist_harness import run_workers
@@ -81,7 +83,7 @@ def surface_worker(rank: int, world_size: int, lib_name: str, out_dir: str) -> N
     seen["sparse_grad"] = dmp.sparse_grad_parameter_names()
     seen["not_fused"] = [n for n, p in in_backward_optimizer_filter(dmp.named_parameters()) if p.numel()]
     seen["fused_optimizer"] = sorted(dmp.fused_optimizer.params)
-    state = dmp.state_dict()
+    state = full_state_dict(dmp)
     seen["state_dict"] = sorted(state)
     seen["state_dict_shapes"] = {k: list(v.shape) for k, v in state.items()}
     result = dmp.load_state_dict(state)
@@ -136,9 +138,9 @@ def round_trip_worker(rank: int, world_size: int) -> None:
     second = DistributedModelParallel(blank, plan=rtk.ShardingPlan({"ebc": construct_module_sharding_plan(
         reference.ebc, {"t0": row_wise(), "t1": column_wise(ranks=[1, 0]), "t2": table_wise(rank=0)},
         world_size=world_size, device_type="cpu")}))
-    result = second.load_state_dict({"outer." + k: v for k, v in first.state_dict().items()}, prefix="outer.")
+    result = second.load_state_dict({"outer." + k: v for k, v in full_state_dict(first).items()}, prefix="outer.")
     assert result.missing_keys == [] and result.unexpected_keys == []
-    for key, value in second.state_dict().items():
+    for key, value in full_state_dict(second).items():
         assert torch.equal(value, reference.state_dict()[key]), key
 
 
@@ -214,7 +216,7 @@ def training_worker(rank: int, world_size: int) -> None:
     ours = build(rtk, our_mp, our_sp, OurSharder, "exact_row_wise_adagrad")
     theirs = build(torchrec, their_mp, their_sp, TheirSharder, EmbOptimType.EXACT_ROWWISE_ADAGRAD)
     with torch.no_grad():  # TorchRec's DMP initializes its shards afresh: give it rectoolkit's tables
-        for key, value in ours.state_dict().items():
+        for key, value in full_state_dict(ours).items():
             their_value = theirs.state_dict()[key]
             for offsets, sizes, local in _local_slices(their_value) if hasattr(their_value, "local_shards") \
                     else [((0,) * value.dim(), value.shape, their_value)]:
@@ -228,7 +230,7 @@ def training_worker(rank: int, world_size: int) -> None:
             kjt = lib.KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=values, lengths=lengths)
             (dmp.module.ebc(kjt).wait().values() * torch.arange(12.0)).sum().backward()
     dist.barrier()
-    our_state = ours.state_dict()
+    our_state = full_state_dict(ours)
     for key, their_value in theirs.state_dict().items():
         if not key.startswith("ebc."):
             continue

@@ -70,8 +70,8 @@ def dcp_worker(rank: int, W: int, out_dir: str) -> None:
         out.sum().backward()  # (trains the tables: row-wise Adagrad's state)
     state = {**trained.state_dict(), "optim": trained.fused_optimizer.state_dict()}
     per_row = [k for k, v in trained.state_dict().items() if type(v).__name__ == "ShardedTensor"]
-    assert {k.rsplit(".", 1)[1] for k in per_row} == {
-        "_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts", "_mch_last_access_iter"}, per_row
+    assert {k.rsplit(".", 1)[1] for k in per_row} == {  # (the tables' weights too, as TorchRec's)
+        "weight", "_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts", "_mch_last_access_iter"}, per_row
     dcp.save(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
     expected_rows = _row_state(trained)
     assert all(len(v) == TABLES[k.split(".")[3]][0] for k, v in expected_rows.items()), expected_rows

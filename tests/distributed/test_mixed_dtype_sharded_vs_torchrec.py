@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rectoolkit.distributed import full_state_dict
+
 from dist_harness import run_workers
 
 torchrec = pytest.importorskip("torchrec")
@@ -82,7 +84,7 @@ def fused_sgd_worker(rank: int, world_size: int) -> None:
     ours = build(rtk, our_mp, our_sp, OurSharder, "exact_sgd")
     # (TorchRec rounds FP16 updates stochastically by default; rectoolkit's round to nearest, TorchRec's False)
     theirs = build(torchrec, their_mp, their_sp, TheirSharder, EmbOptimType.EXACT_SGD, stochastic_rounding=False)
-    our_state = ours.state_dict()
+    our_state = full_state_dict(ours)
     for name, _, _, fp16, _ in TABLES:  # whole tables in their own dtype, as TorchRec's state_dict has them
         assert our_state[f"ebc.embedding_bags.{name}.weight"].dtype == (torch.float16 if fp16 else torch.float32)
     with torch.no_grad():  # TorchRec's DMP initializes its shards afresh: give it rectoolkit's tables
@@ -113,7 +115,7 @@ def fused_sgd_worker(rank: int, world_size: int) -> None:
         assert all(value.dtype == torch.float32 for value in outputs[0].values())
         torch.testing.assert_close(outputs[0], outputs[1], atol=2e-3, rtol=2e-3)
     dist.barrier()
-    our_state = ours.state_dict()
+    our_state = full_state_dict(ours)
     for key, their_value in theirs.state_dict().items():
         replica = not hasattr(their_value, "local_shards")  # a DATA_PARALLEL replica: a plain tensor in TorchRec's
         for offsets, sizes, local in [((0, 0), their_value.shape, their_value)] if replica else _local_slices(their_value):

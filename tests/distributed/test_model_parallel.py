@@ -14,6 +14,8 @@ import warnings
 import pytest
 import torch
 
+from rectoolkit.distributed import full_state_dict
+
 import rectoolkit
 from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.checkpoint import load_saved_shards
@@ -48,7 +50,7 @@ def test_dmp_and_resharding_checkpoint(tmp_path):
     model = DistributedModelParallel(TinyModel(), env=ShardingEnv.local(),
                                      plan=ShardingPlan({PATH: plan_keeping_replicas("row_wise", bag_tables(), 1, 1)}))
     load_checkpoint(model, checkpoint_dir)
-    state = model.state_dict()
+    state = full_state_dict(model)
     assert list(state) == list(reference)
     assert all(torch.equal(state[k], v) for k, v in reference.items())
 

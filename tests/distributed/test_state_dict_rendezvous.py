@@ -1,10 +1,8 @@
-"""state_dict() of a sharded collection gathers whole tables, a collective: what happens when the ranks do not all
-call it alike (2 gloo ranks).
-
-TorchRec's state_dict() needs no other rank, so ported code may call it on rank 0 alone; here that used to wait in
-silence (or, with the other rank in a barrier, pair the table broadcasts with the barrier). Now the ranks meet first
-(rectoolkit.distributed.state.join_gather): a rank waiting alone warns, a rank that left ends the wait with an error,
-and ranks saving different collections raise before any table moves.
+"""state_dict() of a sharded model needs no other rank, as TorchRec's (each rank's shards as ShardedTensors), so
+ported code that saves on rank 0 alone, or edits each rank's local shards as TorchRec's transfer-learning example
+does, runs; full_state_dict() gathers whole tables, a collective: what happens when the ranks do not all call it
+alike (2 gloo ranks). The ranks meet first (rectoolkit.distributed.state.join_gather): a rank waiting alone warns, a
+rank that left ends the wait with an error, and ranks gathering different collections raise before any table moves.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import rectoolkit as rtk
-from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, shard_embedding_bag_collection
+from rectoolkit.distributed import DistributedModelParallel, ShardingEnv, full_state_dict, shard_embedding_bag_collection
 from rectoolkit.distributed import state
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -47,11 +45,12 @@ def _late_worker(rank: int, world_size: int) -> None:
         time.sleep(3.0)  # rank 0 starts state_dict() alone and waits for this rank
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = dmp.state_dict()
+        got = full_state_dict(dmp)
     said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     if rank == 0:
         assert len(said) == 1, said
-        assert "rank 0 has waited" in said[0] and "every rank must call it" in said[0], said[0]
+        assert "full_state_dict(DistributedModelParallel) on rank 0 has waited" in said[0], said[0]
+        assert "every rank must call it" in said[0] and "model.state_dict()" in said[0], said[0]
     else:
         assert said == [], said  # it came last: nobody to wait for (the gather takes milliseconds, not 5 s)
     assert sorted(got) == sorted(expected)
@@ -59,7 +58,7 @@ def _late_worker(rank: int, world_size: int) -> None:
         assert torch.equal(got[key], tensor), key
 
 
-def test_a_rank_that_calls_state_dict_alone_warns_and_still_gets_the_tables_when_the_other_comes():
+def test_a_rank_that_calls_full_state_dict_alone_warns_and_still_gets_the_tables_when_the_other_comes():
     run_workers(_late_worker, 2)
 
 
@@ -72,14 +71,14 @@ def _left_worker(rank: int, world_size: int) -> None:
         os._exit(0)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"rank 0: another rank of its group left or failed .*every rank must call"):
-        sharded.state_dict()
+        full_state_dict(sharded)
     assert time.monotonic() - started < 30.0  # the closed connection ends it (the group's timeout is 60 s)
     del sharded
     dist.destroy_process_group()
     os._exit(0)
 
 
-def test_state_dict_on_one_rank_after_the_other_left_raises_at_once():
+def test_full_state_dict_on_one_rank_after_the_other_left_raises_at_once():
     run_workers(_left_worker, 2)
 
 
@@ -89,11 +88,11 @@ def _different_worker(rank: int, world_size: int) -> None:
     second = shard_embedding_bag_collection(_collection("b"), {"b0": table_wise(1, 20, 4), "b1": table_wise(0, 25, 4)}, env)
     mine = first if rank == 0 else second
     other = 1 - rank
-    with pytest.raises(ValueError, match=rf"on rank {rank}: rank\(s\) \[{other}\] are gathering another collection"):
-        mine.state_dict()
-    # nothing moved and nothing is left half done: both collections still save when the ranks agree
-    assert torch.equal(first.state_dict()["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
-    assert torch.equal(second.state_dict()["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
+    with pytest.raises(ValueError, match=rf"on rank {rank}: rank\(s\) \[{other}\] are gathering other tables"):
+        full_state_dict(mine)
+    # nothing moved and nothing is left half done: both collections still gather when the ranks agree
+    assert torch.equal(full_state_dict(first)["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
+    assert torch.equal(full_state_dict(second)["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
 
 
 def test_ranks_saving_different_collections_at_once_raise_before_any_table_moves():
@@ -107,12 +106,50 @@ def _replicated_worker(rank: int, world_size: int) -> None:
     if rank == 0:  # every table is on every rank: nothing to gather, so rank 0 alone needs nobody
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            got = sharded.state_dict()
+            got = full_state_dict(sharded)
         assert torch.equal(got["embedding_bags.t1.weight"], _collection().embedding_bags["t1"].weight)
 
 
 def test_a_collection_of_replicas_saves_on_one_rank_without_waiting():
     run_workers(_replicated_worker, 2)
+
+
+def _alone_worker(rank: int, world_size: int, path: str) -> None:
+    state.WARN_AFTER_S = 0.1
+    model = _collection()
+    plan = rtk.ShardingPlan({"": {"t0": table_wise(1, 20, 4), "t1": row_wise([0, 1], 25, 4)}})
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(), plan=plan)
+    if rank == 0:  # TorchRec's retrieval example: rank 0 alone saves while rank 1 waits in a barrier
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no waiting, no warning (torch's pickling of a
+            torch.save(dmp.state_dict(), path)            # ShardedTensor warns that it is deprecated: a FutureWarning)
+    dist.barrier()
+    if rank == 0:  # (torch loads a ShardedTensor on the rank that saved it only)
+        saved = torch.load(path, weights_only=False)
+        # rank 0's shards: none of t0 (on rank 1), rows 0-12 of t1; the metadata names every rank's
+        assert [s.metadata.shard_offsets for s in saved["embedding_bags.t0.weight"].local_shards()] == []
+        assert [(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in
+                saved["embedding_bags.t1.weight"].local_shards()] == [([0, 0], [13, 4])]
+        assert [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in
+                saved["embedding_bags.t1.weight"].metadata().shards_metadata] == [([0, 0], [13, 4], 0),
+                                                                                 ([13, 0], [12, 4], 1)]
+        assert torch.equal(saved["embedding_bags.t1.weight"].local_shards()[0].tensor,
+                           _collection().embedding_bags["t1"].weight[:13])
+    # TorchRec's transfer-learning example: each rank writes pretrained rows into its own local shards, then loads
+    pretrained = {f"embedding_bags.t{i}.weight": torch.arange(float((20 + 5 * i) * 4)).view(-1, 4) for i in range(2)}
+    mine = dmp.state_dict()
+    for key, value in mine.items():
+        for shard in value.local_shards():
+            rows, columns = shard.metadata.shard_offsets
+            height, width = shard.metadata.shard_sizes
+            shard.tensor.copy_(pretrained[key][rows:rows + height, columns:columns + width])
+    dmp.load_state_dict(mine)
+    whole = full_state_dict(dmp)
+    assert all(torch.equal(whole[key], tensor) for key, tensor in pretrained.items())
+
+
+def test_state_dict_needs_no_other_rank_and_its_local_shards_load_back(tmp_path):
+    run_workers(_alone_worker, 2, str(tmp_path / "rank0.pt"))
 
 
 def _subgroup_worker(rank: int, world_size: int) -> None:
@@ -123,6 +160,7 @@ def _subgroup_worker(rank: int, world_size: int) -> None:
     second = shard_embedding_bag_collection(_collection("b"), {"b0": table_wise(1, 20, 4), "b1": table_wise(0, 25, 4)},
                                             ShardingEnv.from_process_group(again[rank // 2]))
     assert state.gather_group(first.env) is None  # a group of part of the world gathers without meeting first
+    # torch's ShardedTensor places shards by global rank: there state_dict() holds whole tables (a collective)
     assert torch.equal(first.state_dict()["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
     assert torch.equal(second.state_dict()["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
     # a DMP on the pair plans on the pair's first rank and shares it; tables made on meta start from their init_fn,

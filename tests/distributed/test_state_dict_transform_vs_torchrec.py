@@ -1,6 +1,7 @@
 """rectoolkit.inference.state_dict_transform beside TorchRec 1.8's torchrec.inference.state_dict_transform, on 2 gloo
-ranks: a trained sharded model's state_dict gathered into an unsharded model's (TorchRec's DMP state_dict with its
-ShardedTensors, and rectoolkit's with whole tables), every rank's keys, and a state_dict moved to a device."""
+ranks: a trained sharded model's state_dict gathered into an unsharded model's (each library's DMP state_dict, both
+with a ShardedTensor per sharded table, by each library's function), every rank's keys, and a state_dict moved to a
+device."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def worker(rank: int, world_size: int) -> None:
                for i, (k, v) in enumerate(_model(__import__("rectoolkit")).state_dict().items())}
     sharded = {name: _dmp(name, weights, world_size).state_dict() for name in ("torchrec", "rectoolkit")}
     assert type(sharded["torchrec"]["ebc.embedding_bags.t1.weight"]).__name__ == "ShardedTensor"
+    assert type(sharded["rectoolkit"]["ebc.embedding_bags.t1.weight"]).__name__ == "ShardedTensor"
     filled = {}
     for source in ("torchrec", "rectoolkit"):
         for module in (theirs, ours):
@@ -69,8 +71,8 @@ def worker(rank: int, world_size: int) -> None:
             filled[(source, module.__name__.split(".")[0])] = dst
     for (source, gatherer), dst in filled.items():
         for key, value in weights.items():
-            gathered_here = rank == 0 or source == "rectoolkit" or key.startswith("dense.")
-            expected = value if gathered_here else torch.zeros_like(value)  # TorchRec's ShardedTensors: rank 0 only
+            gathered_here = rank == 0 or key.startswith("dense.")
+            expected = value if gathered_here else torch.zeros_like(value)  # ShardedTensors: to rank 0 only
             assert torch.equal(dst[key], expected), (rank, source, gatherer, key)
     # keys: each rank's own plus the others'
     mine = {f"rank{rank}.x": torch.zeros(1), "shared": torch.zeros(1)}

@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 
+from rectoolkit.distributed import full_state_dict
 from rectoolkit.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
 from dist_harness import run_workers
 from dist_pipeline_workers import assert_identical, batches, build, local_env, path_of, plain_loop
@@ -53,7 +54,7 @@ def semi_sync(case: str, data, start_batch: int, **kwargs):
         losses = [pipeline.progress(feed) for _ in data]
     with pytest.raises(StopIteration):
         pipeline.progress(feed)
-    return losses, dmp.state_dict(), pipeline
+    return losses, full_state_dict(dmp), pipeline
 
 
 @pytest.mark.parametrize("case", ["mixed_a", "sequence_table_wise"])
