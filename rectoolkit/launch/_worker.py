@@ -57,10 +57,36 @@ def _error_payload(exc: BaseException) -> Dict[str, Any]:
             "time": time.time(), "peer_failure": peer_failure}
 
 
+def _sharded_tensor_at(value: Any, path: str = "the return value") -> str:
+    """Where in `value` (dicts, lists and tuples searched) a torch ShardedTensor is, or "". None can exist unless
+    torch's module for it was imported, so nothing is searched then."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    if module is None:
+        return ""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, module.ShardedTensor):
+            return where
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}[{k!r}]") for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return ""
+
+
 def _pickled_result(rank: int, result: Any) -> bytes:
     """The "result" message, or a TypeError that names the rank and the value's type when it cannot be pickled:
     whatever its __reduce__ raises, an Exception or a BaseException (KeyboardInterrupt, SystemExit, one of the
-    caller's own), which would otherwise pass for the rank's own failure."""
+    caller's own), which would otherwise pass for the rank's own failure. A ShardedTensor pickles here but cannot
+    be unpickled outside the workers' process group: refused here, naming where it is."""
+    where = _sharded_tensor_at(result)
+    if where:
+        raise TypeError(f"rank {rank}: {where} is a torch ShardedTensor (a sharded model's state_dict() holds each "
+                        "rank's shards as ShardedTensors, as TorchRec's), which the caller cannot unpickle outside the "
+                        "workers' process group; return whole tensors: rectoolkit.distributed.full_state_dict(model) "
+                        "(a collective: every rank calls it), or this rank's pieces "
+                        "([shard.tensor for shard in value.local_shards()])")
     try:
         return cloudpickle.dumps(("result", result))
     except BaseException as exc:

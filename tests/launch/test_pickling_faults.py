@@ -110,3 +110,29 @@ def test_a_metric_whose_reduce_raises_a_base_exception_is_named_by_its_key():
                         backend="gloo", _send=lambda metrics: cloudpickle.dumps(metrics))
     with pytest.raises(TypeError, match=r"ctx.report: metric\(s\) \['odd'\] cannot be pickled .*Fatal"):
         ctx.report(step=2, odd=Odd())
+
+
+def test_a_sharded_state_dict_returned_is_named_with_the_fix():
+    """A sharded model's state_dict() holds ShardedTensors (TorchRec's): they pickle on the worker but cannot be
+    unpickled in the caller (no process group there); the worker refuses them, naming the key and the fix."""
+    work = _notebook_function("""
+        import rectoolkit as rtk
+
+        def work(ctx):
+            from rectoolkit.distributed import DistributedModelParallel, full_state_dict
+
+            ebc = rtk.EmbeddingBagCollection([rtk.EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4,
+                                                                      feature_names=["f"])])
+            shards = [rtk.ShardMetadata.on_rank(r, 5 * r, 0, 5, 4) for r in range(2)]
+            plan = rtk.ShardingPlan({"": {"t": rtk.ParameterSharding("row_wise", ranks=[0, 1], shards=shards)}})
+            dmp = DistributedModelParallel(ebc, plan=plan)
+            whole = full_state_dict(dmp)
+            return {"step": 3, "state": dmp.state_dict()} if ctx.rank == 1 else whole
+    """, "work")
+    with pytest.raises(WorkerError) as info:
+        launch(work, 2, echo_output=False)
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "TypeError", str(error)
+    assert "rank 1: the return value['state']['embedding_bags.t.weight'] is a torch ShardedTensor" in \
+        error.exc_message, error.exc_message
+    assert "full_state_dict(model)" in error.exc_message, error.exc_message
