@@ -144,26 +144,29 @@ def load_table(collection, table: str, saved: torch.Tensor, local: Optional[Dict
         weight.copy_(full[r0:r0 + weight.shape[0], c0:c0 + weight.shape[1]])
 
 
+def _device_here(placed: torch.device) -> torch.device:
+    """This rank's device of the kind a shard is placed on (another rank's "cuda:3" is this rank's current GPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if placed.type == "cuda" else placed
+
+
 @torch.no_grad()
 def gather_sharded_tensor(value) -> torch.Tensor:
-    """A ShardedTensor's whole tensor on every rank of its group (collective): each shard broadcast by its owner."""
+    """A ShardedTensor's whole tensor on every rank of its group (collective): each shard broadcast by its owner,
+    on the device kind its placement names (NCCL moves GPU shards, gloo CPU ones)."""
     metadata = value.metadata()
     group = value._process_group
     rank = dist.get_rank()
     mine = {tuple(s.metadata.shard_offsets): s.tensor for s in value.local_shards()}
-    if mine:
-        device = next(iter(mine.values())).device
-    else:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
-            torch.device("cpu")
     dtype = metadata.tensor_properties.dtype
+    device = next(iter(mine.values())).device if mine else \
+        _device_here(metadata.shards_metadata[0].placement.device())
     full = torch.empty(list(metadata.size), dtype=dtype, device=device)
     for shard in metadata.shards_metadata:
         owner = shard.placement.rank()
         if owner == rank:
-            buffer = mine[tuple(shard.shard_offsets)].detach().to(device=device, dtype=dtype).contiguous()
+            buffer = mine[tuple(shard.shard_offsets)].detach().to(dtype=dtype).contiguous()
         else:
-            buffer = torch.empty(shard.shard_sizes, dtype=dtype, device=device)
+            buffer = torch.empty(shard.shard_sizes, dtype=dtype, device=_device_here(shard.placement.device()))
         dist.broadcast(buffer, src=owner, group=group)  # (the whole world's group: global rank = group rank)
         full[tuple(slice(o, o + n) for o, n in zip(shard.shard_offsets, shard.shard_sizes))] = buffer
     return full
