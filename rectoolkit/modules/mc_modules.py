@@ -312,8 +312,8 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
                        else "pass input_hash_func (e.g. lambda ids, size: ids % size) or a larger input_hash_size")
                 raise ValueError(f"{self._subject}: feature {key!r} has id {bad} outside [0, input_hash_size="
                                  f"{self._input_hash_size}); {fix}")
-            processed[key] = JaggedTensor(values=values, lengths=feature.lengths(),
-                                          weights=feature.weights_or_none())
+            processed[key] = JaggedTensor(values=values, lengths=feature.lengths(),  # (its lengths, checked)
+                                          weights=feature.weights_or_none(), validate=False)
         return processed
 
     def profile(self, features: Dict[str, JaggedTensor]) -> Dict[str, JaggedTensor]:
@@ -351,7 +351,8 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             slots = torch.searchsorted(self._mch_sorted_raw_ids[:-1], values.to(torch.int64))
             hit = self._mch_sorted_raw_ids[slots] == values
             rows = torch.where(hit, self._mch_remapped_ids_mapping[slots], miss_row).to(values.dtype)
-            remapped[key] = JaggedTensor(values=rows, lengths=feature.lengths(), weights=feature.weights_or_none())
+            remapped[key] = JaggedTensor(values=rows, lengths=feature.lengths(), weights=feature.weights_or_none(),
+                                         validate=False)  # (one row per id of a checked feature)
         return remapped
 
     def forward(self, features: Dict[str, JaggedTensor], mutate_miss_lengths: bool = True) -> Dict[str, JaggedTensor]:
@@ -505,7 +506,7 @@ class ManagedCollisionCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor, mutate_miss_lengths: bool = True) -> KeyedJaggedTensor:
         """The features' ids remapped, table by table; keys in the configs' order."""
         features, per_table = features_by_table(features, self._table_to_features)
-        remapped = [module({table: JaggedTensor(values=kjt.values(), lengths=kjt.lengths())},
+        remapped = [module({table: JaggedTensor(values=kjt.values(), lengths=kjt.lengths(), validate=False)},
                            mutate_miss_lengths=mutate_miss_lengths)[table]
                     for (table, module), kjt in zip(self._managed_collision_modules.items(), per_table)]
         return with_remapped_ids(features, [jt.values() for jt in remapped], [jt.lengths() for jt in remapped])
