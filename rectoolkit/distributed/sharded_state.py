@@ -34,18 +34,29 @@ from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetada
 
 from rectoolkit.plan.types import ShardMetadata
 
-__all__ = ["ShardedTensor", "sharded_tensor_group", "weight_sharded_tensor", "table_sharded_tensors", "rowwise_layout", "copy_into_sharded"]
+__all__ = ["ShardedTensor", "sharded_tensor_group", "global_ranks", "weight_sharded_tensor", "table_sharded_tensors", "rowwise_layout", "copy_into_sharded"]
 
 
 def sharded_tensor_group(env) -> Optional[dist.ProcessGroup]:
     """The process group a collection's ShardedTensors live on, or None where there are none: without
-    torch.distributed, or on a group that is not the whole world (torch's ShardedTensor places shards by global rank
-    and checks them against the group's size). There the optimizer holds this rank's tensors plainly."""
+    torch.distributed, or on an environment that is not a process group's (ranks held in one process). On a group of
+    part of the world (a 2D layout's sharding group) the shards are placed by global rank, as torch's ShardedTensor
+    places them (`global_ranks`). Where there is none the optimizer holds this rank's tensors plainly."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    if env.world_size != dist.get_world_size() or env.rank != dist.get_rank():
+    group = env.pg if env.pg is not None else dist.group.WORLD
+    if env.pg is None and env.world_size != dist.get_world_size():
         return None
-    return env.pg if env.pg is not None else dist.group.WORLD
+    if dist.get_world_size(group) != env.world_size or dist.get_rank(group) != env.rank:
+        return None  # (this process is not the environment's rank of that group)
+    return group
+
+
+def global_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
+    """Each rank of `group` (a plan's rank) as its global rank (what a ShardedTensor placement names)."""
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return dist.get_process_group_ranks(group)
 
 
 def _torch_metadata(offsets: Sequence[int], sizes: Sequence[int], placement: str) -> TorchShardMetadata:
@@ -56,10 +67,12 @@ def _properties(tensor: torch.Tensor) -> TensorProperties:
     return TensorProperties(dtype=tensor.dtype, layout=tensor.layout, requires_grad=tensor.requires_grad)
 
 
-def _placed(shard: ShardMetadata, device, rank: Optional[int]) -> str:
+def _placed(shard: ShardMetadata, device, rank: Optional[int], ranks: Optional[Sequence[int]] = None) -> str:
     """The shard's placement: this rank's on `device` (where its tensor is: torch checks the two agree), another
-    rank's on the device the plan places it (all on `device` when `rank` is None)."""
-    return f"rank:{shard.rank}/{device if rank is None or shard.rank == rank else shard.device}"
+    rank's on the device the plan places it (all on `device` when `rank` is None). `rank` and the shard's rank are
+    the plan's (its group's); the placement names the global rank, `ranks[plan rank]` (the same without `ranks`)."""
+    where = device if rank is None or shard.rank == rank else shard.device
+    return f"rank:{shard.rank if ranks is None else ranks[shard.rank]}/{where}"
 
 
 def _same_shard(a: ShardMetadata, b: ShardMetadata) -> bool:
@@ -68,7 +81,8 @@ def _same_shard(a: ShardMetadata, b: ShardMetadata) -> bool:
 
 def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: ShardMetadata,
                    local_world_size: int, dtype: torch.dtype = torch.float32,
-                   device: str = "cpu", rank: Optional[int] = None) -> ShardedTensorMetadata:
+                   device: str = "cpu", rank: Optional[int] = None,
+                   ranks: Optional[Sequence[int]] = None) -> ShardedTensorMetadata:
     """TorchRec's layout of a rowwise state (one value per row of each shard). Column-wise and grid tables are
     told from this rank's shard `local`, as TorchRec tells them (its columns not the table's: column-wise; its rows
     not the table's either: grid)."""
@@ -82,7 +96,7 @@ def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: 
             offset, rolling = rolling, rolling + shard.shard_sizes[0]
         elif column_split:
             offset = index * shard.shard_sizes[0]
-        metadata.append(_torch_metadata([offset], [shard.shard_sizes[0]], _placed(shard, device, rank)))
+        metadata.append(_torch_metadata([offset], [shard.shard_sizes[0]], _placed(shard, device, rank, ranks)))
     stacked = len(ordered) if column_split and not grid else 1
     grid_nodes = len(ordered) // local_world_size if grid else 1
     return ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([rows * stacked * grid_nodes]),
@@ -90,22 +104,23 @@ def rowwise_layout(shards: Sequence[ShardMetadata], rows: int, dim: int, local: 
 
 
 def _state_layout(name: str, value: torch.Tensor, shards: Sequence[ShardMetadata], rows: int, dim: int,
-                  local: ShardMetadata, local_world_size: int, rank: int) -> Tuple[ShardedTensorMetadata, List[int]]:
+                  local: ShardMetadata, local_world_size: int, rank: int,
+                  ranks: Sequence[int]) -> Tuple[ShardedTensorMetadata, List[int]]:
     """The global layout of one state and, per global shard (plan order), its index in that layout."""
     device = str(value.device)
     if value.numel() == 1 and not name.endswith(".momentum1"):  # one value per shard (TorchRec's test, as it is)
-        metadata = [_torch_metadata([i], [1], _placed(s, device, rank)) for i, s in enumerate(shards)]
+        metadata = [_torch_metadata([i], [1], _placed(s, device, rank, ranks)) for i, s in enumerate(shards)]
         layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([len(shards)]),
                                        tensor_properties=TensorProperties(dtype=value.dtype, requires_grad=False))
         return layout, list(range(len(shards)))
     if value.dim() == 1:
-        layout = rowwise_layout(shards, rows, dim, local, local_world_size, value.dtype, device, rank)
+        layout = rowwise_layout(shards, rows, dim, local, local_world_size, value.dtype, device, rank, ranks)
         column_split = local.shard_sizes[1] != dim
         order = sorted(range(len(shards)), key=lambda i: shards[i].shard_offsets[1]) if column_split \
             else list(range(len(shards)))
         position = {shard_index: k for k, shard_index in enumerate(order)}
         return layout, [position[i] for i in range(len(shards))]
-    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, device, rank)) for s in shards]
+    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, device, rank, ranks)) for s in shards]
     layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([rows, dim]),
                                    tensor_properties=TensorProperties(dtype=value.dtype, requires_grad=False))
     return layout, list(range(len(shards)))
@@ -130,9 +145,9 @@ def weight_sharded_tensor(table: str, rows: int, dim: int, shards: Sequence[Shar
     shard here, TorchRec's empty ShardedTensor); one global shard per plan shard, in the plan's order. The local
     tensors are the given ones (no copy, no communication)."""
     where = _plan_positions(table, shards, [shard for shard, _ in local])
-    rank = dist.get_rank()
+    rank, ranks = dist.get_rank(group), global_ranks(group)
     here = local[0][1].device if local else device
-    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, here, rank)) for s in shards]
+    metadata = [_torch_metadata(s.shard_offsets, s.shard_sizes, _placed(s, here, rank, ranks)) for s in shards]
     properties = _properties(local[0][1]) if local else TensorProperties(dtype=dtype, requires_grad=False)
     return ShardedTensor._init_from_local_shards_and_global_metadata(
         [Shard(w, metadata[i]) for (_, w), i in zip(local, where)],
@@ -151,12 +166,13 @@ def table_sharded_tensors(table: str, rows: int, dim: int, shards: Sequence[Shar
     first = local[0][1]
     weight = weight_sharded_tensor(table, rows, dim, shards, [(shard, w) for shard, w, _ in local], group,
                                    first.device, first.dtype)
-    rank = dist.get_rank()
+    rank, ranks = dist.get_rank(group), global_ranks(group)
     states: Dict[str, ShardedTensor] = {}
     names = list(local[0][2]) if local else []
     for name in names:
         values = [state[name] for _, _, state in local]
-        layout, position = _state_layout(name, values[0], shards, rows, dim, local[0][0], local_world_size, rank)
+        layout, position = _state_layout(name, values[0], shards, rows, dim, local[0][0], local_world_size, rank,
+                                         ranks)
         local_shards = [Shard(v, layout.shards_metadata[position[i]]) for v, i in zip(values, where)]
         states[name] = ShardedTensor._init_from_local_shards_and_global_metadata(local_shards, layout,
                                                                                 process_group=group)
@@ -204,10 +220,10 @@ def row_block_sharded_tensor(tensor: torch.Tensor, start: int, blocks: Sequence[
                              group: dist.ProcessGroup) -> ShardedTensor:
     """`tensor`, this rank's row block at row `start`, as a ShardedTensor of all the blocks: (start, rows, rank)
     each, stacked along dim 0 (a row-wise managed-collision table's per-row state, as TorchRec's)."""
-    rest = list(tensor.shape[1:])
-    metadata = [_torch_metadata([first] + [0] * len(rest), [rows] + rest, f"rank:{rank}/{tensor.device}")
+    rest, ranks, here = list(tensor.shape[1:]), global_ranks(group), dist.get_rank(group)
+    metadata = [_torch_metadata([first] + [0] * len(rest), [rows] + rest, f"rank:{ranks[rank]}/{tensor.device}")
                 for first, rows, rank in blocks]
-    mine = [m for m, (first, _, rank) in zip(metadata, blocks) if first == start and rank == dist.get_rank()]
+    mine = [m for m, (first, _, rank) in zip(metadata, blocks) if first == start and rank == here]
     layout = ShardedTensorMetadata(shards_metadata=metadata, size=torch.Size([sum(b[1] for b in blocks)] + rest),
                                    tensor_properties=_properties(tensor))
     return ShardedTensor._init_from_local_shards_and_global_metadata([Shard(tensor, mine[0])], layout,

@@ -9,9 +9,10 @@
 As in TorchRec, `state_dict()` of a sharded collection or a DistributedModelParallel gives each sharded table as a
 torch ShardedTensor (`.local_shards()`: this rank's blocks, views of the live weights; `.metadata()`: every rank's),
 a DATA_PARALLEL table as its replica, and needs no other rank, so `if rank == 0: torch.save(model.state_dict(), ...)`
-is fine, and torch.distributed.checkpoint saves each rank's shards and reshards on load. Where there is no
-ShardedTensor to make (one process without torch.distributed, or a collection on a group of part of the world: torch
-places ShardedTensor shards by global rank) the state_dict holds whole tables, gathered (a collective there).
+is fine, and torch.distributed.checkpoint saves each rank's shards and reshards on load. A collection on a group of
+part of the world (a 2D layout's sharding group) places its shards by global rank, as torch's ShardedTensor does.
+Where there is no ShardedTensor to make (one process without torch.distributed, or ranks held in one process) the
+state_dict holds whole tables.
 
 `full_state_dict` gathers every ShardedTensor into a whole tensor on every rank (its owner broadcasts each shard, so
 the bits are exactly the shard's bits): the unsharded model's state, loadable into a model of any plan, or none. It
@@ -167,7 +168,7 @@ def gather_sharded_tensor(value) -> torch.Tensor:
             buffer = mine[tuple(shard.shard_offsets)].detach().to(dtype=dtype).contiguous()
         else:
             buffer = torch.empty(shard.shard_sizes, dtype=dtype, device=_device_here(shard.placement.device()))
-        dist.broadcast(buffer, src=owner, group=group)  # (the whole world's group: global rank = group rank)
+        dist.broadcast(buffer, src=owner, group=group)  # (src: a global rank, as placements name them)
         full[tuple(slice(o, o + n) for o, n in zip(shard.shard_offsets, shard.shard_sizes))] = buffer
     return full
 
@@ -180,10 +181,14 @@ def full_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
     if not sharded:
         return state
     group = _GATHER_GROUPS.get(dist.group.WORLD)
-    if group is not None:
+    # (the ranks meet on the world's group over the tables every rank holds: those on groups of part of the world,
+    # a 2D layout's, differ from group to group)
+    everywhere = [(key, value) for key, value in sharded
+                  if dist.get_world_size(value._process_group) == dist.get_world_size()]
+    if group is not None and everywhere:
         layout = repr([(key, list(value.metadata().size),
                         [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in value.metadata().shards_metadata])
-                       for key, value in sharded])
+                       for key, value in everywhere])
         join_gather(group, int.from_bytes(hashlib.sha1(layout.encode()).digest()[:8], "little", signed=True),
                     f"full_state_dict({type(module).__name__}) on rank {dist.get_rank()}")
     for key, value in sharded:

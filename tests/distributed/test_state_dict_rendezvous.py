@@ -152,29 +152,53 @@ def test_state_dict_needs_no_other_rank_and_its_local_shards_load_back(tmp_path)
     run_workers(_alone_worker, 2, str(tmp_path / "rank0.pt"))
 
 
-def _subgroup_worker(rank: int, world_size: int) -> None:
+def _subgroup_worker(rank: int, world_size: int, path: str) -> None:
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # (every rank makes every group)
     again = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # other groups of the same ranks
+    pair, first_rank = pairs[rank // 2], 2 * (rank // 2)
     first = shard_embedding_bag_collection(_collection("a"), {"a0": table_wise(0, 20, 4), "a1": row_wise([0, 1], 25, 4)},
-                                           ShardingEnv.from_process_group(pairs[rank // 2]))
+                                           ShardingEnv.from_process_group(pair))
     second = shard_embedding_bag_collection(_collection("b"), {"b0": table_wise(1, 20, 4), "b1": table_wise(0, 25, 4)},
                                             ShardingEnv.from_process_group(again[rank // 2]))
     assert state.gather_group(first.env) is None  # a group of part of the world gathers without meeting first
-    # torch's ShardedTensor places shards by global rank: there state_dict() holds whole tables (a collective)
-    assert torch.equal(first.state_dict()["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
-    assert torch.equal(second.state_dict()["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
+    # each rank's shards as a ShardedTensor on the pair, placed by global rank (torch's ShardedTensor names them so)
+    a1 = first.state_dict()["embedding_bags.a1.weight"]
+    assert state.is_sharded_tensor(a1) and a1._process_group is pair
+    assert [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in a1.metadata().shards_metadata] == \
+        [([0, 0], [13, 4], first_rank), ([13, 0], [12, 4], first_rank + 1)]
+    ours = rank - first_rank
+    assert [(s.metadata.shard_offsets, s.metadata.placement.rank()) for s in a1.local_shards()] == \
+        [([13 * ours, 0], rank)]
+    assert torch.equal(a1.local_shards()[0].tensor, _collection("a").embedding_bags["a1"].weight[13 * ours:][:[13, 12][ours]])
+    # whole tables gathered within each pair, both pairs at once
+    assert torch.equal(full_state_dict(first)["embedding_bags.a1.weight"], _collection("a").embedding_bags["a1"].weight)
+    assert torch.equal(full_state_dict(second)["embedding_bags.b0.weight"], _collection("b").embedding_bags["b0"].weight)
     # a DMP on the pair plans on the pair's first rank and shares it; tables made on meta start from their init_fn,
     # replicas broadcast from the pair's first rank: every table is the same on both ranks of the pair
     with torch.device("meta"):
         model = rtk.EmbeddingBagCollection(_tables("c"))
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pairs[rank // 2]))
-    mine = dmp.state_dict()
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pair))
+    whole = full_state_dict(dmp)
     both = [None, None]
-    dist.all_gather_object(both, mine, group=pairs[rank // 2])
-    assert sorted(mine) == ["embedding_bags.c0.weight", "embedding_bags.c1.weight"]
-    for key in mine:
+    dist.all_gather_object(both, whole, group=pair)
+    assert sorted(whole) == ["embedding_bags.c0.weight", "embedding_bags.c1.weight"]
+    for key in whole:
         assert torch.equal(both[0][key], both[1][key]) and bool(both[0][key].abs().sum() > 0), key
+    # the fused optimizer's tables are ShardedTensors on the pair too
+    for name, param in dmp.fused_optimizer.params.items():
+        if state.is_sharded_tensor(param):
+            assert param._process_group is pair, name
+            assert {s.placement.rank() for s in param.metadata().shards_metadata} <= {first_rank, first_rank + 1}
+    # the pair's first rank saves alone (no other rank waits or is waited for); its shards come back
+    if rank == first_rank:
+        torch.save(first.state_dict(), f"{path}.{rank}")
+        from torch.distributed._shard.api import load_with_process_group
+
+        with load_with_process_group(pair):  # (torch loads a ShardedTensor of a group within that group)
+            saved = torch.load(f"{path}.{rank}", weights_only=False)["embedding_bags.a1.weight"]
+        assert torch.equal(saved.local_shards()[0].tensor, _collection("a").embedding_bags["a1"].weight[:13])
+    dist.barrier()
 
 
-def test_collections_on_groups_of_part_of_the_world_gather_from_their_own_ranks():
-    run_workers(_subgroup_worker, 4)
+def test_collections_on_groups_of_part_of_the_world_hold_sharded_tensors_placed_by_global_rank(tmp_path):
+    run_workers(_subgroup_worker, 4, str(tmp_path / "pair.pt"))
