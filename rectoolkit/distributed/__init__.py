@@ -5,6 +5,7 @@ from rectoolkit.distributed.comm import CommStats, ShardingEnv
 from rectoolkit.distributed.sharded_ebc import ShardedEmbeddingBagCollection, shard_embedding_bag_collection
 from rectoolkit.distributed.sharded_ec import ShardedEmbeddingCollection, shard_embedding_collection
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
+from rectoolkit.distributed.two_dimensional import DMPCollection
 from rectoolkit.distributed.state import full_state_dict, gather_table, load_table
 from rectoolkit.distributed.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rectoolkit.distributed.agree import PlanMismatchError, check_same_plan

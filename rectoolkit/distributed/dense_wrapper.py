@@ -73,7 +73,7 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
                 "dmp.module.<module>.to_empty(device=...) and initialize them) and then call init_data_parallel(), or "
                 "build the DMP with init_parameters=True")
         dense = [p for name, p in module.named_parameters() if p.requires_grad and name not in ignore]
-        if env.world_size == 1 or not dense:
+        if dense_world_size(env) == 1 or not dense:
             return
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(ignore))
         group = dense_group(env)
@@ -98,13 +98,20 @@ def dense_group(env: ShardingEnv) -> dist.ProcessGroup:
     among the embedding collectives on env.pg. Made by every rank of the world when env's ranks are the whole world;
     a group of part of the world is made by its own ranks alone (the groups of a 2D layout make theirs at once),
     which torch allows once per set of ranks (it names the group after them): every DMP on those ranks shares it."""
-    ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(dist.get_world_size()))
+    pg = env.process_group  # (env.pg, or a 2D layout's global group: its dense part is data-parallel over the world)
+    ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
     if len(ranks) == dist.get_world_size():
-        return dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg))
-    key = (dist.group.WORLD, tuple(ranks), dist.get_backend(env.pg))
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(pg))
+    key = (dist.group.WORLD, tuple(ranks), dist.get_backend(pg))
     if key not in _PART_GROUPS:
-        _PART_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(env.pg), use_local_synchronization=True)
+        _PART_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
     return _PART_GROUPS[key]
+
+
+def dense_world_size(env: ShardingEnv) -> int:
+    """How many ranks the dense part is data-parallel over: env's, or a 2D layout's whole world."""
+    pg = env.process_group
+    return dist.get_world_size(pg) if pg is not None and pg is not env.pg else env.world_size
 
 
 def sharded_state_names(module: nn.Module, sharded: Iterable[nn.Module], extra: Iterable[str] = ()) -> List[str]:

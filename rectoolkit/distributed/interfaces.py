@@ -66,7 +66,9 @@ class PipelineType(Enum):
 
 
 class ShardingStrategy(Enum):
-    """TorchRec's sharding strategies for its DMPCollection (2-D parallelism, not in rectoolkit)."""
+    """TorchRec's sharding strategies of DMPCollection (rectoolkit.distributed.two_dimensional). DEFAULT and
+    PER_MODULE average the replicas in sync(); FULLY_SHARDED (weights reduce-scattered over the replica group each
+    step) is not implemented."""
 
     DEFAULT = "default"
     PER_MODULE = "per_module"

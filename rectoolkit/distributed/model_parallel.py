@@ -584,3 +584,13 @@ def get_module(module: nn.Module) -> nn.Module:
     while isinstance(module, DistributedModelParallel):
         module = module._dmp_wrapped_module
     return module
+
+
+def __getattr__(name: str) -> Any:
+    """TorchRec's DMPCollection, at its path (defined in rectoolkit.distributed.two_dimensional, which builds on this
+    module)."""
+    if name == "DMPCollection":
+        from rectoolkit.distributed.two_dimensional import DMPCollection
+
+        return DMPCollection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """TorchRec's module path torchrec.distributed.types (a path module: re-exports only; see rectoolkit.compat).
 
-The plan types (defined in rectoolkit.plan.types), the sharding environment (rectoolkit.distributed.comm), TorchRec's
+The plan types (defined in rectoolkit.plan.types), the sharding environment (rectoolkit.distributed.comm; the 2D one
+and DMPCollectionConfig: rectoolkit.distributed.two_dimensional), TorchRec's
 interfaces and enums (ShardedModule, ParameterStorage, ...: rectoolkit.distributed.interfaces; ShardingPlanner:
 rectoolkit.planner.interface) and
 LazyAwaitable (rectoolkit.distributed.awaitable), CommOp and QuantizedCommCodecs
@@ -32,6 +33,7 @@ from rectoolkit.distributed.interfaces import (
     rank_device,
 )
 from rectoolkit.distributed.sharders import ModuleSharder
+from rectoolkit.distributed.two_dimensional import DMPCollectionConfig, ShardingEnv2D
 from rectoolkit.distributed.utils import ShardingBucketMetadata
 from rectoolkit.modules.configs import DataType
 from rectoolkit.plan.types import (
@@ -51,9 +53,9 @@ from rectoolkit.planner.interface import ShardingPlanner
 
 __all__ = [
     "Awaitable", "BoundsCheckMode", "CacheAlgorithm", "CacheParams", "CacheStatistics", "CommOp",
-    "compute_storage_usage", "ComputeDevice", "ComputeKernel", "DataType", "EmbeddingModuleShardingPlan",
+    "compute_storage_usage", "ComputeDevice", "ComputeKernel", "DataType", "DMPCollectionConfig", "EmbeddingModuleShardingPlan",
     "EnumerableShardingSpec", "get_tensor_size_bytes", "LazyAwaitable", "LazyNoWait", "ModuleSharder",
     "ModuleShardingPlan", "NoOpQuantizedCommCodec", "NoWait", "NullShardedModuleContext", "NullShardingContext",
     "ParameterConstraints", "ParameterSharding", "ParameterStorage", "PipelineType", "QuantizedCommCodec",
-    "QuantizedCommCodecs", "rank_device", "ShardedModule", "ShardingBucketMetadata", "ShardingEnv", "ShardingPlan",
+    "QuantizedCommCodecs", "rank_device", "ShardedModule", "ShardingBucketMetadata", "ShardingEnv", "ShardingEnv2D", "ShardingPlan",
     "ShardingPlanner", "ShardingStrategy", "ShardingType", "ShardMetadata", "StorageUsageType"]

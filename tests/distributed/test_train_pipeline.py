@@ -308,10 +308,12 @@ def test_errors_name_the_problem_and_the_fix():
         TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
     dmp, dmp_optimizer = build("table_wise", 1, local_env())
     for name, value in [("apply_jit", True), ("enqueue_batch_after_forward", True), ("free_features_storage_early", True),
-                        ("clear_data_dist_inputs", True), ("pipeline_postproc", True), ("enable_inplace_copy_batch", True),
-                        ("dmp_collection_sync_interval_batches", 4)]:
+                        ("clear_data_dist_inputs", True), ("pipeline_postproc", True), ("enable_inplace_copy_batch", True)]:
         with pytest.raises(NotImplementedError, match=name):
             TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu"), **{name: value})
+    for interval in (0, 1.5):
+        with pytest.raises(ValueError, match=rf"dmp_collection_sync_interval_batches={interval}\).*an int >= 1"):
+            TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu"), dmp_collection_sync_interval_batches=interval)
     pipeline = TrainPipelineSparseDist(dmp, dmp_optimizer, torch.device("cpu"))
     with pytest.raises(TypeError, match="takes an iterator.*iter\\(dataloader\\)"):
         pipeline.progress(batches(0, 1, 2))  # a list, not an iterator

@@ -108,6 +108,7 @@ class TrainPipelineSemiSync(TrainPipelineSparseDist[In, Out]):
         if self._model.training:
             torch.sum(losses, dim=0).backward()
             _embedding_backward(looked_up)
+            self._after_backward()
             if semi_sync and self._stash_gradients:
                 self._grad_swap()
             if not (index == self._start_batch and self._stash_gradients):  # nothing stashed yet: TorchRec skips

@@ -87,8 +87,18 @@ class TrainPipeline(Generic[In, Out]):
 
     def sync_embeddings(self, model: nn.Module, interval_batches: Optional[int],
                         context: Optional[TrainPipelineContext] = None) -> None:
-        """TorchRec syncs the replicas of its 2D-parallel DMPCollection here and does nothing for any other model;
-        rectoolkit has no DMPCollection, so there is nothing to sync."""
+        """TorchRec's: a 2D-parallel DMPCollection's replicas synced (`model.sync()`) when the context's batch index
+        is a multiple of `interval_batches`; nothing for any other model, or with `interval_batches` None. The
+        pipelines call it after each backward, before the optimizer step."""
+        from rectoolkit.distributed.two_dimensional import DMPCollection
+
+        if not isinstance(model, DMPCollection) or interval_batches is None:
+            return
+        if context is None or context.index is None:
+            raise ValueError(f"{type(self).__name__}.sync_embeddings: give a context with the batch's index "
+                             "(TrainPipelineContext(index=i)); it syncs every `interval_batches` batches by it")
+        if context.index % interval_batches == 0:
+            model.sync()
 
 
 class TrainPipelineBase(TrainPipeline[In, Out]):
@@ -169,8 +179,12 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         if self._model.training:
             with self._autograd_context():
                 torch.sum(losses, dim=0).backward()
+            self._after_backward()
             self._optimizer.step()
         return output
+
+    def _after_backward(self) -> None:
+        """What runs between a step's backward and its optimizer step (TrainPipelineSparseDist: sync_embeddings)."""
 
     def _autograd_context(self) -> ContextManager:
         """What the forward and the backward each run under: nothing here (TrainPipelineSparseDistCompAutograd:
@@ -210,8 +224,9 @@ class TrainPipelineSparseDist(TrainPipelineBase[In, Out]):
             too (every batch is trained on). False: stop as soon as the dataloader runs out, leaving the last two
             batches untrained, as TorchRec does.
         custom_model_fwd: `batch -> (loss, output)`, called instead of model(batch).
-        dmp_collection_sync_interval_batches: for TorchRec's 2D-parallel DMPCollection; rectoolkit has none, so
-            only 1 (the default) and None (both: nothing to sync) are accepted.
+        dmp_collection_sync_interval_batches: a DMPCollection's replicas are synced (its sync()) after the backward
+            of every batch whose index is a multiple of it (1: every batch, TorchRec's default); None: never. Nothing
+            for any other model.
         background_input_dist (rectoolkit's): True (default): the next batches' input_dist work (split, route,
             start the all-to-alls) runs on a thread of the pipeline's own while this batch trains; False: on the
             calling thread, before this batch's forward. The numbers are the same either way.
@@ -242,10 +257,12 @@ class TrainPipelineSparseDist(TrainPipelineBase[In, Out]):
                 "the next batch is loaded before the forward")
         _refuse("free_features_storage_early", free_features_storage_early, False, "the batch's KJT is kept")
         _refuse("clear_data_dist_inputs", clear_data_dist_inputs, False, "the batch's KJT is kept")
-        if dmp_collection_sync_interval_batches not in (1, None):
-            raise NotImplementedError(
-                f"TrainPipelineSparseDist(dmp_collection_sync_interval_batches={dmp_collection_sync_interval_batches}"
-                "): it syncs TorchRec's 2D-parallel DMPCollection, which rectoolkit does not have; leave it at 1")
+        if dmp_collection_sync_interval_batches is not None and not (
+                isinstance(dmp_collection_sync_interval_batches, int) and dmp_collection_sync_interval_batches > 0):
+            raise ValueError(f"{type(self).__name__}(dmp_collection_sync_interval_batches="
+                             f"{dmp_collection_sync_interval_batches!r}): give how many batches apart a DMPCollection's "
+                             "replicas are synced (an int >= 1), or None to never sync them")
+        self._sync_interval = dmp_collection_sync_interval_batches
         dmp = _dmp_of(model)
         super().__init__(model, optimizer, device, custom_model_fwd, enable_inplace_copy_batch)
         self._custom_model_fwd = custom_model_fwd
@@ -368,6 +385,9 @@ class TrainPipelineSparseDist(TrainPipelineBase[In, Out]):
         self._ahead.pop(0)
         self._batch_count += 1
         return output
+
+    def _after_backward(self) -> None:
+        self.sync_embeddings(self._model, self._sync_interval, TrainPipelineContext(index=self._batch_count))
 
     def _before_work_ahead(self) -> None:
         """What a subclass runs in a pipelined step before the work ahead starts (TrainPipelineFusedSparseDist:
@@ -520,6 +540,10 @@ def _ahead_env(env: Any) -> Any:
     if env.world_size == 1:
         return env
     ranks = dist.get_process_group_ranks(env.pg) if env.pg is not None else list(range(env.world_size))
+    mesh = getattr(env, "device_mesh", None)
+    if mesh is not None:  # a DMPCollection's sharding group: every rank makes every group's (rows of the 2D mesh)
+        groups = [dist.new_group(ranks=row, backend=dist.get_backend(env.pg)) for row in mesh.mesh.tolist()]
+        return env.with_group(groups[[ranks == row for row in mesh.mesh.tolist()].index(True)])
     if len(ranks) < dist.get_world_size():
         raise NotImplementedError(
             f"TrainPipelineSparseDist on a process group of part of the world (ranks {ranks} of "
