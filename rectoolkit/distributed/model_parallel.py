@@ -373,7 +373,10 @@ class DistributedModelParallel(nn.Module):
             raise NotImplementedError("DistributedModelParallel.copy: the dense part is wrapped in DDP, which cannot be "
                                       "copied; build the DMP with init_data_parallel=False, copy it, then call "
                                       "init_data_parallel() on each")
-        groups = {id(g): g for g in (self.env.pg, dist.GroupMember.WORLD) if g is not None}
+        from torch.distributed.device_mesh import DeviceMesh
+
+        shared = (*vars(self.env).values(), dist.GroupMember.WORLD)  # (a 2D env's groups and mesh too)
+        groups = {id(g): g for g in shared if isinstance(g, (dist.ProcessGroup, DeviceMesh))}
         return copy.deepcopy(self, memo=groups)
 
     # ------------------------------------------------------------------ running

@@ -46,8 +46,9 @@ def make_replicas(spec: ShardingGroupSpec) -> nn.ParameterDict:
     return replicas
 
 
-def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[int]) -> None:
-    """dp_allreduce of every table's gradient (`sizes`: values per table, in `flat`'s order), in place.
+def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[int], name: str = "dp_allreduce") -> None:
+    """Sum every table's gradient over env's ranks (`sizes`: values per table, in `flat`'s order), in place, counted
+    under `name` (a DMPCollection's sync() sums its shards over the replica group so, as "sync_allreduce").
 
     On 1 or 2 ranks that is exactly what one ring all-reduce of the whole buffer does (half of it each way in each
     phase), so the backend's all-reduce runs it in one collective; on more ranks a ring would route bytes through
@@ -60,13 +61,13 @@ def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[i
             chunks = dp_chunk_sizes(size, W)
             for j in range(W):
                 bytes_to[j] += flat.element_size() * (chunks[j] + chunks[me])
-        all_reduce_sum(env, flat, bytes_to, "dp_allreduce")
+        all_reduce_sum(env, flat, bytes_to, name)
         return
     for piece in flat.split(list(sizes)):
         chunks = dp_chunk_sizes(piece.numel(), W)
-        scattered = all_to_all(env, piece, chunks, [chunks[me]] * W, "dp_allreduce")
+        scattered = all_to_all(env, piece, chunks, [chunks[me]] * W, name)
         mine = scattered.view(W, chunks[me]).sum(0)
-        piece.copy_(all_to_all(env, mine.repeat(W), [chunks[me]] * W, chunks, "dp_allreduce"))
+        piece.copy_(all_to_all(env, mine.repeat(W), [chunks[me]] * W, chunks, name))
 
 
 def held_elsewhere(buffer: torch.Tensor) -> bool:

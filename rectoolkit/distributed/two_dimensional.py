@@ -28,6 +28,7 @@ replicas (TorchRec leaves them to diverge between sharding groups).
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 import torch
@@ -41,6 +42,7 @@ from rectoolkit.distributed.interfaces import ShardingStrategy
 from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbeddingCollection
 from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
+from rectoolkit.distributed.replicas import all_reduce_gradients
 from rectoolkit.plan.types import ShardingPlan, ShardMetadata
 
 __all__ = ["DMPCollection", "DMPCollectionConfig", "ShardingEnv2D", "ShardingStrategy", "peer_matrix"]
@@ -199,6 +201,10 @@ class DMPCollection(DistributedModelParallel):
                 f"DMPCollection: {mc} hold managed collisions; each sharding group remaps raw ids to rows on its own, "
                 "so averaging their rows over the replica groups would mix different ids. Shard them with "
                 "DistributedModelParallel over the whole world")
+        replica_pg = self.env.replica_pg
+        # sync()'s collectives, counted as the engine counts its own (rectoolkit.distributed.replicas)
+        self.sync_env = ShardingEnv(dist.get_world_size(replica_pg), dist.get_rank(replica_pg), replica_pg,
+                                    device=self.env.device)
         self.group_plan: ShardingPlan = self.plan
         mine = next(row for row in matrix if dist.get_rank() in row)
         self.plan = _on_global_ranks(self.plan, mine)
@@ -230,8 +236,10 @@ class DMPCollection(DistributedModelParallel):
     @torch.no_grad()
     def sync(self, include_optimizer_state: bool = True) -> None:
         """Average every shard's weight (and with include_optimizer_state its fused optimizer state) over this rank's
-        replica group, one all-reduce per dtype (or `custom_all_reduce` per dtype). A collective of every rank."""
-        replicas = dist.get_world_size(self.env.replica_pg)
+        replica group, one all-reduce per dtype (or `custom_all_reduce` per dtype). A collective of every rank. The
+        bytes it sends to each replica are counted in `sync_env.stats.bytes_sent["sync_allreduce"]` (indexed by
+        rank in the replica group), as the engine counts its data-parallel all-reduce."""
+        replicas = self.sync_env.world_size
         for dtype, tensors in sorted(self._sync_tensors(include_optimizer_state).items(), key=lambda kv: str(kv[0])):
             if self._custom_all_reduce is not None:
                 self._custom_all_reduce(tensors)
@@ -239,10 +247,23 @@ class DMPCollection(DistributedModelParallel):
             if replicas == 1:
                 continue
             flat = _flatten_dense_tensors([t.detach() for t in tensors])
-            dist.all_reduce(flat, group=self.env.replica_pg)  # (gloo has no AVG: a sum, then divided)
+            # a sum (gloo has no AVG), then divided; its bytes counted in sync_env.stats as "sync_allreduce"
+            all_reduce_gradients(self.sync_env, flat, [t.numel() for t in tensors], "sync_allreduce")
             flat /= replicas
             for tensor, averaged in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
                 tensor.detach().copy_(averaged)
+
+    def set_all_reduce_hook(self, reduce_hook: Callable[[List[torch.Tensor]], None]) -> None:
+        """TorchRec's: replace sync()'s averaging by `reduce_hook(tensors)` (per dtype; it must average them in place
+        over the replica group, `dmp.env.replica_pg`), as `custom_all_reduce` does; a hook set before is replaced
+        (with a warning, as TorchRec's)."""
+        if self._custom_all_reduce is not None:
+            warnings.warn("DMPCollection.set_all_reduce_hook: replacing the custom all-reduce set before",
+                          RuntimeWarning, stacklevel=2)
+        self._custom_all_reduce = reduce_hook
+
+    def ensure_reduce_scatter_complete(self) -> None:
+        """TorchRec's FULLY_SHARDED wait; nothing to wait for here (FULLY_SHARDED is refused)."""
 
     def extra_repr(self) -> str:
         env = self.env

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from dist_harness import column_wise, data_parallel, make_batch, row_wise, run_workers, table_wise  # noqa: E402
 
 LR = 0.5
-ROWS = {"t0": 30, "t1": 40, "t2": 24, "t3": 16}
+ROWS = {"t0": 30, "t1": 40, "t2": 24, "t3": 16, "t4": 20}
 DIM = 8
 
 
@@ -46,7 +46,8 @@ def _group_plan() -> rtk.ShardingPlan:
     """A plan for a sharding group of 2 ranks."""
     return rtk.ShardingPlan({"ebc": {"t0": table_wise(1, ROWS["t0"], DIM), "t1": row_wise([0, 1], ROWS["t1"], DIM),
                                      "t2": column_wise([(0, 4), (1, 4)], ROWS["t2"]),
-                                     "t3": data_parallel(2, ROWS["t3"], DIM)}})
+                                     "t3": data_parallel(2, ROWS["t3"], DIM),
+                                     "t4": row_wise([0, 1], ROWS["t4"], DIM, kind="table_row_wise")}})
 
 
 def _batch(rank: int) -> rtk.KeyedJaggedTensor:
@@ -85,6 +86,7 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
     env = dmp.env
     assert (env.world_size, env.rank, env.global_rank, env.global_world_size) == (2, position, rank, 4)
     assert env.num_sharding_groups() == 2 and env.process_group is dist.group.WORLD
+    assert env.local_world_size == 2  # (one host of 4 ranks: each group's 2 ranks on it, for table-row-wise t4)
     assert dist.get_process_group_ranks(env.sharding_pg) == [group, group + 2]
     assert dist.get_process_group_ranks(env.replica_pg) == [2 * position, 2 * position + 1]
     assert dmp.device_mesh.mesh.tolist() == [[0, 2], [1, 3]]
@@ -172,10 +174,30 @@ def _optimizer_state_worker(rank: int, world_size: int) -> None:
     for name, shards in states().items():
         for mine, own in zip(shards, before_states[name]):
             assert torch.equal(mine, own), name
+    dmp.sync_env.stats.reset()
     dmp.sync()
+    # a ring all-reduce of 2 ranks sends the other replica as many bytes as this rank syncs (half in each phase)
+    synced = sum(t.numel() * t.element_size() for t in weights()) + \
+        sum(t.numel() * t.element_size() for shards in states().values() for t in shards)
+    other = 1 - dist.get_rank(env.replica_pg)
+    assert int(dmp.sync_env.stats.bytes_sent["sync_allreduce"][other]) == synced
     for name, shards in states().items():
         for mine, a, b in zip(shards, replicas[0][0][name], replicas[1][0][name]):
             torch.testing.assert_close(mine, (a + b) / 2, msg=name)
+    # a custom all-reduce replaces the averaging: called once per dtype with every weight and state of this rank
+    calls = []
+
+    def zero_them(tensors):
+        calls.append(len(tensors))
+        for tensor in tensors:
+            tensor.zero_()
+
+    dmp.set_all_reduce_hook(zero_them)
+    dmp.sync()
+    assert calls == [len(weights()) + sum(len(shards) for shards in states().values())]
+    assert all(float(w.abs().sum()) == 0 for w in weights())
+    with pytest.warns(RuntimeWarning, match="replacing the custom all-reduce"):
+        dmp.set_all_reduce_hook(zero_them)
 
 
 def _flat_states(state):
@@ -205,6 +227,26 @@ def _errors_worker(rank: int, world_size: int) -> None:
     with pytest.raises(NotImplementedError, match=r"FULLY_SHARDED"):
         DMPCollection(Model(), torch.device("cpu"), _group_plan(), 4, 2, dist.group.WORLD,
                       sharding_strategy=ShardingStrategy.FULLY_SHARDED)
+    # without a plan each sharding group plans for its 2 ranks: the same plan in both, on their own global ranks
+    dmp = DMPCollection(Model(), torch.device("cpu"), None, 4, 2, dist.group.WORLD)
+    layouts = [None] * 4
+    mine = {name: (ps.sharding_type, [(s.shard_offsets, s.shard_sizes, s.rank) for s in ps.shards])
+            for name, ps in dmp.group_plan.plan["ebc"].items()}
+    dist.all_gather_object(layouts, mine)
+    assert all(layout == layouts[0] for layout in layouts), layouts
+    group = dist.get_process_group_ranks(dmp.env.sharding_pg)
+    assert {s.rank for ps in dmp.plan.plan["ebc"].values() for s in ps.shards} <= set(group)
+    # copy() shares the groups: the copy syncs over the same replica group
+    undivided = DMPCollection(Model(), torch.device("cpu"), _group_plan(), 4, 2, init_data_parallel=False)
+    twin = undivided.copy(torch.device("cpu"))
+    assert twin.env.replica_pg is undivided.env.replica_pg and twin.device_mesh is undivided.device_mesh
+    with torch.no_grad():
+        for _, _, weight, _ in twin.sharded_modules["ebc"].local_shards():
+            weight.fill_(float(rank))
+    twin.sync()
+    replica = dist.get_process_group_ranks(twin.env.replica_pg)
+    for _, _, weight, _ in twin.sharded_modules["ebc"].local_shards():
+        assert torch.equal(weight, torch.full_like(weight, sum(replica) / 2))
 
 
 def test_dmp_collection_refuses_a_plan_for_the_world_and_sizes_that_do_not_fit():
