@@ -73,6 +73,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
                         help="train through TrainPipelineSparseDist: the next batch's input_dist overlaps this step "
                         "(same numbers); --no-pipeline: the plain loop (default: on)")
+    parser.add_argument("--sharding-group-size", type=int, default=None,
+                        help="train 2D (TorchRec's DMPCollection): shard over groups of this many ranks, the groups "
+                        "replicas synced every --sync-interval steps; --plan is then the group's (default: shard "
+                        "over every rank)")
+    parser.add_argument("--sync-interval", type=int, default=1,
+                        help="with --sharding-group-size: steps between syncs of the replicas (default: 1)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on rank 0 (default: when stderr is a terminal)")
     args = parser.parse_args(argv)
@@ -82,7 +88,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             embedding_dim=args.embedding_dim, dense_arch_layer_sizes=args.dense_arch,
             over_arch_layer_sizes=args.over_arch, embedding_lr=args.embedding_lr, dense_lr=args.dense_lr,
             report_every=args.report_every, seed=args.seed, zipf_alpha=args.zipf_alpha, criteo_paths=args.criteo,
-            plan=args.plan, progress=args.progress, pipeline=args.pipeline)
+            plan=args.plan, progress=args.progress, pipeline=args.pipeline,
+            sharding_group_size=args.sharding_group_size, sync_interval=args.sync_interval)
     except ValueError as error:  # "TrainConfig: batch_size must be ..." -> "argument --batch-size: must be ..."
         field, _, problem = str(error).removeprefix("TrainConfig: ").partition(" ")
         option = _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))

@@ -64,6 +64,11 @@ class TrainConfig:
     progress: tqdm bar on rank 0 (None: only when stderr is a terminal).
     pipeline: train through TrainPipelineSparseDist (sharded runs) or TrainPipelineBase (one process, no plan);
         False: the plain loop. The numbers are the same either way.
+    sharding_group_size: train 2D (TorchRec's DMPCollection): the tables sharded over each group of this many
+        ranks, the groups replicas of each other (it must divide the world size); `plan` is then a plan for the
+        group's ranks (None: the planner plans the group). None (default): shard over every rank.
+    sync_interval: with sharding_group_size, the replicas are averaged (DMPCollection.sync()) after the backward of
+        every `sync_interval`-th step (from the first), as TorchRec's pipeline does.
     """
 
     workload: str = "dlrm26"
@@ -84,9 +89,12 @@ class TrainConfig:
     plan: Any = None
     progress: Optional[bool] = None
     pipeline: bool = True
+    sharding_group_size: Optional[int] = None
+    sync_interval: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "max_rows", "embedding_dim", "report_every", "auc_window_steps"):
+        for name in ("steps", "batch_size", "max_rows", "embedding_dim", "report_every", "auc_window_steps",
+                     "sharding_group_size", "sync_interval"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"TrainConfig: {name} must be a positive integer, got {value!r}")
@@ -122,8 +130,11 @@ def make_tables(config: TrainConfig) -> Tuple[List[EmbeddingBagConfig], Dict[str
     return tables, dict(workload.pooling_factors), dense_features, alpha
 
 
-def sharding_mode(ctx: WorkerContext, plan: Any) -> str:
-    """"local" (one process, no plan) or "dmp" (rectoolkit's DistributedModelParallel)."""
+def sharding_mode(ctx: WorkerContext, plan: Any, sharding_group_size: Optional[int] = None) -> str:
+    """"local" (one process, no plan), "dmp" (rectoolkit's DistributedModelParallel) or "2d" (DMPCollection: a
+    sharding group smaller than the world)."""
+    if sharding_group_size is not None and sharding_group_size < ctx.world_size:
+        return "2d"
     return "local" if ctx.world_size == 1 and plan is None else "dmp"
 
 
@@ -147,12 +158,16 @@ def load_plan(plan: Any) -> Any:
     return load_plan_file(plan)
 
 
-def shard_model(model: nn.Module, ctx: WorkerContext, plan: Any, mode: str) -> nn.Module:
-    """Apply the model parallelism: DistributedModelParallel (one call), or nothing for a local run."""
+def shard_model(model: nn.Module, ctx: WorkerContext, plan: Any, mode: str,
+                sharding_group_size: Optional[int] = None) -> nn.Module:
+    """Apply the model parallelism: DistributedModelParallel (one call), DMPCollection over groups of
+    `sharding_group_size` ranks (mode "2d"), or nothing for a local run."""
     if mode == "local":
         return model
-    from rectoolkit.distributed import DistributedModelParallel
+    from rectoolkit.distributed import DistributedModelParallel, DMPCollection
 
+    if mode == "2d":
+        return DMPCollection(model, ctx.device, load_plan(plan), ctx.world_size, sharding_group_size)
     return DistributedModelParallel(model, plan=load_plan(plan), device=ctx.device)
 
 
@@ -196,32 +211,38 @@ class AllOptimizers:
 
 
 def training_steps(model: nn.Module, optimizers: List[Any], batches: Iterator[Batch], device: torch.device,
-                   pipeline: bool) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                   pipeline: bool, sync_interval: int = 1) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Train on every batch; yield (loss, logits, labels) of each step, detached.
 
     pipeline=True: through TrainPipelineSparseDist for a DistributedModelParallel (the next batch's input_dist
     overlaps this step), TrainPipelineBase otherwise (the next batch's device copy does); False: the plain loop.
-    The updates are the same, bit for bit.
+    The updates are the same, bit for bit. A DMPCollection is synced after the backward of every
+    `sync_interval`-th step (the pipeline's dmp_collection_sync_interval_batches).
     """
     def forward(batch: Batch):
         logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
         loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         return loss, (loss.detach(), logits.detach(), batch.labels)
 
+    from rectoolkit.distributed import DistributedModelParallel, DMPCollection, TrainPipelineBase, TrainPipelineSparseDist
+
     optimizer = AllOptimizers(optimizers)
     if not pipeline:
-        for batch in batches:
+        for index, batch in enumerate(batches):
             batch = batch.to(device)
             optimizer.zero_grad()
             loss, output = forward(batch)
             loss.backward()
+            if isinstance(model, DMPCollection) and index % sync_interval == 0:
+                model.sync()
             optimizer.step()
             yield output
         return
-    from rectoolkit.distributed import DistributedModelParallel, TrainPipelineBase, TrainPipelineSparseDist
-
-    kind = TrainPipelineSparseDist if isinstance(model, DistributedModelParallel) else TrainPipelineBase
-    runner = kind(model, optimizer, device, custom_model_fwd=forward)
+    if isinstance(model, DistributedModelParallel):
+        runner = TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward,
+                                         dmp_collection_sync_interval_batches=sync_interval)
+    else:
+        runner = TrainPipelineBase(model, optimizer, device, custom_model_fwd=forward)
     while True:
         try:
             output = runner.progress(batches)
@@ -272,7 +293,9 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
     memory_usage(), comm_bytes_sent (the data collectives that rectoolkit.plan.traffic prices, so that it compares
     with the plan's estimate), control_bytes_sent (the small unpriced "metadata" messages) and
     bytes_sent_by_collective ({collective: [bytes to rank j]}, all of them); comm_wait_s, the seconds this rank
-    was blocked in the sharded modules' collectives (CommStats.wait_s; DDP's gradient all-reduce not included).
+    was blocked in the sharded modules' collectives (CommStats.wait_s; DDP's gradient all-reduce not included);
+    with DMPCollection (2D: the collectives above within this rank's sharding group) also sync_bytes_sent, what its
+    sync() sent to the other replicas.
     """
     out: Dict[str, Any] = {"param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     usage = getattr(model, "memory_usage", None)
@@ -284,6 +307,9 @@ def measured_resources(model: nn.Module, ctx: WorkerContext) -> Dict[str, Any]:
         out["control_bytes_sent"] = int(stats.total_bytes()) - out["comm_bytes_sent"]
         out["bytes_sent_by_collective"] = {name: [int(b) for b in row] for name, row in stats.bytes_sent.items()}
         out["comm_wait_s"] = stats.total_wait_s()
+    sync_env = getattr(model, "sync_env", None)  # a DMPCollection: its replicas' averaging, counted apart
+    if sync_env is not None:
+        out["sync_bytes_sent"] = int(sync_env.stats.total_bytes())
     if ctx.device.type == "cuda" and "memory_cuda_max_allocated_bytes" not in out:
         out["memory_cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
     return out
@@ -317,9 +343,9 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     """
     tables, pooling_factors, dense_features, alpha = make_tables(config)
     batch_size = config.batch_size if config.batch_size is not None else load_workload(config.workload).batch_size_per_rank
-    mode = sharding_mode(ctx, config.plan)
+    mode = sharding_mode(ctx, config.plan, config.sharding_group_size)
     model = build_model(config, tables, dense_features, fuse_embedding_optimizer=True, device=ctx.device)
-    model = shard_model(model, ctx, config.plan, mode)
+    model = shard_model(model, ctx, config.plan, mode, config.sharding_group_size)
     optimizers = make_optimizers(model, config)
     batches = make_data(config, ctx, tables, pooling_factors, dense_features, alpha, batch_size)
     rec_metrics = make_metric_module(config, ctx, batch_size)
@@ -330,7 +356,8 @@ def train(ctx: WorkerContext, config: TrainConfig) -> Dict[str, Any]:
     bar = _progress_bar(config, ctx)
     model.train()
     stop = False
-    steps = training_steps(model, optimizers, itertools.islice(batches, config.steps), ctx.device, config.pipeline)
+    steps = training_steps(model, optimizers, itertools.islice(batches, config.steps), ctx.device, config.pipeline,
+                           config.sync_interval)
     for step, (loss, logits, labels) in enumerate(steps, start=1):  # ends early when Criteo files run out
         throughput.add(labels.numel() * ctx.world_size)
         losses.append(loss.item())

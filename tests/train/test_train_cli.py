@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
     (["--embedding-lr", "-0.1"], "--embedding-lr", "-0.1"),
     (["--dense-lr", "nan"], "--dense-lr", "nan"),
     (["--zipf-alpha", "-1"], "--zipf-alpha", "-1"),
+    (["--sharding-group-size", "0"], "--sharding-group-size", "0"),
+    (["--sync-interval", "-2"], "--sync-interval", "-2"),
 ])
 def test_invalid_numbers_are_refused_naming_the_option_and_value(argv, option, shown, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -80,6 +82,12 @@ def test_batch_size_zero_from_a_shell_exits_2_without_training():
                             capture_output=True, text=True, timeout=100)
     assert result.returncode == 2 and result.stdout == ""
     assert "argument --batch-size: must be a positive integer, got 0" in result.stderr
+
+
+def test_sharding_group_size_and_sync_interval_reach_the_config():
+    config = parse_args(["--sharding-group-size", "2", "--sync-interval", "5"]).config
+    assert (config.sharding_group_size, config.sync_interval) == (2, 5)
+    assert (parse_args([]).config.sharding_group_size, parse_args([]).config.sync_interval) == (None, 1)
 
 
 def test_no_pipeline_turns_the_train_pipeline_off():

@@ -135,3 +135,26 @@ def test_the_recipe_gives_the_same_numbers_with_and_without_its_train_pipeline()
         == [(m["rank"], m["step"], m["loss"], m["auc"]) for m in sorted(plain_reports, key=lambda m: (m["rank"], m["step"]))]
     assert piped[0]["final_loss"] == plain[0]["final_loss"]  # bit-identical training, so identical losses
     assert all(m["comm_wait_s"] >= 0 and m["elapsed_s"] > m["comm_wait_s"] for m in piped_reports + plain_reports)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_the_recipe_trains_2d_over_sharding_groups_syncing_every_interval_with_and_without_its_pipeline():
+    runs = {}
+    for pipeline in (True, False):
+        config = TrainConfig(steps=6, report_every=3, pipeline=pipeline, sharding_group_size=2, sync_interval=2, **TINY)
+        job = start(train, 4, config, num_threads=1, echo_output=False)
+        summaries = job.wait(timeout=150)
+        runs[pipeline] = (summaries, sorted((m for m in job.history if "loss" in m), key=lambda m: (m["rank"], m["step"])))
+    (piped, piped_reports), (plain, plain_reports) = runs[True], runs[False]
+    assert {s["mode"] for s in piped + plain} == {"2d"}
+    assert [(m["rank"], m["step"], m["loss"]) for m in piped_reports] == \
+        [(m["rank"], m["step"], m["loss"]) for m in plain_reports]  # the pipeline syncs where the plain loop does
+    first = {m["rank"]: m for m in piped_reports if m["step"] == 3}
+    last = {m["rank"]: m for m in piped_reports if m["step"] == 6}
+    for rank in range(4):
+        # synced after steps 1 and 3 by step 3, after 1, 3 and 5 by step 6: the same bytes each time
+        assert first[rank]["sync_bytes_sent"] > 0
+        assert last[rank]["sync_bytes_sent"] * 2 == first[rank]["sync_bytes_sent"] * 3
+    with pytest.raises(ValueError, match="sync_interval must be a positive integer"):
+        TrainConfig(sharding_group_size=2, sync_interval=0)
