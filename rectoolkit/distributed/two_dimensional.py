@@ -43,6 +43,7 @@ from rectoolkit.distributed.mc_embedding import ShardedManagedCollisionEmbedding
 from rectoolkit.distributed.mc_embeddingbag import ShardedManagedCollisionEmbeddingBagCollection
 from rectoolkit.distributed.model_parallel import DistributedModelParallel
 from rectoolkit.distributed.replicas import all_reduce_gradients
+from rectoolkit.plan.traffic import peer_matrix
 from rectoolkit.plan.types import ShardingPlan, ShardMetadata
 
 __all__ = ["DMPCollection", "DMPCollectionConfig", "ShardingEnv2D", "ShardingStrategy", "peer_matrix"]
@@ -58,18 +59,6 @@ class DMPCollectionConfig:
         self.module, self.plan, self.sharding_group_size = module, plan, sharding_group_size
         self.node_group_size, self.use_inter_host_allreduce = node_group_size, use_inter_host_allreduce
         self.sharding_strategy = sharding_strategy
-
-
-def peer_matrix(world_size: int, sharding_group_size: int, use_inter_host_allreduce: bool = False) -> List[List[int]]:
-    """The sharding groups (rows) of global ranks, TorchRec's layout (module docstring); column c of every row is
-    one replica group."""
-    if sharding_group_size <= 0 or world_size % sharding_group_size:
-        raise ValueError(f"DMPCollection: sharding_group_size={sharding_group_size} does not divide the world size "
-                         f"{world_size}; pass a sharding group size that divides the number of ranks")
-    groups = world_size // sharding_group_size
-    if use_inter_host_allreduce:
-        return [list(range(k * sharding_group_size, (k + 1) * sharding_group_size)) for k in range(groups)]
-    return [[groups * position + k for position in range(sharding_group_size)] for k in range(groups)]
 
 
 class ShardingEnv2D(ShardingEnv):
@@ -219,16 +208,14 @@ class DMPCollection(DistributedModelParallel):
 
     def _sync_tensors(self, include_optimizer_state: bool) -> Dict[torch.dtype, List[torch.Tensor]]:
         """This rank's tensors that sync() averages, by dtype: every shard's weight (DATA_PARALLEL replicas too),
-        then, with include_optimizer_state, every fused optimizer state (step counters left out: equal anyway)."""
+        then, with include_optimizer_state, every fused optimizer state (the shard's momentum1, momentum2)."""
         weights: Dict[torch.dtype, List[torch.Tensor]] = {}
         states: Dict[torch.dtype, List[torch.Tensor]] = {}
         for path in sorted(self._sharded):
             for _, _, weight, state in self._sharded[path].local_shards():
                 weights.setdefault(weight.dtype, []).append(weight)
                 for name in sorted(state) if include_optimizer_state else ():
-                    tensor = state[name]
-                    if tensor.is_floating_point() and tensor.numel() > 1 or name.endswith("momentum1"):
-                        states.setdefault(tensor.dtype, []).append(tensor)
+                    states.setdefault(state[name].dtype, []).append(state[name])
         for dtype, tensors in states.items():
             weights.setdefault(dtype, []).extend(tensors)
         return weights

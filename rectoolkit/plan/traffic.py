@@ -49,6 +49,12 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   N // W + (1 if k < N % W else 0) values: rank i sends chunk j to each rank j, then its own chunk i to each
   rank j, so bytes[i][j] = 4 * (chunk_j + chunk_i).
 
+* ``sync_allreduce`` (a 2D layout, DMPCollection.sync(): not part of a step; `sync_traffic`): the world is
+  sharding groups of G ranks (`peer_matrix`), each holding the group's plan; every rank all-reduces each tensor
+  it holds (each shard's weight at its table's element size, then the fused optimizer's float32 state of the
+  shard) over its replica group (the ranks at its position in every group, R = W / G of them) as dp_allreduce
+  does: rank i sends replica j size * (chunk_j + chunk_i) bytes per tensor (R chunks).
+
 Not priced here: the control message ``metadata`` that opens every input_dist (each rank tells every owner,
 itself included, its batch size and id count: two int64, 16 bytes per rank pair, once per sharding-type group
 of a sharded collection; a VBE batch sends -(1 + lengths sent) as its batch size). The sharded modules count it under its own name (CONTROL_COLLECTIVES), apart from
@@ -71,7 +77,7 @@ crosses no link, and the time model ignores it).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -166,6 +172,68 @@ def step_traffic(
                         gateway = host * L + dst % L
                         _add_output(out, "output_dist_inter", gateway, dst, bags[dst] * (col_end - col_start),
                                     widths)
+    return out
+
+
+def peer_matrix(world_size: int, sharding_group_size: int, use_inter_host_allreduce: bool = False) -> List[List[int]]:
+    """A 2D layout's sharding groups (rows) of global ranks, TorchRec's DMPCollection layout: strided (group k:
+    ranks k, k + W/G, ...; a shard's replicas neighbours), or contiguous (group k: ranks kG .. kG + G - 1) with
+    `use_inter_host_allreduce`. Column p of every row is one replica group.
+
+        >>> peer_matrix(world_size=8, sharding_group_size=4), peer_matrix(8, 4, use_inter_host_allreduce=True)
+        ([[0, 2, 4, 6], [1, 3, 5, 7]], [[0, 1, 2, 3], [4, 5, 6, 7]])
+    """
+    if isinstance(sharding_group_size, bool) or not isinstance(sharding_group_size, int) or \
+            sharding_group_size <= 0 or world_size % sharding_group_size:
+        raise ValueError(f"DMPCollection: sharding_group_size={sharding_group_size} does not divide the world size "
+                         f"{world_size}; pass a sharding group size that divides the number of ranks")
+    groups = world_size // sharding_group_size
+    if use_inter_host_allreduce:
+        return [list(range(k * sharding_group_size, (k + 1) * sharding_group_size)) for k in range(groups)]
+    return [[groups * position + k for position in range(sharding_group_size)] for k in range(groups)]
+
+
+def sync_traffic(module_plan: Mapping[str, ParameterSharding], tables: Sequence[BaseEmbeddingConfig],
+                 world_size: int, sharding_group_size: int, use_inter_host_allreduce: bool = False,
+                 optimizer: Any = None) -> np.ndarray:
+    """Bytes one DMPCollection.sync() sends for one collection ("sync_allreduce", see the protocol above): a
+    [W, W] matrix over global ranks (source, destination). `module_plan`: the sharding group's plan (ranks
+    0..G-1); `optimizer`: the collection's fused optimizer (EmbOptimType or its name), whose state is synced with
+    the weights (None: weights only, as sync(include_optimizer_state=False) or SGD); DATA_PARALLEL replicas have no
+    fused state.
+
+        >>> from rectoolkit.modules.configs import EmbeddingBagConfig
+        >>> from rectoolkit.plan.types import ShardMetadata
+        >>> t = EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])
+        >>> plan = {"t": ParameterSharding("table_wise", ranks=[1], shards=[ShardMetadata.on_rank(1, 0, 0, 10, 4)])}
+        >>> sync_traffic(plan, [t], world_size=4, sharding_group_size=2).tolist()  # replicas of group rank 1: 2, 3
+        [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 160, 160], [0, 0, 160, 160]]
+    """
+    from rectoolkit.kernels.fused_optimizers import optimizer_state_names
+    from rectoolkit.kernels.optimizer_state import EmbOptimType
+    from rectoolkit.modules.mixed_dtypes import table_dtype
+
+    matrix = peer_matrix(world_size, sharding_group_size, use_inter_host_allreduce)
+    out = np.zeros((world_size, world_size), dtype=np.int64)
+    replicas_per_shard = len(matrix)
+    states = optimizer_state_names(optimizer) if optimizer is not None else ()
+    rowwise = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.ROWWISE_ADAGRAD
+    for table in tables:
+        ps = module_plan.get(table.name)
+        if ps is None:
+            continue
+        fused = ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL
+        weight_bytes = table_dtype(table.data_type).itemsize
+        for shard in ps.shards:
+            rows, cols = shard.shard_sizes
+            tensors = [(rows * cols, weight_bytes)] + [(rows if rowwise else rows * cols, VALUE_BYTES)
+                                                       for _ in (states if fused else ())]
+            replicas = [group[shard.rank] for group in matrix]
+            for values, size in tensors:
+                chunks = dp_chunk_sizes(values, replicas_per_shard)
+                for i, src in enumerate(replicas):
+                    for j, dst in enumerate(replicas):
+                        out[src, dst] += size * (chunks[j] + chunks[i])
     return out
 
 

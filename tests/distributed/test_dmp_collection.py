@@ -16,7 +16,7 @@ import torch.distributed as dist
 import rectoolkit as rtk
 from rectoolkit.distributed import DMPCollection, full_state_dict
 from rectoolkit.distributed.interfaces import ShardingStrategy
-from rectoolkit.distributed.two_dimensional import peer_matrix
+from rectoolkit.plan.traffic import peer_matrix, sync_traffic
 
 sys.path.insert(0, os.path.dirname(__file__))
 from dist_harness import column_wise, data_parallel, make_batch, row_wise, run_workers, table_wise  # noqa: E402
@@ -112,6 +112,7 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
 
     # sync(): every table is the mean of the two groups' (DATA_PARALLEL t3 too)
     dmp.sync()
+    assert torch.equal(_sync_matrix(dmp), torch.tensor(sync_traffic(_group_plan().plan["ebc"], _tables(), 4, 2)))
     got = full_state_dict(dmp)
     for key in expected[0]:
         torch.testing.assert_close(got[key], (expected[0][key] + expected[1][key]) / 2, msg=key)
@@ -140,6 +141,17 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
 
 def test_dmp_collection_trains_each_sharding_group_and_sync_averages_the_replicas(tmp_path):
     run_workers(_layout_and_training_worker, 4, str(tmp_path / "dcp"))
+
+
+def _sync_matrix(dmp) -> torch.Tensor:
+    """The bytes sync() sent, [source, destination] over global ranks, gathered from every rank's count."""
+    replicas = dist.get_process_group_ranks(dmp.env.replica_pg)
+    row = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+    for position, count in enumerate(dmp.sync_env.stats.bytes_sent["sync_allreduce"]):
+        row[replicas[position]] = int(count)
+    rows = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, row)
+    return torch.stack(rows)
 
 
 def _optimizer_state_worker(rank: int, world_size: int) -> None:
@@ -181,6 +193,9 @@ def _optimizer_state_worker(rank: int, world_size: int) -> None:
         sum(t.numel() * t.element_size() for shards in states().values() for t in shards)
     other = 1 - dist.get_rank(env.replica_pg)
     assert int(dmp.sync_env.stats.bytes_sent["sync_allreduce"][other]) == synced
+    expected = sync_traffic(dmp.group_plan.plan["ebc"], _tables(), 4, 2, use_inter_host_allreduce=True,
+                            optimizer="row_wise_adagrad")
+    assert torch.equal(_sync_matrix(dmp), torch.tensor(expected))
     for name, shards in states().items():
         for mine, a, b in zip(shards, replicas[0][0][name], replicas[1][0][name]):
             torch.testing.assert_close(mine, (a + b) / 2, msg=name)
