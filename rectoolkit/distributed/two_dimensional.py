@@ -94,6 +94,13 @@ class ShardingEnv2D(ShardingEnv):
         """How many times the sharded model is replicated (TorchRec's)."""
         return self.global_world_size // self.world_size
 
+    def remap_rank(self, rank: int, sharding_type: Any = None) -> int:
+        """TorchRec's: global `rank`'s position in its sharding group (its rank in the group's plan), for any
+        sharding type (TorchRec's answers table-, column-wise and grid only and raises for the others)."""
+        if not 0 <= rank < self.global_world_size:
+            raise ValueError(f"ShardingEnv2D.remap_rank: rank {rank} is not in 0..{self.global_world_size - 1}")
+        return rank % self.world_size if self.use_inter_host_allreduce else rank // self.num_sharding_groups()
+
 
 def _node_group_size(node_group_size: Optional[int], world_size: int, sharding_group_size: int,
                      use_inter_host_allreduce: bool) -> int:

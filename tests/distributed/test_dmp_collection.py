@@ -90,6 +90,7 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
     assert dist.get_process_group_ranks(env.sharding_pg) == [group, group + 2]
     assert dist.get_process_group_ranks(env.replica_pg) == [2 * position, 2 * position + 1]
     assert dmp.device_mesh.mesh.tolist() == [[0, 2], [1, 3]]
+    assert [env.remap_rank(r, "table_wise") for r in range(4)] == [0, 0, 1, 1]  # each rank's place in its group
     # the plan on global ranks (the caller's, in place, as TorchRec's); group_plan as given
     ranks = [group, group + 2]
     assert dmp.plan is not None and plan.plan["ebc"]["t0"].shards[0].rank == ranks[1]
@@ -163,6 +164,7 @@ def _optimizer_state_worker(rank: int, world_size: int) -> None:
     env = dmp.env  # contiguous: sharding groups [0, 1], [2, 3]; replica groups [0, 2], [1, 3]
     assert dist.get_process_group_ranks(env.sharding_pg) == [rank // 2 * 2, rank // 2 * 2 + 1]
     assert dist.get_process_group_ranks(env.replica_pg) == [rank % 2, rank % 2 + 2]
+    assert [env.remap_rank(r) for r in range(4)] == [0, 1, 0, 1]
     dmp(_batch(rank)).sum().backward()
 
     def states():
