@@ -335,3 +335,42 @@ def _pipeline_worker(rank: int, world_size: int) -> None:
 
 def test_the_train_pipeline_syncs_a_dmp_collection_every_interval_as_the_plain_loop_does():
     run_workers(_pipeline_worker, 4)
+
+
+def _sequence_worker(rank: int, world_size: int) -> None:
+    """A sequence EmbeddingCollection (one row per id) in a DMPCollection: each group's step equals the unsharded
+    collection's on the group's batches, and sync() leaves the mean of the two groups' tables."""
+    tables = [rtk.EmbeddingConfig(name=name, num_embeddings=rows, embedding_dim=DIM, feature_names=[f"f{name}"])
+              for name, rows in list(ROWS.items())[:3]]
+    torch.manual_seed(0)
+    ec = rtk.EmbeddingCollection(tables, optimizer="sgd", lr=LR)
+    start = rtk.EmbeddingCollection(tables)
+    start.load_state_dict(ec.state_dict())
+    plan = rtk.ShardingPlan({"": {"t0": table_wise(1, ROWS["t0"], DIM), "t1": row_wise([0, 1], ROWS["t1"], DIM),
+                                  "t2": column_wise([(0, 4), (1, 4)], ROWS["t2"])}})
+    dmp = DMPCollection(ec, torch.device("cpu"), plan, world_size=4, sharding_group_size=2)
+    features = {f"f{name}": rows for name, rows in list(ROWS.items())[:3]}
+    batches = [make_batch(features, 4, seed=7 * r + 1) for r in range(4)]
+
+    def loss(module, batch):
+        return sum(jt.values().sum() for jt in module(batch).values())
+
+    loss(dmp, batches[rank]).backward()
+    expected = {}
+    for group in (0, 1):
+        model = copy.deepcopy(start)
+        sum(loss(model, batches[r]) for r in (group, group + 2)).div(2).backward()
+        with torch.no_grad():
+            expected[group] = {f"embeddings.{name}.weight": (w.weight - LR * w.weight.grad).detach()
+                               for name, w in model.embeddings.items()}
+    got = full_state_dict(dmp)
+    for key, tensor in expected[rank % 2].items():
+        torch.testing.assert_close(got[key], tensor, msg=key)
+    dmp.sync()
+    got = full_state_dict(dmp)
+    for key in expected[0]:
+        torch.testing.assert_close(got[key], (expected[0][key] + expected[1][key]) / 2, msg=key)
+
+
+def test_a_sequence_collection_trains_per_group_and_syncs():
+    run_workers(_sequence_worker, 4)
