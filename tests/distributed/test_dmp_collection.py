@@ -253,6 +253,27 @@ def _errors_worker(rank: int, world_size: int) -> None:
     assert all(layout == layouts[0] for layout in layouts), layouts
     group = dist.get_process_group_ranks(dmp.env.sharding_pg)
     assert {s.rank for ps in dmp.plan.plan["ebc"].values() for s in ps.shards} <= set(group)
+    # TorchRec's own flow (its 2D tests): a model on meta, the group's plan by collective_plan over the global group,
+    # keyword arguments, the sharders; then the weights initialized by apply()
+    from rectoolkit.distributed import EmbeddingBagCollectionSharder
+
+    with torch.device("meta"):
+        on_meta = Model()
+    sharder = EmbeddingBagCollectionSharder()
+    planner = rtk.EmbeddingShardingPlanner(topology=rtk.Topology(world_size=2, compute_device="cpu"))
+    plan = planner.collective_plan(on_meta, [sharder], dist.group.WORLD)
+    dmp = DMPCollection(module=on_meta, device=torch.device("cpu"), plan=plan, sharding_group_size=2, world_size=4,
+                        global_pg=dist.group.WORLD, sharders=[sharder])
+
+    @torch.no_grad()
+    def init_weights(module):
+        if isinstance(module, torch.nn.Linear):
+            module.weight.fill_(1.0)
+
+    dmp.apply(init_weights)
+    dmp(_batch(rank)).sum().backward()
+    dmp.sync()
+    assert torch.equal(dmp.module.linear.weight, torch.ones_like(dmp.module.linear.weight))
     # copy() shares the groups: the copy syncs over the same replica group
     undivided = DMPCollection(Model(), torch.device("cpu"), _group_plan(), 4, 2, init_data_parallel=False)
     twin = undivided.copy(torch.device("cpu"))
