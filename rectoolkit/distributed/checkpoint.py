@@ -4,6 +4,10 @@ never lost to a crash.
     save_checkpoint(model, "ckpt/step_100", dense_optimizer=opt)   # every rank calls it
     load_checkpoint(model, "ckpt/step_100", dense_optimizer=opt)   # any plan, any world size
 
+A DMPCollection (2D) is saved once, by its first sharding group as a DistributedModelParallel of the group's
+ranks, after its groups were synced (a save while their shards differ is refused: call dmp.sync() first); every
+group loads it (or loads any other checkpoint, as a DistributedModelParallel of its ranks would).
+
 Layout of the directory (and `.lock` while a save runs: a second save into it is refused):
 
     metadata.json            the commit record: world size, tables, which data directory holds the checkpoint,
@@ -137,11 +141,71 @@ def save_checkpoint(model, path: Union[str, Path], dense_optimizer: Optional[tor
     env = model.env
     path = Path(path)
     _refuse_managed_collisions(model, "saved")  # the same on every rank: before the ranks compare their paths
+    if getattr(model, "sync_env", None) is not None:  # a DMPCollection: its sharding groups hold one model
+        _save_first_group(model, path, dense_optimizer, extra)
+        return
     lock = checkpoint_commit.DirectoryLock(path)
     try:
         _save(model, env, path, lock, dense_optimizer, extra)
     finally:
         lock.release()
+
+
+def _save_first_group(model, path: Path, dense_optimizer: Optional[torch.optim.Optimizer],
+                      extra: Optional[Dict[str, Any]]) -> None:
+    """A DMPCollection's checkpoint: one copy of the model, written by the first sharding group (as a
+    DistributedModelParallel of the group's ranks saves it) while the other groups wait; refused while the groups'
+    shards differ (they trained since the last sync(), and one copy would lose the others' updates). Every rank
+    returns or raises together."""
+    import torch.distributed as dist
+
+    env = model.env
+    differing = _tables_differing_from_replicas(model)
+    verdict = torch.tensor([len(differing)])
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX, group=env.global_pg)
+    if int(verdict):
+        raise CheckpointError(
+            f"save_checkpoint: the sharding groups of this DMPCollection hold different weights "
+            f"({', '.join(differing) or 'on another rank'}), and a checkpoint holds one copy of the model: call "
+            f"dmp.sync() before saving (the train pipeline syncs every dmp_collection_sync_interval_batches); "
+            f"nothing was saved: the checkpoint at {path} is unchanged")
+    error: Optional[BaseException] = None
+    if dist.get_rank(env.replica_pg) == 0:  # (the first of every replica group: the first sharding group)
+        lock = checkpoint_commit.DirectoryLock(path)
+        try:
+            _save(model, env, path, lock, dense_optimizer, extra)
+        except Exception as caught:
+            error = caught
+        finally:
+            lock.release()
+    failed = torch.tensor([0 if error is None else 1])
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=env.global_pg)
+    if error is not None:
+        raise error
+    if int(failed):
+        raise CheckpointPeerError(f"save_checkpoint: the first sharding group, which writes the checkpoint, failed "
+                                  f"(its ranks raised why); the checkpoint at {path} is the previous one or this one")
+
+
+def _tables_differing_from_replicas(model) -> List[str]:
+    """The tables whose shards on this rank differ from the same shards on its replicas (weights or fused state),
+    compared by exact checksums over the replica group (a collective)."""
+    import torch.distributed as dist
+
+    names, sums = [], []
+    for path in sorted(model.sharded_modules):
+        for table, shard, weight, state in model.sharded_modules[path].local_shards():
+            for tensor in [weight, *(state[k] for k in sorted(state))]:
+                names.append(f"{path}.{table}" if path else table)
+                values = tensor.detach().double()
+                sums.append(torch.stack([values.sum(), values.square().sum()]))
+    mine = (torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)).to(model.env.device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(model.env.replica_pg))]
+    dist.all_gather(every, mine, group=model.env.replica_pg)
+    differs = torch.zeros(len(names), dtype=torch.bool, device=mine.device)
+    for theirs in every:
+        differs |= (theirs != mine).any(dim=1)
+    return sorted({name for name, flag in zip(names, differs.tolist()) if flag})
 
 
 def _require_sharded_model(model: Any, what: str) -> None:

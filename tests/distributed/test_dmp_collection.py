@@ -111,6 +111,13 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
     reference = _reference_step(start, [batches[group], batches[group + 2]], batches)
     torch.testing.assert_close(dmp.module.linear.weight, reference.linear.weight)  # the same on all 4 ranks
 
+    # rectoolkit's checkpoint holds one copy of the model: refused while the groups differ, on every rank
+    from rectoolkit.distributed import CheckpointError, load_checkpoint, save_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"hold different weights \(ebc\.t.*call dmp\.sync\(\) before saving"):
+        save_checkpoint(dmp, f"{path}_ckpt")
+    assert not os.path.exists(f"{path}_ckpt/metadata.json")
+
     # sync(): every table is the mean of the two groups' (DATA_PARALLEL t3 too)
     dmp.sync()
     assert torch.equal(_sync_matrix(dmp), torch.tensor(sync_traffic(_group_plan().plan["ebc"], _tables(), 4, 2)))
@@ -135,6 +142,15 @@ def _layout_and_training_worker(rank: int, world_size: int, path: str) -> None:
     state = dmp.state_dict()
     dcp.load(state, checkpoint_id=path)
     dmp.load_state_dict(state)
+    restored = full_state_dict(dmp)
+    for key in expected[0]:
+        assert torch.equal(restored[key], saved[key]), key
+    # after sync, the first sharding group saves; every group loads it back
+    save_checkpoint(dmp, f"{path}_ckpt", dense_optimizer=optimizer)
+    with torch.no_grad():
+        for _, _, weight, _ in dmp.sharded_modules["ebc"].local_shards():
+            weight.fill_(float(rank))
+    load_checkpoint(dmp, f"{path}_ckpt", dense_optimizer=optimizer)
     restored = full_state_dict(dmp)
     for key in expected[0]:
         assert torch.equal(restored[key], saved[key]), key
