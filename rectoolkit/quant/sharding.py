@@ -135,6 +135,21 @@ class QuantizedShards:
                 for (table, _), shard, rows in zip(group.local.shard_keys, group.local.shards,
                                                    group.local.kernel.table_weights())]
 
+    def _save_to_state_dict(self, destination: Dict, prefix: str, keep_vars: bool) -> None:
+        """Each held table's stored rows under the unsharded module's key (rectoolkit.quant.sharded_state)."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        from rectoolkit.quant.sharded_state import stored_state
+
+        destination.update(stored_state(self, prefix))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        from rectoolkit.quant.sharded_state import load_stored_state
+
+        load_stored_state(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
+
 
 class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCollection):
     """A QuantEmbeddingBagCollection sharded for inference: forward gives the KeyedTensor itself (TorchRec's
@@ -229,9 +244,10 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
         on_meta = sorted(name for name, tensor in module.state_dict().items() if tensor.is_meta)
         if on_meta:
             raise ValueError(f"{type(self).__name__}.shard: the {type(module).__name__}'s stored rows {on_meta} are on "
-                             "the meta device; rectoolkit shards the quantized weights themselves (its sharded modules "
-                             "load none later): quantize the model with its weights (e.g. load the trained state_dict "
-                             "before quantize_embeddings / quantize_inference_model)")
+                             "the meta device; rectoolkit shards the quantized weights themselves: quantize the model "
+                             "with its weights (e.g. load the trained state_dict before quantize_embeddings / "
+                             "quantize_inference_model), or with any weights and then load the quantized module's "
+                             "state_dict into the sharded model")
         if env.world_size > 1 and env.pg is None and not torch.distributed.is_initialized():
             # TorchRec's ShardingEnv(W, 0) in a process without a process group: the W ranks are held here
             from rectoolkit.quant.one_process import shard_quant_in_one_process  # (it builds on this module)

@@ -1,0 +1,127 @@
+"""The state_dict of a quantized collection sharded for inference: each table's stored rows on this rank, under the
+unsharded module's keys ("embedding_bags.<table>.weight", sequences "embeddings.<table>.weight"), as TorchRec's.
+
+    a table held whole here (table-wise)   the stored rows themselves, uint8 [rows, row bytes]: what the unsharded
+                                           quantized module holds under that key (TorchRec's default mode)
+    a table split here (row-, column-wise, ...)
+                                           torch's ShardedTensorBase of this rank's shards, without a process group
+                                           (TorchRec's split mode holds such a one): each shard's stored bytes at
+                                           (its first row, its byte column: the column blocks held here side by
+                                           side), sizes [rows, row bytes]
+    a table with no shard here             no key (TorchRec's: none either)
+
+The tensors are views of the shards' storage: `load_state_dict` copies into them (so the lookups read what was
+loaded), from the same layout, or from the unsharded quantized module's state_dict (whole tables: a table-wise
+shard takes the table, a row block its rows; column shards store each row's scale and bias apart, so they load
+from their own layout only, and a whole table there is refused naming it).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+from torch.distributed._shard.metadata import ShardMetadata as TorchShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorBase
+from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+from rectoolkit.plan.types import ShardMetadata
+
+
+def _tables(module) -> Dict[str, List[Tuple[ShardMetadata, torch.Tensor]]]:
+    held: Dict[str, List[Tuple[ShardMetadata, torch.Tensor]]] = {}
+    for table, shard, rows, _ in module.local_shards():
+        held.setdefault(table, []).append((shard, rows))
+    return held
+
+
+def _sizes(module) -> Dict[str, Tuple[int, int]]:
+    return {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_configs()}
+
+
+def _prefix(module) -> str:
+    return "embedding_bags." if hasattr(module, "embedding_bag_configs") else "embeddings."
+
+
+def _whole(shard: ShardMetadata, size: Tuple[int, int]) -> bool:
+    return list(shard.shard_offsets) == [0, 0] and list(shard.shard_sizes) == list(size)
+
+
+def _byte_offsets(held: List[Tuple[ShardMetadata, torch.Tensor]]) -> List[Tuple[int, int]]:
+    """Each held shard's (row, byte column) in the table's stored layout on this rank: rows as the plan's; the
+    column blocks held here side by side in column order, each as wide as its stored bytes (codes, scale, bias)."""
+    widths: Dict[int, int] = {}
+    for shard, rows in held:
+        widths.setdefault(shard.shard_offsets[1], rows.shape[1])
+    starts, total = {}, 0
+    for column in sorted(widths):
+        starts[column], total = total, total + widths[column]
+    return [(shard.shard_offsets[0], starts[shard.shard_offsets[1]]) for shard, _ in held]
+
+
+def stored_state(module, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """{key: the table's stored rows (a tensor or a ShardedTensorBase)} for every table with a shard here."""
+    sizes, out, tables = _sizes(module), {}, _tables(module)
+    for table, held in ((name, tables[name]) for name in sizes if name in tables):  # (the collection's order)
+        key = f"{prefix}{_prefix(module)}{table}.weight"
+        if len(held) == 1 and _whole(held[0][0], sizes[table]):
+            out[key] = held[0][1]
+            continue
+        at = _byte_offsets(held)
+        local = [Shard(rows, TorchShardMetadata(list(at[i]), list(rows.shape), f"rank:{shard.rank}/{rows.device}"))
+                 for i, (shard, rows) in enumerate(held)]
+        extent = [max(s.metadata.shard_offsets[d] + s.metadata.shard_sizes[d] for s in local) for d in (0, 1)]
+        layout = ShardedTensorMetadata(shards_metadata=[s.metadata for s in local], size=torch.Size(extent),
+                                       tensor_properties=TensorProperties(dtype=held[0][1].dtype))
+        out[key] = ShardedTensorBase._init_from_local_shards_and_global_metadata(local, layout)
+    return out
+
+
+@torch.no_grad()
+def load_stored_state(module, state_dict, prefix: str, missing_keys: List[str], unexpected_keys: List[str],
+                      error_msgs: List[str]) -> None:
+    """Copy each held table's saved rows into its shards (module docstring); report missing keys and errors as
+    Module._load_from_state_dict does (the keys it takes are not unexpected). Every table is checked before any
+    is copied: with an error, this module's shards are left as they were."""
+    sizes = _sizes(module)
+    copies: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    errors: List[str] = []
+    tables = _tables(module)
+    for table, held in ((name, tables[name]) for name in sizes if name in tables):  # (the collection's order)
+        key = f"{prefix}{_prefix(module)}{table}.weight"
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+        if key not in state_dict:
+            missing_keys.append(key)
+            continue
+        saved = state_dict[key]
+        if isinstance(saved, ShardedTensorBase):
+            theirs = {(tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor
+                      for s in saved.local_shards()}
+            for (shard, rows), at in zip(held, _byte_offsets(held)):
+                source = theirs.get((tuple(at), tuple(rows.shape)))
+                if source is None or source.dtype != rows.dtype:
+                    errors.append(f"table {table!r}: the saved ShardedTensor has no shard at (row, byte) {list(at)} "
+                                  f"of stored size {list(rows.shape)} (it holds {sorted(theirs)}): it was saved "
+                                  "under another plan; load the unsharded quantized module's state_dict instead")
+                    continue
+                copies.append((rows, source))
+            continue
+        saved = torch.as_tensor(saved)
+        for shard, rows in held:
+            r0 = shard.shard_offsets[0]
+            if shard.shard_offsets[1] != 0 or shard.shard_sizes[1] != sizes[table][1]:
+                errors.append(f"table {table!r}: a column shard (columns {shard.shard_offsets[1]}.."
+                              f"{shard.shard_offsets[1] + shard.shard_sizes[1]}) stores each row's scale and bias "
+                              "apart, so it loads from this sharded module's own state_dict, not whole rows")
+                continue
+            if saved.dtype != rows.dtype or saved.dim() != 2 or saved.shape[1] != rows.shape[1] or \
+                    saved.shape[0] < r0 + rows.shape[0]:
+                errors.append(f"table {table!r}: got {saved.dtype} rows of shape {list(saved.shape)}, the shard "
+                              f"at row {r0} stores {rows.dtype} rows of shape {list(rows.shape)}")
+                continue
+            copies.append((rows, saved[r0:r0 + rows.shape[0]]))
+    error_msgs.extend(errors)
+    if not errors:
+        for rows, source in copies:
+            rows.copy_(source)
