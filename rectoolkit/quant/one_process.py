@@ -54,6 +54,7 @@ from rectoolkit.plan.validation import validate_module_plan
 from rectoolkit.quant.embedding_modules import QuantEmbeddingBagCollection, QuantEmbeddingCollection, mean_pooled
 from rectoolkit.quant.export import export_flat
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
+from rectoolkit.quant.sharded_state import StoredRowsState
 from rectoolkit.quant.sharding import BAG_SHARDING_TYPES, SEQUENCE_SHARDING_TYPES, check_quant_plan, copy_shard_rows
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from rectoolkit.sparse.validation import is_tracing
@@ -106,6 +107,7 @@ class RankShards(nn.Module):
         configs = {t.name: t for t in (quantized.embedding_bag_configs() if pooled else quantized.embedding_configs())}
         shard_keys = list(dict.fromkeys((p.table, p.shard_index) for p in self.pieces))
         shards = [module_plan[table].shards[k] for table, k in shard_keys]
+        self.held = [(table, shard) for (table, _), shard in zip(shard_keys, shards)]  # (the lookup's tables' order)
         specs = [QuantTableSpec(s.shard_sizes[0], s.shard_sizes[1], configs[t].data_type, f"{t}__{k}")
                  for (t, k), s in zip(shard_keys, shards)]
         self.lookup = QuantBatchedLookup(specs, feature_table_map=[shard_keys.index((p.table, p.shard_index))
@@ -150,8 +152,9 @@ class RankShards(nn.Module):
         return f"rank={self.rank}, pieces={[(p.feature, p.table, p.shard_index) for p in self.pieces]}"
 
 
-class _OneProcessSharded(nn.Module):
-    """What the bag and sequence forms share: the plan check, one RankShards per rank, the front door."""
+class _OneProcessSharded(StoredRowsState, nn.Module):
+    """What the bag and sequence forms share: the plan check, one RankShards per rank, the front door; the state_dict
+    of every rank's stored rows (rectoolkit.quant.sharded_state)."""
 
     def __init__(self, quantized: nn.Module, module_plan: Mapping[str, ParameterSharding], world_size: int,
                  supported, pooled: bool) -> None:
@@ -170,6 +173,15 @@ class _OneProcessSharded(nn.Module):
         self.ranks = nn.ModuleDict({str(rank): RankShards(rank, pieces, self._feature_names, quantized, module_plan,
                                                           pooled)
                                     for rank, pieces in enumerate(by_owner) if pieces})
+        self._configs = list(configs)
+
+    def embedding_configs(self) -> list:
+        return list(self._configs)
+
+    def local_shards(self) -> list:
+        """(table, shard, stored rows uint8 [rows, row bytes], {}) of every rank's shards (all held here)."""
+        return [(table, shard, rows, {}) for shards in self.ranks.values()
+                for (table, shard), rows in zip(shards.held, shards.lookup.table_weights())]
 
     def _gather(self, features: KeyedJaggedTensor, weighted: bool) -> GatheredFeatures:
         gathered = self._layout.gather(features, weighted)

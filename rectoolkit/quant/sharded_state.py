@@ -21,11 +21,23 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 import torch
-from torch.distributed._shard.metadata import ShardMetadata as TorchShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorBase
-from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 
 from rectoolkit.plan.types import ShardMetadata
+
+
+class StoredRowsState:
+    """The state_dict and load_state_dict of a sharded quantized module (module docstring); the module gives
+    `local_shards()` ((table, shard, stored rows, {}) of what it holds) and `embedding_configs()`."""
+
+    def _save_to_state_dict(self, destination, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.update(stored_state(self, prefix))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        load_stored_state(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
 
 
 def _tables(module) -> Dict[str, List[Tuple[ShardMetadata, torch.Tensor]]]:
@@ -40,7 +52,10 @@ def _sizes(module) -> Dict[str, Tuple[int, int]]:
 
 
 def _prefix(module) -> str:
-    return "embedding_bags." if hasattr(module, "embedding_bag_configs") else "embeddings."
+    from rectoolkit.modules.configs import EmbeddingBagConfig
+
+    configs = module.embedding_configs()
+    return "embedding_bags." if configs and isinstance(configs[0], EmbeddingBagConfig) else "embeddings."
 
 
 def _whole(shard: ShardMetadata, size: Tuple[int, int]) -> bool:
@@ -61,6 +76,11 @@ def _byte_offsets(held: List[Tuple[ShardMetadata, torch.Tensor]]) -> List[Tuple[
 
 def stored_state(module, prefix: str = "") -> Dict[str, torch.Tensor]:
     """{key: the table's stored rows (a tensor or a ShardedTensorBase)} for every table with a shard here."""
+    # (torch's ShardedTensor module costs 70 ms to import: loaded when first needed)
+    from torch.distributed._shard.metadata import ShardMetadata as TorchShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorBase
+    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
     sizes, out, tables = _sizes(module), {}, _tables(module)
     for table, held in ((name, tables[name]) for name in sizes if name in tables):  # (the collection's order)
         key = f"{prefix}{_prefix(module)}{table}.weight"
@@ -83,6 +103,8 @@ def load_stored_state(module, state_dict, prefix: str, missing_keys: List[str], 
     """Copy each held table's saved rows into its shards (module docstring); report missing keys and errors as
     Module._load_from_state_dict does (the keys it takes are not unexpected). Every table is checked before any
     is copied: with an error, this module's shards are left as they were."""
+    from rectoolkit.distributed.state import is_sharded_tensor
+
     sizes = _sizes(module)
     copies: List[Tuple[torch.Tensor, torch.Tensor]] = []
     errors: List[str] = []
@@ -95,7 +117,7 @@ def load_stored_state(module, state_dict, prefix: str, missing_keys: List[str], 
             missing_keys.append(key)
             continue
         saved = state_dict[key]
-        if isinstance(saved, ShardedTensorBase):
+        if is_sharded_tensor(saved):
             theirs = {(tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor
                       for s in saved.local_shards()}
             for (shard, rows), at in zip(held, _byte_offsets(held)):

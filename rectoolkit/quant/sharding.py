@@ -49,6 +49,7 @@ from rectoolkit.quant.fp_embedding_modules import QuantFeatureProcessedEmbedding
 from rectoolkit.quant.lookup import QuantBatchedLookup, QuantTableSpec
 from rectoolkit.quant.pruning import stored_rows
 from rectoolkit.quant.rowwise import _check_dim, slice_columns_rowwise
+from rectoolkit.quant.sharded_state import StoredRowsState
 from rectoolkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 BAG_SHARDING_TYPES = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
@@ -117,8 +118,9 @@ def check_quant_plan(collection: str, configs: Sequence[BaseEmbeddingConfig],
                                  "width are multiples of the codes per byte") from None
 
 
-class QuantizedShards:
-    """What both sharded quantized collections say about their shards: stored bytes, no optimizer state."""
+class QuantizedShards(StoredRowsState):
+    """What both sharded quantized collections say about their shards: stored bytes, no optimizer state; their
+    state_dict is the stored rows (rectoolkit.quant.sharded_state)."""
 
     own_table_view = False  # their state is the stored rows of their groups (not the float table view)
     inference_only = True  # nothing trains: per-id weights that require grad are read as data
@@ -134,21 +136,6 @@ class QuantizedShards:
         return [(table, shard, rows, {}) for group in self.groups.values() if group.local.kernel is not None
                 for (table, _), shard, rows in zip(group.local.shard_keys, group.local.shards,
                                                    group.local.kernel.table_weights())]
-
-    def _save_to_state_dict(self, destination: Dict, prefix: str, keep_vars: bool) -> None:
-        """Each held table's stored rows under the unsharded module's key (rectoolkit.quant.sharded_state)."""
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        from rectoolkit.quant.sharded_state import stored_state
-
-        destination.update(stored_state(self, prefix))
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        from rectoolkit.quant.sharded_state import load_stored_state
-
-        load_stored_state(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
 
 
 class ShardedQuantEmbeddingBagCollection(QuantizedShards, ShardedEmbeddingBagCollection):

@@ -85,3 +85,25 @@ def test_a_column_shard_refuses_whole_rows_and_a_shard_of_another_plan_is_named(
     missing = sharded.load_state_dict({k: v for k, v in saved.items() if "t1" not in k and "t2" not in k},
                                       strict=False).missing_keys
     assert missing == ["embedding_bags.t1.weight", "embedding_bags.t2.weight"]
+
+
+def test_the_one_process_sharded_model_of_several_ranks_has_the_same_state_dict():
+    from rectoolkit.quant.one_process import shard_quant_in_one_process
+
+    plan = {"t0": rtk.ParameterSharding("table_wise", ranks=[1], shards=[ON(1, 0, 0, 20, 8)]),
+            "t1": rtk.ParameterSharding("row_wise", ranks=[0, 1], shards=[ON(0, 0, 0, 12, 8), ON(1, 12, 0, 8, 8)]),
+            "t2": rtk.ParameterSharding("column_wise", ranks=[0, 1], shards=[ON(0, 0, 0, 20, 4), ON(1, 0, 4, 20, 4)])}
+    source = _quantized(0)
+    sharded = shard_quant_in_one_process(source, plan, world_size=2)
+    other = shard_quant_in_one_process(_quantized(1), plan, world_size=2)
+    state = sharded.state_dict()
+    assert list(state) == [f"embedding_bags.t{i}.weight" for i in range(3)]
+    assert torch.equal(state["embedding_bags.t0.weight"], source.state_dict()["embedding_bags.t0.weight"])
+    assert [(s.metadata.shard_offsets, s.metadata.placement.rank()) for s in state["embedding_bags.t1.weight"].local_shards()] \
+        == [([0, 0], 0), ([12, 0], 1)]
+    assert not torch.equal(_outputs(sharded), _outputs(other))
+    other.load_state_dict(state)
+    assert torch.equal(_outputs(sharded), _outputs(other))
+    with pytest.raises(RuntimeError, match=r"table 't2': a column shard"):
+        other.load_state_dict(_quantized(2).state_dict())
+    assert torch.equal(_outputs(sharded), _outputs(other))  # nothing of it was copied
