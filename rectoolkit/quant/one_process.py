@@ -174,6 +174,7 @@ class _OneProcessSharded(StoredRowsState, nn.Module):
                                                           pooled)
                                     for rank, pieces in enumerate(by_owner) if pieces})
         self._configs = list(configs)
+        self.stored_layout = ({c.name: c.data_type for c in configs}, quantized.row_alignment)  # (sharded_state)
 
     def embedding_configs(self) -> list:
         return list(self._configs)

@@ -12,8 +12,8 @@ unsharded module's keys ("embedding_bags.<table>.weight", sequences "embeddings.
 
 The tensors are views of the shards' storage: `load_state_dict` copies into them (so the lookups read what was
 loaded), from the same layout, or from the unsharded quantized module's state_dict (whole tables: a table-wise
-shard takes the table, a row block its rows; column shards store each row's scale and bias apart, so they load
-from their own layout only, and a whole table there is refused naming it).
+shard takes the table, a row block its rows, a column block the codes of its columns with each row's scale and
+bias, as sharding stores them). Every table is checked before any is copied.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from typing import Dict, List, Tuple
 import torch
 
 from rectoolkit.plan.types import ShardMetadata
+from rectoolkit.quant.rowwise import row_size_in_bytes, slice_columns_rowwise
 
 
 class StoredRowsState:
     """The state_dict and load_state_dict of a sharded quantized module (module docstring); the module gives
-    `local_shards()` ((table, shard, stored rows, {}) of what it holds) and `embedding_configs()`."""
+    `local_shards()` ((table, shard, stored rows, {}) of what it holds), `embedding_configs()` and
+    `stored_layout` ({table: quantized DataType}, row alignment)."""
 
     def _save_to_state_dict(self, destination, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -130,19 +132,28 @@ def load_stored_state(module, state_dict, prefix: str, missing_keys: List[str], 
                 copies.append((rows, source))
             continue
         saved = torch.as_tensor(saved)
+        data_types, row_alignment = module.stored_layout
+        width = row_size_in_bytes(sizes[table][1], data_types[table], row_alignment)  # of the whole rows
         for shard, rows in held:
-            r0 = shard.shard_offsets[0]
-            if shard.shard_offsets[1] != 0 or shard.shard_sizes[1] != sizes[table][1]:
-                errors.append(f"table {table!r}: a column shard (columns {shard.shard_offsets[1]}.."
-                              f"{shard.shard_offsets[1] + shard.shard_sizes[1]}) stores each row's scale and bias "
-                              "apart, so it loads from this sharded module's own state_dict, not whole rows")
+            (r0, r1), (c0, c1) = shard.rows, shard.columns
+            if saved.dtype != rows.dtype or saved.dim() != 2 or saved.shape[0] < r1 or saved.shape[1] != width:
+                errors.append(f"table {table!r}: got {saved.dtype} rows of shape {list(saved.shape)}; the table's "
+                              f"stored rows are {rows.dtype}, {width} bytes each, and this shard needs rows "
+                              f"{r0}..{r1}")
                 continue
-            if saved.dtype != rows.dtype or saved.dim() != 2 or saved.shape[1] != rows.shape[1] or \
-                    saved.shape[0] < r0 + rows.shape[0]:
-                errors.append(f"table {table!r}: got {saved.dtype} rows of shape {list(saved.shape)}, the shard "
-                              f"at row {r0} stores {rows.dtype} rows of shape {list(rows.shape)}")
+            block = saved[r0:r1]
+            if (c0, c1) != (0, sizes[table][1]):  # a column block: its codes, with each row's scale and bias
+                try:
+                    block = slice_columns_rowwise(block, data_types[table], sizes[table][1], c0, c1, row_alignment)
+                except (ValueError, RuntimeError) as error:
+                    errors.append(f"table {table!r}: columns {c0}..{c1} of the saved rows: {error}")
+                    continue
+            if block.shape != rows.shape:
+                errors.append(f"table {table!r}: the saved rows give the shard at (row {r0}, column {c0}) stored "
+                              f"rows of shape {list(block.shape)}, it stores {list(rows.shape)} (another data type or "
+                              "row alignment)")
                 continue
-            copies.append((rows, saved[r0:r0 + rows.shape[0]]))
+            copies.append((rows, block))
     error_msgs.extend(errors)
     if not errors:
         for rows, source in copies:

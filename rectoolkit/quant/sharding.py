@@ -296,6 +296,7 @@ def _quantize_shards(sharded, configs: Sequence[BaseEmbeddingConfig], stored: Ma
         local.weights = nn.ParameterDict()  # drop the float shards
         quantized_bytes += lookup.storage_bytes()
     sharded.quantized_bytes = quantized_bytes  # bytes of the quantized shards on this rank
+    sharded.stored_layout = (data_types, row_alignment)  # how its rows are stored (quant.sharded_state slices them)
     return sharded
 
 
