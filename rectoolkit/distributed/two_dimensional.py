@@ -177,6 +177,8 @@ class DMPCollection(DistributedModelParallel):
                              f"{dist.get_world_size(global_pg)} ranks and the world {dist.get_world_size()}; pass "
                              "the whole world's group and its size")
         matrix = peer_matrix(world_size, sharding_group_size, use_inter_host_allreduce)
+        if plan is not None and not isinstance(plan, ShardingPlan):  # ({module path: {table: ParameterSharding}})
+            plan = ShardingPlan(dict(plan))
         if plan is not None:
             _check_group_plan(plan, sharding_group_size)
         mesh, sharding_pg, replica_pg = _process_groups(matrix, device)

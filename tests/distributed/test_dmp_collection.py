@@ -290,6 +290,9 @@ def _errors_worker(rank: int, world_size: int) -> None:
     dmp(_batch(rank)).sum().backward()
     dmp.sync()
     assert torch.equal(dmp.module.linear.weight, torch.ones_like(dmp.module.linear.weight))
+    # a plan given as a plain dict of modules, as DistributedModelParallel takes it
+    as_dict = DMPCollection(Model(), torch.device("cpu"), dict(_group_plan().plan), 4, 2)
+    assert [s.rank for s in as_dict.plan.plan["ebc"]["t1"].shards] == dist.get_process_group_ranks(as_dict.env.sharding_pg)
     # copy() shares the groups: the copy syncs over the same replica group
     undivided = DMPCollection(Model(), torch.device("cpu"), _group_plan(), 4, 2, init_data_parallel=False)
     twin = undivided.copy(torch.device("cpu"))
