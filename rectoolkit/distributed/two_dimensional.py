@@ -28,6 +28,7 @@ replicas (TorchRec leaves them to diverge between sharding groups).
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
@@ -106,8 +107,6 @@ def _node_group_size(node_group_size: Optional[int], world_size: int, sharding_g
                      use_inter_host_allreduce: bool) -> int:
     """Ranks of one sharding group per host, for TABLE_ROW_WISE and GRID_SHARD's two-level collectives: as given,
     else from LOCAL_WORLD_SIZE (ranks per host): the group's ranks on one host (strided: W/G apart)."""
-    import os
-
     if node_group_size is not None:
         if node_group_size <= 0 or sharding_group_size % node_group_size:
             raise ValueError(f"DMPCollection: node_group_size={node_group_size} does not divide sharding_group_size="
@@ -134,8 +133,6 @@ def _on_global_ranks(plan: ShardingPlan, ranks: Sequence[int]) -> ShardingPlan:
 
 def _device_of(device: str, global_rank: int) -> str:
     """A shard's device on its global rank: a GPU is that rank's local one (TorchRec's "cuda:<rank % local size>")."""
-    import os
-
     if not device.startswith("cuda"):
         return device
     return f"cuda:{global_rank % int(os.environ.get('LOCAL_WORLD_SIZE', max(torch.cuda.device_count(), 1)))}"

@@ -203,6 +203,10 @@ class _OneProcessSharded(StoredRowsState, nn.Module):
 class OneProcessShardedQuantEmbeddingBagCollection(_OneProcessSharded):
     """A QuantEmbeddingBagCollection sharded over ranks held in one process: KJT -> KeyedTensor [B, sum of dims]."""
 
+    def embedding_bag_configs(self) -> list:
+        """The bag collection's configs (TorchRec's name; its state_dict keys are "embedding_bags.<table>...")."""
+        return self.embedding_configs()
+
     def __init__(self, qebc: QuantEmbeddingBagCollection, module_plan: Mapping[str, ParameterSharding],
                  world_size: int) -> None:
         super().__init__(qebc, module_plan, world_size, BAG_SHARDING_TYPES, pooled=True)

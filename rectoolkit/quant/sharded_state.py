@@ -22,6 +22,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from rectoolkit.distributed.state import collection_state_prefix, is_sharded_tensor
 from rectoolkit.plan.types import ShardMetadata
 from rectoolkit.quant.rowwise import row_size_in_bytes, slice_columns_rowwise
 
@@ -53,13 +54,6 @@ def _sizes(module) -> Dict[str, Tuple[int, int]]:
     return {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_configs()}
 
 
-def _prefix(module) -> str:
-    from rectoolkit.modules.configs import EmbeddingBagConfig
-
-    configs = module.embedding_configs()
-    return "embedding_bags." if configs and isinstance(configs[0], EmbeddingBagConfig) else "embeddings."
-
-
 def _whole(shard: ShardMetadata, size: Tuple[int, int]) -> bool:
     return list(shard.shard_offsets) == [0, 0] and list(shard.shard_sizes) == list(size)
 
@@ -85,7 +79,7 @@ def stored_state(module, prefix: str = "") -> Dict[str, torch.Tensor]:
 
     sizes, out, tables = _sizes(module), {}, _tables(module)
     for table, held in ((name, tables[name]) for name in sizes if name in tables):  # (the collection's order)
-        key = f"{prefix}{_prefix(module)}{table}.weight"
+        key = f"{prefix}{collection_state_prefix(module)}{table}.weight"
         if len(held) == 1 and _whole(held[0][0], sizes[table]):
             out[key] = held[0][1]
             continue
@@ -105,14 +99,12 @@ def load_stored_state(module, state_dict, prefix: str, missing_keys: List[str], 
     """Copy each held table's saved rows into its shards (module docstring); report missing keys and errors as
     Module._load_from_state_dict does (the keys it takes are not unexpected). Every table is checked before any
     is copied: with an error, this module's shards are left as they were."""
-    from rectoolkit.distributed.state import is_sharded_tensor
-
     sizes = _sizes(module)
     copies: List[Tuple[torch.Tensor, torch.Tensor]] = []
     errors: List[str] = []
     tables = _tables(module)
     for table, held in ((name, tables[name]) for name in sizes if name in tables):  # (the collection's order)
-        key = f"{prefix}{_prefix(module)}{table}.weight"
+        key = f"{prefix}{collection_state_prefix(module)}{table}.weight"
         if key in unexpected_keys:
             unexpected_keys.remove(key)
         if key not in state_dict:
