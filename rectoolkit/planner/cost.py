@@ -126,11 +126,19 @@ class CostModel:
     """Memory and time estimates for shards, options and whole plans on one topology."""
 
     def __init__(self, topology: Topology, optimizer: Union[str, EmbOptimType] = EmbOptimType.SGD,
-                 dense_bytes_per_rank: float = 0.0, tables: Optional[Sequence[PlannerTable]] = None) -> None:
+                 dense_bytes_per_rank: float = 0.0, tables: Optional[Sequence[PlannerTable]] = None,
+                 host_copies: int = 1) -> None:
         """`tables`: the tables being planned. Their weight bytes over the world size are what a rank reads from
         each step in a balanced plan, the working set its reads compete with in cache: a shard reads at the speed
-        of max(its own size, that share). Without them, each shard's own size."""
+        of max(its own size, that share). Without them, each shard's own size.
+
+        `host_copies`: how many copies of the plan run at once on every host, each on its own local ranks (2D
+        parallelism's sharding groups, rectoolkit.planner.two_dimensional): the topology is one copy's, and each
+        host's cores and memory are shared by all copies' ranks there (`_phase_ms`)."""
+        if isinstance(host_copies, bool) or not isinstance(host_copies, int) or host_copies < 1:
+            raise ValueError(f"CostModel: host_copies must be an int >= 1, got {host_copies!r}")
         self.topology = topology
+        self.host_copies = host_copies
         self.optimizer = EmbOptimType.parse(optimizer)
         self.dense_bytes_per_rank = float(dense_bytes_per_rank)
         self.rank_share_bytes = sum(t.weight_bytes for t in tables) / topology.world_size if tables else 0.0
@@ -374,6 +382,7 @@ class CostModel:
         traffic = self.traffic(plan, tables, batch_sizes, count_ids)
         step = StepTime(self.profile.step_ms, [self._group_time(path, kind, plan, tables, batch_sizes, count_ids)
                                                for path, kind in plan_groups(plan)], topo.load_factor)
+        step.oversubscription = self.oversubscription
         step.load_share = self.load_share(fwd + bwd, step.quiet_ms)
         step.load_factor_alone = topo.load_factor_alone
         return PlanCost(memory, hbm, ddr, fwd, bwd, self.comm_ms(traffic), traffic, step)
@@ -432,6 +441,20 @@ class CostModel:
         return GroupTime(path, sharding_type, runs * self.profile.group_fixed_ms(sharding_type), runs * latency,
                          self._phase_ms(fwd), float(comm_fwd.max()), self._phase_ms(bwd), float(comm_bwd.max()))
 
+    @property
+    def oversubscription(self) -> float:
+        """A host's ranks (of every copy: host_copies) over its cores, at least 1: how much longer the ranks' CPU work
+        between lookups takes when they all do it at once (StepTime.shared_cores_ms). 1 without cores_per_host (each
+        rank its own core, or a GPU).
+
+            >>> CostModel(Topology(world_size=4, compute_device="cpu", cores_per_host=2)).oversubscription
+            2.0
+            >>> CostModel(Topology(world_size=2, compute_device="cpu", cores_per_host=2), host_copies=3).oversubscription
+            3.0
+        """
+        cores = self.topology.cores_per_host
+        return max(1.0, self.topology.local_world_size * self.host_copies / cores) if cores else 1.0
+
     def load_share(self, work_ms: np.ndarray, quiet_ms: float) -> float:
         """Of the machine's load factor, the share a plan gets (step_at_load): on the host of the busiest rank, the
         mean busy share of its other local ranks over the quiet step, a rank's busy share being 1 - (the busiest
@@ -462,10 +485,10 @@ class CostModel:
         >>> model._phase_ms(np.array([3.0, 1.0]))  # no profile: two ranks share nothing
         3.0
         """
-        L = self.topology.local_world_size
+        per_host = compute_ms.reshape(-1, self.topology.local_world_size)
+        L = per_host.shape[1] * self.host_copies  # every copy's ranks on the host work alike at once
         parallel = min(float(L), self.profile.memory_parallelism, float(self.topology.cores_per_host or L))
-        per_host = compute_ms.reshape(-1, L)
-        busiest, total = per_host.max(axis=1), per_host.sum(axis=1)
+        busiest, total = per_host.max(axis=1), per_host.sum(axis=1) * self.host_copies
         share = (L / parallel - 1.0) / (L - 1) if L > 1 else 0.0
         return float((busiest + share * (total - busiest)).max())
 

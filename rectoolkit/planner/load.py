@@ -78,17 +78,27 @@ class LoadProbe:
 
 
 def load_factors(probe: Any) -> Tuple[float, float]:
-    """(factor, factor_alone) of a LoadProbe or its dict; a probe measured before factor_alone existed has 1.0 for
-    it, the cost model's assumption then.
+    """(factor, factor_alone) of a LoadProbe or its dict: what other work adds; a probe measured before factor_alone
+    existed has 1.0 for it, the cost model's assumption then.
+
+    A probe of more ranks than cores (`world_size` over `cores`, both in the probe) finds its ranks waiting for cores
+    on a quiet machine too; the cost model prices that itself (StepTime.shared_cores_ms), so the all-busy factor is
+    taken over that oversubscription, at least 1 (the working rank of factor_alone has a core: kept as measured).
 
     >>> load_factors({"factor": 2.0}), load_factors({"factor": 2.0, "factor_alone": 1.3})
     ((2.0, 1.0), (2.0, 1.3))
+    >>> load_factors({"factor": 2.4, "factor_alone": 1.2, "world_size": 4, "cores": 2})  # 4 ranks on 2 cores
+    (1.2, 1.2)
     """
     fields = probe if isinstance(probe, dict) else getattr(probe, "__dict__", None)
     if not isinstance(fields, dict) or "factor" not in fields:
         raise TypeError(f"expected a LoadProbe (rectoolkit.planner.probe_load) or its dict, got {type(probe).__name__}")
     alone = fields.get("factor_alone")
-    return float(fields["factor"]), 1.0 if alone is None else float(alone)
+    factor = float(fields["factor"])
+    ranks, cores = fields.get("world_size"), fields.get("cores")
+    if isinstance(ranks, int) and isinstance(cores, int) and cores > 0 and ranks > cores:
+        factor = max(1.0, factor * cores / ranks)
+    return factor, 1.0 if alone is None else float(alone)
 
 
 class SyntheticStep:

@@ -13,7 +13,8 @@ Columns (stable; widgets and figures read them):
   runner_up, runner_up_ms, reason - one row per table (runner-up columns are None for plans made elsewhere).
 * ``step``: the step estimate by group: module, sharding_type, fixed_ms, latency_ms, lookup_fwd_ms, comm_fwd_ms,
   lookup_bwd_ms, comm_bwd_ms, total_ms - one row per sharding-type group, a first row "per step" for the fixed
-  cost of a step and, when Topology.load_factor or load_factor_alone is not 1, a last row "machine load (xF, xA
+  cost of a step, when a host has more ranks than cores a row "ranks beyond the cores (xO)" for what sharing them
+  adds (StepTime.shared_cores_ms), and, when Topology.load_factor or load_factor_alone is not 1, a last row "machine load (xF, xA
   alone)" for what other work on the machine adds (rectoolkit.planner.step_time.StepTime; the sum of total_ms is summary["step_time_ms"]).
 * ``candidates``: label, estimated_step_ms, measured_step_ms, chosen - the whole plans the planner priced (and
   ran, with measure_top_k); empty unless it compared candidates.
@@ -167,6 +168,10 @@ def step_frame(cost) -> pd.DataFrame:
     rows += [dict(module=g.module_path, sharding_type=g.sharding_type, fixed_ms=g.fixed_ms, latency_ms=g.latency_ms,
                   lookup_fwd_ms=g.lookup_fwd_ms, comm_fwd_ms=g.comm_fwd_ms, lookup_bwd_ms=g.lookup_bwd_ms,
                   comm_bwd_ms=g.comm_bwd_ms, total_ms=g.total_ms) for g in cost.step.groups]
+    if cost.step.oversubscription != 1.0:
+        rows.append(dict(module="", sharding_type=f"ranks beyond the cores (x{cost.step.oversubscription:.2f})",
+                         fixed_ms=0.0, latency_ms=0.0, lookup_fwd_ms=0.0, comm_fwd_ms=0.0, lookup_bwd_ms=0.0,
+                         comm_bwd_ms=0.0, total_ms=cost.step.shared_cores_ms))
     if cost.step.load_factor != 1.0 or cost.step.load_factor_alone != 1.0:
         rows.append(dict(module="", sharding_type=f"machine load (x{cost.step.load_factor:.2f}, "
                                                   f"x{cost.step.load_factor_alone:.2f} alone)", fixed_ms=0.0,
@@ -189,6 +194,10 @@ def explain_step(result: PlanningResult) -> str:
     cost = result.cost_model.evaluate(result.plan, result.tables)
     lines = [f"Estimated step: {cost.step_time_ms:.3f} ms = fixed per step {cost.step.step_fixed_ms:.3f} ms"
              + "".join(f" + {g.sharding_type} group {g.total_ms:.3f} ms" for g in cost.step.groups)
+             + (f" + ranks beyond the cores {cost.step.shared_cores_ms:.3f} ms (each host's "
+                f"{result.cost_model.topology.local_world_size * result.cost_model.host_copies} busy ranks on "
+                f"{result.cost_model.topology.cores_per_host} cores: the fixed costs, latencies and bytes x "
+                f"{cost.step.oversubscription:.2f})" if cost.step.oversubscription != 1.0 else "")
              + (f" + machine load {cost.step.load_ms:.3f} ms (the quiet {cost.step.quiet_ms:.3f} ms x "
                 f"(A + (F - A) x S - 1), F = Topology.load_factor {cost.step.load_factor:.2f}, A = load_factor_alone "
                 f"{cost.step.load_factor_alone:.2f}, S = this plan's share {cost.step.load_share:.2f}: the other "

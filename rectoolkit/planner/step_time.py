@@ -66,11 +66,25 @@ class StepTime:
     load_factor: float = 1.0  # Topology.load_factor: the machine's current slowdown from other work
     load_share: float = 1.0  # of the load factor, the share this plan gets (step_at_load; CostModel.load_share)
     load_factor_alone: float = 1.0  # Topology.load_factor_alone: the slowdown when the other ranks only wait
+    oversubscription: float = 1.0  # a host's busy ranks over its cores, at least 1 (CostModel.oversubscription)
+
+    @property
+    def shared_cores_ms(self) -> float:
+        """What a host's ranks beyond its cores add: every rank's CPU work between its lookups (the fixed costs, the
+        collectives' latency and bytes, which gloo moves with the CPU) takes `oversubscription` times as long when
+        the host's ranks all do it at once on fewer cores. The lookups share the cores already (CostModel._phase_ms).
+
+            >>> group = GroupTime("", "table_wise", 1.0, 0.5, 4.0, 0.25, 2.0, 0.25)
+            >>> StepTime(1.0, [group], oversubscription=2.0).shared_cores_ms
+            3.0
+        """
+        cpu = self.step_fixed_ms + sum(g.fixed_ms + g.latency_ms + g.comm_fwd_ms + g.comm_bwd_ms for g in self.groups)
+        return (self.oversubscription - 1.0) * cpu
 
     @property
     def quiet_ms(self) -> float:
-        """The step on a machine of its own: fixed cost plus the groups."""
-        return self.step_fixed_ms + sum(g.total_ms for g in self.groups)
+        """The step on a machine of its own: fixed cost plus the groups (and their ranks' share of the cores)."""
+        return self.step_fixed_ms + sum(g.total_ms for g in self.groups) + self.shared_cores_ms
 
     @property
     def load_ms(self) -> float:
@@ -87,6 +101,7 @@ class StepTime:
         names = ("fixed_ms", "latency_ms", "lookup_fwd_ms", "comm_fwd_ms", "lookup_bwd_ms", "comm_bwd_ms")
         parts = {"step_fixed_ms": self.step_fixed_ms}
         parts.update({name: sum(getattr(g, name) for g in self.groups) for name in names})
+        parts["shared_cores_ms"] = self.shared_cores_ms
         parts["load_ms"] = self.load_ms
         return parts
 

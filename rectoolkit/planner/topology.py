@@ -176,7 +176,8 @@ class Topology:
 
     def at_load(self, probe) -> "Topology":
         """This topology with the load a LoadProbe measured (rectoolkit.planner.probe_load, or the probe's dict):
-        load_factor = probe.factor, load_factor_alone = probe.factor_alone (1.0 where the probe has none).
+        load_factor = probe.factor, load_factor_alone = probe.factor_alone (1.0 where the probe has none); a probe of
+        more ranks than cores has its factor taken over that oversubscription (rectoolkit.planner.load.load_factors).
 
             >>> from rectoolkit.planner.load import LoadProbe
             >>> probe = LoadProbe(2.0, 8.0, 20.0, 10.0, 40, 2, (1.0, 1.0, 1.0), 2, factor_alone=1.25)
