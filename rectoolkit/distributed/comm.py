@@ -236,7 +236,7 @@ def _exchange(env: ShardingEnv, tensor: torch.Tensor, input_splits: Sequence[int
 
 def all_reduce_sum(env: ShardingEnv, tensor: torch.Tensor, bytes_to: Sequence[int], name: str) -> None:
     """Sum `tensor` over ranks in place (no gradient), counted as `bytes_to` per destination: the caller states
-    what its protocol sends (data_parallel.py uses it only where the backend's ring moves exactly that)."""
+    what the backend's all-reduce sends (rectoolkit.plan.traffic.allreduce_values_to: a ring's bytes)."""
     env.stats.record(name, bytes_to)
     if env.world_size > 1:
         started = time.perf_counter()

@@ -45,15 +45,18 @@ that table, and source rank i with a local batch of B_i samples (every rank know
   POOLED_EMBEDDINGS_REDUCE_SCATTER) and ``output_dist_inter``, POOLED_EMBEDDINGS_REDUCE_SCATTER for
   ``output_dist_intra``, SEQUENCE_EMBEDDINGS_ALL_TO_ALL for sequence outputs; an op without an entry stays float32.
 * ``dp_allreduce`` (DATA_PARALLEL tables): the table's dense float32 gradient (N = rows * cols values) is
-  all-reduced as a reduce-scatter then an all-gather over W ranks with chunk k holding
-  N // W + (1 if k < N % W else 0) values: rank i sends chunk j to each rank j, then its own chunk i to each
-  rank j, so bytes[i][j] = 4 * (chunk_j + chunk_i).
+  all-reduced (one backend all-reduce of every table's gradient), counted per table as a reduce-scatter then an
+  all-gather over W ranks with chunk k holding N // W + (1 if k < N % W else 0) values (`allreduce_values_to`): on
+  2 ranks rank i sends chunk j to each rank j, then its own chunk i to each rank j, so bytes[i][j] =
+  4 * (chunk_j + chunk_i); on more a ring: rank i sends rank i + 1 (mod W) 4 * (2N - chunk_{i+1} - chunk_{i+2})
+  bytes, all the chunks but one in each phase, and no other rank anything.
 
 * ``sync_allreduce`` (a 2D layout, DMPCollection.sync(): not part of a step; `sync_traffic`): the world is
   sharding groups of G ranks (`peer_matrix`), each holding the group's plan; every rank all-reduces each tensor
   it holds (each shard's weight at its table's element size, then the fused optimizer's float32 state of the
-  shard) over its replica group (the ranks at its position in every group, R = W / G of them) as dp_allreduce
-  does: rank i sends replica j size * (chunk_j + chunk_i) bytes per tensor (R chunks).
+  shard) over its replica group (the ranks at its position in every group, R = W / G of them, in that order) as
+  dp_allreduce does: on 2 replicas replica i sends replica j size * (chunk_j + chunk_i) bytes per tensor (R
+  chunks), on more the ring's bytes to the next replica.
 
 Not priced here: the control message ``metadata`` that opens every input_dist (each rank tells every owner,
 itself included, its batch size and id count: two int64, 16 bytes per rank pair, once per sharding-type group
@@ -230,10 +233,8 @@ def sync_traffic(module_plan: Mapping[str, ParameterSharding], tables: Sequence[
                                                        for _ in (states if fused else ())]
             replicas = [group[shard.rank] for group in matrix]
             for values, size in tensors:
-                chunks = dp_chunk_sizes(values, replicas_per_shard)
                 for i, src in enumerate(replicas):
-                    for j, dst in enumerate(replicas):
-                        out[src, dst] += size * (chunks[j] + chunks[i])
+                    out[src, replicas] += size * np.asarray(allreduce_values_to(values, replicas_per_shard, i))
     return out
 
 
@@ -263,11 +264,27 @@ def dp_chunk_sizes(num_values: int, world_size: int) -> list:
     return [base + (1 if k < extra else 0) for k in range(world_size)]
 
 
-def _add_dp_allreduce(matrix: np.ndarray, num_values: int, world_size: int) -> None:
+def allreduce_values_to(num_values: int, world_size: int, rank: int) -> List[int]:
+    """Values `rank` sends each rank (by rank in the group) when num_values are all-reduced as the engine counts one
+    all-reduce (rectoolkit.distributed.replicas): a reduce-scatter then an all-gather of the chunks of
+    dp_chunk_sizes. On 2 ranks (or 1) each rank j gets chunk_j, then the sender's own chunk: chunk_j + chunk_rank
+    to every rank j, its own included. On more, a ring: everything goes to the next rank, each phase all the
+    chunks but one (the next rank's chunk in the reduce-scatter, the one after it in the all-gather).
+
+        >>> allreduce_values_to(10, 2, 0), allreduce_values_to(10, 4, 1)
+        ([10, 10], [0, 0, 16, 0])
+    """
     chunks = dp_chunk_sizes(num_values, world_size)
+    if world_size <= 2:
+        return [chunk + chunks[rank] for chunk in chunks]
+    out = [0] * world_size
+    out[(rank + 1) % world_size] = 2 * num_values - chunks[(rank + 1) % world_size] - chunks[(rank + 2) % world_size]
+    return out
+
+
+def _add_dp_allreduce(matrix: np.ndarray, num_values: int, world_size: int) -> None:
     for src in range(world_size):
-        for dst in range(world_size):
-            matrix[src, dst] += VALUE_BYTES * (chunks[dst] + chunks[src])
+        matrix[src] += VALUE_BYTES * np.asarray(allreduce_values_to(num_values, world_size, src))
 
 
 def _column_blocks(ps: ParameterSharding, local_world_size: int) -> Dict[tuple, int]:

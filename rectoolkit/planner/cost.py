@@ -61,9 +61,8 @@ MEMORY_PARTS = ("weights", "optimizer", "gradients", "input_buffer", "output_buf
 # Which fitted alpha-beta pair of the calibration profile (rectoolkit.planner.profile) prices each collective the
 # engine issues (rectoolkit.plan.traffic.COLLECTIVES): the distributions are all-to-alls (row-wise's reduce-scatter of
 # partial sums too: it runs as an all-to-all), the data-parallel gradients one all-reduce. dp_allreduce's bytes are
-# those of a reduce-scatter then an all-gather (traffic.py), which is what a ring all-reduce moves; on more than 2
-# ranks the engine sends them with all-to-alls (rectoolkit.distributed.replicas), whose calls collective_calls counts
-# as such. No collective of the engine is priced with the reduce_scatter or all_gather pair today.
+# those of a reduce-scatter then an all-gather (traffic.py), which is what a ring all-reduce moves. No collective of
+# the engine is priced with the reduce_scatter or all_gather pair today.
 FITTED_COLLECTIVE = {
     "input_dist": "all_to_all",
     "output_dist": "all_to_all",
@@ -328,7 +327,7 @@ class CostModel:
         out_intra, out_inter = xy_link_bytes(out_per_rank, zeros, L)
         values = table_rows * dims
         chunks = (values // W + (np.arange(W)[None, :] < values % W)) * float(VALUE_BYTES)
-        dp_intra, dp_inter = xy_link_bytes(chunks, chunks, L)
+        dp_intra, dp_inter = ring_link_bytes(chunks, L) if W > 2 else xy_link_bytes(chunks, chunks, L)
         dp_intra_bw, dp_inter_bw = self.link_bw[FITTED_COLLECTIVE["dp_allreduce"]]
         intra = np.where(row_wise, in_intra + 2 * out_intra, dp_intra)
         inter = np.where(row_wise, in_inter + 2 * out_inter, dp_inter)
@@ -578,6 +577,25 @@ def xy_link_bytes(x: np.ndarray, y: np.ndarray, local_world_size: int) -> Tuple[
     total_x, total_y = x.sum(axis=-1, keepdims=True), y.sum(axis=-1, keepdims=True)
     intra = (L - 1) * (x + y) + host_y - y + host_x - x
     inter = (W - L) * (x + y) + total_y - host_y + total_x - host_x
+    return intra, inter
+
+
+def ring_link_bytes(chunks: np.ndarray, local_world_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Bytes each rank sends plus receives over intra- and inter-host links when a buffer cut into `chunks` ([..., W]
+    bytes, chunk k rank k's) is all-reduced around a ring (rectoolkit.plan.traffic.allreduce_values_to): rank r sends
+    rank r + 1 all the chunks but chunk r + 1 in the reduce-scatter and all but chunk r + 2 in the all-gather.
+
+        >>> intra, inter = ring_link_bytes(np.array([3.0, 3.0, 2.0, 2.0]), 2)  # 10 bytes, hosts {0, 1} and {2, 3}
+        >>> intra.tolist(), inter.tolist()  # rank 1 sends 16 to rank 2 (across), receives 15 from rank 0 (inside)
+        ([15.0, 15.0, 15.0, 15.0], [14.0, 16.0, 16.0, 14.0])
+    """
+    W = chunks.shape[-1]
+    sent = 2 * chunks.sum(axis=-1, keepdims=True) - np.roll(chunks, -1, axis=-1) - np.roll(chunks, -2, axis=-1)
+    received = np.roll(sent, 1, axis=-1)
+    hosts = np.arange(W) // local_world_size
+    same_next, same_prev = hosts == np.roll(hosts, -1), hosts == np.roll(hosts, 1)
+    intra = np.where(same_next, sent, 0.0) + np.where(same_prev, received, 0.0)
+    inter = np.where(same_next, 0.0, sent) + np.where(same_prev, 0.0, received)
     return intra, inter
 
 

@@ -7,9 +7,9 @@ module prices each from the plan:
 - a group's step: the group plan on G ranks (CostModel.evaluate on `group_topology`: its all-to-alls span G ranks,
   not W), with the other groups' ranks working at the same time on the same hosts (CostModel's `host_copies`);
 - the sync: every shard's weight and fused optimizer state summed over its W / G replicas
-  (rectoolkit.plan.traffic.sync_traffic's bytes, at the profile's all-reduce speed on 2 replicas and its all-to-all
-  speed beyond, as rectoolkit.distributed.replicas sends them; each call's latency; the copies into and out of the
-  flat buffer), paid once every `sync_interval` steps;
+  (rectoolkit.plan.traffic.sync_traffic's bytes at the profile's all-reduce speed, one all-reduce per dtype as
+  rectoolkit.distributed.replicas sends them, each with its latency; the copies into and out of the flat buffer),
+  paid once every `sync_interval` steps;
 - memory: each rank holds 1 / G of the tables instead of 1 / W.
 
     >>> from rectoolkit.modules.configs import EmbeddingBagConfig
@@ -179,17 +179,14 @@ def _sync_parts(model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTa
     what a host's ranks beyond its cores add to those (CostModel.oversubscription)."""
     W = model.topology.world_size
     matrix = peer_matrix(W, sharding_group_size, use_inter_host_allreduce)
-    replicas = len(matrix)
-    kind = "all_reduce" if replicas <= 2 else "all_to_all"  # as rectoolkit.distributed.replicas sends them
-    per_link = (traffic + traffic.T) / model.bandwidth_matrix(kind)
+    per_link = (traffic + traffic.T) / model.bandwidth_matrix("all_reduce")
     np.fill_diagonal(per_link, 0.0)
     latency, copy = np.zeros(W), np.zeros(W)
-    if replicas > 1:
-        alpha = model.profile.collective(kind).alpha_ms
-        for position, (dtypes, tensors, local_bytes) in enumerate(_rank_tensors(plan, tables, optimizer)):
-            calls = len(dtypes) if replicas <= 2 else 2 * tensors
+    if len(matrix) > 1:  # one all-reduce per dtype (rectoolkit.distributed.replicas)
+        alpha = model.profile.collective("all_reduce").alpha_ms
+        for position, (dtypes, local_bytes) in enumerate(_rank_tensors(plan, tables, optimizer)):
             for group in matrix:
-                latency[group[position]] = calls * alpha
+                latency[group[position]] = len(dtypes) * alpha
                 copy[group[position]] = 3 * local_bytes / model.profile.write_bytes_per_ms
     parts = {"latency": latency, "bytes": per_link.sum(axis=1), "copy": copy}
     # every rank syncs at once: a host with more ranks than cores shares them (StepTime.shared_cores_ms)
@@ -197,15 +194,15 @@ def _sync_parts(model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTa
     return parts
 
 
-def _rank_tensors(plan: ShardingPlan, tables: Sequence[PlannerTable], optimizer: Any) -> List[Tuple[set, int, float]]:
-    """Per group position: (dtypes, tensors, bytes) of what sync() averages there, as DMPCollection._sync_tensors
-    lists them: every shard's weight, and each fused optimizer state of the shard (DATA_PARALLEL replicas: none)."""
+def _rank_tensors(plan: ShardingPlan, tables: Sequence[PlannerTable], optimizer: Any) -> List[Tuple[set, float]]:
+    """Per group position: (dtypes, bytes) of what sync() averages there, as DMPCollection._sync_tensors lists them:
+    every shard's weight, and each fused optimizer state of the shard (DATA_PARALLEL replicas: none)."""
     states = optimizer_state_names(optimizer) if optimizer is not None else ()
     rowwise = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.ROWWISE_ADAGRAD
     by_key = {t.key: t for t in tables}
     positions = 1 + max((r for module_plan in plan.plan.values() for ps in module_plan.values() for r in ps.ranks),
                         default=0)
-    out: List[Tuple[set, int, float]] = [(set(), 0, 0.0) for _ in range(positions)]
+    out: List[Tuple[set, float]] = [(set(), 0.0) for _ in range(positions)]
     for path, module_plan in plan.plan.items():
         for name, ps in module_plan.items():
             table = by_key.get((path, name))
@@ -215,14 +212,11 @@ def _rank_tensors(plan: ShardingPlan, tables: Sequence[PlannerTable], optimizer:
             fused = ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL
             for shard in ps.shards:
                 rows, cols = shard.shard_sizes
-                dtypes, tensors, size = out[shard.rank]
-                size += rows * cols * dtype.itemsize
-                dtypes = dtypes | {dtype}
-                tensors += 1
+                dtypes, size = out[shard.rank]
+                dtypes, size = dtypes | {dtype}, size + rows * cols * dtype.itemsize
                 for _ in states if fused else ():
-                    size += (rows if rowwise else rows * cols) * VALUE_BYTES
-                    dtypes, tensors = dtypes | {torch.float32}, tensors + 1
-                out[shard.rank] = (dtypes, tensors, size)
+                    dtypes, size = dtypes | {torch.float32}, size + (rows if rowwise else rows * cols) * VALUE_BYTES
+                out[shard.rank] = (dtypes, size)
     return out
 
 

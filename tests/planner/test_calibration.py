@@ -172,7 +172,7 @@ def test_collective_calls_per_group():
     assert collective_calls(ShardingType.TABLE_WISE, 3, 2) == calls(4, 0)
     assert collective_calls(ShardingType.TABLE_ROW_WISE, 1, 4) == calls(6, 0)
     assert collective_calls(ShardingType.DATA_PARALLEL, 3, 2) == calls(0, 1)
-    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == calls(6, 0)
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == calls(0, 1)  # one all-reduce on any world size
 
 
 def test_without_a_profile_times_are_torchrec_bytes_over_bandwidth():
@@ -196,13 +196,13 @@ def test_fits_by_hand():
     steps = {"tw": 5.0, "tw4": 8.0, "row_wise": 6.0, "tw+row_wise": 9.0, "column_wise": 6.5, "tw+column_wise": 8.5}
     step, shard, groups = fixed_terms(steps, 2)
     # beside plan-sized work: a group of its own against the same table table-wise, less its calls x alpha (row-wise
-    # 4 all-to-alls, table-row-wise 6, data-parallel on 2 ranks 1 all-reduce, on 4 ranks 2 all-to-alls per table)
-    alphas = {**{kind: AlphaBeta(0.25, 1e6) for kind in PROFILE.collectives}, "all_reduce": AlphaBeta(0.5, 1e6)}
+    # 4 all-to-alls, table-row-wise 6, data-parallel 1 all-reduce on any number of ranks)
+    alphas = {**{kind: AlphaBeta(0.25, 1e6) for kind in PROFILE.collectives}, "all_reduce": AlphaBeta(0.75, 1e6)}
     walls = {"beside_table_wise": 10.0, "beside_row_wise": 13.0, "beside_column_wise": 10.5,
              "beside_table_row_wise": 13.0, "beside_data_parallel": 12.0}
     assert group_terms_beside(walls, 2, alphas) == {"row_wise": 2.0, "column_wise": 0.0, "table_row_wise": 1.5,
-                                                    "data_parallel": 1.5, "grid_shard": 1.5}
-    assert group_terms_beside(walls, 4, alphas)["data_parallel"] == 1.5  # 2 all-to-alls of its one table
+                                                    "data_parallel": 1.25, "grid_shard": 1.5}
+    assert group_terms_beside(walls, 4, alphas)["data_parallel"] == 1.25  # one all-reduce on 4 ranks too
     with pytest.raises(CalibrationError, match="beside_row_wise"):
         group_terms_beside({k: v for k, v in walls.items() if k != "beside_row_wise"}, 2, alphas)
     flat = CalibrationProfile(PROFILE.collectives, ((1.0, 1e6),), 1e6, forward=LookupTerms(1e-5, 1.0, 1e-6),

@@ -100,8 +100,9 @@ def test_grid_shard_bytes_by_hand():
 def test_data_parallel_bytes_by_hand():
     shards = [shard(r, 0, 0, 12, 8) for r in range(4)]
     m, _ = traffic_of(BAG, ParameterSharding("data_parallel", "dense", ranks=[0, 1, 2, 3], shards=shards))
-    # 96 gradient values in 4 chunks of 24: 4 B * (24 + 24) between every pair
-    assert m["dp_allreduce"].tolist() == [[192] * 4] * 4
+    # 96 gradient values in 4 chunks of 24, all-reduced around a ring: each rank sends the next one 3 chunks in the
+    # reduce-scatter and 3 in the all-gather, 4 B * 144, and no other rank anything
+    assert m["dp_allreduce"].tolist() == [[0, 576, 0, 0], [0, 0, 576, 0], [0, 0, 0, 576], [576, 0, 0, 0]]
     assert m["input_dist"].tolist() == Z
 
 

@@ -78,18 +78,20 @@ def test_one_sync_on_two_replicas_is_priced_from_its_bytes_calls_and_copies_by_h
     assert cost.memory_bytes.tolist() == pytest.approx(sum(alone.memory.values()).tolist())
 
 
-def test_more_than_two_replicas_sync_with_two_all_to_alls_per_tensor_and_their_optimizer_state():
+def test_more_than_two_replicas_sync_around_a_ring_with_their_optimizer_state():
     world = Topology(world_size=4, compute_device="cpu", batch_size=4, profile=PROFILE)
     plan = ShardingPlan({"": {name: ParameterSharding("table_wise", ranks=[0],
                                                       shards=[ShardMetadata.on_rank(0, 0, 0, 100, 8)])
                               for name in ("t", "d")}})
     cost = price_two_dimensional(plan, TABLES, world, 1, optimizer="row_wise_adagrad", batch_size=4)
-    # one group of 1 rank, 4 replicas: each rank holds both tables (3,200 bytes) and their row-wise state (400)
-    # and sends 3/4 of each tensor in the reduce-scatter and 3/4 in the all-gather
+    # one group of 1 rank, 4 replicas: each rank holds both tables (3,200 bytes) and their row-wise state (400),
+    # all-reduced around the ring 0 -> 1 -> 2 -> 3 -> 0: 3 of 4 chunks to the next rank in each phase
     assert cost.replicas == 4
-    assert cost.sync_bytes.tolist() == [2 * 2 * 3 / 4 * (3200 + 400)] * 4
-    np.testing.assert_allclose(cost.sync_parts["latency"], [2 * 4 * 0.5] * 4)  # 4 tensors, 2 all-to-alls each
-    np.testing.assert_allclose(cost.sync_parts["bytes"], [2 * 10800 / 1000] * 4)
+    sent = 2 * 2 * 3 / 4 * (3200 + 400)
+    assert cost.sync_traffic.tolist() == [[0, sent, 0, 0], [0, 0, sent, 0], [0, 0, 0, sent], [sent, 0, 0, 0]]
+    assert cost.sync_bytes.tolist() == [sent] * 4
+    np.testing.assert_allclose(cost.sync_parts["latency"], [1.0] * 4)  # one float32 all-reduce
+    np.testing.assert_allclose(cost.sync_parts["bytes"], [2 * sent / 2000] * 4)  # sent and received
     without_state = price_two_dimensional(plan, TABLES, world, 1, optimizer="row_wise_adagrad", batch_size=4,
                                           include_optimizer_state=False)
     assert without_state.sync_bytes.tolist() == [2 * 2 * 3 / 4 * 3200] * 4
@@ -158,19 +160,29 @@ def _tables():
             for n, r in ROWS.items()]
 
 
-def _dmp_worker(rank: int, world_size: int, contiguous: bool) -> None:
+def _one_rank_plan() -> rtk.ShardingPlan:
+    return rtk.ShardingPlan({"ebc": {n: table_wise(0, r, DIM) for n, r in ROWS.items()}})
+
+
+def _dmp_worker(rank: int, world_size: int, contiguous: bool, group_size: int) -> None:
     from rectoolkit.distributed import DMPCollection
     from dist_harness import make_batch
 
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.ebc = rtk.EmbeddingBagCollection(_tables(), optimizer="row_wise_adagrad", lr=0.1)
-    dmp = DMPCollection(model, torch.device("cpu"), _group_plan(), world_size=4, sharding_group_size=2,
+    plan = _group_plan if group_size == 2 else _one_rank_plan
+    dmp = DMPCollection(model, torch.device("cpu"), plan(), world_size=4, sharding_group_size=group_size,
                         global_pg=dist.group.WORLD, use_inter_host_allreduce=contiguous)
     dmp.module.ebc(make_batch({f"f{n}": r for n, r in ROWS.items()}, 4, seed=rank)).values().sum().backward()
+    before = [w.detach().clone() for _, _, w, _ in dmp.sharded_modules["ebc"].local_shards()]
     dmp.sync()
+    gathered = [None] * dist.get_world_size(dmp.env.replica_pg)
+    dist.all_gather_object(gathered, before, group=dmp.env.replica_pg)
+    for i, (_, _, weight, _) in enumerate(dmp.sharded_modules["ebc"].local_shards()):  # the replicas' mean
+        torch.testing.assert_close(weight, sum(g[i] for g in gathered) / len(gathered))
     world = Topology(world_size=4, compute_device="cpu", batch_size=4, profile=PROFILE)
-    cost = price_two_dimensional(_group_plan(), model, world, 2, use_inter_host_allreduce=contiguous,
+    cost = price_two_dimensional(plan(), model, world, group_size, use_inter_host_allreduce=contiguous,
                                  optimizer="row_wise_adagrad", batch_size=4)
     usage, position = dmp.memory_usage(), dmp.env.rank
     assert usage["embedding_weights"] == cost.group.memory["weights"][position]
@@ -182,9 +194,9 @@ def _dmp_worker(rank: int, world_size: int, contiguous: bool) -> None:
     assert dmp.sync_env.stats.calls["sync_allreduce"] == cost.sync_parts["latency"][rank] / PAIRS["all_reduce"].alpha_ms
 
 
-@pytest.mark.parametrize("contiguous", [False, True])
-def test_the_estimate_has_a_real_dmp_collections_memory_sync_bytes_and_calls(contiguous):
-    run_workers(_dmp_worker, 4, contiguous)
+@pytest.mark.parametrize("contiguous, group_size", [(False, 2), (True, 2), (False, 1)])
+def test_the_estimate_has_a_real_dmp_collections_memory_sync_bytes_and_calls(contiguous, group_size):
+    run_workers(_dmp_worker, 4, contiguous, group_size)
 
 
 def test_a_sync_of_more_ranks_than_cores_shares_them():
