@@ -52,9 +52,10 @@ def all_reduce_gradients(env: ShardingEnv, flat: torch.Tensor, sizes: Sequence[i
     """Sum every table's gradient over env's ranks (`sizes`: values per table, in `flat`'s order), in place, counted
     under `name` (a DMPCollection's sync() sums its shards over the replica group so, as "sync_allreduce").
 
-    One backend all-reduce of the whole buffer, as DistributedDataParallel's: on 4 gloo ranks of a 2-core machine it
-    took 38 ms for 23 MB where a reduce-scatter and an all-gather per table with all-to-alls took 111 ms (96 ms with
-    one pair for the whole buffer). Its bytes are counted as the ring moves them (allreduce_values_to).
+    One backend all-reduce of the whole buffer, as DistributedDataParallel's: on 4 gloo ranks of the 2-core machine a
+    DMPCollection sync of 4 replicas (32 MB a rank) took 47-49 ms where a reduce-scatter and an all-gather per tensor
+    with all-to-alls took 93-103 ms (benchmarks/results/two_dimensional.md). Its bytes are counted as the ring moves
+    them (allreduce_values_to).
     """
     W, me = env.world_size, env.rank
     values_to = np.zeros(W, dtype=np.int64)
