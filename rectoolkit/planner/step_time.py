@@ -110,12 +110,15 @@ def collective_calls(sharding_type: ShardingType, num_tables: int, world_size: i
     """Calls one group makes per training step (rectoolkit.distributed), by the fitted collective kind whose alpha
     prices each call: input_dist is a metadata and a data all-to-all, output_dist one all-to-all forward and one
     backward (two each for the two-level table-row-wise and grid outputs); data-parallel all-reduces its gradients
-    once. The engine calls no backend reduce-scatter or all-gather, so those kinds count 0.
+    once. The engine calls no backend reduce-scatter or all-gather, so those kinds count 0; on one rank it calls
+    no collective at all (rectoolkit.distributed.comm copies what it would send to itself).
 
-    >>> collective_calls(ShardingType.TABLE_WISE, 3, 2)
-    {'all_to_all': 4, 'all_reduce': 0, 'reduce_scatter': 0, 'all_gather': 0}
+    >>> collective_calls(ShardingType.TABLE_WISE, 3, 2), collective_calls(ShardingType.TABLE_WISE, 3, 1)["all_to_all"]
+    ({'all_to_all': 4, 'all_reduce': 0, 'reduce_scatter': 0, 'all_gather': 0}, 0)
     """
     calls = dict.fromkeys(COLLECTIVE_KINDS, 0)
+    if world_size == 1:
+        return calls
     if sharding_type == ShardingType.DATA_PARALLEL:
         calls["all_reduce"] = 1
     elif sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):

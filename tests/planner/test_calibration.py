@@ -173,6 +173,8 @@ def test_collective_calls_per_group():
     assert collective_calls(ShardingType.TABLE_ROW_WISE, 1, 4) == calls(6, 0)
     assert collective_calls(ShardingType.DATA_PARALLEL, 3, 2) == calls(0, 1)
     assert collective_calls(ShardingType.DATA_PARALLEL, 3, 4) == calls(0, 1)  # one all-reduce on any world size
+    assert collective_calls(ShardingType.ROW_WISE, 3, 1) == calls(0, 0)  # one rank: no collective runs
+    assert collective_calls(ShardingType.DATA_PARALLEL, 3, 1) == calls(0, 0)
 
 
 def test_without_a_profile_times_are_torchrec_bytes_over_bandwidth():
