@@ -256,7 +256,7 @@ def compare_sharding_group_sizes(tables: Any, topology: Topology, sizes: Optiona
         sent = sum(m.astype(float) for m in cost.group.traffic.values())
         np.fill_diagonal(sent, 0.0)
         rows.append({**row, "fits": True, "why": "", "step_ms": cost.step_ms, "group_step_ms": cost.group_step_ms,
-                     "sync_ms": float(cost.sync_ms.max()), "sync_ms_per_step": cost.sync_ms_per_step,
+                     "sync_ms": float(cost.sync_ms.max()), "sync_per_step_ms": cost.sync_ms_per_step,
                      "all_to_all_bytes_per_step": float(sent.sum(axis=1).max()),
                      "sync_bytes_per_sync": float(cost.sync_bytes.max()),
                      "max_memory_bytes": float(cost.memory_bytes.max()), "plan": plan})
