@@ -1,6 +1,7 @@
 """Sharded training steps per second on 2 CPU ranks (gloo), rectoolkit vs TorchRec, per sharding type.
 
     .venv/bin/python benchmarks/bench_training.py        # prints a markdown table, writes benchmarks/results/training.md
+    .venv/bin/python benchmarks/bench_training.py --no-write --world-size 4 --types data_parallel
 
 Setup (the issue's): 4 tables of 10,000 x 64, one feature each, batch 512 per rank, 2 ranks, one intra-op
 thread per rank, forward + backward of the embedding collection with a fused SGD (lr 0.01) on both sides.
@@ -262,6 +263,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--quick", action="store_true", help="5 rounds of 10 steps")
+    parser.add_argument("--world-size", type=int, default=2, help="CPU ranks (one host)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 5, 10
@@ -270,7 +272,7 @@ def main() -> None:
         with_torchrec = not args.no_torchrec
     except Exception:
         with_torchrec = False
-    world_size = 2
+    world_size = args.world_size
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rows")
