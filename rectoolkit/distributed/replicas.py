@@ -12,7 +12,8 @@ threshold (32 MB) is otherwise handed back to the system when freed and page-fau
 
 dp_allreduce is one backend all-reduce of every table's gradient (the flat buffer), counted per table as what a
 reduce-scatter then an all-gather move (rectoolkit.plan.traffic.allreduce_values_to): on 2 ranks rank i sends rank
-j 4 * (chunk_j + chunk_i) bytes, on more a ring, each rank sending the next 2N - 2 chunks of each table.
+j 4 * (chunk_j + chunk_i) bytes, on more a ring, each rank sending the next all of each table's chunks but one in
+each phase.
 """
 
 from __future__ import annotations
