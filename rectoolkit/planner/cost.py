@@ -134,7 +134,8 @@ class CostModel:
 
         `host_copies`: how many copies of the plan run at once on every host, each on its own local ranks (2D
         parallelism's sharding groups, rectoolkit.planner.two_dimensional): the topology is one copy's, and each
-        host's cores and memory are shared by all copies' ranks there (`_phase_ms`)."""
+        host's cores (`oversubscription`) and, for ranks computing on the CPU, its memory (`_phase_ms`) are shared
+        by all copies' ranks there; a GPU rank's lookups read its own device's memory."""
         if isinstance(host_copies, bool) or not isinstance(host_copies, int) or host_copies < 1:
             raise ValueError(f"CostModel: host_copies must be an int >= 1, got {host_copies!r}")
         self.topology = topology
@@ -486,9 +487,10 @@ class CostModel:
         3.0
         """
         per_host = compute_ms.reshape(-1, self.topology.local_world_size)
-        L = per_host.shape[1] * self.host_copies  # every copy's ranks on the host work alike at once
+        copies = 1 if self.topology.uses_hbm else self.host_copies  # CPU ranks of every copy share the host's memory
+        L = per_host.shape[1] * copies  # every copy's ranks on the host work alike at once
         parallel = min(float(L), self.profile.memory_parallelism, float(self.topology.cores_per_host or L))
-        busiest, total = per_host.max(axis=1), per_host.sum(axis=1) * self.host_copies
+        busiest, total = per_host.max(axis=1), per_host.sum(axis=1) * copies
         share = (L / parallel - 1.0) / (L - 1) if L > 1 else 0.0
         return float((busiest + share * (total - busiest)).max())
 

@@ -120,6 +120,12 @@ def test_local_ranks_of_every_copy_share_the_hosts_cores():
     assert CostModel(topology, host_copies=2)._phase_ms(np.array([3.0, 1.0])) == pytest.approx(3.0 + 5.0 / 3)
     with pytest.raises(ValueError, match="host_copies must be an int >= 1, got 0"):
         CostModel(topology, host_copies=0)
+    # GPU ranks read their own device's memory: other groups on the host do not slow their lookups
+    gpus = Topology(world_size=2, compute_device="cuda", profile=CalibrationProfile(
+        collectives=PAIRS, read_curve=((1e3, 100.0), (1e6, 10.0)), write_bytes_per_ms=1000.0, memory_parallelism=2.0))
+    assert CostModel(gpus.replace(compute_device="cpu"), host_copies=2)._phase_ms(np.array([3.0, 1.0])) > 3.0
+    assert CostModel(gpus, host_copies=2)._phase_ms(np.array([3.0, 1.0])) == \
+        CostModel(gpus)._phase_ms(np.array([3.0, 1.0]))
 
 
 # ---- choosing the group size -----------------------------------------------------------------------------------
