@@ -212,29 +212,37 @@ def sync_traffic(module_plan: Mapping[str, ParameterSharding], tables: Sequence[
         >>> sync_traffic(plan, [t], world_size=4, sharding_group_size=2).tolist()  # replicas of group rank 1: 2, 3
         [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 160, 160], [0, 0, 160, 160]]
     """
-    from rectoolkit.kernels.fused_optimizers import optimizer_state_names
-    from rectoolkit.kernels.optimizer_state import EmbOptimType
-    from rectoolkit.modules.mixed_dtypes import table_dtype
-
     matrix = peer_matrix(world_size, sharding_group_size, use_inter_host_allreduce)
     out = np.zeros((world_size, world_size), dtype=np.int64)
-    replicas_per_shard = len(matrix)
-    states = optimizer_state_names(optimizer) if optimizer is not None else ()
-    rowwise = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.ROWWISE_ADAGRAD
     for table in tables:
         ps = module_plan.get(table.name)
         if ps is None:
             continue
-        fused = ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL
-        weight_bytes = table_dtype(table.data_type).itemsize
-        for shard in ps.shards:
-            rows, cols = shard.shard_sizes
-            tensors = [(rows * cols, weight_bytes)] + [(rows if rowwise else rows * cols, VALUE_BYTES)
-                                                       for _ in (states if fused else ())]
-            replicas = [group[shard.rank] for group in matrix]
-            for values, size in tensors:
-                for i, src in enumerate(replicas):
-                    out[src, replicas] += size * np.asarray(allreduce_values_to(values, replicas_per_shard, i))
+        for rank, values, dtype in synced_tensors(table, ps, optimizer):
+            replicas = [group[rank] for group in matrix]
+            for i, src in enumerate(replicas):
+                out[src, replicas] += dtype.itemsize * np.asarray(allreduce_values_to(values, len(matrix), i))
+    return out
+
+
+def synced_tensors(table: BaseEmbeddingConfig, ps: ParameterSharding, optimizer: Any = None) -> List[Tuple[int, int, Any]]:
+    """What DMPCollection.sync() averages of one table, a tensor at a time: (group rank, values, torch dtype): each
+    shard's weight in the table's dtype, then each state of `optimizer` (None: weights only) for the shard, float32
+    (row-wise Adagrad's: one value per row); a DATA_PARALLEL replica has no fused state."""
+    import torch
+
+    from rectoolkit.kernels.fused_optimizers import optimizer_state_names
+    from rectoolkit.kernels.optimizer_state import EmbOptimType
+    from rectoolkit.modules.mixed_dtypes import table_dtype
+
+    fused = ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL
+    states = optimizer_state_names(optimizer) if optimizer is not None and fused else ()
+    rowwise = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.ROWWISE_ADAGRAD
+    out = []
+    for shard in ps.shards:
+        rows, cols = shard.shard_sizes
+        out.append((shard.rank, rows * cols, table_dtype(table.data_type)))
+        out += [(shard.rank, rows if rowwise else rows * cols, torch.float32) for _ in states]
     return out
 
 

@@ -30,13 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
-from rectoolkit.kernels.fused_optimizers import optimizer_state_names
 from rectoolkit.kernels.optimizer_state import EmbOptimType
-from rectoolkit.modules.mixed_dtypes import table_dtype
-from rectoolkit.plan.traffic import VALUE_BYTES, peer_matrix, sync_traffic
-from rectoolkit.plan.types import ShardingPlan, ShardingType
+from rectoolkit.plan.traffic import peer_matrix, sync_traffic, synced_tensors
+from rectoolkit.plan.types import ShardingPlan
 from rectoolkit.planner.constraints import ParameterConstraints
 from rectoolkit.planner.cost import CostModel, PlanCost
 from rectoolkit.planner.stats import WorkloadStats
@@ -197,8 +194,6 @@ def _sync_parts(model: CostModel, plan: ShardingPlan, tables: Sequence[PlannerTa
 def _rank_tensors(plan: ShardingPlan, tables: Sequence[PlannerTable], optimizer: Any) -> List[Tuple[set, float]]:
     """Per group position: (dtypes, bytes) of what sync() averages there, as DMPCollection._sync_tensors lists them:
     every shard's weight, and each fused optimizer state of the shard (DATA_PARALLEL replicas: none)."""
-    states = optimizer_state_names(optimizer) if optimizer is not None else ()
-    rowwise = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.ROWWISE_ADAGRAD
     by_key = {t.key: t for t in tables}
     positions = 1 + max((r for module_plan in plan.plan.values() for ps in module_plan.values() for r in ps.ranks),
                         default=0)
@@ -208,15 +203,9 @@ def _rank_tensors(plan: ShardingPlan, tables: Sequence[PlannerTable], optimizer:
             table = by_key.get((path, name))
             if table is None:
                 continue
-            dtype = table_dtype(table.config.data_type)
-            fused = ShardingType(ps.sharding_type) != ShardingType.DATA_PARALLEL
-            for shard in ps.shards:
-                rows, cols = shard.shard_sizes
-                dtypes, size = out[shard.rank]
-                dtypes, size = dtypes | {dtype}, size + rows * cols * dtype.itemsize
-                for _ in states if fused else ():
-                    dtypes, size = dtypes | {torch.float32}, size + (rows if rowwise else rows * cols) * VALUE_BYTES
-                out[shard.rank] = (dtypes, size)
+            for rank, values, dtype in synced_tensors(table.config, ps, optimizer):
+                dtypes, size = out[rank]
+                out[rank] = (dtypes | {dtype}, size + values * dtype.itemsize)
     return out
 
 
